@@ -1,0 +1,30 @@
+"""electra_jax: ELECTRA pre-training (replaced token detection) in JAX/Flax."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="electra_jax",
+    version="0.1.0",
+    description="ELECTRA pre-training in JAX/Flax: one compiled step, exact resume, HF export.",
+    packages=find_packages(include=["electra_jax", "electra_jax.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        "jax>=0.4.35",
+        "flax>=0.10",
+        "optax>=0.2.4",
+        "orbax-checkpoint>=0.11",
+        "sentencepiece>=0.2",
+        "grain>=0.2.10",
+        "array-record>=0.6",
+        "ml-collections>=1.0",
+        "absl-py>=2.1",
+        # Pure-Python TensorBoard event writer (tensorboard.summary.writer); no TensorFlow needed.
+        "tensorboard>=2.15",
+        "numpy>=1.26",
+    ],
+    extras_require={
+        "test": ["pytest>=8", "ruff>=0.6"],
+        # TFDS sources (data.source=tfds:...) read through TensorFlow's CPU build.
+        "tfds": ["tensorflow-datasets>=4.9", "tensorflow-cpu>=2.16"],
+    },
+)
