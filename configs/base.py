@@ -1,0 +1,28 @@
+"""ELECTRA-Base, as in the paper (Table 6): 110M discriminator, 766K steps of 256 x 512 tokens.
+
+    python -m electra_jax.train --config=configs/base.py --workdir=gs://BUCKET/base \
+        --config.data.source=tfds:wikipedia/20230601.en
+
+Meant for a TPU v3-16 / v4-16 slice or 8+ GPUs of 40 GB or more. The paper reports GLUE dev 85.1
+for this model. Starts from small.py and overrides what differs.
+"""
+
+import pathlib
+import runpy
+
+_small = runpy.run_path(str(pathlib.Path(__file__).with_name("small.py")))
+
+
+def get_config():
+    config = _small["get_config"]()
+    config.data.seq_length = 512
+    config.model.hidden_size = 768
+    config.model.num_layers = 12
+    config.model.num_heads = 12
+    config.model.intermediate_size = 3072
+    config.model.embedding_size = 768
+    config.generator.hidden_fraction = 1 / 3  # 256 wide
+    config.train.num_steps = 766_000
+    config.train.batch_size = 256
+    config.train.learning_rate = 2e-4
+    return config

@@ -1,0 +1,337 @@
+"""Prepare a corpus once: tokenizer (trained or loaded), then packed ArrayRecord shards.
+
+Prepared data lives in ``cache_dir/<key>/`` where the key hashes everything the rows depend on
+(source content, tokenizer, seq_length, seed, packing probabilities), so a second run with the same
+inputs reuses it without re-tokenizing, and any change lands in a new directory. A directory is
+built under a temporary name and renamed into place only when complete: a ``manifest.json``
+inside ``cache_dir/<key>/`` therefore means the shards are complete.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import hashlib
+import itertools
+import json
+import os
+import shutil
+import socket
+import tempfile
+from collections.abc import Iterable, Iterator
+
+import numpy as np
+from array_record.python.array_record_module import ArrayRecordWriter
+
+from electra_jax.data import DataError, sources
+from electra_jax.data import tokenizer as tokenizer_lib
+from electra_jax.data.packing import iter_packed
+
+MANIFEST = "manifest.json"
+# Bumped when the row format or packing changes, so old caches are not reused.
+_FORMAT = "electra_jax-prepared-v1"
+# Rows are little-endian int32 whatever the machine, so shards are portable between hosts.
+ROW_DTYPE = np.dtype("<i4")
+# Sentences per encode_batch call: large enough to keep SentencePiece's thread pool busy, small
+# enough to stream a corpus of any size.
+_ENCODE_CHUNK_SENTENCES = 8192
+# Tokenizer training reads at most this many times data.tokenizer_sample_sentences sentences and
+# samples uniformly among them: a spread-out sample without reading a huge corpus twice.
+_TOKENIZER_SCAN_FACTOR = 10
+# Separate random streams for the tokenizer sample and the packing coins under one seed.
+_TOKENIZER_STREAM, _PACKING_STREAM = 1, 2
+
+
+@dataclasses.dataclass
+class PreparedData:
+    """A complete prepared-data directory.
+
+    directory: ``cache_dir/<key[:16]>``.
+    shard_paths: absolute paths of the ArrayRecord shards, in order; each record is the raw
+      little-endian bytes of one int32 [2, seq_length] row (input ids, segment ids), C order.
+    num_examples: rows over all shards.
+    seq_length: row length.
+    manifest: the parsed manifest.json (source, statistics, shard names, ...).
+    """
+
+    directory: str
+    shard_paths: list[str]
+    num_examples: int
+    seq_length: int
+    manifest: dict
+
+
+def _stream_seed(seed: int, stream: int) -> np.random.Generator:
+    # SeedSequence needs non-negative entropy; masking keeps negative seeds usable and distinct.
+    return np.random.default_rng([seed & (2**64 - 1), stream])
+
+
+def ensure_tokenizer(data_cfg, tokenizer_dir: str, seed: int) -> tokenizer_lib.Tokenizer:
+    """Returns the run's tokenizer, making sure ``tokenizer_dir/spm.model`` holds it.
+
+    Order: ``data_cfg.tokenizer`` if set (copied into tokenizer_dir so the workdir is
+    self-contained); else an existing ``tokenizer_dir/spm.model`` (a resumed run); else a new model
+    trained on a sample of the source's sentences (``data_cfg.tokenizer_sample_sentences`` drawn
+    uniformly with ``seed`` from the first 10x that many).
+
+    Args:
+      data_cfg: the ``data`` config section (source, tokenizer, vocab_size,
+        tokenizer_sample_sentences, character_coverage).
+      tokenizer_dir: e.g. ``<workdir>/tokenizer``.
+      seed: fixes the training sample.
+
+    Raises:
+      DataError: data.tokenizer missing or unreadable; a tokenizer_dir model that differs from
+        data.tokenizer; vocab size different from data.vocab_size; training failures.
+    """
+    model_path = os.path.join(tokenizer_dir, tokenizer_lib.MODEL_FILENAME)
+    if data_cfg.tokenizer:
+        given = tokenizer_lib.Tokenizer.load(data_cfg.tokenizer)
+        if os.path.exists(model_path):
+            existing = tokenizer_lib.Tokenizer.load(model_path)
+            if existing.fingerprint != given.fingerprint:
+                raise DataError(
+                    f"{model_path} differs from data.tokenizer={data_cfg.tokenizer}; a run keeps "
+                    "its tokenizer: use a new workdir, or unset data.tokenizer to resume"
+                )
+        else:
+            given.save(tokenizer_dir)
+        tok = tokenizer_lib.Tokenizer.load(model_path)
+    elif os.path.exists(model_path):
+        tok = tokenizer_lib.Tokenizer.load(model_path)
+    else:
+        n = int(data_cfg.tokenizer_sample_sentences)
+        sentences = itertools.chain.from_iterable(sources.iter_documents(data_cfg.source))
+        tok = tokenizer_lib.train_tokenizer(
+            itertools.islice(sentences, _TOKENIZER_SCAN_FACTOR * n),
+            tokenizer_dir,
+            vocab_size=int(data_cfg.vocab_size),
+            character_coverage=float(data_cfg.character_coverage),
+            seed=int(_stream_seed(seed, _TOKENIZER_STREAM).integers(2**63)),
+            sample_sentences=n,
+        )
+    if tok.vocab_size != data_cfg.vocab_size:
+        raise DataError(
+            f"tokenizer {tok.model_path} has {tok.vocab_size} pieces but data.vocab_size="
+            f"{data_cfg.vocab_size}; set data.vocab_size={tok.vocab_size} or use another tokenizer"
+        )
+    return tok
+
+
+def _key_fields(data_cfg, tokenizer: tokenizer_lib.Tokenizer, seed: int) -> dict:
+    # Shard size is left out: the loader reads all shards as one sequence, so it does not change
+    # what training sees.
+    return {
+        "format": _FORMAT,
+        "source": data_cfg.source,
+        "source_fingerprint": sources.source_fingerprint(data_cfg.source),
+        "tokenizer_fingerprint": tokenizer.fingerprint,
+        "seq_length": int(data_cfg.seq_length),
+        "seed": int(seed),
+        "single_segment_prob": float(data_cfg.single_segment_prob),
+        "short_seq_prob": float(data_cfg.short_seq_prob),
+    }
+
+
+def _hash(fields: dict) -> str:
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode("utf-8")).hexdigest()
+
+
+def content_key(data_cfg, tokenizer: tokenizer_lib.Tokenizer, seed: int) -> str:
+    """Hex sha256 of everything the prepared rows depend on: source content, tokenizer,
+    seq_length, seed and packing probabilities."""
+    return _hash(_key_fields(data_cfg, tokenizer, seed))
+
+
+def _tokenized_documents(
+    docs: Iterable[list[str]], tokenizer: tokenizer_lib.Tokenizer
+) -> Iterator[list[list[int]]]:
+    """Encodes documents in chunks of sentences (one encode_batch call each), in order."""
+    docs = iter(docs)
+    while True:
+        chunk: list[list[str]] = []
+        n = 0
+        for doc in docs:
+            chunk.append(doc)
+            n += len(doc)
+            if n >= _ENCODE_CHUNK_SENTENCES:
+                break
+        if not chunk:
+            return
+        ids = tokenizer.encode_batch([s for doc in chunk for s in doc])
+        start = 0
+        for doc in chunk:
+            yield ids[start : start + len(doc)]
+            start += len(doc)
+
+
+def _tmp_prefix(key16: str) -> str:
+    return f".{key16}.tmp-{socket.gethostname()}-"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # Someone else's live process.
+    return True
+
+
+def _clean_stale_tmp_dirs(cache_dir: str, key16: str) -> None:
+    """Removes this key's temp dirs left by killed runs on this host.
+
+    Only dirs named with this host and a pid that no longer runs are removed: a temp dir of a
+    live prepare (here or on another host sharing the cache) is left alone, and so is the complete
+    directory, whose name has no ``.tmp-`` part.
+    """
+    prefix = _tmp_prefix(key16)
+    for name in os.listdir(cache_dir):
+        if not name.startswith(prefix):
+            continue
+        pid_text = name[len(prefix) :].split("-", 1)[0]
+        if pid_text.isdigit() and int(pid_text) != os.getpid() and not _pid_alive(int(pid_text)):
+            shutil.rmtree(os.path.join(cache_dir, name), ignore_errors=True)
+
+
+def _load(directory: str) -> PreparedData:
+    with open(os.path.join(directory, MANIFEST)) as f:
+        manifest = json.load(f)
+    paths = [os.path.join(directory, name) for name in manifest["shards"]]
+    for path in paths:
+        if not os.path.isfile(path):
+            raise DataError(
+                f"prepared data in {directory} is missing {os.path.basename(path)}; delete "
+                f"{directory} to prepare it again"
+            )
+    return PreparedData(
+        directory=directory,
+        shard_paths=paths,
+        num_examples=int(manifest["examples"]),
+        seq_length=int(manifest["seq_length"]),
+        manifest=manifest,
+    )
+
+
+def _write_shards(
+    data_cfg, tokenizer: tokenizer_lib.Tokenizer, out_dir: str, seed: int
+) -> dict[str, object]:
+    """Tokenizes, packs and writes shards into out_dir; returns the manifest's statistics."""
+    seq_length = int(data_cfg.seq_length)
+    per_shard = int(data_cfg.examples_per_shard)
+    if per_shard <= 0:
+        raise DataError(f"data.examples_per_shard={per_shard} must be positive")
+    docs = sources.iter_documents(data_cfg.source)
+    examples = iter_packed(
+        _tokenized_documents(docs, tokenizer),
+        seq_length,
+        _stream_seed(seed, _PACKING_STREAM),
+        float(data_cfg.single_segment_prob),
+        float(data_cfg.short_seq_prob),
+        tokenizer.cls_id,
+        tokenizer.sep_id,
+        tokenizer.pad_id,
+    )
+    shards: list[str] = []
+    shard_examples: list[int] = []
+    count = tokens = single = forced_single = short = 0
+    writer = None
+    try:
+        for example in examples:
+            if writer is None or shard_examples[-1] == per_shard:
+                if writer is not None:
+                    writer.close()
+                shards.append(f"shard-{len(shards):05d}.array_record")
+                shard_examples.append(0)
+                # group_size:1 = one record per chunk: fastest random access for a global shuffle.
+                writer = ArrayRecordWriter(os.path.join(out_dir, shards[-1]), "group_size:1")
+            row = example.row
+            writer.write(np.ascontiguousarray(row, dtype=ROW_DTYPE).tobytes())
+            shard_examples[-1] += 1
+            count += 1
+            tokens += int(np.count_nonzero(row[0] != tokenizer.pad_id))
+            single += int(not row[1].any())
+            forced_single += int(example.forced_single_segment)
+            short += int(example.target_length < seq_length)
+    finally:
+        if writer is not None:
+            writer.close()
+    if count == 0:
+        raise DataError(
+            f"data.source '{data_cfg.source}' produced no examples (no non-empty lines); "
+            "check the files it names"
+        )
+    return {
+        "examples": count,
+        "tokens": tokens,
+        "real_token_fraction": tokens / (count * seq_length),
+        "single_segment_fraction": single / count,
+        "forced_single_segment_fraction": forced_single / count,
+        "short_fraction": short / count,
+        "shards": shards,
+        "shard_examples": shard_examples,
+    }
+
+
+def prepare(
+    data_cfg, tokenizer: tokenizer_lib.Tokenizer, cache_dir: str, seed: int
+) -> PreparedData:
+    """Tokenizes and packs ``data_cfg.source`` into ArrayRecord shards, or reuses a cached copy.
+
+    Args:
+      data_cfg: the ``data`` config section (source, seq_length, single_segment_prob,
+        short_seq_prob, examples_per_shard).
+      tokenizer: from ``ensure_tokenizer``.
+      cache_dir: parent of the prepared directories (created if missing).
+      seed: fixes the packing coins.
+
+    Returns:
+      PreparedData for ``cache_dir/<key[:16]>``. Rows are in corpus order: the loader shuffles.
+
+    Raises:
+      DataError: bad source, or a source that yields no examples. A failed or killed prepare
+        leaves only a ``.<key>.tmp-*`` directory, which later runs never mistake for data.
+    """
+    if not cache_dir:
+        raise DataError("no cache directory for prepared data; set data.cache_dir")
+    # Computed once: the manifest records exactly the fingerprint the directory is named after.
+    fields = _key_fields(data_cfg, tokenizer, seed)
+    key = _hash(fields)
+    key16 = key[:16]
+    target = os.path.join(os.path.abspath(cache_dir), key16)
+    if os.path.isfile(os.path.join(target, MANIFEST)):
+        return _load(target)
+
+    os.makedirs(cache_dir, exist_ok=True)
+    _clean_stale_tmp_dirs(os.path.dirname(target), key16)
+    tmp = tempfile.mkdtemp(
+        prefix=f"{_tmp_prefix(key16)}{os.getpid()}-", dir=os.path.dirname(target)
+    )
+    try:
+        stats = _write_shards(data_cfg, tokenizer, tmp, seed)
+        manifest = {
+            **fields,
+            "key": key,
+            "vocab_size": tokenizer.vocab_size,
+            "row_format": "int32 little-endian [2, seq_length]: input_ids, segment_ids",
+            **stats,
+        }
+        with open(os.path.join(tmp, MANIFEST), "w") as f:
+            json.dump(manifest, f, indent=2, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        if os.path.isdir(target) and not os.path.isfile(os.path.join(target, MANIFEST)):
+            # Not made by a rename of ours (those always hold a manifest): incomplete, replace it.
+            shutil.rmtree(target)
+        try:
+            os.rename(tmp, target)
+        except OSError as e:
+            # Another process finished the same key first; its copy is complete and identical.
+            if e.errno not in (errno.EEXIST, errno.ENOTEMPTY) or not os.path.isfile(
+                os.path.join(target, MANIFEST)
+            ):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return _load(target)

@@ -1,0 +1,308 @@
+"""SentencePiece tokenizer with ELECTRA's five special pieces at fixed ids.
+
+Ids 0-4 are ``[PAD] [UNK] [CLS] [SEP] [MASK]`` in every model this module trains, so the rest of
+the package can use the module constants (packing pads with ``PAD_ID``, the objective masks with
+``MASK_ID``) without carrying a tokenizer around. ``[CLS] [SEP] [MASK]`` are SentencePiece *control*
+symbols: encoding never produces them, so a corpus that contains the literal text "[MASK]" is
+tokenized as ordinary characters and cannot forge a mask position.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import math
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import sentencepiece as spm
+
+from electra_jax.data import DataError
+
+PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = 0, 1, 2, 3, 4
+SPECIAL_PIECES = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+MODEL_FILENAME = "spm.model"
+VOCAB_FILENAME = "spm.vocab"
+
+
+class Tokenizer:
+    """A loaded SentencePiece model. Picklable: the state is the serialized model proto.
+
+    Build one with ``Tokenizer.load(path)`` or ``train_tokenizer(...)``.
+    """
+
+    def __init__(self, model_proto: bytes, model_path: str):
+        self._proto = bytes(model_proto)
+        self._model_path = model_path
+        self._sp = spm.SentencePieceProcessor(model_proto=self._proto)
+        # The model file's bytes *are* the serialized proto, so this equals sha256(file).
+        self._fingerprint = hashlib.sha256(self._proto).hexdigest()
+        self._check_special_pieces()
+
+    def _check_special_pieces(self) -> None:
+        n = self._sp.get_piece_size()
+        found = tuple(self._sp.id_to_piece(i) for i in range(min(n, len(SPECIAL_PIECES))))
+        controls_ok = n >= len(SPECIAL_PIECES) and all(
+            self._sp.is_control(i) for i in (PAD_ID, CLS_ID, SEP_ID, MASK_ID)
+        )
+        if found != SPECIAL_PIECES or not controls_ok:
+            raise DataError(
+                f"tokenizer {self._model_path} has pieces {list(found)} at ids 0-4, expected "
+                f"{list(SPECIAL_PIECES)} (pad/cls/sep/mask as control symbols); set "
+                "data.tokenizer='' to train a compatible one"
+            )
+
+    @classmethod
+    def load(cls, path: str) -> Tokenizer:
+        """Loads a SentencePiece model from a ``.model`` file or a directory holding ``spm.model``.
+
+        Raises:
+          DataError: the file does not exist, is not a SentencePiece model, or lacks the special
+            pieces at ids 0-4.
+        """
+        model_path = os.path.join(path, MODEL_FILENAME) if os.path.isdir(path) else path
+        try:
+            with open(model_path, "rb") as f:
+                proto = f.read()
+        except OSError as e:
+            raise DataError(
+                f"tokenizer {model_path} cannot be read ({e.strerror}); point data.tokenizer at "
+                f"a SentencePiece .model file or a directory holding {MODEL_FILENAME}, or set "
+                "data.tokenizer='' to train one"
+            ) from None
+        try:
+            return cls(proto, model_path)
+        except RuntimeError as e:  # SentencePiece's own parse error.
+            raise DataError(
+                f"tokenizer {model_path} is not a SentencePiece model ({e}); point "
+                "data.tokenizer at a .model file or set data.tokenizer='' to train one"
+            ) from None
+
+    # Pickle the proto, not the C++ processor (which cannot be pickled), so a Tokenizer can be
+    # shipped to worker processes.
+    def __getstate__(self) -> dict:
+        return {"model_proto": self._proto, "model_path": self._model_path}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["model_proto"], state["model_path"])
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of pieces, special pieces included (the embedding table's row count)."""
+        return self._sp.get_piece_size()
+
+    @property
+    def model_path(self) -> str:
+        return self._model_path
+
+    @property
+    def model_proto(self) -> bytes:
+        return self._proto
+
+    @property
+    def fingerprint(self) -> str:
+        """Hex sha256 of the model file's bytes: equal fingerprints mean identical tokenization."""
+        return self._fingerprint
+
+    @property
+    def pad_id(self) -> int:
+        return PAD_ID
+
+    @property
+    def unk_id(self) -> int:
+        return UNK_ID
+
+    @property
+    def cls_id(self) -> int:
+        return CLS_ID
+
+    @property
+    def sep_id(self) -> int:
+        return SEP_ID
+
+    @property
+    def mask_id(self) -> int:
+        return MASK_ID
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of one text, no special pieces added: ``[num_tokens]``."""
+        return self._sp.encode(text, out_type=int)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids of many texts (SentencePiece encodes them on its thread pool)."""
+        return self._sp.encode(list(texts), out_type=int)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Text of ids ``[num_tokens]``; special pieces decode to nothing."""
+        return self._sp.decode([int(i) for i in ids])
+
+    def save(self, out_dir: str) -> None:
+        """Writes ``out_dir/spm.model`` and ``out_dir/spm.vocab`` atomically (see below)."""
+        _write_files_atomically(
+            out_dir,
+            {VOCAB_FILENAME: _vocab_text(self._proto).encode("utf-8"), MODEL_FILENAME: self._proto},
+        )
+
+    def id_to_piece(self, token_id: int) -> str:
+        return self._sp.id_to_piece(int(token_id))
+
+    def piece_to_id(self, piece: str) -> int:
+        return self._sp.piece_to_id(piece)
+
+
+def _reservoir_sample(sentences: Iterable[str], k: int, rng: np.random.Generator) -> list[str]:
+    """A uniform sample of k sentences (all of them if there are fewer), kept in stream order.
+
+    SentencePiece can sample itself (input_sentence_size + shuffle_input_sentence), but its random
+    generator is seeded once per thread, so a second training in the same process cannot be made
+    to repeat the first. Sampling here, from a seeded numpy generator, makes training a pure
+    function of (sentences, seed). Algorithm L: random skips, so cost is O(k log(n/k)) draws.
+    """
+    reservoir: list[tuple[int, str]] = []
+    it = iter(sentences)
+    for i, s in enumerate(it):
+        reservoir.append((i, s))
+        if len(reservoir) == k:
+            break
+    if len(reservoir) < k:
+        return [s for _, s in reservoir]
+
+    def log_uniform() -> float:
+        u = 0.0
+        while u == 0.0:  # rng.random() is in [0, 1); log(0) is undefined.
+            u = rng.random()
+        return math.log(u)
+
+    def skip_to(last: int, w: float) -> int | None:
+        # Index of the next stream item that enters the reservoir; None when w rounded to 1.0,
+        # which means the skip is astronomically long (no further item will enter).
+        if w >= 1.0:
+            return None
+        return last + int(math.floor(log_uniform() / math.log1p(-w))) + 1
+
+    w = math.exp(log_uniform() / k)
+    next_pick = skip_to(k - 1, w)
+    for i, s in enumerate(it, start=k):
+        if next_pick is None:
+            break
+        if i == next_pick:
+            reservoir[int(rng.integers(k))] = (i, s)
+            w *= math.exp(log_uniform() / k)
+            next_pick = skip_to(i, w)
+    reservoir.sort(key=lambda pair: pair[0])
+    return [s for _, s in reservoir]
+
+
+def _vocab_text(proto: bytes) -> str:
+    # Same layout as SentencePiece's own .vocab file: piece<TAB>score, one per line, id order.
+    sp = spm.SentencePieceProcessor(model_proto=proto)
+    return "".join(
+        f"{sp.id_to_piece(i)}\t{sp.get_score(i):g}\n" for i in range(sp.get_piece_size())
+    )
+
+
+def _write_files_atomically(out_dir: str, files: dict[str, bytes]) -> None:
+    """Writes files into out_dir so that a reader never sees a partial set.
+
+    The files are written into a temporary directory next to out_dir first. A missing out_dir is
+    then created by one rename. An existing one (e.g. a workdir's tokenizer/ dir) gets the files
+    moved in one by one with os.replace, in the given order: callers put ``spm.model`` last, so its
+    presence means the set is complete.
+    """
+    out_dir = os.path.abspath(out_dir)
+    parent = os.path.dirname(out_dir)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.tmp-", dir=parent)
+    try:
+        for name, data in files.items():
+            with open(os.path.join(tmp, name), "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+        try:
+            os.rename(tmp, out_dir)
+            return
+        except OSError:
+            if not os.path.isdir(out_dir):
+                raise
+        for name in files:
+            os.replace(os.path.join(tmp, name), os.path.join(out_dir, name))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+_MAX_VOCAB_RE = re.compile(r"value <= (\d+)")
+
+
+def train_tokenizer(
+    sentences: Iterable[str],
+    out_dir: str,
+    vocab_size: int,
+    character_coverage: float,
+    seed: int,
+    sample_sentences: int,
+) -> Tokenizer:
+    """Trains a SentencePiece unigram model and writes ``out_dir/spm.model`` and ``spm.vocab``.
+
+    Args:
+      sentences: training text, one sentence per item.
+      out_dir: created (or filled) atomically; nothing is written if training fails.
+      vocab_size: exact number of pieces, the 5 special pieces included.
+      character_coverage: fraction of characters the alphabet covers (rarer ones become [UNK]).
+      seed: the sample of sentences is a pure function of (sentences, seed).
+      sample_sentences: train on a uniform sample of at most this many sentences.
+
+    Returns:
+      the trained tokenizer, loaded from ``out_dir/spm.model``.
+
+    Raises:
+      DataError: the corpus is empty, or too small for vocab_size (the message says the maximum
+        it supports when SentencePiece reports one).
+    """
+    sample = _reservoir_sample(sentences, sample_sentences, np.random.default_rng(seed))
+    if not sample:
+        raise DataError(
+            f"cannot train a tokenizer into {out_dir}: the corpus has no sentences; "
+            "check data.source"
+        )
+    writer = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(sample),
+            model_writer=writer,
+            model_type="unigram",
+            vocab_size=vocab_size,
+            character_coverage=character_coverage,
+            pad_id=PAD_ID,
+            unk_id=UNK_ID,
+            bos_id=-1,
+            eos_id=-1,
+            pad_piece=SPECIAL_PIECES[PAD_ID],
+            unk_piece=SPECIAL_PIECES[UNK_ID],
+            control_symbols=list(SPECIAL_PIECES[CLS_ID:]),
+            # Sampling is done above; SentencePiece must take every sentence, unshuffled.
+            input_sentence_size=0,
+            shuffle_input_sentence=False,
+            hard_vocab_limit=True,
+            num_threads=1,
+            minloglevel=2,
+        )
+    except RuntimeError as e:
+        match = _MAX_VOCAB_RE.search(str(e))
+        if match:
+            raise DataError(
+                f"data.vocab_size={vocab_size} is too large for this corpus ({len(sample)} "
+                f"sentences); it supports at most {match.group(1)}: lower data.vocab_size or "
+                "add text"
+            ) from None
+        message = " ".join(str(e).split())
+        raise DataError(
+            f"SentencePiece training with data.vocab_size={vocab_size} failed on "
+            f"{len(sample)} sentences: {message}"
+        ) from None
+    Tokenizer(writer.getvalue(), os.path.join(out_dir, MODEL_FILENAME)).save(out_dir)
+    return Tokenizer.load(os.path.join(out_dir, MODEL_FILENAME))

@@ -1,0 +1,155 @@
+"""What a run reports: counted FLOPs, MFU, metrics.jsonl, TensorBoard scalars, progress lines.
+
+Only process 0 writes. FLOPs are counted analytically from the model's shapes (matmuls x 2 per
+multiply-add, x 3 for forward + backward), so MFU compares what the model needs with what the
+hardware could do, independent of how XLA schedules it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import jax
+
+from electra_jax.model import ElectraSpec, EncoderSpec
+
+# Dense bfloat16 peak FLOP/s per chip (vendor figures), matched against jax's device_kind.
+PEAK_FLOPS = {
+    "TPU v4": 275e12,
+    "TPU v5 lite": 197e12,
+    "TPU v5e": 197e12,
+    "TPU v5p": 459e12,
+    "TPU v5": 459e12,
+    "TPU v6 lite": 918e12,
+    "TPU v6e": 918e12,
+    "A100": 312e12,
+    "H100": 989e12,
+    "H200": 989e12,
+}
+
+
+def peak_flops_per_device(device_kind: str, override: float = 0.0) -> float | None:
+    """The configured peak if given, else the table's entry for this device kind, else None."""
+    if override and override > 0:
+        return float(override)
+    for name, peak in PEAK_FLOPS.items():
+        if name.lower() in device_kind.lower():
+            return peak
+    return None
+
+
+def _encoder_flops_per_token(e: EncoderSpec, embedding_size: int, seq_length: int) -> int:
+    """Forward FLOPs per token of one encoder stack (2 per multiply-add)."""
+    h, f = e.hidden_size, e.intermediate_size
+    flops = 2 * embedding_size * h if embedding_size != h else 0
+    per_layer = 2 * 4 * h * h + 2 * 2 * h * f  # q, k, v, output; the two feed-forward matmuls
+    per_layer += 2 * 2 * seq_length * h  # scores q.k and the weighted sum of values
+    return flops + e.num_layers * per_layer
+
+
+def count_flops(spec: ElectraSpec, batch_size: int, seq_length: int, num_slots: int) -> dict:
+    """Training FLOPs of one step (forward + backward = 3 x forward) by part.
+
+    The generator's head runs only at the N masked slots; everything else at every token.
+    """
+    tokens = batch_size * seq_length
+    slots = batch_size * num_slots
+    e, v = spec.embedding_size, spec.vocab_size
+    gen_encoder = tokens * _encoder_flops_per_token(spec.generator, e, seq_length)
+    gen_head = slots * (2 * spec.generator.hidden_size * e + 2 * e * v)
+    hd = spec.discriminator.hidden_size
+    disc_encoder = tokens * _encoder_flops_per_token(spec.discriminator, e, seq_length)
+    disc_head = tokens * (2 * hd * hd + 2 * hd)
+    forward = {
+        "generator": gen_encoder + gen_head,
+        "discriminator": disc_encoder + disc_head,
+    }
+    train = {k: 3 * val for k, val in forward.items()}
+    train["total"] = sum(train.values())
+    return train
+
+
+def read_rows(path: str) -> list[dict]:
+    """The rows of a metrics.jsonl (a half-written last line from a crash is dropped)."""
+    rows = []
+    if not os.path.exists(path):
+        return rows
+    with open(path) as f:
+        for line in f:
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                break
+    return rows
+
+
+class MetricsWriter:
+    """metrics.jsonl + TensorBoard events, process 0 only.
+
+    On resume from step N, rows past N (logged by the interrupted run after its last checkpoint)
+    are dropped, so the file reads as one uninterrupted run.
+    """
+
+    def __init__(self, workdir: str, enabled: bool, resume_step: int = 0):
+        self.enabled = enabled
+        self.path = os.path.join(workdir, "metrics.jsonl")
+        self._tb = None
+        if not enabled:
+            return
+        kept = [r for r in read_rows(self.path) if r.get("step", 0) <= resume_step]
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in kept)
+        os.replace(tmp, self.path)
+        self._file = open(self.path, "a")  # noqa: SIM115 - kept open for the run
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+        self._tb = EventFileWriter(os.path.join(workdir, "tensorboard"))
+
+    def write(self, step: int, scalars: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        row = {"step": int(step)}
+        row.update({k: (None if v is None else float(v)) for k, v in scalars.items()})
+        self._file.write(json.dumps(row) + "\n")
+        self._file.flush()
+        self._write_tensorboard(step, row)
+
+    def _write_tensorboard(self, step: int, row: dict) -> None:
+        from tensorboard.compat.proto import event_pb2, summary_pb2
+
+        values = [
+            summary_pb2.Summary.Value(tag=k, simple_value=v)
+            for k, v in row.items()
+            if k != "step" and v is not None
+        ]
+        event = event_pb2.Event(
+            wall_time=time.time(), step=int(step), summary=summary_pb2.Summary(value=values)
+        )
+        self._tb.add_event(event)
+        self._tb.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            self._file.close()
+            self._tb.close()
+
+
+def progress_line(step: int, num_steps: int, row: dict, seconds_left: float | None) -> str:
+    eta = "?" if seconds_left is None else time.strftime("%H:%M:%S", time.gmtime(seconds_left))
+    return (
+        f"step {step}/{num_steps}  loss {row['loss']:.4f}  gen {row['gen_loss']:.4f} "
+        f"(acc {row['gen_accuracy']:.3f})  disc {row['disc_loss']:.4f} "
+        f"(acc {row['disc_accuracy']:.3f})  replaced {row['replaced_fraction']:.3f}  "
+        f"{row['tokens_per_sec']:.0f} tok/s  eta {eta}"
+    )
+
+
+def log(message: str) -> None:
+    """A progress line from process 0."""
+    if jax.process_index() == 0:
+        print(message, file=sys.stderr, flush=True)

@@ -1,0 +1,200 @@
+"""Replaced token detection, as pure functions on arrays.
+
+Shapes: B batch, L sequence length, N mask slots per example, V vocabulary.
+Everything here runs inside the compiled train step; nothing touches the host.
+Losses return a `LossSum` (sum and denominator) so that averaging over devices and over
+accumulated micro-batches stays exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+
+class LossSum(NamedTuple):
+    total: jax.Array  # sum of the per-position losses
+    count: jax.Array  # how many positions contributed
+
+    def mean(self):
+        return self.total / jnp.maximum(self.count, 1.0)
+
+
+class Masked(NamedTuple):
+    input_ids: jax.Array  # [B, L] the generator's input, with [MASK] at 85% of the chosen slots
+    positions: jax.Array  # [B, N] int32 chosen positions, distinct within an example
+    targets: jax.Array  # [B, N] int32 original tokens at those positions
+    weights: jax.Array  # [B, N] float32 1 for a real prediction, 0 for an unused slot
+
+
+def num_mask_slots(seq_length: int, mask_prob: float) -> int:
+    """The original's max_predictions_per_seq: N = int((mask_prob + 0.005) x L)."""
+    return max(1, int((mask_prob + 0.005) * seq_length))
+
+
+def mask_tokens(
+    rng,
+    input_ids,
+    input_mask,
+    *,
+    mask_prob: float,
+    num_slots: int,
+    mask_id: int,
+    special_ids: tuple[int, ...],
+    mask_token_prob: float = 0.85,
+) -> Masked:
+    """Chooses positions to predict and writes [MASK] into most of them.
+
+    Per example, max(1, min(N, round(n_real x mask_prob))) distinct positions are drawn uniformly
+    from the real tokens that are not special ([CLS], [SEP], [MASK], [PAD]). Of those, a fraction
+    `mask_token_prob` becomes [MASK] and the rest keep their token; none becomes a random token
+    (ELECTRA drops BERT's 10% random replacement, since the generator supplies replacements).
+
+    input_ids, input_mask: [B, L] int. Returns a `Masked` with [B, L] and [B, N] arrays.
+    """
+    _, length = input_ids.shape
+    k_pos, k_mask = jax.random.split(rng)
+    is_special = jnp.isin(input_ids, jnp.asarray(special_ids, input_ids.dtype))
+    candidate = (input_mask > 0) & ~is_special
+    n_real = jnp.sum(input_mask > 0, axis=-1).astype(jnp.float32)
+    # jnp.round rounds half to even, as tf.round did in the original.
+    n_predict = jnp.clip(jnp.round(n_real * mask_prob), 1, num_slots).astype(jnp.int32)
+
+    # Top-k of uniform noise over the candidates is a uniform draw without replacement.
+    noise = jax.random.uniform(k_pos, input_ids.shape)
+    scores = jnp.where(candidate, noise, -1.0)
+    top, positions = jax.lax.top_k(scores, num_slots)
+    used = (jnp.arange(num_slots)[None, :] < n_predict[:, None]) & (top >= 0.0)
+    weights = used.astype(jnp.float32)
+
+    to_mask = used & jax.random.bernoulli(k_mask, mask_token_prob, used.shape)
+    one_hot = positions[:, :, None] == jnp.arange(length)[None, None, :]  # [B, N, L]
+    write_mask = jnp.any(one_hot & to_mask[:, :, None], axis=1)
+    masked_ids = jnp.where(write_mask, mask_id, input_ids)
+    targets = jnp.take_along_axis(input_ids, positions, axis=1)
+    return Masked(masked_ids, positions.astype(jnp.int32), targets, weights)
+
+
+def sample_replacements(rng, logits, temperature: float = 1.0):
+    """Samples the generator's replacements: [B, N, V] logits -> [B, N] int32 tokens.
+
+    The sample is drawn from softmax(logits / T) in float32 and carries no gradient: the
+    generator learns only from its MLM loss, as in the paper.
+    """
+    logits = jax.lax.stop_gradient(logits).astype(jnp.float32) / temperature
+    return jax.random.categorical(rng, logits, axis=-1).astype(jnp.int32)
+
+
+def replace_tokens(input_ids, input_mask, positions, weights, samples):
+    """Writes the samples into the original sequence and labels what changed.
+
+    input_ids, input_mask: [B, L]; positions, weights, samples: [B, N].
+    Returns (corrupted [B, L] int32, labels [B, L] float32). A sample equal to the original
+    token is labelled real (0), since the discriminator cannot tell it apart.
+    """
+    length = input_ids.shape[1]
+    one_hot = (positions[:, :, None] == jnp.arange(length)[None, None, :]) & (
+        weights[:, :, None] > 0
+    )
+    hit = jnp.any(one_hot, axis=1)
+    # Positions within an example are distinct, so at most one slot writes each position.
+    written = jnp.sum(jnp.where(one_hot, samples[:, :, None], 0), axis=1)
+    corrupted = jnp.where(hit, written, input_ids).astype(input_ids.dtype)
+    labels = (corrupted != input_ids) & (input_mask > 0)
+    return corrupted, labels.astype(jnp.float32)
+
+
+def mlm_loss(logits, targets, weights) -> tuple[LossSum, LossSum]:
+    """Cross-entropy at the masked slots: [B, N, V], [B, N], [B, N] -> (loss, correct) sums."""
+    logits = logits.astype(jnp.float32)
+    nll = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+    correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
+    count = jnp.sum(weights)
+    return LossSum(jnp.sum(nll * weights), count), LossSum(jnp.sum(correct * weights), count)
+
+
+def rtd_loss(logits, labels, input_mask) -> LossSum:
+    """Sigmoid cross-entropy over every real token ([CLS]/[SEP] included): [B, L] -> sum."""
+    w = (input_mask > 0).astype(jnp.float32)
+    bce = optax.sigmoid_binary_cross_entropy(logits.astype(jnp.float32), labels)
+    return LossSum(jnp.sum(bce * w), jnp.sum(w))
+
+
+def rtd_counts(logits, labels, input_mask) -> dict[str, jax.Array]:
+    """Confusion counts of the discriminator's decisions (logit > 0 means replaced)."""
+    w = (input_mask > 0).astype(jnp.float32)
+    pred = (logits > 0).astype(jnp.float32) * w
+    labels = labels * w
+    return {
+        "tokens": jnp.sum(w),
+        "correct": jnp.sum(jnp.where(pred == labels, w, 0.0)),
+        "predicted": jnp.sum(pred),
+        "replaced": jnp.sum(labels),
+        "true_positive": jnp.sum(pred * labels),
+    }
+
+
+def _ratio(a, b):
+    return a / jnp.maximum(b, 1.0)
+
+
+def electra_forward(
+    rng,
+    batch: dict[str, jax.Array],
+    generator_fn: Callable,
+    discriminator_fn: Callable,
+    *,
+    mask_prob: float,
+    num_slots: int,
+    mask_id: int,
+    special_ids: tuple[int, ...],
+    gen_weight: float,
+    disc_weight: float,
+    temperature: float = 1.0,
+    mask_token_prob: float = 0.85,
+):
+    """One ELECTRA forward pass: mask, generate, sample, corrupt, discriminate, score.
+
+    batch: 'input_ids', 'segment_ids', 'input_mask', each [B, L] int32.
+    generator_fn(masked_ids, positions, rng) -> [B, N, V] logits;
+    discriminator_fn(corrupted_ids, rng) -> [B, L] logits (both close over params and the
+    segment ids and mask). Returns (loss scalar, metrics dict of scalars).
+    """
+    k_mask, k_gen, k_sample, k_disc = jax.random.split(rng, 4)
+    ids, mask = batch["input_ids"], batch["input_mask"]
+    m = mask_tokens(
+        k_mask,
+        ids,
+        mask,
+        mask_prob=mask_prob,
+        num_slots=num_slots,
+        mask_id=mask_id,
+        special_ids=special_ids,
+        mask_token_prob=mask_token_prob,
+    )
+    gen_logits = generator_fn(m.input_ids, m.positions, k_gen)
+    gen, gen_correct = mlm_loss(gen_logits, m.targets, m.weights)
+
+    samples = sample_replacements(k_sample, gen_logits, temperature)
+    corrupted, labels = replace_tokens(ids, mask, m.positions, m.weights, samples)
+    disc_logits = discriminator_fn(corrupted, k_disc)
+    disc = rtd_loss(disc_logits, labels, mask)
+    counts = rtd_counts(disc_logits, labels, mask)
+
+    loss = gen_weight * gen.mean() + disc_weight * disc.mean()
+    metrics = {
+        "loss": loss,
+        "gen_loss": gen.mean(),
+        "disc_loss": disc.mean(),
+        "gen_accuracy": gen_correct.mean(),
+        "disc_accuracy": _ratio(counts["correct"], counts["tokens"]),
+        "disc_precision": _ratio(counts["true_positive"], counts["predicted"]),
+        "disc_recall": _ratio(counts["true_positive"], counts["replaced"]),
+        "replaced_fraction": _ratio(counts["replaced"], counts["tokens"]),
+        "masked_fraction": _ratio(gen.count, counts["tokens"]),
+    }
+    return loss, metrics

@@ -1,0 +1,105 @@
+"""python -m electra_jax.train --config=configs/tiny.py --workdir=runs/tiny [--config.KEY=VALUE ...]
+
+Flags only: parse the config and the workdir, join the other processes when there are any, and
+hand over to loop.train(). Bad input ends with one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+
+from absl import app, flags
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "A get_config() file such as configs/tiny.py.", lock_config=True
+)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Where checkpoints, metrics and data go.")
+_DRY_RUN = flags.DEFINE_bool(
+    "dry_run", False, "Print a one-line JSON summary (sizes, FLOPs) and train nothing."
+)
+_VERBOSE = flags.DEFINE_bool("verbose", False, "Show full tracebacks on errors.")
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator_address",
+    None,
+    "host:port of process 0, for multi-host runs without auto-detection.",
+)
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in a multi-host run.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index in a multi-host run.")
+
+
+def _maybe_initialize_distributed() -> None:
+    import jax
+
+    if _COORDINATOR.value:
+        jax.distributed.initialize(
+            coordinator_address=_COORDINATOR.value,
+            num_processes=_NUM_PROCESSES.value,
+            process_id=_PROCESS_ID.value,
+        )
+    elif int(os.environ.get("SLURM_NTASKS", "1")) > 1 or "," in os.environ.get(
+        "TPU_WORKER_HOSTNAMES", ""
+    ):
+        jax.distributed.initialize()  # SLURM and TPU VM pods are detected by jax itself
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+    """absl's parser, with config errors (unknown key, wrong type) as one line."""
+    try:
+        return flags.FLAGS(argv)
+    except Exception as e:  # config_flags raises KeyError, AttributeError, TypeError, ...
+        if "--verbose" in argv:
+            raise
+        text = str(e).replace("\\n", "\n")
+        overrides = [a for a in argv[1:] if a.startswith("--config.")]
+        suggestion = re.search(r'Did you mean "([^"]+)"', text)
+        if isinstance(e, (KeyError, AttributeError)):
+            keys = [a.split("=")[0] for a in overrides]
+            where = [k for k in keys if k.rsplit(".", 1)[-1] in text] or keys
+            hint = f'; did you mean "{suggestion.group(1)}"?' if suggestion else ""
+            _fail(f"unknown config key {' '.join(where)}{hint}")
+        _fail(" ".join(text.replace("flag --", "--").split()))
+
+
+def _fail(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def main(argv) -> None:
+    if len(argv) > 1:
+        _fail(f"unexpected arguments {argv[1:]}; settings go in --config.KEY=VALUE")
+    if _CONFIG.value is None:
+        _fail("--config is required, e.g. --config=configs/tiny.py")
+    from electra_jax import loop
+    from electra_jax.checkpointing import CheckpointError
+    from electra_jax.data import DataError
+    from electra_jax.validate import ConfigError
+
+    try:
+        config = _CONFIG.value
+        config.to_dict()  # the file is loaded lazily: fail here, not in the middle of a run
+    except OSError:
+        _fail(f"config file {flags.FLAGS['config'].config_filename} cannot be read; check --config")
+    try:
+        if _DRY_RUN.value:
+            from electra_jax.validate import check_config
+
+            check_config(config)
+            print(json.dumps(loop.describe(config)))
+            return
+        if not _WORKDIR.value:
+            _fail("--workdir is required: where checkpoints and metrics go")
+        _maybe_initialize_distributed()
+        loop.train(config, _WORKDIR.value)
+    except (ConfigError, DataError, CheckpointError) as e:
+        if _VERBOSE.value:
+            raise
+        _fail(str(e))
+
+
+if __name__ == "__main__":
+    app.run(main, flags_parser=_parse_flags)

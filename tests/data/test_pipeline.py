@@ -1,0 +1,133 @@
+"""Tests of electra_jax.data.pipeline: batches, per-process slices, resume, epochs."""
+
+import dataclasses
+
+import grain
+import numpy as np
+import pytest
+from etils import epath
+
+from electra_jax.data import DataError
+from electra_jax.data import prepare as prepare_lib
+from electra_jax.data.pipeline import make_iterator
+
+from .test_prepare import SEQ, _read_rows, make_cfg, make_corpus
+
+BATCH = 16
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    corpus = make_corpus(str(tmp_path_factory.mktemp("corpus")), num_topics=12)
+    cfg = make_cfg(corpus, examples_per_shard=100)
+    run = tmp_path_factory.mktemp("run")
+    tok = prepare_lib.ensure_tokenizer(cfg, str(run / "tokenizer"), seed=0)
+    return prepare_lib.prepare(cfg, tok, str(run / "cache"), seed=0)
+
+
+@pytest.fixture(scope="module")
+def all_rows(prepared):
+    return _read_rows(prepared.shard_paths)
+
+
+def _take(it, n):
+    return [next(it) for _ in range(n)]
+
+
+def _row_keys(rows):
+    return sorted(r.tobytes() for r in rows)
+
+
+def test_batch_shapes_dtypes_and_mask(prepared, all_rows):
+    assert len(prepared.shard_paths) > 1
+    it = make_iterator(prepared, BATCH, seed=0)
+    batch = next(it)
+    assert sorted(batch) == ["input_ids", "input_mask", "segment_ids"]
+    for value in batch.values():
+        assert isinstance(value, np.ndarray)
+        assert value.dtype == np.int32 and value.shape == (BATCH, SEQ)
+    np.testing.assert_array_equal(batch["input_mask"], (batch["input_ids"] != 0).astype(np.int32))
+    assert batch["input_mask"].sum() > BATCH * 3
+    # Each batch row is one prepared row, unchanged.
+    known = {r.tobytes() for r in all_rows}
+    for ids, seg in zip(batch["input_ids"], batch["segment_ids"], strict=True):
+        assert np.stack([ids, seg]).astype("<i4").tobytes() in known
+
+
+def test_order_is_shuffled_and_seeded(prepared, all_rows):
+    first = next(make_iterator(prepared, BATCH, seed=0))["input_ids"]
+    again = next(make_iterator(prepared, BATCH, seed=0, num_threads=0))["input_ids"]
+    other = next(make_iterator(prepared, BATCH, seed=1))["input_ids"]
+    np.testing.assert_array_equal(first, again)
+    assert not np.array_equal(first, other)
+    in_file_order = np.stack([r[0] for r in all_rows[:BATCH]])
+    assert not np.array_equal(first, in_file_order)
+
+
+def test_processes_read_disjoint_slices_of_the_global_batch(prepared):
+    global_it = make_iterator(prepared, BATCH, seed=0)
+    local_its = [
+        make_iterator(prepared, BATCH, 0, process_index=p, process_count=2) for p in (0, 1)
+    ]
+    for _ in range(5):
+        expected = next(global_it)
+        parts = [next(it) for it in local_its]
+        for key in expected:
+            assert parts[0][key].shape == (BATCH // 2, SEQ)
+            np.testing.assert_array_equal(np.concatenate([p[key] for p in parts]), expected[key])
+        assert not np.array_equal(parts[0]["input_ids"], parts[1]["input_ids"])
+
+
+def test_resume_from_state_yields_the_next_batch(prepared):
+    it = make_iterator(prepared, BATCH, seed=0)
+    _take(it, 3)
+    state = it.get_state()
+    expected = _take(it, 2)
+    fresh = make_iterator(prepared, BATCH, seed=0)
+    fresh.set_state(state)
+    for want, got in zip(expected, _take(fresh, 2), strict=True):
+        for key in want:
+            np.testing.assert_array_equal(got[key], want[key])
+
+
+def test_grain_checkpoint_handler_round_trip(prepared, tmp_path):
+    it = make_iterator(prepared, BATCH, seed=0, process_index=1, process_count=2)
+    assert isinstance(it, grain.DatasetIterator)
+    _take(it, 4)
+    handler = grain.checkpoint.CheckpointHandler()
+    handler.save(epath.Path(tmp_path), args=grain.checkpoint.CheckpointSave(it))
+    expected = next(it)
+    fresh = make_iterator(prepared, BATCH, seed=0, process_index=1, process_count=2)
+    restored = handler.restore(epath.Path(tmp_path), args=grain.checkpoint.CheckpointRestore(fresh))
+    np.testing.assert_array_equal(next(restored)["input_ids"], expected["input_ids"])
+
+
+def test_epochs_cover_all_rows_in_new_orders(prepared, all_rows):
+    n = prepared.num_examples
+    steps = 2 * n // BATCH + 2  # Past the end of epoch 2.
+    it = make_iterator(prepared, BATCH, seed=0)
+    stream = []
+    for batch in _take(it, steps):
+        stream += [
+            np.stack([i, s]) for i, s in zip(batch["input_ids"], batch["segment_ids"], strict=True)
+        ]
+    epoch1, epoch2 = stream[:n], stream[n : 2 * n]
+    assert _row_keys(epoch1) == _row_keys(all_rows)  # Every row once per epoch.
+    assert _row_keys(epoch2) == _row_keys(all_rows)
+    assert [r.tobytes() for r in epoch1] != [r.tobytes() for r in epoch2]
+
+
+def test_bad_batch_sizes_raise(prepared):
+    with pytest.raises(DataError, match="multiple of the number of processes"):
+        make_iterator(prepared, 15, seed=0, process_index=0, process_count=2)
+    too_big = prepared.num_examples + 1
+    with pytest.raises(DataError, match=rf"{prepared.num_examples} examples.*{too_big}"):
+        make_iterator(prepared, too_big, seed=0)
+    with pytest.raises(DataError, match="process_index"):
+        make_iterator(prepared, BATCH, seed=0, process_index=2, process_count=2)
+
+
+def test_too_few_examples_names_the_source(prepared):
+    small = dataclasses.replace(prepared, num_examples=3)
+    with pytest.raises(DataError, match=r"text:.*\*\.txt"):
+        make_iterator(small, BATCH, seed=0)

@@ -1,0 +1,179 @@
+"""Tests of electra_jax.data.tokenizer: special ids, exact vocab, determinism, atomic files."""
+
+import os
+import pickle
+import subprocess
+import sys
+from pydoc_data.topics import topics
+
+import numpy as np
+import pytest
+
+from electra_jax.data import DataError, sources
+from electra_jax.data import tokenizer as tokenizer_lib
+from electra_jax.data.tokenizer import Tokenizer, train_tokenizer
+
+
+def _small_corpus():
+    # ~150 KB of English from pydoc_data: trains a 300-piece model in well under a second.
+    text = "\n".join(topics[name] for name in sorted(topics)[:30])
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def builtin_tokenizer(tmp_path_factory):
+    """A 1000-piece model on the whole builtin corpus, trained once for this module."""
+    sentences = (s for doc in sources.iter_documents("builtin") for s in doc)
+    out = tmp_path_factory.mktemp("builtin_tok") / "tokenizer"
+    return train_tokenizer(sentences, str(out), 1000, 0.9995, seed=0, sample_sentences=300_000)
+
+
+def test_special_ids(builtin_tokenizer):
+    tok = builtin_tokenizer
+    assert (tok.pad_id, tok.unk_id, tok.cls_id, tok.sep_id, tok.mask_id) == (0, 1, 2, 3, 4)
+    assert (tokenizer_lib.PAD_ID, tokenizer_lib.MASK_ID) == (0, 4)
+    assert [tok.id_to_piece(i) for i in range(5)] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    ids = tok.encode("The chef cooked a meal.")
+    assert ids and min(ids) >= 5
+    assert tok.decode(ids) == "The chef cooked a meal."
+
+
+def test_literal_special_text_is_not_special(builtin_tokenizer):
+    tok = builtin_tokenizer
+    ids = tok.encode("Replace [MASK] and [CLS] or [SEP] and [PAD]")
+    assert not {0, 2, 3, 4} & set(ids)
+    assert "[MASK]" in tok.decode(ids)
+
+
+def test_exact_vocab_size_and_files(builtin_tokenizer):
+    tok = builtin_tokenizer
+    assert tok.vocab_size == 1000
+    out_dir = os.path.dirname(tok.model_path)
+    assert sorted(os.listdir(out_dir)) == ["spm.model", "spm.vocab"]
+    with open(os.path.join(out_dir, "spm.vocab"), encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    assert len(lines) == 1000
+    assert lines[4].split("\t")[0] == "[MASK]"
+
+
+def test_encode_batch_matches_encode(builtin_tokenizer):
+    tok = builtin_tokenizer
+    texts = ["Hello world.", "", "Return the sum of a and b.", "ünïcödé"]
+    assert tok.encode_batch(texts) == [tok.encode(t) for t in texts]
+
+
+def test_pickle_round_trip(builtin_tokenizer):
+    tok = builtin_tokenizer
+    clone = pickle.loads(pickle.dumps(tok))
+    assert clone.fingerprint == tok.fingerprint
+    assert clone.model_path == tok.model_path
+    assert clone.vocab_size == tok.vocab_size
+    text = "Pickled tokenizers encode the same way."
+    assert clone.encode(text) == tok.encode(text)
+
+
+def test_fingerprint_is_sha256_of_file(builtin_tokenizer):
+    import hashlib
+
+    with open(builtin_tokenizer.model_path, "rb") as f:
+        assert builtin_tokenizer.fingerprint == hashlib.sha256(f.read()).hexdigest()
+
+
+def test_training_is_deterministic(tmp_path):
+    sentences = _small_corpus()
+    a = train_tokenizer(sentences, str(tmp_path / "a"), 300, 0.9995, seed=3, sample_sentences=1000)
+    b = train_tokenizer(sentences, str(tmp_path / "b"), 300, 0.9995, seed=3, sample_sentences=1000)
+    c = train_tokenizer(sentences, str(tmp_path / "c"), 300, 0.9995, seed=4, sample_sentences=1000)
+    assert a.fingerprint == b.fingerprint
+    # The seed picks the 1000-sentence sample out of ~3000, so another seed, another model.
+    assert c.fingerprint != a.fingerprint
+
+
+def test_training_is_deterministic_across_processes(tmp_path):
+    # SentencePiece seeds its own random generator once per thread from process-wide state, so
+    # in-process repeats can agree while separate processes differ; check a fresh interpreter.
+    code = (
+        "import sys\n"
+        "from tests.data.test_tokenizer import _small_corpus\n"
+        "from electra_jax.data.tokenizer import train_tokenizer\n"
+        "tok = train_tokenizer(_small_corpus(), sys.argv[1], 300, 0.9995, seed=3,\n"
+        "                      sample_sentences=1000)\n"
+        "print(tok.fingerprint)\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=root)
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "sub")],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=root,
+    )
+    assert out.returncode == 0, out.stderr
+    here = train_tokenizer(_small_corpus(), str(tmp_path / "here"), 300, 0.9995, 3, 1000)
+    assert out.stdout.strip() == here.fingerprint
+
+
+def test_reservoir_sample_is_uniform_and_ordered():
+    rng = np.random.default_rng(0)
+    counts = np.zeros(50)
+    for _ in range(4000):
+        sample = tokenizer_lib._reservoir_sample(map(str, range(50)), 10, rng)
+        assert len(sample) == 10
+        assert [int(s) for s in sample] == sorted(int(s) for s in sample)
+        for s in sample:
+            counts[int(s)] += 1
+    # Each item is kept with probability 10/50: expected 800, std ~25.
+    assert np.all(np.abs(counts - 800) < 120), counts
+    assert tokenizer_lib._reservoir_sample(["a", "b"], 10, rng) == ["a", "b"]
+
+
+def test_vocab_too_large_raises_and_writes_nothing(tmp_path):
+    out = tmp_path / "tok"
+    with pytest.raises(DataError, match=r"data\.vocab_size=50000 .* at most \d+"):
+        train_tokenizer(_small_corpus(), str(out), 50000, 0.9995, seed=0, sample_sentences=10**6)
+    assert os.listdir(tmp_path) == []
+
+
+def test_failed_write_leaves_no_out_dir(tmp_path, monkeypatch):
+    def broken_rename(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(tokenizer_lib.os, "rename", broken_rename)
+    with pytest.raises(OSError, match="disk full"):
+        train_tokenizer(_small_corpus(), str(tmp_path / "tok"), 300, 0.9995, 0, 10**6)
+    assert os.listdir(tmp_path) == []  # Neither out_dir nor the temp dir beside it.
+
+
+def test_training_into_existing_dir(tmp_path):
+    out = tmp_path / "tok"
+    out.mkdir()
+    (out / "other.txt").write_text("kept")
+    tok = train_tokenizer(_small_corpus(), str(out), 300, 0.9995, seed=0, sample_sentences=10**6)
+    assert sorted(os.listdir(out)) == ["other.txt", "spm.model", "spm.vocab"]
+    assert sorted(os.listdir(tmp_path)) == ["tok"]
+    assert Tokenizer.load(str(out)).fingerprint == tok.fingerprint
+
+
+def test_load_errors(tmp_path):
+    with pytest.raises(DataError, match="missing.model"):
+        Tokenizer.load(str(tmp_path / "missing.model"))
+    with pytest.raises(DataError, match="cannot be read"):
+        Tokenizer.load(str(tmp_path))  # A directory without spm.model.
+    bad = tmp_path / "bad.model"
+    bad.write_bytes(b"not a model")
+    with pytest.raises(DataError, match="bad.model"):
+        Tokenizer.load(str(bad))
+
+
+def test_load_rejects_model_without_special_pieces(tmp_path):
+    import sentencepiece as spm
+
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(_small_corpus()),
+        model_prefix=str(tmp_path / "plain"),
+        vocab_size=300,
+        minloglevel=2,
+    )
+    with pytest.raises(DataError, match=r"expected \['\[PAD\]'"):
+        Tokenizer.load(str(tmp_path / "plain.model"))

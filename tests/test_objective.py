@@ -1,0 +1,163 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from electra_jax import objective
+from electra_jax.data.tokenizer import CLS_ID, MASK_ID, PAD_ID, SEP_ID
+
+SPECIAL = (PAD_ID, CLS_ID, SEP_ID, MASK_ID)
+
+
+def _examples(b=64, length=128, seed=0):
+    """[CLS] A [SEP] B [SEP] rows with padding of varying length."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(5, 1000, (b, length)).astype(np.int32)
+    mask = np.ones((b, length), np.int32)
+    for i in range(b):
+        n = rng.integers(20, length + 1)
+        ids[i, 0], ids[i, n // 2], ids[i, n - 1] = CLS_ID, SEP_ID, SEP_ID
+        ids[i, n:], mask[i, n:] = PAD_ID, 0
+    return jnp.asarray(ids), jnp.asarray(mask)
+
+
+def _mask(rng, ids, mask, mask_prob=0.15):
+    slots = objective.num_mask_slots(ids.shape[1], mask_prob)
+    return objective.mask_tokens(
+        rng, ids, mask, mask_prob=mask_prob, num_slots=slots, mask_id=MASK_ID, special_ids=SPECIAL
+    )
+
+
+def test_slot_count_is_the_originals():
+    assert objective.num_mask_slots(128, 0.15) == 19
+    assert objective.num_mask_slots(512, 0.15) == 79
+    assert objective.num_mask_slots(512, 0.25) == 130
+
+
+def test_masking_counts_positions_and_never_special():
+    ids, mask = _examples()
+    m = _mask(jax.random.PRNGKey(0), ids, mask)
+    ids, mask = np.asarray(ids), np.asarray(mask)
+    pos, w = np.asarray(m.positions), np.asarray(m.weights)
+    for i in range(ids.shape[0]):
+        used = pos[i][w[i] > 0]
+        n_real = mask[i].sum()
+        assert len(used) == max(1, min(19, int(np.round(n_real * 0.15))))
+        assert len(set(used.tolist())) == len(used)  # distinct
+        assert np.all(mask[i, used] == 1)
+        assert not np.isin(ids[i, used], SPECIAL).any()
+        np.testing.assert_array_equal(np.asarray(m.targets)[i][w[i] > 0], ids[i, used])
+    # Only chosen positions change, and only to [MASK].
+    changed = np.asarray(m.input_ids) != ids
+    assert np.all(np.asarray(m.input_ids)[changed] == MASK_ID)
+    for i in range(ids.shape[0]):
+        assert set(np.nonzero(changed[i])[0]) <= set(pos[i][w[i] > 0].tolist())
+
+
+def test_mask_rate_and_85_15_split_over_many_draws():
+    ids, mask = _examples(b=256, length=128, seed=1)
+    masked = kept = predicted = 0
+    for k in range(8):
+        m = _mask(jax.random.PRNGKey(k), ids, mask)
+        w = np.asarray(m.weights) > 0
+        at = np.take_along_axis(np.asarray(m.input_ids), np.asarray(m.positions), 1)
+        masked += int((at[w] == MASK_ID).sum())
+        kept += int((at[w] == np.asarray(m.targets)[w]).sum())
+        predicted += int(w.sum())
+    assert masked + kept == predicted  # no random replacement
+    assert abs(masked / predicted - 0.85) < 0.01
+    real = int(np.asarray(mask).sum()) * 8
+    assert abs(predicted / real - 0.15) < 0.01
+
+
+def test_short_example_predicts_at_least_one_and_never_more_than_candidates():
+    ids = jnp.array([[CLS_ID, 9, SEP_ID, PAD_ID, PAD_ID, PAD_ID, PAD_ID, PAD_ID]], jnp.int32)
+    mask = (ids != PAD_ID).astype(jnp.int32)
+    m = objective.mask_tokens(
+        jax.random.PRNGKey(0),
+        ids,
+        mask,
+        mask_prob=0.5,
+        num_slots=4,
+        mask_id=MASK_ID,
+        special_ids=SPECIAL,
+    )
+    w = np.asarray(m.weights)
+    assert w.sum() == 1 and int(np.asarray(m.positions)[0][w[0] > 0][0]) == 1
+
+
+def test_a_sample_equal_to_the_original_is_labelled_real():
+    ids = jnp.array([[CLS_ID, 10, 11, 12, SEP_ID]], jnp.int32)
+    mask = jnp.ones_like(ids)
+    positions = jnp.array([[1, 2, 3]], jnp.int32)
+    weights = jnp.array([[1.0, 1.0, 0.0]])
+    samples = jnp.array([[10, 99, 77]], jnp.int32)  # same, different, unused slot
+    corrupted, labels = objective.replace_tokens(ids, mask, positions, weights, samples)
+    np.testing.assert_array_equal(corrupted, [[CLS_ID, 10, 99, 12, SEP_ID]])
+    np.testing.assert_array_equal(labels, [[0, 0, 1, 0, 0]])
+
+
+def test_losses_against_hand_computed_values():
+    logits = jnp.array([[[2.0, 0.0, 0.0], [0.0, 1.0, 0.0]]])
+    targets = jnp.array([[0, 2]])
+    weights = jnp.array([[1.0, 1.0]])
+    loss, correct = objective.mlm_loss(logits, targets, weights)
+    l0 = -np.log(np.exp(2) / (np.exp(2) + 2))
+    l1 = -np.log(1 / (np.exp(1) + 2))
+    np.testing.assert_allclose(float(loss.total), l0 + l1, rtol=1e-6)
+    assert float(loss.count) == 2 and float(correct.total) == 1
+
+    d = jnp.array([[3.0, -1.0, 0.5]])
+    labels = jnp.array([[1.0, 0.0, 1.0]])
+    mask = jnp.array([[1, 1, 0]])
+    rtd = objective.rtd_loss(d, labels, mask)
+    expected = np.log1p(np.exp(-3.0)) + np.log1p(np.exp(-1.0))
+    np.testing.assert_allclose(float(rtd.total), expected, rtol=1e-6)
+    assert float(rtd.count) == 2
+
+
+def test_total_is_weighted_sum_and_no_gradient_through_samples():
+    ids, mask = _examples(b=4, length=32)
+    batch = {"input_ids": ids, "segment_ids": jnp.zeros_like(ids), "input_mask": mask}
+    vocab = 1000
+    gen_w = jnp.ones((vocab,))
+    disc_w = jnp.ones(())
+
+    def gen_fn(p, masked_ids, positions, _):
+        base = jax.nn.one_hot(jnp.take_along_axis(masked_ids, positions, 1), vocab)
+        return base * p  # [B, N, V]
+
+    def disc_fn(p, corrupted, _):
+        return (corrupted % 7).astype(jnp.float32) * p - 3.0
+
+    def loss(params, which):
+        _, m = objective.electra_forward(
+            jax.random.PRNGKey(0),
+            batch,
+            lambda a, b, c: gen_fn(params["gen"], a, b, c),
+            lambda a, c: disc_fn(params["disc"], a, c),
+            mask_prob=0.15,
+            num_slots=5,
+            mask_id=MASK_ID,
+            special_ids=SPECIAL,
+            gen_weight=1.0,
+            disc_weight=50.0,
+        )
+        return m[which], m
+
+    params = {"gen": gen_w, "disc": disc_w}
+    total, m = loss(params, "loss")
+    np.testing.assert_allclose(float(total), float(m["gen_loss"] + 50 * m["disc_loss"]), rtol=1e-6)
+    # The discriminator's loss depends on the generator only through the sample: zero gradient.
+    g = jax.grad(lambda p: loss(p, "disc_loss")[0])(params)
+    assert float(jnp.abs(g["gen"]).sum()) == 0.0
+    assert float(jnp.abs(g["disc"])) > 0.0
+
+
+def test_sampling_follows_the_softmax():
+    logits = jnp.log(jnp.array([[[0.7, 0.2, 0.1]]]))
+    logits = jnp.broadcast_to(logits, (1, 20000, 3))
+    s = np.asarray(objective.sample_replacements(jax.random.PRNGKey(0), logits))
+    freq = np.bincount(s.ravel(), minlength=3) / s.size
+    np.testing.assert_allclose(freq, [0.7, 0.2, 0.1], atol=0.015)
+    hot = np.asarray(objective.sample_replacements(jax.random.PRNGKey(0), logits, 0.05))
+    assert (hot == 0).mean() > 0.99  # low temperature sharpens towards the mode
