@@ -1,0 +1,123 @@
+r"""Times the full ELECTRA train step on synthetic ids (no input pipeline in the timed region).
+
+    python benchmarks/train_step.py --config=configs/small.py --batch 32 --seq 128 \
+        --steps 20 --warmup 8
+
+Prints one JSON line: median and mean seconds per step, tokens/s, counted TFLOP/s and MFU where the
+device's peak is known. The ids are drawn like ../shared/bench's PyTorch reference (uniform in
+[1000, 30000), [CLS] first, [SEP] last, no padding) so the two can be compared shape for shape.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import platform
+import runpy
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from electra_jax import loop, metrics, sharding  # noqa: E402
+from electra_jax.data.tokenizer import CLS_ID, SEP_ID  # noqa: E402
+from electra_jax.train_step import init_state, train_step  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default="configs/small.py")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=8)
+    ap.add_argument("--dtype", default=None, help="override model.dtype")
+    args = ap.parse_args()
+
+    config = runpy.run_path(args.config)["get_config"]()
+    config.train.batch_size, config.data.seq_length = args.batch, args.seq
+    if args.dtype:
+        config.model.dtype = args.dtype
+    spec, model, tx, schedule, slots = loop.build(config, config.data.vocab_size)
+    mesh = sharding.make_mesh(config.mesh)
+    make = functools.partial(init_state, model, tx, config.seed)
+    state_sh = jax.tree_util.tree_map(lambda _: sharding.replicated(mesh), jax.eval_shape(make))
+    state = jax.jit(make, out_shardings=state_sh)()
+    step = jax.jit(
+        functools.partial(
+            train_step,
+            model=model,
+            tx=tx,
+            schedule=schedule,
+            objective_cfg=config.objective,
+            num_slots=slots,
+        ),
+        in_shardings=(state_sh, sharding.batch_sharding(mesh)),
+        out_shardings=(state_sh, sharding.replicated(mesh)),
+        donate_argnums=(0,),
+    )
+    rng = np.random.default_rng(0)
+
+    def batch():
+        ids = rng.integers(1000, min(30000, spec.vocab_size), (args.batch, args.seq), np.int32)
+        ids[:, 0], ids[:, -1] = CLS_ID, SEP_ID
+        ones = np.ones_like(ids)
+        return sharding.global_batch(
+            {"input_ids": ids, "segment_ids": np.zeros_like(ids), "input_mask": ones}, mesh
+        )
+
+    t0 = time.perf_counter()
+    compiled = step.lower(state, batch()).compile()
+    compile_s = time.perf_counter() - t0
+    times = []
+    for i in range(args.warmup + args.steps):
+        b = batch()  # made outside the timed region
+        t0 = time.perf_counter()
+        state, m = compiled(state, b)
+        jax.block_until_ready(m)
+        if i >= args.warmup:
+            times.append(time.perf_counter() - t0)
+    med = statistics.median(times)
+    flops = metrics.count_flops(spec, args.batch, args.seq, slots)["total"]
+    device = jax.devices()[0]
+    peak = metrics.peak_flops_per_device(device.device_kind, config.log.peak_flops)
+    achieved = flops / med / jax.device_count()
+    print(
+        json.dumps(
+            {
+                "framework": "electra_jax",
+                "jax": jax.__version__,
+                "device": device.device_kind,
+                "devices": jax.device_count(),
+                "python": platform.python_version(),
+                "config": args.config,
+                "dtype": config.model.dtype,
+                "batch": args.batch,
+                "seq": args.seq,
+                "mask_slots": slots,
+                "steps": args.steps,
+                "warmup": args.warmup,
+                "compile_s": round(compile_s, 2),
+                "median_s_per_step": round(med, 4),
+                "mean_s_per_step": round(statistics.mean(times), 4),
+                "min_s_per_step": round(min(times), 4),
+                "tokens_per_sec": round(args.batch * args.seq / med, 1),
+                "flops_per_step": flops,
+                "tflops_per_sec_per_device": round(achieved / 1e12, 4),
+                "mfu": None if peak is None else round(achieved / peak, 4),
+                "last_loss": float(m["loss"]),
+                "finite": bool(jnp.isfinite(m["loss"])),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
