@@ -59,6 +59,7 @@ def test_two_steps_match_a_hand_computed_reference():
     cfg = micro_config().train
     cfg.warmup_steps = 0
     cfg.weight_decay = 0.0
+    cfg.adam_bias_correction = False  # the paper's optimizer
     tx, schedule = make_optimizer(cfg)
     params = {"w": jnp.zeros(4)}
     state = tx.init(params)
@@ -74,3 +75,15 @@ def test_two_steps_match_a_hand_computed_reference():
     expected2 = -float(schedule(1)) * m / (np.sqrt(v) + eps)
     np.testing.assert_allclose(u1["w"], expected1, rtol=1e-5)
     np.testing.assert_allclose(u2["w"], expected2, rtol=1e-5)
+
+
+def test_bias_correction_option_gives_adam_first_step():
+    cfg = micro_config().train
+    cfg.warmup_steps = 0
+    cfg.weight_decay = 0.0
+    cfg.adam_bias_correction = True
+    tx, schedule = make_optimizer(cfg)
+    params = {"w": jnp.zeros(3)}
+    u, _ = tx.update({"w": jnp.array([0.3, -0.2, 0.1])}, tx.init(params), params)
+    # Bias-corrected Adam's first step is lr x sign(g) (up to eps).
+    np.testing.assert_allclose(u["w"], -float(schedule(0)) * np.sign([0.3, -0.2, 0.1]), rtol=1e-4)
