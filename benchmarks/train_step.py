@@ -39,12 +39,24 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=8)
     ap.add_argument("--dtype", default=None, help="override model.dtype")
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override a config field, e.g. --set model.attention=cudnn (repeatable)",
+    )
     args = ap.parse_args()
 
     config = runpy.run_path(args.config)["get_config"]()
     config.train.batch_size, config.data.seq_length = args.batch, args.seq
     if args.dtype:
         config.model.dtype = args.dtype
+    for item in args.set:
+        key, value = item.split("=", 1)
+        section, field = key.split(".")
+        current = config[section][field]
+        config[section][field] = type(current)(value) if not isinstance(current, str) else value
     spec, model, tx, schedule, slots = loop.build(config, config.data.vocab_size)
     mesh = sharding.make_mesh(config.mesh)
     make = functools.partial(init_state, model, tx, config.seed)
@@ -99,6 +111,8 @@ def main() -> None:
                 "python": platform.python_version(),
                 "config": args.config,
                 "dtype": config.model.dtype,
+                "attention": spec.attention,
+                "remat": spec.remat,
                 "batch": args.batch,
                 "seq": args.seq,
                 "mask_slots": slots,

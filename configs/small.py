@@ -28,6 +28,8 @@ def get_config() -> ml_collections.ConfigDict:
     config.data.single_segment_prob = 0.1  # examples with only segment A, as in fine-tuning
     config.data.short_seq_prob = 0.05  # examples packed to a random shorter length
     config.data.examples_per_shard = 100_000  # rows per ArrayRecord shard
+    config.data.tfds_text_field = "text"  # tfds sources: the feature holding a document's text
+    config.data.tfds_data_dir = ""  # tfds sources: TFDS data_dir; '' is TFDS's default
 
     config.model = ml_collections.ConfigDict()  # the discriminator
     config.model.hidden_size = 256
@@ -42,6 +44,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.model.initializer_range = 0.02  # truncated-normal std
     config.model.layer_norm_eps = 1e-12
     config.model.dtype = "float32"  # compute type: 'float32' or 'bfloat16'; params stay float32
+    # 'einsum' (dropout on attention probabilities, as the paper) or jax.nn.dot_product_attention
+    # kernels 'xla' / 'cudnn' (fused, GPU-fast, need attention_dropout_rate = 0)
+    config.model.attention = "einsum"
 
     config.generator = ml_collections.ConfigDict()
     config.generator.hidden_fraction = 0.25  # width = 1/4 of the discriminator's, same depth
@@ -54,6 +59,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.objective.gen_weight = 1.0  # weight of the generator's MLM loss
     config.objective.disc_weight = 50.0  # weight of the discriminator's RTD loss
     config.objective.temperature = 1.0  # sampling temperature of the generator's softmax
+    # How replacements are drawn from the softmax: 'inverse_cdf' (one uniform per slot) or
+    # 'gumbel' (jax.random.categorical, B x N x V uniforms); the same distribution.
+    config.objective.sampler = "inverse_cdf"
 
     config.train = ml_collections.ConfigDict()
     config.train.num_steps = 1_000_000
@@ -66,6 +74,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.train.adam_b2 = 0.999
     config.train.adam_eps = 1e-6
     config.train.adam_bias_correction = False  # the original optimizer has none
+    config.train.remat = "none"  # recompute in backward: 'none', 'full' or 'dots' (less memory)
+    config.train.nan_policy = "stop"  # on a NaN/Inf loss or grad norm: 'stop' the run or 'skip'
+    config.train.debug_nan_at_step = -1  # test hook: poison the update made at this step; -1 off
 
     config.mesh = ml_collections.ConfigDict()
     config.mesh.fsdp = 1  # 1 replicates parameters; N or -1 shards them over N or all devices

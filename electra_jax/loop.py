@@ -19,7 +19,7 @@ import ml_collections
 from electra_jax import checkpointing, metrics, objective, sharding, validate
 from electra_jax.model import Electra, network_param_counts, spec_from_config
 from electra_jax.optim import make_optimizer
-from electra_jax.train_step import init_state, train_step
+from electra_jax.train_step import guarded_train_step, init_state
 
 
 def _write_json_atomic(path: str, obj: Any) -> None:
@@ -44,7 +44,7 @@ def _check_workdir(workdir: str) -> None:
 
 def build(config: ml_collections.ConfigDict, vocab_size: int):
     """The model, optimizer, schedule and mask-slot count a config describes."""
-    spec = spec_from_config(config.model, config.generator, vocab_size)
+    spec = spec_from_config(config.model, config.generator, vocab_size, config.train.remat)
     model = Electra(spec)
     tx, schedule = make_optimizer(config.train)
     num_slots = objective.num_mask_slots(config.data.seq_length, config.objective.mask_prob)
@@ -73,19 +73,55 @@ def describe(config: ml_collections.ConfigDict, vocab_size: int | None = None) -
     }
 
 
+class NonFiniteError(RuntimeError):
+    """The loss or gradient norm became NaN/Inf under train.nan_policy='stop'."""
+
+
+def _check_same_model(config: ml_collections.ConfigDict, workdir: str) -> None:
+    """A workdir with checkpoints must be resumed with the model it was trained with."""
+    path = os.path.join(workdir, "config.json")
+    if not (os.path.isfile(path) and checkpointing.has_checkpoints(workdir)):
+        return  # nothing to restore: the run starts over and rewrites config.json
+    try:
+        with open(path) as f:
+            stored = json.load(f)
+    except (OSError, ValueError) as e:
+        raise validate.ConfigError(
+            f"{path} cannot be read ({e}); restore it from a copy or use a new --workdir"
+        ) from e
+    validate.check_same_model(stored, config, path)
+
+
 def train(config: ml_collections.ConfigDict, workdir: str, stop_after: int | None = None) -> dict:
     """Pre-trains until config.train.num_steps; returns the last logged metrics row.
 
     `stop_after` ends the run early at that step (with a checkpoint), as an interruption would,
     without changing the schedule: a later call resumes and finishes the same run.
+
+    SIGTERM / SIGINT during the steps end the run after the current step with a checkpoint of
+    it (the returned row then has "preempted_at"); before the steps they raise
+    checkpointing.Preempted. A NaN/Inf loss or gradient norm raises NonFiniteError under
+    train.nan_policy='stop' (nothing non-finite is saved) and is skipped under 'skip'.
     """
+    watcher = checkpointing.PreemptionWatcher()
+    try:
+        return _train(config, workdir, stop_after, watcher)
+    finally:
+        watcher.close()
+
+
+def _train(config, workdir, stop_after, watcher) -> dict:
     from electra_jax.data import pipeline, prepare
 
     validate.check_config(config)
     _check_workdir(workdir)
+    _check_same_model(config, workdir)
 
     # ---------------------------------------------------------------- mesh
-    mesh = sharding.make_mesh(config.mesh)
+    try:
+        mesh = sharding.make_mesh(config.mesh)
+    except ValueError as e:
+        raise validate.ConfigError(f"{e}; choose a mesh.fsdp that divides it") from e
     validate.check_batch(
         config.train.batch_size, sharding.data_parallel_size(mesh), jax.process_count()
     )
@@ -114,7 +150,10 @@ def train(config: ml_collections.ConfigDict, workdir: str, stop_after: int | Non
     # ---------------------------------------------------------------- restore
     manager = checkpointing.make_manager(workdir, config.checkpoint)
     state = checkpointing.restore_latest(
-        manager, checkpointing.abstract_with_shardings(abstract, state_sharding), data_iter
+        manager,
+        checkpointing.abstract_with_shardings(abstract, state_sharding),
+        data_iter,
+        log=metrics.log,
     )
     if state is None:
         state = jax.jit(make_state, out_shardings=state_sharding)()
@@ -129,7 +168,9 @@ def train(config: ml_collections.ConfigDict, workdir: str, stop_after: int | Non
     # ---------------------------------------------------------------- compile
     step_fn = jax.jit(
         functools.partial(
-            train_step,
+            guarded_train_step,
+            nan_policy=config.train.nan_policy,
+            debug_nan_at_step=config.train.debug_nan_at_step,
             model=model,
             tx=tx,
             schedule=schedule,
@@ -154,16 +195,63 @@ def train(config: ml_collections.ConfigDict, workdir: str, stop_after: int | Non
         spec, config.train.batch_size, config.data.seq_length, num_slots
     )["total"]
     peak = metrics.peak_flops_per_device(jax.devices()[0].device_kind, config.log.peak_flops)
+    skip = config.train.nan_policy == "skip"
     run_start = last_time = time.time()
     last_logged = start_step
+    last_saved = start_step if start_step > 0 else None
+    # Per-step non-finite flags (device scalars) since the last check; read only when logging or
+    # saving, so that the host never waits on the device every step.
+    flags: list[tuple[int, Any]] = []
+    save_seconds = 0.0
     row: dict = {}
-    for step in range(start_step, last_step):
+
+    skipped = 0  # non-finite updates skipped since the previous row
+
+    def check_finite() -> None:
+        """Reads the flags gathered since the last check: counts skips, or stops the run."""
+        nonlocal skipped
+        values = jax.device_get([f for _, f in flags])
+        bad = [s for (s, _), v in zip(flags, values, strict=True) if v > 0]
+        first, last = (flags[0][0], flags[-1][0]) if flags else (None, None)
+        flags.clear()
+        skipped += len(bad)
+        if bad and not skip:
+            good = (
+                f"{checkpointing.checkpoint_dir(workdir)}/{last_saved}"
+                if last_saved is not None
+                else "none (a rerun starts from step 0)"
+            )
+            manager.wait_until_finished()
+            raise NonFiniteError(
+                f"non-finite loss or gradient norm at step {bad[0]} (found checking steps "
+                f"{first}-{last}; nothing from them was saved); last good checkpoint: {good}; "
+                "lower train.learning_rate, or set train.nan_policy='skip' to skip such updates"
+            )
+
+    def save(done: int) -> None:
+        nonlocal last_saved, save_seconds
+        check_finite()  # never save a state that a non-finite update produced
+        t = time.time()
+        # Before the next batch is read, so the saved position is that of step `done`.
+        checkpointing.save(manager, done, state, data_iter)
+        save_seconds += time.time() - t
+        last_saved = done
+
+    watcher.arm()
+    preempted_at = start_step if watcher.requested(start_step) else None
+    for step in range(start_step, last_step if preempted_at is None else start_step):
         state, step_metrics = compiled(state, batch)
         done = step + 1
+        flags.append((done, step_metrics.pop("nonfinite")))
 
         # ------------------------------------------------------------ log
         if done % config.log.every_steps == 0 or done == num_steps:
+            check_finite()
             row = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
+            row["skipped_updates"] = skipped
+            if skipped:
+                metrics.log(f"warning: skipped {skipped} non-finite update(s) up to step {done}")
+            skipped = 0
             now = time.time()
             steps_done = done - last_logged
             seconds = max(now - last_time, 1e-9)
@@ -177,14 +265,26 @@ def train(config: ml_collections.ConfigDict, workdir: str, stop_after: int | Non
             last_time, last_logged = now, done
 
         # ------------------------------------------------------------ save
+        if watcher.requested(done):
+            preempted_at = done
+            break
         if done % config.checkpoint.every_steps == 0 or done == last_step:
-            # Before the next batch is read, so the saved position is that of step `done`.
-            checkpointing.save(manager, done, state, data_iter)
+            save(done)
         if done < last_step:
             # Reading the host batch overlaps the device's work on the step just dispatched.
             batch = sharding.global_batch(next(data_iter), mesh)
 
+    if preempted_at is not None:
+        if last_saved != preempted_at:
+            save(preempted_at)
+        manager.wait_until_finished()
+        metrics.log(
+            f"preempted at step {preempted_at}; checkpoint saved; run the same command to resume"
+        )
+        row = dict(row, preempted_at=preempted_at)
     manager.wait_until_finished()
     manager.close()
     writer.close()
+    if save_seconds and compiled is not None:
+        metrics.log(f"checkpoint saves blocked the loop for {save_seconds:.2f}s in total")
     return row

@@ -44,6 +44,10 @@ class ElectraSpec:
     initializer_range: float = 0.02
     layer_norm_eps: float = 1e-12
     dtype: str = "float32"
+    remat: str = "none"  # 'none' | 'full' | 'dots': what the backward pass recomputes per layer
+    # 'einsum' (ours, with dropout on the probabilities) or jax.nn.dot_product_attention's
+    # 'xla' / 'cudnn' kernels (fused; they have no dropout on the probabilities).
+    attention: str = "einsum"
 
 
 def generator_spec(disc: EncoderSpec, hidden_fraction: float, layers_fraction: float = 1.0):
@@ -57,8 +61,13 @@ def generator_spec(disc: EncoderSpec, hidden_fraction: float, layers_fraction: f
     )
 
 
-def spec_from_config(model_cfg: Any, generator_cfg: Any, vocab_size: int) -> ElectraSpec:
-    """Builds the spec from the `model` and `generator` config sections and the tokenizer's size."""
+def spec_from_config(
+    model_cfg: Any, generator_cfg: Any, vocab_size: int, remat: str = "none"
+) -> ElectraSpec:
+    """Builds the spec from the `model` and `generator` config sections and the tokenizer's size.
+
+    `remat` is `train.remat`: a training choice that changes memory and time, not the numbers.
+    """
     disc = EncoderSpec(
         hidden_size=model_cfg.hidden_size,
         num_layers=model_cfg.num_layers,
@@ -79,7 +88,18 @@ def spec_from_config(model_cfg: Any, generator_cfg: Any, vocab_size: int) -> Ele
         initializer_range=model_cfg.initializer_range,
         layer_norm_eps=model_cfg.layer_norm_eps,
         dtype=model_cfg.dtype,
+        remat=remat,
+        attention=model_cfg.get("attention", "einsum"),
     )
+
+
+# Rematerialisation policies: 'full' keeps only each layer's input and recomputes the rest in the
+# backward pass; 'dots' keeps the matmul outputs (the expensive part) and recomputes the cheap
+# element-wise work (GELU, LayerNorm, softmax, dropout masks) that dominates activation memory.
+_REMAT_POLICIES = {
+    "full": None,
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
 
 
 def _init(spec: ElectraSpec):
@@ -133,7 +153,7 @@ class Embeddings(nn.Module):
             name="token_type_embeddings",
         )
         self.layer_norm = _layer_norm(s, "LayerNorm")
-        self.dropout = nn.Dropout(s.dropout_rate)
+        self.dropout = Dropout(s.dropout_rate)
 
     def __call__(self, input_ids, segment_ids, deterministic: bool):
         length = input_ids.shape[1]
@@ -143,7 +163,7 @@ class Embeddings(nn.Module):
             + self.token_type_embeddings(segment_ids)
         )
         x = self.layer_norm(x)
-        return self.dropout(x, deterministic=deterministic).astype(self.spec.dtype)
+        return self.dropout(x, deterministic).astype(self.spec.dtype)
 
     def attend(self, hidden):
         """[..., E] -> [..., V] logits against the word table (the tied output layer)."""
@@ -151,8 +171,39 @@ class Embeddings(nn.Module):
         return jnp.einsum("...e,ve->...v", hidden.astype(self.spec.dtype), table)
 
 
+class Dropout(nn.Module):
+    """Inverted dropout drawing 16 random bits per element instead of 32.
+
+    Dropout masks are most of a CPU step's random numbers (attention probabilities alone are
+    B x heads x L x L per layer), and threefry's cost is per 32-bit word: splitting each word into
+    two 16-bit draws halves it. The keep threshold's resolution is 2^-16, so the rate is exact to
+    within 1e-5. Keys come from the 'dropout' stream, so numbers do not depend on the sharding.
+    """
+
+    rate: float
+
+    @nn.compact
+    def __call__(self, x, deterministic: bool):
+        if deterministic or self.rate == 0.0:
+            return x
+        # Split along the last axis so each row's mask is made from that row's words, which keeps
+        # the mask's layout that of x in the backward pass (no strided re-reads).
+        d = x.shape[-1]
+        words = jax.random.bits(self.make_rng("dropout"), (*x.shape[:-1], (d + 1) // 2), jnp.uint32)
+        halves = jnp.concatenate([words >> 16, words & 0xFFFF], axis=-1)[..., :d]
+        threshold = round((1.0 - self.rate) * 65536)
+        keep = halves < threshold
+        scale = jnp.asarray(65536 / threshold, x.dtype)
+        return jnp.where(keep, x * scale, jnp.zeros((), x.dtype))
+
+
 class SelfAttention(nn.Module):
-    """Multi-head self-attention; scores and softmax in float32."""
+    """Multi-head self-attention; scores and softmax in float32.
+
+    Heads lead the layout ([B, heads, L, head_dim]) so every contraction is a batched matmul with
+    batch dimensions first, which XLA lowers without transposes; q, k and v come from one fused
+    [H, 3, heads, head_dim] projection, one large matmul instead of three small ones.
+    """
 
     spec: ElectraSpec
     encoder: EncoderSpec
@@ -160,31 +211,49 @@ class SelfAttention(nn.Module):
     @nn.compact
     def __call__(self, x, attention_bias, deterministic: bool):
         s, e = self.spec, self.encoder
-        head_dim = e.hidden_size // e.num_heads
+        dtype = jnp.dtype(s.dtype)
+        heads, head_dim = e.num_heads, e.hidden_size // e.num_heads
+        qkv_kernel = self.param(
+            "qkv_kernel", _init(s), (e.hidden_size, 3, heads, head_dim), jnp.float32
+        )
+        qkv_bias = self.param("qkv_bias", nn.initializers.zeros, (3, heads, head_dim), jnp.float32)
+        qkv = jnp.einsum("blm,mthd->tbhld", x.astype(dtype), qkv_kernel.astype(dtype))
+        qkv = qkv + qkv_bias.astype(dtype)[:, None, :, None, :]
+        q, k, v = qkv[0], qkv[1], qkv[2]  # [B, heads, L, head_dim]
+        if s.attention != "einsum":
+            context = self._fused(q, k, v, attention_bias, deterministic)
+        else:
+            context = self._einsum(q, k, v, attention_bias, deterministic, head_dim)
+        out_kernel = self.param(
+            "output_kernel", _init(s), (heads, head_dim, e.hidden_size), jnp.float32
+        )
+        out_bias = self.param("output_bias", nn.initializers.zeros, (e.hidden_size,), jnp.float32)
+        out = jnp.einsum("bhqd,hdm->bqm", context, out_kernel.astype(dtype))
+        return out + out_bias.astype(dtype)
 
-        def project(name):
-            return nn.DenseGeneral(
-                (e.num_heads, head_dim),
-                dtype=jnp.dtype(s.dtype),
-                param_dtype=jnp.float32,
-                kernel_init=_init(s),
-                name=name,
-            )(x)
+    def _einsum(self, q, k, v, attention_bias, deterministic, head_dim):
+        s = self.spec
+        dtype = jnp.dtype(s.dtype)
+        q = q * jnp.asarray(1.0 / head_dim**0.5, dtype)
+        scores = jnp.einsum("bhqd,bhkd->bhqk", q, k, preferred_element_type=jnp.float32)
+        probs = jax.nn.softmax(scores + attention_bias, axis=-1)
+        probs = Dropout(s.attention_dropout_rate)(probs, deterministic).astype(dtype)
+        return jnp.einsum("bhqk,bhkd->bhqd", probs, v)
 
-        q, k, v = project("query"), project("key"), project("value")  # [B, L, heads, head_dim]
-        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
-        scores = scores / jnp.sqrt(jnp.float32(head_dim)) + attention_bias
-        probs = jax.nn.softmax(scores, axis=-1)
-        probs = nn.Dropout(s.attention_dropout_rate)(probs, deterministic=deterministic)
-        context = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(s.dtype), v)
-        return nn.DenseGeneral(
-            e.hidden_size,
-            axis=(-2, -1),
-            dtype=jnp.dtype(s.dtype),
-            param_dtype=jnp.float32,
-            kernel_init=_init(s),
-            name="output",
-        )(context)
+    def _fused(self, q, k, v, attention_bias, deterministic):
+        s = self.spec
+        if s.attention not in ("xla", "cudnn"):
+            raise ValueError(f"model.attention={s.attention!r}: use 'einsum', 'xla' or 'cudnn'")
+        if s.attention_dropout_rate and not deterministic:
+            raise ValueError(
+                f"model.attention={s.attention!r} has no dropout on attention probabilities; "
+                "set model.attention_dropout_rate=0 or use model.attention='einsum'"
+            )
+        # jax.nn.dot_product_attention takes [B, L, heads, head_dim] and a boolean key mask.
+        q, k, v = (jnp.swapaxes(t, 1, 2) for t in (q, k, v))
+        mask = attention_bias >= 0  # [B, 1, 1, L]: True where the key is real
+        out = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=s.attention)
+        return jnp.swapaxes(out, 1, 2)
 
 
 class TransformerLayer(nn.Module):
@@ -196,12 +265,13 @@ class TransformerLayer(nn.Module):
     @nn.compact
     def __call__(self, x, attention_bias, deterministic: bool):
         s, e = self.spec, self.encoder
-        drop = nn.Dropout(s.dropout_rate)
         a = SelfAttention(s, e, name="attention")(x, attention_bias, deterministic)
-        x = _layer_norm(s, "attention_LayerNorm")(x + drop(a, deterministic=deterministic))
+        a = Dropout(s.dropout_rate, name="attention_dropout")(a, deterministic)
+        x = _layer_norm(s, "attention_LayerNorm")(x + a)
         h = _gelu(_dense(s, e.intermediate_size, "intermediate")(x))
         h = _dense(s, e.hidden_size, "output")(h)
-        return _layer_norm(s, "output_LayerNorm")(x + drop(h, deterministic=deterministic))
+        h = Dropout(s.dropout_rate, name="output_dropout")(h, deterministic)
+        return _layer_norm(s, "output_LayerNorm")(x + h)
 
 
 class Encoder(nn.Module):
@@ -218,8 +288,14 @@ class Encoder(nn.Module):
             x = _dense(s, e.hidden_size, "embeddings_project")(x)
         # Padding keys get a large negative bias; queries at padding are computed and ignored.
         bias = jnp.where(input_mask[:, None, None, :] > 0, 0.0, -1e9).astype(jnp.float32)
+        layer = TransformerLayer
+        if s.remat != "none":
+            if s.remat not in _REMAT_POLICIES:
+                raise ValueError(f"train.remat={s.remat!r}: use 'none', 'full' or 'dots'")
+            # Argument 3 of __call__ (self counts as 0) is `deterministic`, a Python bool.
+            layer = nn.remat(TransformerLayer, static_argnums=(3,), policy=_REMAT_POLICIES[s.remat])
         for i in range(e.num_layers):
-            x = TransformerLayer(s, e, name=f"layer_{i}")(x, bias, deterministic)
+            x = layer(s, e, name=f"layer_{i}")(x, bias, deterministic)
         return x
 
 

@@ -1,12 +1,15 @@
 """python -m electra_jax.train --config=configs/tiny.py --workdir=runs/tiny [--config.KEY=VALUE ...]
 
 Flags only: parse the config and the workdir, join the other processes when there are any, and
-hand over to loop.train(). Bad input ends with one line on stderr and exit code 2.
+hand over to loop.train(). Bad input ends with one line on stderr and exit code 2; a diverged
+run (NaN/Inf under train.nan_policy='stop') with one line and exit code 1; SIGTERM / SIGINT with a
+checkpoint of the current step and exit code 0.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import sys
@@ -74,8 +77,12 @@ def main(argv) -> None:
         _fail(f"unexpected arguments {argv[1:]}; settings go in --config.KEY=VALUE")
     if _CONFIG.value is None:
         _fail("--config is required, e.g. --config=configs/tiny.py")
+    if not _VERBOSE.value:
+        # jax reports at INFO each backend it probes and lacks ("Unable to initialize backend
+        # 'tpu'"), which absl prints: noise that would bury the one line an error is.
+        logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
     from electra_jax import loop
-    from electra_jax.checkpointing import CheckpointError
+    from electra_jax.checkpointing import CheckpointError, Preempted
     from electra_jax.data import DataError
     from electra_jax.validate import ConfigError
 
@@ -99,6 +106,27 @@ def main(argv) -> None:
         if _VERBOSE.value:
             raise
         _fail(str(e))
+    except loop.NonFiniteError as e:
+        if _VERBOSE.value:
+            raise
+        # Not bad input (exit 2) but a diverged run: exit 1, still one line.
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+    except Preempted as e:
+        # A signal during startup: no step ran since the last checkpoint, so nothing is lost.
+        print(
+            f"preempted before training started ({e}); run the same command to resume",
+            file=sys.stderr,
+        )
+        sys.exit(0)
+    except KeyboardInterrupt:
+        if _VERBOSE.value:
+            raise
+        print(
+            "interrupted; finished checkpoints are kept: run the same command to resume",
+            file=sys.stderr,
+        )
+        sys.exit(130)
 
 
 if __name__ == "__main__":

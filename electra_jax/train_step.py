@@ -77,6 +77,7 @@ def forward(params, batch, rng, *, model: Electra, objective_cfg: Any, num_slots
         disc_weight=objective_cfg.disc_weight,
         temperature=objective_cfg.temperature,
         mask_token_prob=objective_cfg.mask_token_prob,
+        sampler=objective_cfg.sampler,
     )
 
 
@@ -106,6 +107,44 @@ def train_step(
     metrics["grad_norm"] = optax.global_norm(grads)
     metrics["learning_rate"] = jnp.asarray(schedule(state.step), jnp.float32)
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+    return new_state, metrics
+
+
+def guarded_train_step(
+    state: TrainState,
+    batch: dict[str, jax.Array],
+    *,
+    nan_policy: str = "stop",
+    debug_nan_at_step: int = -1,
+    **step_kwargs,
+):
+    """train_step with a guard against non-finite updates, inside the same compiled program.
+
+    Adds metrics["nonfinite"] (float32 1.0 when the loss or the gradient norm is NaN/Inf, else
+    0.0). nan_policy 'skip' keeps the previous params and optimizer state for such a step while
+    still advancing `step` (so the next step draws the next random stream and batch); 'stop'
+    returns the update as computed and leaves stopping to the loop, which never saves it.
+    debug_nan_at_step is a test hook: the update made from state.step == that value is
+    poisoned as NaN gradients would poison it (loss, grad norm and new params NaN); -1 is off.
+    """
+    new_state, metrics = train_step(state, batch, **step_kwargs)
+    metrics = dict(metrics)
+    if debug_nan_at_step >= 0:
+        poison = state.step == debug_nan_at_step
+        nan_if = lambda x: (
+            jnp.where(poison, jnp.nan, x) if jnp.issubdtype(x.dtype, jnp.inexact) else x
+        )
+        new_state = new_state.replace(params=jax.tree_util.tree_map(nan_if, new_state.params))
+        metrics["loss"] = nan_if(metrics["loss"])
+        metrics["grad_norm"] = nan_if(metrics["grad_norm"])
+    finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
+    if nan_policy == "skip":
+        keep = lambda new, old: jnp.where(finite, new, old)
+        new_state = new_state.replace(
+            params=jax.tree_util.tree_map(keep, new_state.params, state.params),
+            opt_state=jax.tree_util.tree_map(keep, new_state.opt_state, state.opt_state),
+        )
+    metrics["nonfinite"] = 1.0 - finite.astype(jnp.float32)
     return new_state, metrics
 
 

@@ -63,12 +63,17 @@ def check_config(config: Any) -> None:
         o.name == "electra",
         f"objective.name={o.name!r} is not available; use 'electra'",
     )
+    _require(
+        t.nan_policy in ("stop", "skip"),
+        f"train.nan_policy={t.nan_policy!r} is not a policy; use 'stop' or 'skip'",
+    )
     _require(config.checkpoint.every_steps > 0, "checkpoint.every_steps must be >= 1")
     _require(config.checkpoint.keep > 0, "checkpoint.keep must be >= 1")
     _require(config.log.every_steps > 0, "log.every_steps must be >= 1")
 
 
 def check_batch(batch_size: int, data_parallel: int, process_count: int) -> None:
+    """Raises ConfigError when the global batch does not split evenly over devices and hosts."""
     _require(
         batch_size % data_parallel == 0,
         f"train.batch_size={batch_size} is not divisible by the {data_parallel} data-parallel "
@@ -78,3 +83,45 @@ def check_batch(batch_size: int, data_parallel: int, process_count: int) -> None
         batch_size % process_count == 0,
         f"train.batch_size={batch_size} is not divisible by the {process_count} processes",
     )
+
+
+# The fields that fix the parameters' shapes and meaning. model.dtype is left out: it is the compute
+# type only (parameters stay float32), so resuming in bfloat16 what ran in float32 is legitimate.
+_MODEL_SECTIONS = ("model", "generator")
+_MODEL_KEYS = ("data.vocab_size", "data.seq_length")
+_NOT_MODEL = ("model.dtype",)
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def check_same_model(stored: dict, config: Any, config_path: str) -> None:
+    """Raises ConfigError when a workdir's stored config describes another model than `config`.
+
+    stored: the parsed config.json of the workdir. Compares model.*, generator.*,
+    data.vocab_size and data.seq_length, so that a resume with other sizes fails here in one line
+    instead of as a shape error deep inside the restore.
+    """
+    old, new = _flatten(stored), _flatten(config.to_dict())
+
+    def is_model_key(key: str) -> bool:
+        return (key.split(".", 1)[0] in _MODEL_SECTIONS or key in _MODEL_KEYS) and (
+            key not in _NOT_MODEL
+        )
+
+    keys = sorted(k for k in set(old) | set(new) if is_model_key(k))
+    differ = [k for k in keys if old.get(k) != new.get(k)]
+    if differ:
+        shown = ", ".join(f"{k}={old.get(k)!r} there vs {new.get(k)!r} now" for k in differ[:4])
+        more = f" (and {len(differ) - 4} more)" if len(differ) > 4 else ""
+        raise ConfigError(
+            f"{config_path} describes a different model than the one asked for: {shown}{more}; "
+            "to resume, run with the same settings; to train this model, use a new --workdir"
+        )

@@ -1,8 +1,12 @@
 """End to end on the builtin corpus with the micro model: train, log, checkpoint, resume."""
 
 import json
+import math
 import os
 
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 
 from electra_jax import loop, metrics
@@ -24,18 +28,29 @@ FIELDS = {
 }
 
 
+_SHARED: dict = {}
+
+
+def prepare_shared_data(tmp_path_factory) -> tuple[str, str]:
+    """(tokenizer path, cache dir) of the micro config, made once per session for all modules."""
+    if "paths" not in _SHARED:
+        root = tmp_path_factory.mktemp("data")
+        cfg = micro_config()
+        cfg.data.cache_dir = str(root / "cache")
+        cfg.train.num_steps = 1
+        loop.train(cfg, str(root / "first"))
+        _SHARED["paths"] = (str(root / "first" / "tokenizer" / "spm.model"), cfg.data.cache_dir)
+    return _SHARED["paths"]
+
+
 @pytest.fixture(scope="module")
 def shared_data(tmp_path_factory):
     """Tokenizer and prepared shards made once, reused through data.tokenizer / data.cache_dir."""
-    root = tmp_path_factory.mktemp("data")
-    cfg = micro_config()
-    cfg.data.cache_dir = str(root / "cache")
-    cfg.train.num_steps = 1
-    loop.train(cfg, str(root / "first"))
-    return str(root / "first" / "tokenizer" / "spm.model"), cfg.data.cache_dir
+    return prepare_shared_data(tmp_path_factory)
 
 
-def _config(shared_data):
+def config_with(shared_data):
+    """The micro config reading the shared tokenizer and prepared data."""
     cfg = micro_config()
     cfg.data.tokenizer, cfg.data.cache_dir = shared_data
     return cfg
@@ -43,7 +58,7 @@ def _config(shared_data):
 
 @pytest.mark.slow
 def test_train_writes_the_workdir_and_resumes_exactly(shared_data, tmp_path):
-    cfg = _config(shared_data)
+    cfg = config_with(shared_data)
     straight = tmp_path / "straight"
     last = loop.train(cfg, str(straight))
     rows = metrics.read_rows(str(straight / "metrics.jsonl"))
@@ -68,7 +83,7 @@ def test_train_writes_the_workdir_and_resumes_exactly(shared_data, tmp_path):
 
 @pytest.mark.slow
 def test_resume_drops_rows_logged_after_the_last_checkpoint(shared_data, tmp_path):
-    cfg = _config(shared_data)
+    cfg = config_with(shared_data)
     workdir = tmp_path / "w"
     loop.train(cfg, str(workdir), stop_after=3)
     # A crash after step 3 could have logged steps 4-5 without checkpointing them.
@@ -79,6 +94,51 @@ def test_resume_drops_rows_logged_after_the_last_checkpoint(shared_data, tmp_pat
     rows = metrics.read_rows(str(workdir / "metrics.jsonl"))
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
     assert rows[3]["loss"] != -1.0
+
+
+@pytest.mark.slow
+def test_nan_stops_the_run_naming_the_step_and_the_last_good_checkpoint(shared_data, tmp_path):
+    cfg = config_with(shared_data)
+    cfg.train.debug_nan_at_step = 4  # the update of step 5 is NaN
+    cfg.log.every_steps = 2
+    workdir = tmp_path / "w"
+    with pytest.raises(loop.NonFiniteError) as e:
+        loop.train(cfg, str(workdir))
+    message = str(e.value)
+    assert "at step 5 (found checking steps 5-6" in message, message
+    assert f"last good checkpoint: {workdir / 'checkpoints' / '3'}" in message
+    assert "nan_policy='skip'" in message
+    # Checkpoint 6 (due at step 6) was never written: its state descends from the NaN update.
+    assert sorted(os.listdir(workdir / "checkpoints")) == ["3"]
+    assert [r["step"] for r in metrics.read_rows(str(workdir / "metrics.jsonl"))] == [2, 4]
+
+
+@pytest.mark.slow
+def test_nan_policy_skip_keeps_the_state_and_counts_the_skip(shared_data, tmp_path):
+    cfg = config_with(shared_data)
+    cfg.train.nan_policy = "skip"
+    cfg.train.debug_nan_at_step = 4
+    cfg.checkpoint.every_steps, cfg.checkpoint.keep = 1, 10
+    workdir = tmp_path / "w"
+    loop.train(cfg, str(workdir))
+    rows = metrics.read_rows(str(workdir / "metrics.jsonl"))
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    assert [r["skipped_updates"] for r in rows] == [0, 0, 0, 0, 1, 0]
+    assert math.isnan(rows[4]["loss"])
+    assert math.isfinite(rows[5]["loss"]) and math.isfinite(rows[5]["grad_norm"])
+
+    def saved(step):
+        path = workdir / "checkpoints" / str(step) / "state"
+        return ocp.StandardCheckpointer().restore(path)
+
+    after4, after5, after6 = saved(4), saved(5), saved(6)
+    # The skipped update kept params and optimizer state but still counted the step.
+    assert int(after5["step"]) == 5
+    for part in ("params", "opt_state"):
+        a, b, c = (jax.tree_util.tree_leaves(x[part]) for x in (after4, after5, after6))
+        assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True)), part
+        assert not all(np.array_equal(x, y) for x, y in zip(b, c, strict=True)), part
+        assert all(np.isfinite(x).all() for x in c if np.issubdtype(x.dtype, np.floating))
 
 
 def test_describe_reports_the_dry_run_fields():

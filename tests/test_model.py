@@ -105,3 +105,66 @@ def test_bfloat16_compute_keeps_float32_params():
     ids, seg, mask = _batch()
     logits = model.apply({"params": params}, ids, seg, mask, method=Electra.discriminator_logits)
     assert logits.dtype == jnp.float32 and bool(jnp.all(jnp.isfinite(logits)))
+
+
+def _grads(remat: str, dtype: str = "float32"):
+    cfg = micro_config()
+    cfg.model.dtype = dtype
+    model = Electra(spec_from_config(cfg.model, cfg.generator, 300, remat=remat))
+    params = init_params(model, jax.random.PRNGKey(0))
+    ids, seg, mask = _batch()
+
+    def loss(p):
+        out = model.apply(
+            {"params": p},
+            ids,
+            seg,
+            mask,
+            False,
+            rngs={"dropout": jax.random.PRNGKey(1)},
+            method=Electra.discriminator_logits,
+        )
+        return jnp.sum(out**2)
+
+    return jax.jit(jax.value_and_grad(loss))(params)
+
+
+def test_remat_changes_memory_not_numbers():
+    base_loss, base_grads = _grads("none")
+    for mode in ("full", "dots"):
+        loss, grads = _grads(mode)
+        np.testing.assert_allclose(loss, base_loss, rtol=1e-6)
+        leaves = zip(
+            jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(base_grads), strict=True
+        )
+        for a, b in leaves:
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    with pytest.raises(ValueError, match="train.remat"):
+        _grads("sometimes")
+
+
+def test_fused_attention_matches_einsum_without_dropout():
+    cfg = micro_config()
+    outs = {}
+    for impl in ("einsum", "xla"):
+        cfg.model.attention = impl
+        model = Electra(spec_from_config(cfg.model, cfg.generator, 300))
+        params = init_params(model, jax.random.PRNGKey(0))
+        ids, seg, mask = _batch()
+        mask = mask.at[:, 12:].set(0)
+        outs[impl] = model.apply(
+            {"params": params}, ids, seg, mask, method=Electra.discriminator_logits
+        )
+    np.testing.assert_allclose(outs["xla"], outs["einsum"], atol=2e-5)
+    cfg.model.attention = "xla"
+    model = Electra(spec_from_config(cfg.model, cfg.generator, 300))
+    with pytest.raises(ValueError, match="attention_dropout_rate"):
+        model.apply(
+            {"params": params},
+            ids,
+            seg,
+            mask,
+            False,
+            rngs={"dropout": jax.random.PRNGKey(0)},
+            method=Electra.discriminator_logits,
+        )

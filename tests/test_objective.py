@@ -161,3 +161,25 @@ def test_sampling_follows_the_softmax():
     np.testing.assert_allclose(freq, [0.7, 0.2, 0.1], atol=0.015)
     hot = np.asarray(objective.sample_replacements(jax.random.PRNGKey(0), logits, 0.05))
     assert (hot == 0).mean() > 0.99  # low temperature sharpens towards the mode
+
+
+def test_inverse_cdf_and_gumbel_samplers_draw_the_same_distribution():
+    logits = jax.random.normal(jax.random.PRNGKey(3), (1000,)) * 2.0  # a peaked 1000-way softmax
+    probs = np.asarray(jax.nn.softmax(logits))
+    rows = jnp.broadcast_to(logits, (1, 60000, 1000))
+    for sampler in ("inverse_cdf", "gumbel"):
+        s = np.asarray(objective.sample_replacements(jax.random.PRNGKey(1), rows, 1.0, sampler))
+        assert s.min() >= 0 and s.max() < 1000
+        freq = np.bincount(s.ravel(), minlength=1000) / s.size
+        # Total variation distance from the softmax: sampling noise alone gives about 0.05 here.
+        assert 0.5 * np.abs(freq - probs).sum() < 0.08, sampler
+        top = np.argsort(probs)[-5:]
+        np.testing.assert_allclose(freq[top], probs[top], atol=0.01)
+
+
+def test_inverse_cdf_handles_a_vocabulary_that_is_not_a_square():
+    logits = jnp.full((2, 3, 30522), -30.0).at[:, :, 30521].set(10.0)  # all mass on the last id
+    s = objective.sample_replacements(jax.random.PRNGKey(0), logits)
+    assert s.shape == (2, 3) and bool(jnp.all(s == 30521))
+    logits = jnp.full((1, 4, 7), -30.0).at[0, :, 0].set(10.0)  # and on the first
+    assert bool(jnp.all(objective.sample_replacements(jax.random.PRNGKey(0), logits) == 0))

@@ -61,3 +61,57 @@ def test_missing_config_file_and_unwritable_workdir(tmp_path):
     blocked.write_text("x")
     out = _run("--config=configs/tiny.py", f"--workdir={blocked}/sub")
     assert out.returncode == 2 and "not writable" in out.stderr and "Traceback" not in out.stderr
+
+
+def _one_line_exit_2(out, expected):
+    assert out.returncode == 2, out.stderr[-2000:]
+    lines = [ln for ln in out.stderr.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert expected in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    "args,expected",
+    [
+        (
+            ["--config.train.batch_size=12"],
+            "train.batch_size=12 is not divisible by the 8 data-parallel devices",
+        ),
+        (["--config.mesh.fsdp=3"], "mesh.fsdp=3 does not divide 8 devices"),
+    ],
+)
+def test_batch_and_mesh_that_do_not_fit_8_devices(tmp_path, args, expected):
+    out = subprocess.run(
+        [sys.executable, "-m", "electra_jax.train", "--config=configs/tiny.py"]
+        + [f"--workdir={tmp_path / 'w'}", *args],
+        cwd=ROOT,
+        env=subprocess_env(devices=8),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    _one_line_exit_2(out, expected)
+
+
+def test_tokenizer_with_another_vocabulary(tmp_path, tmp_path_factory):
+    from tests.test_loop import prepare_shared_data
+
+    tokenizer, _ = prepare_shared_data(tmp_path_factory)  # 300 pieces; tiny.py asks for 4096
+    out = _run(
+        "--config=configs/tiny.py", f"--workdir={tmp_path}", f"--config.data.tokenizer={tokenizer}"
+    )
+    line = _one_line_exit_2(out, "has 300 pieces but data.vocab_size=4096")
+    assert "set data.vocab_size=300" in line
+
+
+def test_workdir_of_another_model_fails_before_restoring(tmp_path):
+    from tests.conftest import micro_config
+
+    (tmp_path / "config.json").write_text(json.dumps(micro_config().to_dict()))
+    (tmp_path / "checkpoints" / "3").mkdir(parents=True)  # would be restored
+    out = _run("--config=configs/tiny.py", f"--workdir={tmp_path}")
+    line = _one_line_exit_2(out, f"{tmp_path}/config.json describes a different model")
+    assert "data.seq_length=32 there vs 128 now" in line and "model.hidden_size" in line
+    assert "new --workdir" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoints", "config.json"]

@@ -108,3 +108,17 @@ def test_one_device_and_eight_devices_give_the_same_numbers():
     for a, b in zip(res["one"], res["eight"], strict=True):
         for k in ("loss", "gen_loss", "disc_loss", "grad_norm", "replaced_fraction"):
             np.testing.assert_allclose(a[k], b[k], rtol=2e-5, err_msg=k)
+
+
+def test_bfloat16_loss_curve_tracks_float32():
+    cfg = micro_config()
+    cfg.train.learning_rate = 3e-3
+    f32 = run_steps(cfg, jax.devices()[:1], num_steps=10)
+    cfg.model.dtype = "bfloat16"
+    bf16 = run_steps(cfg, jax.devices()[:1], num_steps=10)
+    for k in ("gen_loss", "disc_loss"):
+        a = np.array([r[k] for r in f32])
+        b = np.array([r[k] for r in bf16])
+        assert np.all(np.isfinite(b))
+        np.testing.assert_allclose(b, a, rtol=0.03, err_msg=k)
+    assert bf16[-1]["gen_loss"] < bf16[0]["gen_loss"]

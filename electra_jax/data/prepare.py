@@ -9,11 +9,13 @@ inside ``cache_dir/<key>/`` therefore means the shards are complete.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import errno
 import hashlib
 import itertools
 import json
+import multiprocessing
 import os
 import shutil
 import socket
@@ -32,9 +34,14 @@ MANIFEST = "manifest.json"
 _FORMAT = "electra_jax-prepared-v1"
 # Rows are little-endian int32 whatever the machine, so shards are portable between hosts.
 ROW_DTYPE = np.dtype("<i4")
-# Sentences per encode_batch call: large enough to keep SentencePiece's thread pool busy, small
-# enough to stream a corpus of any size.
+# Sentences per encode_batch call (and per task sent to a worker): large enough to keep
+# SentencePiece's thread pool busy and amortize the transfer, small enough to stream a corpus of
+# any size; the character cap bounds a chunk of very long sentences.
 _ENCODE_CHUNK_SENTENCES = 8192
+_ENCODE_CHUNK_CHARS = 4 << 20
+# Chunks queued per worker: enough to keep workers busy while the parent packs, few enough that
+# memory stays bounded whatever the corpus size.
+_CHUNKS_IN_FLIGHT_PER_WORKER = 2
 # Tokenizer training reads at most this many times data.tokenizer_sample_sentences sentences and
 # samples uniformly among them: a spread-out sample without reading a huge corpus twice.
 _TOKENIZER_SCAN_FACTOR = 10
@@ -101,7 +108,10 @@ def ensure_tokenizer(data_cfg, tokenizer_dir: str, seed: int) -> tokenizer_lib.T
         tok = tokenizer_lib.Tokenizer.load(model_path)
     else:
         n = int(data_cfg.tokenizer_sample_sentences)
-        sentences = itertools.chain.from_iterable(sources.iter_documents(data_cfg.source))
+        docs = sources.iter_documents(
+            data_cfg.source, options=sources.SourceOptions.from_config(data_cfg)
+        )
+        sentences = itertools.chain.from_iterable(docs)
         tok = tokenizer_lib.train_tokenizer(
             itertools.islice(sentences, _TOKENIZER_SCAN_FACTOR * n),
             tokenizer_dir,
@@ -124,7 +134,9 @@ def _key_fields(data_cfg, tokenizer: tokenizer_lib.Tokenizer, seed: int) -> dict
     return {
         "format": _FORMAT,
         "source": data_cfg.source,
-        "source_fingerprint": sources.source_fingerprint(data_cfg.source),
+        "source_fingerprint": sources.source_fingerprint(
+            data_cfg.source, sources.SourceOptions.from_config(data_cfg)
+        ),
         "tokenizer_fingerprint": tokenizer.fingerprint,
         "seq_length": int(data_cfg.seq_length),
         "seed": int(seed),
@@ -143,26 +155,87 @@ def content_key(data_cfg, tokenizer: tokenizer_lib.Tokenizer, seed: int) -> str:
     return _hash(_key_fields(data_cfg, tokenizer, seed))
 
 
+def _document_chunks(docs: Iterable[list[str]]) -> Iterator[list[list[str]]]:
+    """Consecutive runs of whole documents, ~_ENCODE_CHUNK_SENTENCES sentences each."""
+    chunk: list[list[str]] = []
+    sentences = chars = 0
+    for doc in docs:
+        chunk.append(doc)
+        sentences += len(doc)
+        chars += sum(len(s) for s in doc)
+        if sentences >= _ENCODE_CHUNK_SENTENCES or chars >= _ENCODE_CHUNK_CHARS:
+            yield chunk
+            chunk, sentences, chars = [], 0, 0
+    if chunk:
+        yield chunk
+
+
+def _split_chunk(chunk: list[list[str]], ids: list[list[int]]) -> list[list[list[int]]]:
+    out, start = [], 0
+    for doc in chunk:
+        out.append(ids[start : start + len(doc)])
+        start += len(doc)
+    return out
+
+
+_worker_tokenizer: tokenizer_lib.Tokenizer | None = None
+
+
+def _init_worker(model_proto: bytes) -> None:
+    global _worker_tokenizer
+    _worker_tokenizer = tokenizer_lib.Tokenizer(model_proto, "<worker>")
+
+
+def _encode_in_worker(chunk: list[list[str]]) -> tuple[np.ndarray, np.ndarray]:
+    """Encodes a chunk in a worker process.
+
+    Returns:
+      (int32 [total_tokens] ids of all sentences concatenated, int64 [num_sentences] lengths):
+      two flat arrays pickle far faster than a list of lists of ints.
+    """
+    sentences = [s for doc in chunk for s in doc]
+    # One thread per worker: the processes are the parallelism.
+    ids = _worker_tokenizer.encode_batch(sentences, num_threads=1)
+    lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
+    flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(lengths.sum()))
+    return flat, lengths
+
+
+def _unflatten(flat: np.ndarray, lengths: np.ndarray) -> list[list[int]]:
+    values = flat.tolist()
+    bounds = np.concatenate([[0], np.cumsum(lengths)]).tolist()
+    return [values[bounds[i] : bounds[i + 1]] for i in range(len(lengths))]
+
+
 def _tokenized_documents(
-    docs: Iterable[list[str]], tokenizer: tokenizer_lib.Tokenizer
+    docs: Iterable[list[str]], tokenizer: tokenizer_lib.Tokenizer, num_workers: int = 1
 ) -> Iterator[list[list[int]]]:
-    """Encodes documents in chunks of sentences (one encode_batch call each), in order."""
-    docs = iter(docs)
-    while True:
-        chunk: list[list[str]] = []
-        n = 0
-        for doc in docs:
-            chunk.append(doc)
-            n += len(doc)
-            if n >= _ENCODE_CHUNK_SENTENCES:
-                break
-        if not chunk:
-            return
-        ids = tokenizer.encode_batch([s for doc in chunk for s in doc])
-        start = 0
-        for doc in chunk:
-            yield ids[start : start + len(doc)]
-            start += len(doc)
+    """Encodes documents in chunks, in order, on num_workers processes (1: in this process).
+
+    The output is the same for any num_workers: chunks are consecutive runs of documents and come
+    back in submission order, so the packing that follows (with its seeded coins) sees the same
+    sequence of documents.
+    """
+    chunks = _document_chunks(docs)
+    if num_workers <= 1:
+        for chunk in chunks:
+            yield from _split_chunk(chunk, tokenizer.encode_batch([s for d in chunk for s in d]))
+        return
+    # spawn, not fork: the parent may have started JAX's or Grain's threads, which fork would copy
+    # in whatever state they are in.
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(num_workers, initializer=_init_worker, initargs=(tokenizer.model_proto,)) as pool:
+        # Bounded submission (Pool.imap would read the whole corpus ahead into its task queue).
+        pending: collections.deque = collections.deque()
+        limit = _CHUNKS_IN_FLIGHT_PER_WORKER * num_workers
+        for chunk in chunks:
+            pending.append((chunk, pool.apply_async(_encode_in_worker, (chunk,))))
+            if len(pending) >= limit:
+                done, result = pending.popleft()
+                yield from _split_chunk(done, _unflatten(*result.get()))
+        while pending:
+            done, result = pending.popleft()
+            yield from _split_chunk(done, _unflatten(*result.get()))
 
 
 def _tmp_prefix(key16: str) -> str:
@@ -215,16 +288,24 @@ def _load(directory: str) -> PreparedData:
 
 
 def _write_shards(
-    data_cfg, tokenizer: tokenizer_lib.Tokenizer, out_dir: str, seed: int
+    data_cfg,
+    tokenizer: tokenizer_lib.Tokenizer,
+    out_dir: str,
+    seed: int,
+    num_workers: int = 1,
+    min_examples: int = 1,
 ) -> dict[str, object]:
     """Tokenizes, packs and writes shards into out_dir; returns the manifest's statistics."""
     seq_length = int(data_cfg.seq_length)
     per_shard = int(data_cfg.examples_per_shard)
     if per_shard <= 0:
         raise DataError(f"data.examples_per_shard={per_shard} must be positive")
-    docs = sources.iter_documents(data_cfg.source)
+    source_stats = sources.SourceStats()
+    docs = sources.iter_documents(
+        data_cfg.source, source_stats, sources.SourceOptions.from_config(data_cfg)
+    )
     examples = iter_packed(
-        _tokenized_documents(docs, tokenizer),
+        _tokenized_documents(docs, tokenizer, num_workers),
         seq_length,
         _stream_seed(seed, _PACKING_STREAM),
         float(data_cfg.single_segment_prob),
@@ -262,7 +343,16 @@ def _write_shards(
             f"data.source '{data_cfg.source}' produced no examples (no non-empty lines); "
             "check the files it names"
         )
+    if count < min_examples:
+        raise DataError(
+            f"data.source '{data_cfg.source}' gave {count} examples of {seq_length} tokens, "
+            f"fewer than one batch (train.batch_size={min_examples}); add text or lower "
+            "train.batch_size / data.seq_length"
+        )
     return {
+        "files_read": source_stats.files,  # TFDS: examples read
+        "bytes_replaced": source_stats.bytes_replaced,
+        "files_skipped": source_stats.skipped,
         "examples": count,
         "tokens": tokens,
         "real_token_fraction": tokens / (count * seq_length),
@@ -275,7 +365,13 @@ def _write_shards(
 
 
 def prepare(
-    data_cfg, tokenizer: tokenizer_lib.Tokenizer, cache_dir: str, seed: int
+    data_cfg,
+    tokenizer: tokenizer_lib.Tokenizer,
+    cache_dir: str,
+    seed: int,
+    *,
+    num_workers: int = 1,
+    min_examples: int = 1,
 ) -> PreparedData:
     """Tokenizes and packs ``data_cfg.source`` into ArrayRecord shards, or reuses a cached copy.
 
@@ -285,6 +381,10 @@ def prepare(
       tokenizer: from ``ensure_tokenizer``.
       cache_dir: parent of the prepared directories (created if missing).
       seed: fixes the packing coins.
+      num_workers: processes that tokenize (1: this process); the shards are the same bytes for
+        any number, so it is not part of the key.
+      min_examples: fewer examples than this (e.g. one global batch) is an error, raised before
+        anything is renamed into place.
 
     Returns:
       PreparedData for ``cache_dir/<key[:16]>``. Rows are in corpus order: the loader shuffles.
@@ -301,15 +401,25 @@ def prepare(
     key16 = key[:16]
     target = os.path.join(os.path.abspath(cache_dir), key16)
     if os.path.isfile(os.path.join(target, MANIFEST)):
-        return _load(target)
+        prepared = _load(target)
+        if prepared.num_examples < min_examples:
+            raise DataError(
+                f"data.source '{data_cfg.source}' gave {prepared.num_examples} examples, fewer "
+                f"than one batch (train.batch_size={min_examples}); add text or lower "
+                "train.batch_size / data.seq_length"
+            )
+        return prepared
 
     os.makedirs(cache_dir, exist_ok=True)
     _clean_stale_tmp_dirs(os.path.dirname(target), key16)
     tmp = tempfile.mkdtemp(
         prefix=f"{_tmp_prefix(key16)}{os.getpid()}-", dir=os.path.dirname(target)
     )
+    # mkdtemp makes the directory private (0700); prepared data is shared with other hosts'
+    # and users' runs reading the same cache.
+    os.chmod(tmp, 0o755)
     try:
-        stats = _write_shards(data_cfg, tokenizer, tmp, seed)
+        stats = _write_shards(data_cfg, tokenizer, tmp, seed, num_workers, min_examples)
         manifest = {
             **fields,
             "key": key,

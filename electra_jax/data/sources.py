@@ -7,20 +7,34 @@ Sources:
   ``builtin``     English text that ships with every CPython install, so the default run needs no
                   download: the ``pydoc_data`` documentation topics and the docstrings of the
                   standard library's pure-Python modules (read with ``ast``, never imported).
-  ``text:GLOB``   plain-text files, one sentence per line, a blank line ends a document.
-  ``tfds:...``    not supported yet.
+  ``text:GLOB``   plain-text files (``**`` recurses), one sentence per line, a blank line ends a
+                  document. Files are streamed in chunks, never read whole; gzip files (by their
+                  magic bytes) are decompressed on the fly; invalid UTF-8 bytes become U+FFFD and
+                  are counted; binary and unreadable files are skipped with a warning.
+  ``tfds:NAME[:VERSION][:SPLIT]``  a TFDS text dataset (split ``train`` by default); each example
+                  is a document, its ``data.tfds_text_field`` split into lines and sentences.
+
+Lines longer than ``max_line_chars`` are cut into pieces (at a space where there is one) and
+documents are ended after ``max_document_chars``: a file with no newline at all then streams in
+bounded memory instead of becoming one giant sentence.
 """
 
 from __future__ import annotations
 
 import ast
+import codecs
+import dataclasses
 import glob
+import gzip
 import hashlib
 import json
+import logging
 import os
+import re
 import sys
 import sysconfig
 import warnings
+import zlib
 from collections.abc import Iterable, Iterator
 
 from electra_jax.data import DataError
@@ -28,6 +42,9 @@ from electra_jax.data import DataError
 # Bumped whenever the way ``builtin`` text is extracted changes, so cached prepared data keyed on
 # the fingerprint is not silently reused with different content.
 _BUILTIN_VERSION = "builtin-v2"
+# Bumped whenever the way text files are read changes (line cutting, binary detection, ...).
+_TEXT_VERSION = "text-v2"
+_TFDS_VERSION = "tfds-v1"
 
 # Stdlib directories whose text is not English prose worth training on (test fixtures, the IDLE
 # app, third-party packages), or that hold files that do not parse as Python 3.
@@ -35,9 +52,96 @@ _SKIP_DIRS = frozenset(
     {"test", "tests", "idlelib", "site-packages", "dist-packages", "__pycache__", "_bundled"}
 )
 
+# Bytes read per call: large enough that the per-call overhead vanishes, small enough to keep a
+# file with no newline in bounded memory.
+READ_CHUNK_BYTES = 1 << 20
+# A "sentence" longer than this many characters (~500 tokens, past any usual seq_length) is cut
+# into pieces: packing trims segments to seq_length anyway, and one 50 MB line must not be held
+# or tokenized as a single string. Kept under SentencePiece's training limit of 4192 bytes for
+# ASCII text, so cut pieces of an all-in-one-line file still count for the tokenizer.
+MAX_LINE_CHARS = 2000
+# Documents longer than this are ended early: packing holds a document's sentences until it ends.
+MAX_DOCUMENT_CHARS = 1 << 20
+# A file is binary if its first bytes hold a NUL or are mostly not UTF-8.
+_SNIFF_BYTES = 8192
+_BINARY_INVALID_FRACTION = 0.3
+_GZIP_MAGIC = b"\x1f\x8b"
 
-def _split_documents(lines: Iterable[str]) -> Iterator[list[str]]:
-    """Groups lines into documents: a blank line ends a document; the end of input ends one too.
+_log = logging.getLogger("electra_jax.data")
+
+# Bytes replaced by the counting error handler below. Reading is single-threaded within a process
+# (workers only tokenize), so a module-level counter read before and after each file is exact.
+_replaced = [0]
+
+
+def _count_and_replace(error: UnicodeDecodeError) -> tuple[str, int]:
+    _replaced[0] += error.end - error.start
+    return "\ufffd", error.end
+
+
+codecs.register_error("electra_jax_count_replace", _count_and_replace)
+
+
+@dataclasses.dataclass
+class SourceStats:
+    """What reading a source met, filled in while its documents are iterated.
+
+    files: files (or TFDS examples) read.
+    bytes_replaced: invalid UTF-8 bytes replaced by U+FFFD.
+    skipped: ``path: reason`` for each file skipped (binary, unreadable, corrupt gzip).
+    empty_files: files with no non-blank line.
+    """
+
+    files: int = 0
+    bytes_replaced: int = 0
+    skipped: list[str] = dataclasses.field(default_factory=list)
+    empty_files: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceOptions:
+    """Reading options beyond the source string (config keys ``data.tfds_*``)."""
+
+    tfds_text_field: str = "text"
+    tfds_data_dir: str = ""
+    max_line_chars: int = MAX_LINE_CHARS
+    max_document_chars: int = MAX_DOCUMENT_CHARS
+
+    @classmethod
+    def from_config(cls, data_cfg) -> SourceOptions:
+        """From the ``data`` config section; keys it lacks keep their defaults."""
+        return cls(
+            tfds_text_field=str(data_cfg.get("tfds_text_field", "text")),
+            tfds_data_dir=str(data_cfg.get("tfds_data_dir", "")),
+        )
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    # The tokenizer sample and the packing pass read the same files: say each thing once.
+    if message not in _warned:
+        _warned.add(message)
+        _log.warning("%s", message)
+
+
+def cut_line(line: str, limit: int) -> list[str]:
+    """Cuts a line into pieces of at most ``limit`` characters, at a space when one is in the
+    second half of the window (so words stay whole), else mid-word."""
+    pieces = []
+    while len(line) > limit:
+        cut = line.rfind(" ", limit // 2, limit)
+        cut = limit if cut <= 0 else cut
+        pieces.append(line[:cut])
+        line = line[cut:]
+    pieces.append(line)
+    return pieces
+
+
+def _split_documents(lines: Iterable[str], max_document_chars: int = MAX_DOCUMENT_CHARS):
+    """Groups lines into documents: a blank line ends a document; the end of input ends one too,
+    and so does reaching max_document_chars (a bound on memory, not a semantic break).
 
     Args:
       lines: raw lines (with or without trailing newlines).
@@ -46,13 +150,18 @@ def _split_documents(lines: Iterable[str]) -> Iterator[list[str]]:
       documents, each a non-empty list of stripped, non-empty sentences.
     """
     doc: list[str] = []
+    size = 0
     for line in lines:
         sentence = line.strip()
         if sentence:
             doc.append(sentence)
+            size += len(sentence)
+            if size >= max_document_chars:
+                yield doc
+                doc, size = [], 0
         elif doc:
             yield doc
-            doc = []
+            doc, size = [], 0
     if doc:
         yield doc
 
@@ -120,69 +229,335 @@ def _text_files(pattern: str) -> list[str]:
     return paths
 
 
-def _text_documents(paths: list[str]) -> Iterator[list[str]]:
+_sniffed_invalid = [0]
+
+
+def _count_and_drop(error: UnicodeDecodeError) -> tuple[str, int]:
+    _sniffed_invalid[0] += error.end - error.start
+    return "", error.end
+
+
+codecs.register_error("electra_jax_sniff", _count_and_drop)
+
+
+def _looks_binary(head: bytes) -> bool:
+    if b"\x00" in head:
+        return True
+    if not head:
+        return False
+    # An incremental decode of the sniffed prefix: a multi-byte character cut at the end of the
+    # prefix is not an error.
+    _sniffed_invalid[0] = 0
+    codecs.getincrementaldecoder("utf-8")("electra_jax_sniff").decode(head, final=False)
+    return _sniffed_invalid[0] > _BINARY_INVALID_FRACTION * len(head)
+
+
+def _open_binary(path: str):
+    """Opens path for reading bytes, through gzip when it starts with gzip's magic bytes."""
+    # Closed by the caller (the pair is returned), so no context manager here.
+    f = open(path, "rb")  # noqa: SIM115
+    try:
+        magic = f.read(2)
+        f.seek(0)
+    except BaseException:
+        f.close()
+        raise
+    if magic == _GZIP_MAGIC:
+        return gzip.GzipFile(fileobj=f, mode="rb"), f
+    return f, f
+
+
+def _file_lines(f, first: bytes, max_line_chars: int) -> Iterator[str]:
+    """Decoded lines of a binary stream, read in chunks; overlong lines come out in pieces."""
+    decoder = codecs.getincrementaldecoder("utf-8")("electra_jax_count_replace")
+    pending = ""
+    chunk = first
+    while True:
+        final = not chunk
+        text = decoder.decode(chunk, final=final)
+        if text:
+            lines = (pending + text).split("\n")
+            pending = lines.pop()
+            for line in lines:
+                if len(line) > max_line_chars:
+                    yield from cut_line(line, max_line_chars)
+                else:
+                    yield line
+            if len(pending) > max_line_chars:
+                # No newline in sight: emit all but the last piece (which may continue).
+                *full, pending = cut_line(pending, max_line_chars)
+                yield from full
+        if final:
+            break
+        chunk = f.read(READ_CHUNK_BYTES)
+    if pending:
+        yield pending
+
+
+def _text_documents(paths: list[str], stats: SourceStats, opts: SourceOptions):
     for path in paths:
-        # errors='replace': one stray byte in a large crawl should cost a character, not the run.
-        with open(path, encoding="utf-8", errors="replace") as f:
-            yield from _split_documents(f)
+        try:
+            stream, raw = _open_binary(path)
+        except OSError as e:
+            stats.skipped.append(f"{path}: {e.strerror or e}")
+            _warn_once(f"skipping {path}: cannot be read ({e.strerror or e})")
+            continue
+        before = _replaced[0]
+        found = False
+        try:
+            with raw, stream:
+                head = stream.read(_SNIFF_BYTES)
+                if _looks_binary(head):
+                    stats.skipped.append(f"{path}: binary")
+                    _warn_once(f"skipping {path}: binary (NUL bytes or mostly not UTF-8)")
+                    found = True  # Counted as skipped, not as empty.
+                    continue
+                stats.files += 1
+                lines = _file_lines(stream, head, opts.max_line_chars)
+                for doc in _split_documents(lines, opts.max_document_chars):
+                    found = True
+                    yield doc
+        except (OSError, EOFError, zlib.error) as e:
+            # A truncated or corrupt gzip member, or a read error mid-file: keep what was read.
+            stats.skipped.append(f"{path}: {e}")
+            _warn_once(f"stopped reading {path} early: {e}")
+        finally:
+            stats.bytes_replaced += _replaced[0] - before
+        if not found:
+            stats.empty_files += 1
+
+
+def _nothing_usable(source: str, paths: list[str], stats: SourceStats) -> DataError:
+    skipped = "; ".join(stats.skipped[:3]) + (" ..." if len(stats.skipped) > 3 else "")
+    if stats.skipped and len(stats.skipped) == len(paths):
+        what = f"all {len(paths)} matched files were skipped ({skipped})"
+    elif stats.skipped:
+        what = (
+            f"{len(paths)} files matched: {stats.empty_files} have no text, "
+            f"{len(stats.skipped)} were skipped ({skipped})"
+        )
+    else:
+        examples = ", ".join(paths[:3]) + (" ..." if len(paths) > 3 else "")
+        what = f"all {len(paths)} matched files are empty or blank ({examples})"
+    return DataError(f"data.source '{source}' has no usable text: {what}")
+
+
+def _text_source(source: str, pattern: str, stats: SourceStats, opts: SourceOptions):
+    paths = _text_files(pattern)
+
+    def generate():
+        found = False
+        for doc in _text_documents(paths, stats, opts):
+            found = True
+            yield doc
+        if not found:
+            raise _nothing_usable(source, paths, stats)
+
+    return generate()
+
+
+# ---- TFDS ------------------------------------------------------------------------------------
+
+_VERSION_RE = re.compile(r"^\d+\.\d+\.\d+$")
+_SENTENCE_END_RE = re.compile(r"(?<=[.!?])\s+(?=[\"'(\[]?[A-Z0-9])")
+
+
+def _parse_tfds(arg: str) -> tuple[str, str]:
+    """'NAME[:VERSION][:SPLIT]' -> (tfds name with version, split)."""
+    parts = arg.split(":")
+    name, split = parts[0], "train"
+    rest = parts[1:]
+    if rest and _VERSION_RE.match(rest[0]):
+        name += ":" + rest.pop(0)
+    if rest:
+        split = ":".join(rest)
+    return name, split
+
+
+def _import_tfds(source: str):
+    try:
+        import tensorflow_datasets as tfds
+    except ImportError:
+        raise DataError(
+            f"data.source '{source}' needs tensorflow-datasets: pip install -e '.[tfds]'"
+        ) from None
+    return tfds
+
+
+def _tfds_builder(source: str, name: str, opts: SourceOptions):
+    tfds = _import_tfds(source)
+    try:
+        return tfds.builder(name, data_dir=opts.tfds_data_dir or None)
+    except Exception as e:  # DatasetNotFoundError, a bad version, a config that does not exist
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise DataError(f"data.source '{source}': TFDS has no dataset '{name}' ({first})") from None
+
+
+def _build_command(name: str, opts: SourceOptions) -> str:
+    data_dir = f" --data_dir={opts.tfds_data_dir}" if opts.tfds_data_dir else ""
+    return f"tfds build {name}{data_dir} --file_format=array_record"
+
+
+def _tf_examples(builder, split: str):
+    """Examples through tf.data, for datasets prepared as TFRecord (the TFDS default)."""
+    try:
+        import tensorflow as tf
+    except ImportError:
+        raise DataError(
+            f"TFDS dataset '{builder.name}' is stored as {builder.info.file_format}, which "
+            "needs TensorFlow to read: pip install tensorflow-cpu, or rebuild it with "
+            "--file_format=array_record"
+        ) from None
+    # TensorFlow would otherwise reserve most of every GPU's memory, which JAX needs.
+    tf.config.set_visible_devices([], "GPU")
+    import tensorflow_datasets as tfds
+
+    ds = builder.as_dataset(split=split, shuffle_files=False)
+    return tfds.as_numpy(ds)
+
+
+def _tfds_examples(source: str, name: str, split: str, opts: SourceOptions):
+    builder = _tfds_builder(source, name, opts)
+    try:
+        # ArrayRecord-prepared data (and tfds.testing.mock_data) read without TensorFlow.
+        data = builder.as_data_source(split=split)
+        return (data[i] for i in range(len(data)))
+    except NotImplementedError:
+        pass  # Prepared, but in a format without random access (TFRecord).
+    except Exception as e:
+        if builder.is_prepared():
+            raise DataError(f"data.source '{source}': cannot read split '{split}': {e}") from None
+    if not builder.is_prepared():
+        raise DataError(
+            f"TFDS dataset '{name}' is not prepared in "
+            f"{opts.tfds_data_dir or '~/tensorflow_datasets'} and is not downloaded during "
+            f"training; prepare it with: {_build_command(name, opts)}"
+        )
+    return _tf_examples(builder, split)
+
+
+def _tfds_text(example, field: str, source: str) -> str:
+    try:
+        value = example[field]
+    except (KeyError, TypeError, IndexError):
+        fields = sorted(example) if isinstance(example, dict) else type(example).__name__
+        raise DataError(
+            f"data.source '{source}' has no field '{field}' (it has {fields}); set "
+            "data.tfds_text_field"
+        ) from None
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="electra_jax_count_replace")
+    if hasattr(value, "item"):  # a numpy scalar from tf.data
+        value = value.item()
+        if isinstance(value, bytes):
+            return value.decode("utf-8", errors="electra_jax_count_replace")
+    return str(value)
+
+
+def _tfds_source(source: str, arg: str, stats: SourceStats, opts: SourceOptions):
+    name, split = _parse_tfds(arg)
+    examples = _tfds_examples(source, name, split, opts)
+
+    def generate():
+        found = False
+        for example in examples:
+            before = _replaced[0]
+            text = _tfds_text(example, opts.tfds_text_field, source)
+            stats.bytes_replaced += _replaced[0] - before
+            stats.files += 1
+            # One example, one document: its lines (paragraphs in Wikipedia and C4) are split
+            # into sentences so that a paragraph longer than seq_length is not mostly trimmed.
+            sentences = []
+            for line in text.split("\n"):
+                for sentence in _SENTENCE_END_RE.split(line.strip()):
+                    if sentence:
+                        sentences.extend(cut_line(sentence, opts.max_line_chars))
+            for doc in _split_documents(sentences, opts.max_document_chars):
+                found = True
+                yield doc
+        if not found:
+            raise DataError(f"data.source '{source}' has no text in field '{opts.tfds_text_field}'")
+
+    return generate()
+
+
+# ---- entry points ----------------------------------------------------------------------------
 
 
 def _parse(source: str) -> tuple[str, str]:
     kind, _, arg = source.partition(":")
     if kind == "builtin" and not arg:
         return kind, arg
-    if kind == "text" and arg:
+    if kind in ("text", "tfds") and arg:
         return kind, arg
-    if kind == "tfds":
-        raise DataError(
-            f"data.source '{source}': tfds sources are not supported yet; "
-            "use 'builtin' or 'text:GLOB'"
-        )
     raise DataError(
-        f"data.source '{source}' is not a known source; use 'builtin' or 'text:GLOB' "
-        "(e.g. text:corpus/**/*.txt)"
+        f"data.source '{source}' is not a known source; use 'builtin', 'text:GLOB' "
+        "(e.g. text:corpus/**/*.txt) or 'tfds:NAME[:SPLIT]' (e.g. tfds:wikipedia/20230601.en)"
     )
 
 
-def iter_documents(source: str) -> Iterator[list[str]]:
+def iter_documents(
+    source: str, stats: SourceStats | None = None, options: SourceOptions | None = None
+) -> Iterator[list[str]]:
     """Streams the documents of a corpus, in a deterministic order.
 
     Args:
-      source: ``'builtin'`` or ``'text:GLOB'``.
+      source: ``'builtin'``, ``'text:GLOB'`` or ``'tfds:NAME[:VERSION][:SPLIT]'``.
+      stats: filled in as the documents are read (bytes replaced, files skipped, ...).
+      options: TFDS field and data_dir, line and document limits.
 
     Yields:
       documents, each a non-empty list of non-empty stripped sentences (str).
 
     Raises:
-      DataError: unknown or unsupported source, or a glob that matches no file (raised at the
-        call, before the first document, so the error is not deferred to iteration).
+      DataError: unknown source, a glob that matches no file, a TFDS dataset that is not
+        available (raised at the call, before the first document). A source with nothing usable
+        (only empty, binary or unreadable files) raises when its iteration ends.
     """
+    stats = SourceStats() if stats is None else stats
+    options = SourceOptions() if options is None else options
     kind, arg = _parse(source)
     if kind == "builtin":
         return _builtin_documents()
-    return _text_documents(_text_files(arg))
+    if kind == "text":
+        return _text_source(source, arg, stats, options)
+    return _tfds_source(source, arg, stats, options)
 
 
-def source_fingerprint(source: str) -> str:
+def source_fingerprint(source: str, options: SourceOptions | None = None) -> str:
     """A content key of a source: equal keys mean the same documents (hex sha256).
 
     For ``builtin`` the text is fixed by the interpreter, so the Python version and the stdlib
     location identify it. For text files, (path, size, mtime_ns) of every matched file changes
-    whenever a file is added, removed or rewritten, without reading the corpus.
-
-    Args:
-      source: ``'builtin'`` or ``'text:GLOB'``.
+    whenever a file is added, removed or rewritten, without reading the corpus. For TFDS, the
+    dataset's name, version, split, data_dir and text field.
 
     Returns:
       a 64-character hex string.
     """
+    options = SourceOptions() if options is None else options
     kind, arg = _parse(source)
     if kind == "builtin":
         key: object = [_BUILTIN_VERSION, sys.version, sysconfig.get_paths()["stdlib"]]
-    else:
+    elif kind == "text":
         files = []
         for path in _text_files(arg):
             st = os.stat(path)
             files.append([os.path.abspath(path), st.st_size, st.st_mtime_ns])
-        key = ["text-v1", files]
+        key = [_TEXT_VERSION, files, options.max_line_chars, options.max_document_chars]
+    else:
+        name, split = _parse_tfds(arg)
+        builder = _tfds_builder(source, name, options)
+        key = [
+            _TFDS_VERSION,
+            builder.info.full_name,
+            str(builder.info.version),
+            split,
+            os.path.abspath(os.path.expanduser(options.tfds_data_dir))
+            if options.tfds_data_dir
+            else "",
+            options.tfds_text_field,
+            options.max_line_chars,
+            options.max_document_chars,
+        ]
     return hashlib.sha256(json.dumps(key).encode("utf-8")).hexdigest()

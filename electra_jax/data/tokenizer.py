@@ -132,9 +132,12 @@ class Tokenizer:
         """Token ids of one text, no special pieces added: ``[num_tokens]``."""
         return self._sp.encode(text, out_type=int)
 
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        """Token ids of many texts (SentencePiece encodes them on its thread pool)."""
-        return self._sp.encode(list(texts), out_type=int)
+    def encode_batch(self, texts: Sequence[str], num_threads: int | None = None) -> list[list[int]]:
+        """Token ids of many texts (SentencePiece encodes them on its thread pool, of num_threads
+        threads when given, else its default size)."""
+        if num_threads is None:
+            return self._sp.encode(list(texts), out_type=int)
+        return self._sp.encode(list(texts), out_type=int, num_threads=num_threads)
 
     def decode(self, ids: Iterable[int]) -> str:
         """Text of ids ``[num_tokens]``; special pieces decode to nothing."""

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -262,3 +263,42 @@ def test_zero_examples_raises(tokenizer, tmp_path):
 def test_empty_cache_dir_raises(corpus, tokenizer):
     with pytest.raises(DataError, match="cache_dir"):
         prepare_lib.prepare(make_cfg(corpus), tokenizer, "", seed=0)
+
+
+# ---- parallel tokenization, source statistics, minimum size ---------------------------------
+
+
+def test_two_workers_write_the_same_shards(corpus, tokenizer, prepared, tmp_path, monkeypatch):
+    # Small chunks, so that several are in flight on both workers at once.
+    monkeypatch.setattr(prepare_lib, "_ENCODE_CHUNK_SENTENCES", 300)
+    two = prepare_lib.prepare(make_cfg(corpus), tokenizer, str(tmp_path), seed=0, num_workers=2)
+    assert os.path.basename(two.directory) == os.path.basename(prepared.directory)
+    assert _shard_bytes(two) == _shard_bytes(prepared)
+    assert two.manifest["tokens"] == prepared.manifest["tokens"]
+
+
+def test_manifest_counts_replaced_bytes_and_skipped_files(corpus, tokenizer, tmp_path):
+    src = os.path.dirname(corpus[len("text:") :])
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for name in sorted(os.listdir(src)):
+        shutil.copy(os.path.join(src, name), docs / name)
+    (docs / "latin1.txt").write_bytes("Ã  la carte, déjà vu, naïve.\n".encode("latin-1"))
+    (docs / "image.txt").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00" * 50)
+    prep = prepare_lib.prepare(make_cfg(f"text:{docs}/*.txt"), tokenizer, str(tmp_path / "c"), 0)
+    m = prep.manifest
+    assert m["bytes_replaced"] == 4
+    assert m["files_skipped"] == [f"{docs / 'image.txt'}: binary"]
+    assert m["files_read"] == 4
+
+
+def test_fewer_examples_than_a_batch_raises(corpus, tokenizer, prepared, tmp_path):
+    n = prepared.num_examples
+    with pytest.raises(DataError, match=rf"gave {n} examples.*train\.batch_size={n + 1}"):
+        prepare_lib.prepare(make_cfg(corpus), tokenizer, str(tmp_path), 0, min_examples=n + 1)
+    assert os.listdir(tmp_path) == []
+    # A cached copy is checked as well.
+    cache = os.path.dirname(prepared.directory)
+    with pytest.raises(DataError, match="fewer than one batch"):
+        prepare_lib.prepare(make_cfg(corpus), tokenizer, cache, 0, min_examples=n + 1)
+    assert prepare_lib.prepare(make_cfg(corpus), tokenizer, cache, 0, min_examples=n).num_examples

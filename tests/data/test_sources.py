@@ -1,9 +1,12 @@
 """Tests of electra_jax.data.sources: the builtin corpus and text globs."""
 
+import gzip
 import hashlib
+import logging
 import os
 import subprocess
 import sys
+import tracemalloc
 
 import pytest
 
@@ -87,13 +90,13 @@ def test_text_glob_matching_nothing_raises(tmp_path):
         sources.source_fingerprint(f"text:{tmp_path}/nothing*.txt")
 
 
-def test_unknown_and_tfds_sources_raise():
-    with pytest.raises(DataError, match="not supported yet"):
-        sources.iter_documents("tfds:wikipedia/20230601.en")
+def test_unknown_sources_raise():
     with pytest.raises(DataError, match="not a known source"):
         sources.iter_documents("bogus")
     with pytest.raises(DataError, match="not a known source"):
         sources.iter_documents("text:")
+    with pytest.raises(DataError, match="not a known source"):
+        sources.iter_documents("tfds:")
 
 
 def test_fingerprints(tmp_path):
@@ -132,3 +135,114 @@ def test_stdlib_walk_is_sorted_and_skips_tests(tmp_path):
     assert rel == top + sub and top == sorted(top) and sub == sorted(sub)
     docs = [d for p in paths for d in sources._docstring_documents(p)]
     assert docs == [["Doc."]] * 46  # The file that does not parse is skipped.
+
+
+# ---- text files at scale: encodings, gzip, binary, unreadable, huge lines -------------------
+
+
+def _read(pattern, **options):
+    stats = sources.SourceStats()
+    opts = sources.SourceOptions(**options)
+    return list(sources.iter_documents(f"text:{pattern}", stats, opts)), stats
+
+
+def test_invalid_utf8_is_replaced_and_counted(tmp_path, monkeypatch):
+    # Latin-1: each accented letter is one invalid byte in UTF-8.
+    (tmp_path / "latin1.txt").write_bytes("café naïve\nsecond line\n".encode("latin-1"))
+    # Valid UTF-8 whose multi-byte characters straddle the tiny read chunks: nothing replaced.
+    (tmp_path / "utf8.txt").write_bytes("ééé ñ 日本語\n".encode())
+    monkeypatch.setattr(sources, "READ_CHUNK_BYTES", 3)
+    docs, stats = _read(f"{tmp_path}/*.txt")
+    assert docs == [["caf\ufffd na\ufffdve", "second line"], ["ééé ñ 日本語"]]
+    assert stats.bytes_replaced == 2
+    assert stats.files == 2 and stats.skipped == [] and stats.empty_files == 0
+
+
+def test_gzip_is_read_transparently(tmp_path):
+    text = "one\ntwo\n\nthree " + "x" * 100 + "\n"
+    (tmp_path / "plain.txt").write_text(text)
+    with gzip.open(tmp_path / "packed.txt.gz", "wt") as f:
+        f.write(text)
+    plain, _ = _read(f"{tmp_path}/plain.txt")
+    packed, stats = _read(f"{tmp_path}/packed.txt.gz")
+    assert packed == plain == [["one", "two"], ["three " + "x" * 100]]
+    assert stats.files == 1
+
+
+def test_binary_file_is_skipped_with_a_warning(tmp_path, caplog):
+    (tmp_path / "a.txt").write_text("real text\n")
+    (tmp_path / "blob.txt").write_bytes(bytes(range(256)) * 40)  # NUL bytes
+    (tmp_path / "noise.txt").write_bytes(bytes(range(128, 256)) * 64)  # no NUL, no valid UTF-8
+    with caplog.at_level(logging.WARNING, logger="electra_jax.data"):
+        docs, stats = _read(f"{tmp_path}/*.txt")
+    assert docs == [["real text"]]
+    assert [s.split(": ")[0] for s in stats.skipped] == [
+        str(tmp_path / "blob.txt"),
+        str(tmp_path / "noise.txt"),
+    ]
+    assert str(tmp_path / "blob.txt") in caplog.text and "binary" in caplog.text
+
+
+def test_nothing_usable_raises_naming_the_files(tmp_path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "a.txt").write_text("")
+    (tmp_path / "empty" / "b.txt").write_text("\n  \n\n")
+    with pytest.raises(DataError, match=r"all 2 matched files are empty.*a\.txt"):
+        _read(f"{tmp_path}/empty/*.txt")
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "x.bin").write_bytes(b"\x00\x01" * 100)
+    with pytest.raises(DataError, match=r"all 1 matched files were skipped .*x\.bin: binary"):
+        _read(f"{tmp_path}/bin/*")
+
+
+def test_unreadable_file_is_skipped_or_fatal(tmp_path, monkeypatch, caplog):
+    # chmod cannot deny root, so the denial is simulated at the open call.
+    (tmp_path / "a.txt").write_text("fine\n")
+    (tmp_path / "locked.txt").write_text("secret\n")
+    real_open = open
+
+    def deny(path, *args, **kwargs):
+        if str(path).endswith("locked.txt"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(sources, "open", deny, raising=False)
+    with caplog.at_level(logging.WARNING, logger="electra_jax.data"):
+        docs, stats = _read(f"{tmp_path}/*.txt")
+    assert docs == [["fine"]]
+    assert stats.skipped == [f"{tmp_path / 'locked.txt'}: Permission denied"]
+    assert "locked.txt" in caplog.text
+    with pytest.raises(DataError, match=r"locked\.txt: Permission denied"):
+        _read(f"{tmp_path}/locked.txt")
+
+
+def test_file_without_newline_is_cut_into_bounded_pieces(tmp_path, monkeypatch):
+    words = [f"w{i % 997}" for i in range(60_000)]
+    (tmp_path / "one_line.txt").write_text(" ".join(words))  # ~300 KB, no newline
+    monkeypatch.setattr(sources, "READ_CHUNK_BYTES", 16 << 10)
+    docs, _ = _read(f"{tmp_path}/*.txt", max_line_chars=1000, max_document_chars=50_000)
+    pieces = [s for doc in docs for s in doc]
+    assert all(len(p) <= 1000 for p in pieces) and len(pieces) > 250
+    assert all(sum(map(len, doc)) < 50_000 + 1000 for doc in docs) and len(docs) > 5
+    # Cut at spaces: every word survives whole and in order.
+    assert " ".join(pieces).split() == words
+
+
+def test_file_without_newline_streams_in_bounded_memory(tmp_path, monkeypatch):
+    size = 8 << 20
+    with open(tmp_path / "big.txt", "wb") as f:
+        block = b"abcdefg " * (1 << 17)  # 1 MB
+        for _ in range(size // len(block)):
+            f.write(block)
+    monkeypatch.setattr(sources, "READ_CHUNK_BYTES", 256 << 10)
+    opts = sources.SourceOptions(max_document_chars=256 << 10)
+    n = 0
+    tracemalloc.start()
+    try:
+        for doc in sources.iter_documents(f"text:{tmp_path}/big.txt", options=opts):
+            n += sum(map(len, doc))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert size * 0.99 < n < size  # all text but the spaces stripped at the cut points
+    assert peak < 3 << 20, peak  # a few chunks, never the 8 MB file

@@ -1,0 +1,138 @@
+r"""Input pipeline against the train step: loader batches/s, and step time on real vs synthetic ids.
+
+    python benchmarks/input_pipeline.py --config=configs/small.py \
+        --source='text:../shared/data/corpus/*/*.txt' --batch 128 --seq 128 --steps 10
+
+Prepares the source (tokenizer and shards cached under --workdir), then
+  1. reads --loader_batches batches from the Grain iterator alone: batches/s;
+  2. times --steps train steps, each fetching its batch the way loop.py does
+     (``sharding.global_batch(next(it))``, then the compiled step), once with synthetic ids made
+     ahead of time and once from the loader: the ratio is the input pipeline's cost to the step.
+Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import platform
+import runpy
+import statistics
+import sys
+import time
+
+import jax
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from electra_jax import loop, sharding  # noqa: E402
+from electra_jax.data import pipeline, prepare  # noqa: E402
+from electra_jax.data.tokenizer import CLS_ID, SEP_ID  # noqa: E402
+from electra_jax.train_step import init_state, train_step  # noqa: E402
+
+
+def _time_steps(compiled, state, fetch, warmup: int, steps: int):
+    times = []
+    for i in range(warmup + steps):
+        t0 = time.perf_counter()
+        state, m = compiled(state, fetch())
+        jax.block_until_ready(m)
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    return state, statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default="configs/small.py")
+    ap.add_argument("--source", required=True)
+    ap.add_argument("--workdir", default="/tmp/electra_jax_input_bench")
+    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--loader_batches", type=int, default=200)
+    args = ap.parse_args()
+
+    config = runpy.run_path(args.config)["get_config"]()
+    config.data.source = args.source
+    config.train.batch_size, config.data.seq_length = args.batch, args.seq
+    tok = prepare.ensure_tokenizer(
+        config.data, os.path.join(args.workdir, "tokenizer"), config.seed
+    )
+    prep = prepare.prepare(config.data, tok, os.path.join(args.workdir, "data"), config.seed)
+
+    # 1. The loader alone.
+    it = pipeline.make_iterator(prep, args.batch, config.seed)
+    next(it)  # start the read threads
+    t0 = time.perf_counter()
+    for _ in range(args.loader_batches):
+        next(it)
+    loader_bps = args.loader_batches / (time.perf_counter() - t0)
+
+    # 2. The step, fed synthetic or real batches.
+    spec, model, tx, schedule, slots = loop.build(config, tok.vocab_size)
+    mesh = sharding.make_mesh(config.mesh)
+    make = functools.partial(init_state, model, tx, config.seed)
+    state_sh = jax.tree_util.tree_map(lambda _: sharding.replicated(mesh), jax.eval_shape(make))
+    state = jax.jit(make, out_shardings=state_sh)()
+    step = jax.jit(
+        functools.partial(
+            train_step,
+            model=model,
+            tx=tx,
+            schedule=schedule,
+            objective_cfg=config.objective,
+            num_slots=slots,
+        ),
+        in_shardings=(state_sh, sharding.batch_sharding(mesh)),
+        out_shardings=(state_sh, sharding.replicated(mesh)),
+        donate_argnums=(0,),
+    )
+    rng = np.random.default_rng(0)
+    synthetic = []
+    for _ in range(4):
+        ids = rng.integers(5, tok.vocab_size, (args.batch, args.seq), np.int32)
+        ids[:, 0], ids[:, -1] = CLS_ID, SEP_ID
+        ones = np.ones_like(ids)
+        synthetic.append({"input_ids": ids, "segment_ids": np.zeros_like(ids), "input_mask": ones})
+    counter = iter(range(10**9))
+
+    def fetch_synthetic():
+        return sharding.global_batch(synthetic[next(counter) % len(synthetic)], mesh)
+
+    real_it = pipeline.make_iterator(prep, args.batch, config.seed)
+
+    def fetch_real():
+        return sharding.global_batch(next(real_it), mesh)
+
+    compiled = step.lower(state, fetch_synthetic()).compile()
+    state, synthetic_s = _time_steps(compiled, state, fetch_synthetic, args.warmup, args.steps)
+    state, real_s = _time_steps(compiled, state, fetch_real, args.warmup, args.steps)
+    print(
+        json.dumps(
+            {
+                "config": args.config,
+                "source": args.source,
+                "device": jax.devices()[0].device_kind,
+                "devices": jax.device_count(),
+                "cpus": os.cpu_count(),
+                "python": platform.python_version(),
+                "batch": args.batch,
+                "seq": args.seq,
+                "examples": prep.num_examples,
+                "loader_batches_per_sec": round(loader_bps, 1),
+                "steps_per_sec_synthetic": round(1 / synthetic_s, 3),
+                "median_s_per_step_synthetic": round(synthetic_s, 4),
+                "median_s_per_step_real": round(real_s, 4),
+                "real_over_synthetic": round(real_s / synthetic_s, 4),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+r"""Times `prepare` (tokenize + pack + write shards) with 1 and more worker processes.
+
+    python benchmarks/prepare_throughput.py --config=configs/tiny.py \
+        --source='text:../shared/data/corpus/*/*.txt' --workers 1 2
+
+The tokenizer is trained once (not timed) and shared; each worker count prepares into a fresh
+cache. Prints one JSON line per worker count: tokens, examples, seconds, tokens/s, and whether the
+shards are byte-identical to the first count's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import runpy
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from electra_jax.data import prepare  # noqa: E402
+
+
+def _digest(prepared) -> str:
+    h = hashlib.sha256()
+    for path in prepared.shard_paths:
+        with open(path, "rb") as f:
+            h.update(f.read())
+    return h.hexdigest()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default="configs/tiny.py")
+    ap.add_argument("--source", required=True)
+    ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    args = ap.parse_args()
+    config = runpy.run_path(args.config)["get_config"]()
+    config.data.source = args.source
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        tok = prepare.ensure_tokenizer(config.data, os.path.join(tmp, "tokenizer"), config.seed)
+        tokenizer_s = time.perf_counter() - t0
+        first = None
+        for i, n in enumerate(args.workers):
+            t0 = time.perf_counter()
+            prep = prepare.prepare(
+                config.data, tok, os.path.join(tmp, f"cache{i}"), config.seed, num_workers=n
+            )
+            seconds = time.perf_counter() - t0
+            digest = _digest(prep)
+            first = first or digest
+            print(
+                json.dumps(
+                    {
+                        "source": args.source,
+                        "config": args.config,
+                        "cpus": os.cpu_count(),
+                        "python": platform.python_version(),
+                        "workers": n,
+                        "tokenizer_train_s": round(tokenizer_s, 2),
+                        "examples": prep.num_examples,
+                        "tokens": prep.manifest["tokens"],
+                        "seconds": round(seconds, 2),
+                        "tokens_per_sec": round(prep.manifest["tokens"] / seconds),
+                        "identical_to_first": digest == first,
+                    }
+                ),
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()

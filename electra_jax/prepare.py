@@ -1,0 +1,125 @@
+"""python -m electra_jax.prepare --config=configs/small.py --workdir=runs/small [--num_workers=N]
+
+Prepares a run's data ahead of training: trains (or loads) the SentencePiece model into
+``WORKDIR/tokenizer/``, tokenizes and packs ``data.source`` on N worker processes, and writes the
+ArrayRecord shards and ``manifest.json`` into ``data.cache_dir`` (default ``WORKDIR/data``), then
+prints the manifest's figures as one JSON line. ``train`` with the same config and workdir finds
+the shards by their content key and starts training at once.
+
+Multi-host runs: put the workdir (or ``data.cache_dir``) on storage every host mounts (NFS,
+GCSFuse, ...), run this once on one machine, then start ``train`` on every host with the same
+config and workdir: each finds the tokenizer and the shards by their content key, prepares
+nothing, and reads only its own rows of every global batch. Bad input ends with one line on
+stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+from absl import app, flags
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "A get_config() file such as configs/tiny.py.", lock_config=True
+)
+_WORKDIR = flags.DEFINE_string("workdir", None, "The run's workdir (tokenizer/ and data/ go here).")
+_NUM_WORKERS = flags.DEFINE_integer(
+    "num_workers",
+    1,
+    "Processes that tokenize; the shards are identical for any number (the parent packs).",
+)
+_VERBOSE = flags.DEFINE_bool("verbose", False, "Show full tracebacks on errors.")
+
+# The manifest's figures, in the order they are printed.
+_REPORTED = (
+    "source",
+    "tokenizer_fingerprint",
+    "seq_length",
+    "examples",
+    "tokens",
+    "real_token_fraction",
+    "single_segment_fraction",
+    "short_fraction",
+    "bytes_replaced",
+    "files_skipped",
+)
+
+
+def _fail(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+    """absl's parser, with config errors (unknown key, wrong type) as one line."""
+    try:
+        return flags.FLAGS(argv)
+    except Exception as e:  # config_flags raises KeyError, AttributeError, TypeError, ...
+        if "--verbose" in argv:
+            raise
+        _fail(" ".join(str(e).replace("\\n", " ").replace("flag --", "--").split()))
+
+
+def run(config, workdir: str, num_workers: int) -> dict:
+    """Prepares the tokenizer and shards of ``config`` for ``workdir``; returns a summary dict
+    (the manifest's figures, the prepared directory, whether it was reused, seconds taken)."""
+    from electra_jax.data import prepare
+
+    t0 = time.time()
+    tokenizer = prepare.ensure_tokenizer(
+        config.data, os.path.join(workdir, "tokenizer"), config.seed
+    )
+    t_tok = time.time()
+    cache_dir = config.data.cache_dir or os.path.join(workdir, "data")
+    key16 = prepare.content_key(config.data, tokenizer, config.seed)[:16]
+    reused = os.path.isfile(os.path.join(os.path.abspath(cache_dir), key16, prepare.MANIFEST))
+    prepared = prepare.prepare(
+        config.data,
+        tokenizer,
+        cache_dir,
+        config.seed,
+        num_workers=num_workers,
+        min_examples=int(config.train.batch_size),
+    )
+    t_end = time.time()
+    summary = {k: prepared.manifest.get(k) for k in _REPORTED}
+    summary["directory"] = prepared.directory
+    summary["reused"] = reused
+    summary["tokenizer_seconds"] = round(t_tok - t0, 2)
+    summary["pack_seconds"] = round(t_end - t_tok, 2)
+    if not reused and t_end > t_tok:
+        summary["tokens_per_second"] = round(prepared.manifest["tokens"] / (t_end - t_tok))
+    return summary
+
+
+def main(argv) -> None:
+    if len(argv) > 1:
+        _fail(f"unexpected arguments {argv[1:]}; settings go in --config.KEY=VALUE")
+    if _CONFIG.value is None:
+        _fail("--config is required, e.g. --config=configs/tiny.py")
+    if not _WORKDIR.value:
+        _fail("--workdir is required: the tokenizer and prepared data go there")
+    if _NUM_WORKERS.value < 1:
+        _fail(f"--num_workers={_NUM_WORKERS.value} must be at least 1")
+    from electra_jax.data import DataError
+
+    try:
+        config = _CONFIG.value
+        config.to_dict()  # the file is loaded lazily: fail here, not halfway through
+    except OSError:
+        _fail(f"config file {flags.FLAGS['config'].config_filename} cannot be read; check --config")
+    try:
+        summary = run(config, _WORKDIR.value, _NUM_WORKERS.value)
+    except DataError as e:
+        if _VERBOSE.value:
+            raise
+        _fail(str(e))
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    app.run(main, flags_parser=_parse_flags)

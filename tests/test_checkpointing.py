@@ -1,0 +1,135 @@
+"""Checkpoints that cannot be restored are moved aside, never deleted; the previous one is used."""
+
+import os
+
+import grain
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from electra_jax import checkpointing
+
+
+def _cfg(keep=5):
+    return ml_collections.ConfigDict({"keep": keep, "every_steps": 1})
+
+
+def _iterator():
+    return iter(grain.MapDataset.range(1000).batch(4).to_iter_dataset())
+
+
+def _state(step):
+    w = np.random.default_rng(step).normal(size=(64, 64))  # incompressible, unlike a constant
+    return {"step": jnp.asarray(step, jnp.int32), "w": jnp.asarray(w, jnp.float32)}
+
+
+def _abstract():
+    shapes = jax.eval_shape(lambda: _state(0))
+    sh = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    return checkpointing.abstract_with_shardings(
+        shapes, jax.tree_util.tree_map(lambda _: sh, shapes)
+    )
+
+
+def _write(workdir, steps):
+    """Checkpoints at `steps`; the iterator has yielded `step` batches when step is saved."""
+    manager = checkpointing.make_manager(workdir, _cfg())
+    it = _iterator()
+    done = 0
+    for step in steps:
+        while done < step:
+            next(it)
+            done += 1
+        checkpointing.save(manager, step, _state(step), it)
+        manager.wait_until_finished()
+    manager.close()
+
+
+def _restore(workdir):
+    lines = []
+    manager = checkpointing.make_manager(workdir, _cfg())
+    it = _iterator()
+    try:
+        state = checkpointing.restore_latest(manager, _abstract(), it, log=lines.append)
+    finally:
+        manager.close()
+    return state, it, lines
+
+
+def test_restore_returns_newest_state_and_iterator_position(tmp_path):
+    _write(str(tmp_path), [2, 5])
+    state, it, lines = _restore(str(tmp_path))
+    assert int(state["step"]) == 5
+    np.testing.assert_array_equal(state["w"], _state(5)["w"])
+    assert list(next(it)) == [20, 21, 22, 23]  # the sixth batch: the position of step 5
+    assert lines == []
+
+
+# Files without which a checkpoint cannot be read (others, such as commit_success.txt, are
+# redundant: orbax restores correct values without them, which the test also checks).
+@pytest.mark.parametrize(
+    "victim,damage",
+    [
+        ("state/manifest.ocdbt", "delete"),
+        ("state/d/*", "truncate"),  # the array data
+        ("data/process_0-of-1.json", "truncate"),  # the iterator position
+        ("commit_success.txt", "delete"),  # redundant: step 5 still restores, correctly
+    ],
+)
+def test_damaged_latest_is_moved_aside_and_the_previous_one_used(tmp_path, victim, damage):
+    _write(str(tmp_path), [2, 5])
+    (path,) = (tmp_path / "checkpoints" / "5").glob(victim)
+    if damage == "truncate":
+        with open(path, "r+b") as f:
+            f.truncate(os.path.getsize(path) // 2)
+    else:
+        os.remove(path)
+    state, it, lines = _restore(str(tmp_path))
+    if victim == "commit_success.txt":
+        assert int(state["step"]) == 5 and lines == []
+        np.testing.assert_array_equal(state["w"], _state(5)["w"])
+        return
+    assert int(state["step"]) == 2
+    np.testing.assert_array_equal(state["w"], _state(2)["w"])
+    assert list(next(it)) == [8, 9, 10, 11]  # the iterator follows the restored step
+    assert len(lines) == 1 and lines[0].startswith("warning: checkpoint 5 cannot be restored")
+    assert str(tmp_path / "checkpoints" / "5.corrupt") in lines[0]
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["2", "5.corrupt"]
+    # Kept for inspection, and orbax does not list it as a step when the run goes on.
+    manager = checkpointing.make_manager(str(tmp_path), _cfg())
+    assert manager.all_steps() == [2]
+    checkpointing.save(manager, 5, _state(5), _iterator())
+    manager.wait_until_finished()
+    manager.close()
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["2", "5", "5.corrupt"]
+    assert int(_restore(str(tmp_path))[0]["step"]) == 5
+
+
+def test_no_good_checkpoint_is_one_clear_error_and_nothing_is_deleted(tmp_path):
+    _write(str(tmp_path), [2, 5])
+    for step in ("2", "5"):
+        os.remove(tmp_path / "checkpoints" / step / "state" / "manifest.ocdbt")
+    with pytest.raises(checkpointing.CheckpointError, match="no checkpoint in .* can be restored"):
+        _restore(str(tmp_path))
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["2.corrupt", "5.corrupt"]
+
+
+def test_an_unfinished_save_is_not_a_step(tmp_path):
+    _write(str(tmp_path), [2])
+    # What a process killed mid-save leaves: orbax's temporary folder, never renamed.
+    tmp = tmp_path / "checkpoints" / "5.orbax-checkpoint-tmp-1234567"
+    (tmp / "state").mkdir(parents=True)
+    (tmp / "state" / "half").write_bytes(b"\0" * 10)
+    state, _, lines = _restore(str(tmp_path))
+    assert int(state["step"]) == 2 and lines == []
+    assert not tmp.exists()  # cleaned when the next run opened the manager
+    assert not checkpointing.has_checkpoints(str(tmp_path / "elsewhere"))
+    assert checkpointing.has_checkpoints(str(tmp_path))
+
+
+def test_empty_workdir_restores_nothing(tmp_path):
+    state, _, lines = _restore(str(tmp_path))
+    assert state is None and lines == []
+    assert os.listdir(tmp_path / "checkpoints") == []

@@ -1,0 +1,117 @@
+"""python -m electra_jax.prepare: figures on success, reuse, and one clear line per bad input."""
+
+import json
+import os
+import subprocess
+import sys
+from pydoc_data.topics import topics
+
+import pytest
+
+from tests.conftest import ROOT, SHARED, subprocess_env
+
+# Small enough that SentencePiece trains in a second on a few KB of text.
+FAST = ["--config.data.vocab_size=300", "--config.data.seq_length=64"]
+
+
+def _prepare(workdir, source, *extra, timeout=300):
+    cmd = [
+        sys.executable,
+        "-m",
+        "electra_jax.prepare",
+        f"--config={ROOT / 'configs' / 'tiny.py'}",
+        f"--workdir={workdir}",
+        f"--config.data.source={source}",
+        *FAST,
+        *extra,
+    ]
+    return subprocess.run(
+        cmd, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def _english(n_topics):
+    return "\n\n".join(topics[name] for name in sorted(topics)[:n_topics])
+
+
+def _one_error_line(out, *fragments):
+    assert out.returncode == 2, out.stderr
+    lines = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1, out.stderr
+    assert "Traceback" not in out.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+def test_prepare_prints_figures_then_reuses(tmp_path):
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "a.txt").write_text(_english(40))
+    source = f"text:{tmp_path}/c/*.txt"
+    out = _prepare(tmp_path / "w", source, "--num_workers=2")
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    assert summary["source"] == source and not summary["reused"]
+    assert summary["tokens"] > 10_000 and summary["examples"] >= 32
+    for key in ("real_token_fraction", "single_segment_fraction", "short_fraction"):
+        assert 0 < summary[key] <= 1
+    manifest = json.loads(
+        (
+            tmp_path / "w" / "data" / os.path.basename(summary["directory"]) / "manifest.json"
+        ).read_text()
+    )
+    assert manifest["tokens"] == summary["tokens"]
+    again = _prepare(tmp_path / "w", source)
+    assert again.returncode == 0, again.stderr
+    second = json.loads(again.stdout.strip().splitlines()[-1])
+    assert second["reused"] and second["directory"] == summary["directory"]
+
+
+def test_bad_inputs_get_one_line_each(tmp_path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "a.txt").write_text("")
+    (tmp_path / "empty" / "b.txt").write_text("\n\n")
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "x.txt").write_bytes(b"\x7fELF\x02\x01\x01\x00" * 500)
+    (tmp_path / "small").mkdir()
+    (tmp_path / "small" / "a.txt").write_text(_english(40)[:2_500])
+    cases = [
+        (f"text:{tmp_path}/none/**/*.txt", ["none/**/*.txt", "matches no files"]),
+        (f"text:{tmp_path}/empty/*.txt", ["empty/*.txt", "empty", "a.txt"]),
+        (f"text:{tmp_path}/bin/*.txt", ["x.txt: binary", "skipped"]),
+        (f"text:{tmp_path}/small/*.txt", ["small/*.txt", "fewer than one batch"], "200"),
+        ("tfds:", ["not a known source"]),
+    ]
+    for source, fragments, *vocab in cases:
+        extra = [f"--config.data.vocab_size={vocab[0]}"] if vocab else []
+        out = _prepare(tmp_path / f"w{len(source)}", source, *extra)
+        _one_error_line(out, *fragments)
+
+
+def test_file_without_newline_is_prepared(tmp_path):
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "flat.txt").write_text(" ".join(_english(60).split()))  # ~200 KB, no "\n"
+    out = _prepare(tmp_path / "w", f"text:{tmp_path}/c/*.txt")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1])["examples"] >= 32
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their mode")
+def test_unreadable_file_is_one_line(tmp_path):
+    (tmp_path / "c").mkdir()
+    locked = tmp_path / "c" / "locked.txt"
+    locked.write_text("text\n")
+    locked.chmod(0)
+    _one_error_line(_prepare(tmp_path / "w", f"text:{tmp_path}/c/*.txt"), "locked.txt")
+
+
+@pytest.mark.skipif(
+    not (SHARED / "data" / "corpus").is_dir(), reason=f"{SHARED / 'data' / 'corpus'} absent"
+)
+def test_shared_corpus_latin1_bytes_are_counted(tmp_path):
+    from electra_jax.data import sources
+
+    stats = sources.SourceStats()
+    for _ in sources.iter_documents(f"text:{SHARED}/data/corpus/*/*.txt", stats):
+        pass
+    assert stats.bytes_replaced > 0 and stats.skipped == []
