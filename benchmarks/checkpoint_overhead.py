@@ -13,7 +13,6 @@ config's default cadence (`checkpoint.every_steps`). Prints one JSON line.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import runpy
@@ -31,7 +30,6 @@ import grain  # noqa: E402
 
 from electra_jax import checkpointing, loop, sharding  # noqa: E402
 from electra_jax.data.tokenizer import CLS_ID, SEP_ID  # noqa: E402
-from electra_jax.train_step import guarded_train_step, init_state  # noqa: E402
 
 
 def main() -> None:
@@ -44,24 +42,10 @@ def main() -> None:
 
     config = runpy.run_path(args.config)["get_config"]()
     batch_size, seq = config.train.batch_size, config.data.seq_length
-    spec, model, tx, schedule, slots = loop.build(config, config.data.vocab_size)
     mesh = sharding.make_mesh(config.mesh)
-    make = functools.partial(init_state, model, tx, config.seed)
-    state_sh = jax.tree_util.tree_map(lambda _: sharding.replicated(mesh), jax.eval_shape(make))
-    state = jax.jit(make, out_shardings=state_sh)()
-    step = jax.jit(
-        functools.partial(
-            guarded_train_step,
-            model=model,
-            tx=tx,
-            schedule=schedule,
-            objective_cfg=config.objective,
-            num_slots=slots,
-        ),
-        in_shardings=(state_sh, sharding.batch_sharding(mesh)),
-        out_shardings=(state_sh, sharding.replicated(mesh)),
-        donate_argnums=(0,),
-    )
+    setup = loop.setup_step(config, config.data.vocab_size, mesh)
+    spec, step = setup.spec, setup.step_fn
+    state = loop.init_on_mesh(setup)
     rng = np.random.default_rng(0)
     ids = rng.integers(5, spec.vocab_size, (batch_size, seq), np.int32)
     ids[:, 0], ids[:, -1] = CLS_ID, SEP_ID

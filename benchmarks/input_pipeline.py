@@ -14,7 +14,6 @@ Prints one JSON line.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import platform
@@ -31,7 +30,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from electra_jax import loop, sharding  # noqa: E402
 from electra_jax.data import pipeline, prepare  # noqa: E402
 from electra_jax.data.tokenizer import CLS_ID, SEP_ID  # noqa: E402
-from electra_jax.train_step import init_state, train_step  # noqa: E402
 
 
 def _time_steps(compiled, state, fetch, warmup: int, steps: int):
@@ -74,24 +72,10 @@ def main() -> None:
     loader_bps = args.loader_batches / (time.perf_counter() - t0)
 
     # 2. The step, fed synthetic or real batches.
-    spec, model, tx, schedule, slots = loop.build(config, tok.vocab_size)
     mesh = sharding.make_mesh(config.mesh)
-    make = functools.partial(init_state, model, tx, config.seed)
-    state_sh = jax.tree_util.tree_map(lambda _: sharding.replicated(mesh), jax.eval_shape(make))
-    state = jax.jit(make, out_shardings=state_sh)()
-    step = jax.jit(
-        functools.partial(
-            train_step,
-            model=model,
-            tx=tx,
-            schedule=schedule,
-            objective_cfg=config.objective,
-            num_slots=slots,
-        ),
-        in_shardings=(state_sh, sharding.batch_sharding(mesh)),
-        out_shardings=(state_sh, sharding.replicated(mesh)),
-        donate_argnums=(0,),
-    )
+    setup = loop.setup_step(config, tok.vocab_size, mesh)
+    step = setup.step_fn
+    state = loop.init_on_mesh(setup)
     rng = np.random.default_rng(0)
     synthetic = []
     for _ in range(4):

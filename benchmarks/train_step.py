@@ -11,7 +11,6 @@ device's peak is known. The ids are drawn like ../shared/bench's PyTorch referen
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import platform
@@ -28,7 +27,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from electra_jax import loop, metrics, sharding  # noqa: E402
 from electra_jax.data.tokenizer import CLS_ID, SEP_ID  # noqa: E402
-from electra_jax.train_step import init_state, train_step  # noqa: E402
 
 
 def main() -> None:
@@ -57,24 +55,10 @@ def main() -> None:
         section, field = key.split(".")
         current = config[section][field]
         config[section][field] = type(current)(value) if not isinstance(current, str) else value
-    spec, model, tx, schedule, slots = loop.build(config, config.data.vocab_size)
     mesh = sharding.make_mesh(config.mesh)
-    make = functools.partial(init_state, model, tx, config.seed)
-    state_sh = jax.tree_util.tree_map(lambda _: sharding.replicated(mesh), jax.eval_shape(make))
-    state = jax.jit(make, out_shardings=state_sh)()
-    step = jax.jit(
-        functools.partial(
-            train_step,
-            model=model,
-            tx=tx,
-            schedule=schedule,
-            objective_cfg=config.objective,
-            num_slots=slots,
-        ),
-        in_shardings=(state_sh, sharding.batch_sharding(mesh)),
-        out_shardings=(state_sh, sharding.replicated(mesh)),
-        donate_argnums=(0,),
-    )
+    setup = loop.setup_step(config, config.data.vocab_size, mesh)
+    spec, slots, step = setup.spec, setup.num_slots, setup.step_fn
+    state = loop.init_on_mesh(setup)
     rng = np.random.default_rng(0)
 
     def batch():

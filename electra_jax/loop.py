@@ -7,17 +7,19 @@ stream, so the resumed run logs what the uninterrupted one would have.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import ml_collections
 
 from electra_jax import checkpointing, metrics, objective, sharding, validate
-from electra_jax.model import Electra, network_param_counts, spec_from_config
+from electra_jax.model import Electra, ElectraSpec, network_param_counts, spec_from_config
 from electra_jax.optim import make_optimizer
 from electra_jax.train_step import guarded_train_step, init_state
 
@@ -49,6 +51,47 @@ def build(config: ml_collections.ConfigDict, vocab_size: int):
     tx, schedule = make_optimizer(config.train)
     num_slots = objective.num_mask_slots(config.data.seq_length, config.objective.mask_prob)
     return spec, model, tx, schedule, num_slots
+
+
+@dataclasses.dataclass(frozen=True)
+class StepSetup:
+    """What a run compiles: the model's spec, how to make the state, and the jitted step."""
+
+    spec: ElectraSpec
+    num_slots: int
+    make_state: Callable  # () -> TrainState, for jax.jit(..., out_shardings=state_sharding)
+    abstract_state: Any  # jax.eval_shape(make_state)
+    state_sharding: Any
+    step_fn: Callable  # jitted (state, global batch) -> (state, metrics); the state is donated
+
+
+def setup_step(config: ml_collections.ConfigDict, vocab_size: int, mesh) -> StepSetup:
+    """The model, state layout and compiled-on-first-use train step a config describes."""
+    spec, model, tx, schedule, num_slots = build(config, vocab_size)
+    make_state = functools.partial(init_state, model, tx, config.seed)
+    abstract = jax.eval_shape(make_state)
+    state_sharding = jax.tree_util.tree_map(lambda _: sharding.replicated(mesh), abstract)
+    step_fn = jax.jit(
+        functools.partial(
+            guarded_train_step,
+            nan_policy=config.train.nan_policy,
+            debug_nan_at_step=config.train.debug_nan_at_step,
+            model=model,
+            tx=tx,
+            schedule=schedule,
+            objective_cfg=config.objective,
+            num_slots=num_slots,
+        ),
+        in_shardings=(state_sharding, sharding.batch_sharding(mesh)),
+        out_shardings=(state_sharding, sharding.replicated(mesh)),
+        donate_argnums=(0,),
+    )
+    return StepSetup(spec, num_slots, make_state, abstract, state_sharding, step_fn)
+
+
+def init_on_mesh(setup: StepSetup):
+    """Fresh parameters and optimizer state, laid out as the step expects."""
+    return jax.jit(setup.make_state, out_shardings=setup.state_sharding)()
 
 
 def describe(config: ml_collections.ConfigDict, vocab_size: int | None = None) -> dict:
@@ -142,21 +185,19 @@ def _train(config, workdir, stop_after, watcher) -> dict:
     )
 
     # ---------------------------------------------------------------- state
-    spec, model, tx, schedule, num_slots = build(config, tokenizer.vocab_size)
-    make_state = functools.partial(init_state, model, tx, config.seed)
-    abstract = jax.eval_shape(make_state)
-    state_sharding = jax.tree_util.tree_map(lambda _: sharding.replicated(mesh), abstract)
+    setup = setup_step(config, tokenizer.vocab_size, mesh)
+    spec, num_slots = setup.spec, setup.num_slots
 
     # ---------------------------------------------------------------- restore
     manager = checkpointing.make_manager(workdir, config.checkpoint)
     state = checkpointing.restore_latest(
         manager,
-        checkpointing.abstract_with_shardings(abstract, state_sharding),
+        checkpointing.abstract_with_shardings(setup.abstract_state, setup.state_sharding),
         data_iter,
         log=metrics.log,
     )
     if state is None:
-        state = jax.jit(make_state, out_shardings=state_sharding)()
+        state = init_on_mesh(setup)
         if is_main:
             _write_json_atomic(os.path.join(workdir, "config.json"), config.to_dict())
         start_step = 0
@@ -166,26 +207,11 @@ def _train(config, workdir, stop_after, watcher) -> dict:
     writer = metrics.MetricsWriter(workdir, is_main, resume_step=start_step)
 
     # ---------------------------------------------------------------- compile
-    step_fn = jax.jit(
-        functools.partial(
-            guarded_train_step,
-            nan_policy=config.train.nan_policy,
-            debug_nan_at_step=config.train.debug_nan_at_step,
-            model=model,
-            tx=tx,
-            schedule=schedule,
-            objective_cfg=config.objective,
-            num_slots=num_slots,
-        ),
-        in_shardings=(state_sharding, sharding.batch_sharding(mesh)),
-        out_shardings=(state_sharding, sharding.replicated(mesh)),
-        donate_argnums=(0,),
-    )
     num_steps = config.train.num_steps
     last_step = num_steps if stop_after is None else min(num_steps, stop_after)
     batch = sharding.global_batch(next(data_iter), mesh) if start_step < last_step else None
     t0 = time.time()
-    compiled = step_fn.lower(state, batch).compile() if batch is not None else None
+    compiled = setup.step_fn.lower(state, batch).compile() if batch is not None else None
     if compiled is not None:
         metrics.log(f"compiled the train step in {time.time() - t0:.1f}s")
 

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from electra_jax import loop, sharding
-from electra_jax.train_step import eval_step, init_state, train_step
+from electra_jax.train_step import eval_step, init_state
 from tests.conftest import micro_config, subprocess_env
 
 
@@ -27,23 +27,8 @@ def _batch(cfg, seed=0):
 def run_steps(cfg, devices, num_steps=3):
     """Metrics of `num_steps` steps of the micro model on a mesh over `devices`."""
     mesh = sharding.make_mesh(cfg.mesh, devices)
-    _, model, tx, schedule, slots = loop.build(cfg, cfg.data.vocab_size)
-    make = functools.partial(init_state, model, tx, cfg.seed)
-    abstract = jax.eval_shape(make)
-    state_sh = jax.tree_util.tree_map(lambda _: sharding.replicated(mesh), abstract)
-    state = jax.jit(make, out_shardings=state_sh)()
-    step = jax.jit(
-        functools.partial(
-            train_step,
-            model=model,
-            tx=tx,
-            schedule=schedule,
-            objective_cfg=cfg.objective,
-            num_slots=slots,
-        ),
-        in_shardings=(state_sh, sharding.batch_sharding(mesh)),
-        out_shardings=(state_sh, sharding.replicated(mesh)),
-    )
+    setup = loop.setup_step(cfg, cfg.data.vocab_size, mesh)
+    state, step = loop.init_on_mesh(setup), setup.step_fn
     out = []
     for i in range(num_steps):
         state, m = step(state, sharding.global_batch(_batch(cfg, i), mesh))
