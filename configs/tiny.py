@@ -5,7 +5,7 @@
 Meant for any laptop or a 2-core CI machine: nothing is downloaded (the corpus is the English
 documentation and docstrings that ship inside CPython, about 2 MB). Trains a 4096-piece
 SentencePiece model, packs the text, then trains a 4-layer, 128-wide discriminator with a 32-wide
-generator for 600 steps of 32 x 128 tokens: about 6 minutes on 2 cores, preparation and
+generator for 600 steps of 32 x 128 tokens: about 5 minutes on 2 cores, preparation and
 compilation included. Expect the generator's loss to fall from ln 4096 = 8.3 to about 5.8
 (accuracy ~15%) and the discriminator's from ln 2 = 0.69 to about 0.40, the entropy of the ~14%
 of tokens replaced; telling replaced tokens apart by context takes thousands of steps, more than
