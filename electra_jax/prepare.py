@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 
 from absl import app, flags
 from ml_collections import config_flags
+
+from electra_jax.cli import fail, parse_flags
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "A get_config() file such as configs/tiny.py.", lock_config=True
@@ -47,21 +48,6 @@ _REPORTED = (
     "bytes_replaced",
     "files_skipped",
 )
-
-
-def _fail(message: str) -> None:
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
-def _parse_flags(argv: list[str]) -> list[str]:
-    """absl's parser, with config errors (unknown key, wrong type) as one line."""
-    try:
-        return flags.FLAGS(argv)
-    except Exception as e:  # config_flags raises KeyError, AttributeError, TypeError, ...
-        if "--verbose" in argv:
-            raise
-        _fail(" ".join(str(e).replace("\\n", " ").replace("flag --", "--").split()))
 
 
 def run(config, workdir: str, num_workers: int) -> dict:
@@ -98,28 +84,28 @@ def run(config, workdir: str, num_workers: int) -> dict:
 
 def main(argv) -> None:
     if len(argv) > 1:
-        _fail(f"unexpected arguments {argv[1:]}; settings go in --config.KEY=VALUE")
+        fail(f"unexpected arguments {argv[1:]}; settings go in --config.KEY=VALUE")
     if _CONFIG.value is None:
-        _fail("--config is required, e.g. --config=configs/tiny.py")
+        fail("--config is required, e.g. --config=configs/tiny.py")
     if not _WORKDIR.value:
-        _fail("--workdir is required: the tokenizer and prepared data go there")
+        fail("--workdir is required: the tokenizer and prepared data go there")
     if _NUM_WORKERS.value < 1:
-        _fail(f"--num_workers={_NUM_WORKERS.value} must be at least 1")
+        fail(f"--num_workers={_NUM_WORKERS.value} must be at least 1")
     from electra_jax.data import DataError
 
     try:
         config = _CONFIG.value
         config.to_dict()  # the file is loaded lazily: fail here, not halfway through
     except OSError:
-        _fail(f"config file {flags.FLAGS['config'].config_filename} cannot be read; check --config")
+        fail(f"config file {flags.FLAGS['config'].config_filename} cannot be read; check --config")
     try:
         summary = run(config, _WORKDIR.value, _NUM_WORKERS.value)
     except DataError as e:
         if _VERBOSE.value:
             raise
-        _fail(str(e))
+        fail(str(e))
     print(json.dumps(summary))
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=_parse_flags)
+    app.run(main, flags_parser=parse_flags)

@@ -11,11 +11,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import sys
 
 from absl import app, flags
 from ml_collections import config_flags
+
+from electra_jax.cli import fail, parse_flags
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "A get_config() file such as configs/tiny.py.", lock_config=True
@@ -49,34 +50,11 @@ def _maybe_initialize_distributed() -> None:
         jax.distributed.initialize()  # SLURM and TPU VM pods are detected by jax itself
 
 
-def _parse_flags(argv: list[str]) -> list[str]:
-    """absl's parser, with config errors (unknown key, wrong type) as one line."""
-    try:
-        return flags.FLAGS(argv)
-    except Exception as e:  # config_flags raises KeyError, AttributeError, TypeError, ...
-        if "--verbose" in argv:
-            raise
-        text = str(e).replace("\\n", "\n")
-        overrides = [a for a in argv[1:] if a.startswith("--config.")]
-        suggestion = re.search(r'Did you mean "([^"]+)"', text)
-        if isinstance(e, (KeyError, AttributeError)):
-            keys = [a.split("=")[0] for a in overrides]
-            where = [k for k in keys if k.rsplit(".", 1)[-1] in text] or keys
-            hint = f'; did you mean "{suggestion.group(1)}"?' if suggestion else ""
-            _fail(f"unknown config key {' '.join(where)}{hint}")
-        _fail(" ".join(text.replace("flag --", "--").split()))
-
-
-def _fail(message: str) -> None:
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
 def main(argv) -> None:
     if len(argv) > 1:
-        _fail(f"unexpected arguments {argv[1:]}; settings go in --config.KEY=VALUE")
+        fail(f"unexpected arguments {argv[1:]}; settings go in --config.KEY=VALUE")
     if _CONFIG.value is None:
-        _fail("--config is required, e.g. --config=configs/tiny.py")
+        fail("--config is required, e.g. --config=configs/tiny.py")
     if not _VERBOSE.value:
         # jax reports at INFO each backend it probes and lacks ("Unable to initialize backend
         # 'tpu'"), which absl prints: noise that would bury the one line an error is.
@@ -90,7 +68,7 @@ def main(argv) -> None:
         config = _CONFIG.value
         config.to_dict()  # the file is loaded lazily: fail here, not in the middle of a run
     except OSError:
-        _fail(f"config file {flags.FLAGS['config'].config_filename} cannot be read; check --config")
+        fail(f"config file {flags.FLAGS['config'].config_filename} cannot be read; check --config")
     try:
         if _DRY_RUN.value:
             from electra_jax.validate import check_config
@@ -99,13 +77,13 @@ def main(argv) -> None:
             print(json.dumps(loop.describe(config)))
             return
         if not _WORKDIR.value:
-            _fail("--workdir is required: where checkpoints and metrics go")
+            fail("--workdir is required: where checkpoints and metrics go")
         _maybe_initialize_distributed()
         loop.train(config, _WORKDIR.value)
     except (ConfigError, DataError, CheckpointError) as e:
         if _VERBOSE.value:
             raise
-        _fail(str(e))
+        fail(str(e))
     except loop.NonFiniteError as e:
         if _VERBOSE.value:
             raise
@@ -130,4 +108,4 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=_parse_flags)
+    app.run(main, flags_parser=parse_flags)
