@@ -6,7 +6,8 @@ under one variable scope); each network owns its projection from the embedding w
 hidden width H, created only where E != H. The generator's output layer is tied to the word
 embeddings and has its own bias. Parameters are always float32; `dtype` is the compute type.
 
-Parameter names follow Hugging Face's ElectraModel where they can, so export stays a renaming.
+Parameter names follow Hugging Face's ElectraModel where they can; attention keeps q, k and v in
+one fused [H, 3, heads, head_dim] kernel (one matmul), which export splits into three.
 """
 
 from __future__ import annotations
