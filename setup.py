@@ -21,11 +21,25 @@ setup(
         # Pure-Python TensorBoard event writer (tensorboard.summary.writer); no TensorFlow needed.
         "tensorboard>=2.15",
         "numpy>=1.26",
+        # Hugging Face export/import: safetensors reads and writes numpy arrays without torch.
+        "safetensors>=0.4",
+        # The export's tokenizer.json (SentencePiece rebuilt for transformers' AutoTokenizer) and
+        # the WordPiece tokenizer of imported BERT-vocab checkpoints (Metaspace split: 0.19+).
+        "tokenizers>=0.19",
     ],
     extras_require={
         # tensorflow-datasets without TensorFlow (~1 min to install): the TFDS source test runs
         # under tfds.testing.mock_data through as_data_source, which needs no TensorFlow.
-        "test": ["pytest>=8", "ruff>=0.6", "tensorflow-datasets>=4.9.7"],
+        # torch (CPU build) and transformers only for the parity tests of the Hugging Face export;
+        # the package imports torch only to read an imported pytorch_model.bin, when it is there.
+        "test": [
+            "pytest>=8",
+            "pytest-xdist>=3.5",  # the suite runs on two workers (pyproject.toml's addopts)
+            "ruff>=0.6",
+            "tensorflow-datasets>=4.9.7",
+            "torch==2.13.0",
+            "transformers>=4.40",
+        ],
         # TFDS sources (data.source=tfds:...): datasets built with --file_format=array_record are
         # read without TensorFlow; TFRecord-built ones (TFDS's default) need tensorflow-cpu.
         "tfds": ["tensorflow-datasets>=4.9.7", "tensorflow-cpu>=2.16"],

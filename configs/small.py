@@ -74,6 +74,14 @@ def get_config() -> ml_collections.ConfigDict:
     config.train.adam_b2 = 0.999
     config.train.adam_eps = 1e-6
     config.train.adam_bias_correction = False  # the original optimizer has none
+    # Start from pre-trained weights instead of random ones (a fresh run only; a resumed run
+    # uses its checkpoint): a pre-training workdir, an export, or 'hf:DIR' (transformers ELECTRA
+    # discriminator + generator with a SentencePiece vocabulary, e.g. one of our exports). The
+    # model and generator sections must describe the same shapes; the tokenizer comes with it.
+    config.train.init_from = ""
+    # Run each batch as k micro-batches whose gradients are summed: activation memory of B / k
+    # rows, the same update as B rows. train.batch_size stays the global batch.
+    config.train.grad_accum_steps = 1
     config.train.remat = "none"  # recompute in backward: 'none', 'full' or 'dots' (less memory)
     config.train.nan_policy = "stop"  # on a NaN/Inf loss or grad norm: 'stop' the run or 'skip'
     config.train.debug_nan_at_step = -1  # test hook: poison the update made at this step; -1 off

@@ -19,9 +19,21 @@ import jax
 import ml_collections
 
 from electra_jax import checkpointing, metrics, objective, sharding, validate
-from electra_jax.model import Electra, ElectraSpec, network_param_counts, spec_from_config
+from electra_jax.model import (
+    Electra,
+    ElectraSpec,
+    network_param_counts,
+    param_logical_axes,
+    spec_from_config,
+)
 from electra_jax.optim import make_optimizer
-from electra_jax.train_step import guarded_train_step, init_state
+from electra_jax.train_step import (
+    DEFAULT_SPECIAL,
+    SpecialTokens,
+    guarded_train_step,
+    init_state,
+    special_tokens_of,
+)
 
 
 def _write_json_atomic(path: str, obj: Any) -> None:
@@ -31,22 +43,12 @@ def _write_json_atomic(path: str, obj: Any) -> None:
     os.replace(tmp, path)
 
 
-def _check_workdir(workdir: str) -> None:
-    try:
-        os.makedirs(workdir, exist_ok=True)
-        probe = os.path.join(workdir, f".write_test{os.getpid()}")
-        with open(probe, "w") as f:
-            f.write("ok")
-        os.remove(probe)
-    except OSError as e:
-        raise validate.ConfigError(
-            f"workdir {workdir} is not writable ({e.strerror}); choose another --workdir"
-        ) from e
-
-
-def build(config: ml_collections.ConfigDict, vocab_size: int):
-    """The model, optimizer, schedule and mask-slot count a config describes."""
+def build(config: ml_collections.ConfigDict, vocab_size: int, mesh=None):
+    """The model, optimizer, schedule and mask-slot count a config describes (for `mesh`, when
+    given: FSDP pins activations to the batch split)."""
     spec = spec_from_config(config.model, config.generator, vocab_size, config.train.remat)
+    if mesh is not None and mesh.shape["fsdp"] > 1:
+        spec = dataclasses.replace(spec, activation_sharding=sharding.batch_sharding(mesh))
     model = Electra(spec)
     tx, schedule = make_optimizer(config.train)
     num_slots = objective.num_mask_slots(config.data.seq_length, config.objective.mask_prob)
@@ -65,12 +67,19 @@ class StepSetup:
     step_fn: Callable  # jitted (state, global batch) -> (state, metrics); the state is donated
 
 
-def setup_step(config: ml_collections.ConfigDict, vocab_size: int, mesh) -> StepSetup:
-    """The model, state layout and compiled-on-first-use train step a config describes."""
-    spec, model, tx, schedule, num_slots = build(config, vocab_size)
+def setup_step(
+    config: ml_collections.ConfigDict,
+    vocab_size: int,
+    mesh,
+    special: SpecialTokens = DEFAULT_SPECIAL,
+) -> StepSetup:
+    """The model, state layout and compiled-on-first-use train step a config describes
+    (`special`: the tokenizer's [PAD], [CLS], [SEP], [MASK] ids)."""
+    spec, model, tx, schedule, num_slots = build(config, vocab_size, mesh)
     make_state = functools.partial(init_state, model, tx, config.seed)
     abstract = jax.eval_shape(make_state)
-    state_sharding = jax.tree_util.tree_map(lambda _: sharding.replicated(mesh), abstract)
+    params_sharding = sharding.param_shardings(param_logical_axes(model), abstract.params, mesh)
+    state_sharding = sharding.state_shardings(abstract, params_sharding, mesh)
     step_fn = jax.jit(
         functools.partial(
             guarded_train_step,
@@ -81,6 +90,8 @@ def setup_step(config: ml_collections.ConfigDict, vocab_size: int, mesh) -> Step
             schedule=schedule,
             objective_cfg=config.objective,
             num_slots=num_slots,
+            grad_accum_steps=config.train.grad_accum_steps,
+            special=special,
         ),
         in_shardings=(state_sharding, sharding.batch_sharding(mesh)),
         out_shardings=(state_sharding, sharding.replicated(mesh)),
@@ -94,26 +105,137 @@ def init_on_mesh(setup: StepSetup):
     return jax.jit(setup.make_state, out_shardings=setup.state_sharding)()
 
 
-def describe(config: ml_collections.ConfigDict, vocab_size: int | None = None) -> dict:
-    """The dry run's summary: parameter counts and FLOPs, from shapes only (nothing allocated)."""
+def describe(
+    config: ml_collections.ConfigDict, vocab_size: int | None = None, compile: bool = True
+) -> dict:
+    """The dry run's summary, from shapes only: no parameter is allocated.
+
+    Parameter counts and counted FLOPs always; with `compile`, the train step is also lowered
+    and compiled ahead of time for a mesh over all devices (as the run would), adding the
+    per-device memory XLA planned for it and XLA's own FLOP count, so an out-of-memory or a
+    counting error shows before any hardware is booked.
+    """
     vocab_size = vocab_size or config.data.vocab_size
     spec, model, tx, _, num_slots = build(config, vocab_size)
     abstract = jax.eval_shape(functools.partial(init_state, model, tx, config.seed))
     counts = network_param_counts(abstract.params)
-    flops = metrics.count_flops(spec, config.train.batch_size, config.data.seq_length, num_slots)
-    return {
+    batch_size, seq_length = config.train.batch_size, config.data.seq_length
+    flops = metrics.count_flops(spec, batch_size, seq_length, num_slots)
+    summary = {
         "discriminator_params": counts["discriminator"],
         "generator_params": counts["generator"],
         "total_params": counts["total"],
         "generator_hidden_size": spec.generator.hidden_size,
         "generator_num_heads": spec.generator.num_heads,
-        "batch_size": config.train.batch_size,
-        "seq_length": config.data.seq_length,
+        "batch_size": batch_size,
+        "seq_length": seq_length,
         "learning_rate": config.train.learning_rate,
         "mask_prob": config.objective.mask_prob,
         "mask_slots": num_slots,
         "flops_per_step": flops["total"],
     }
+    if compile:
+        summary.update(compile_report(config, vocab_size))
+    return summary
+
+
+def checked_mesh(config: ml_collections.ConfigDict, process_count: int):
+    """The run's mesh over all devices; ConfigError when it or the batch does not fit them."""
+    try:
+        mesh = sharding.make_mesh(config.mesh)
+    except ValueError as e:
+        raise validate.ConfigError(f"{e}; choose a mesh.fsdp that divides it") from e
+    validate.check_batch(
+        config.train.batch_size,
+        sharding.data_parallel_size(mesh),
+        process_count,
+        config.train.grad_accum_steps,
+    )
+    return mesh
+
+
+def compile_report(config: ml_collections.ConfigDict, vocab_size: int) -> dict:
+    """Compiles the train step from abstract inputs; returns XLA's memory plan and FLOPs.
+
+    memory_per_device_bytes = arguments + outputs - donated aliases + temporaries: what one
+    device holds at the step's peak (state, batch, activations, gradients, optimizer update).
+    xla_flops_per_step is XLA's cost analysis of one device's program times the device count
+    (None with gradient accumulation: XLA counts the micro-batch loop's body once).
+    """
+    mesh = checked_mesh(config, process_count=1)
+    setup = setup_step(config, vocab_size, mesh)
+    state = checkpointing.abstract_with_shardings(setup.abstract_state, setup.state_sharding)
+    shape = (config.train.batch_size, config.data.seq_length)
+    row = jax.ShapeDtypeStruct(shape, jax.numpy.int32, sharding=sharding.batch_sharding(mesh))
+    batch = {"input_ids": row, "segment_ids": row, "input_mask": row}
+    t0 = time.time()
+    compiled = setup.step_fn.lower(state, batch).compile()
+    seconds = time.time() - t0
+    mem = compiled.memory_analysis()
+    per_device = (
+        mem.argument_size_in_bytes
+        + mem.output_size_in_bytes
+        - mem.alias_size_in_bytes
+        + mem.temp_size_in_bytes
+    )
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list | tuple) else cost
+    xla_flops = float(cost.get("flops", 0.0)) * jax.device_count() if cost else None
+    if config.train.grad_accum_steps > 1:
+        xla_flops = None  # XLA counts a loop's body once, not once per micro-batch
+    return {
+        "devices": jax.device_count(),
+        "mesh": dict(mesh.shape),
+        "memory_per_device_bytes": int(per_device),
+        "memory_state_bytes": int(mem.argument_size_in_bytes),
+        "memory_temp_bytes": int(mem.temp_size_in_bytes),
+        "xla_flops_per_step": xla_flops,
+        "compile_seconds": round(seconds, 1),
+    }
+
+
+def _load_init_from(config: ml_collections.ConfigDict, workdir: str):
+    """train.init_from's weights (a `pretrained.Pretrained`), its tokenizer put in the workdir.
+
+    Only for a run without checkpoints: a resumed run continues from its own state.
+    """
+    from electra_jax import pretrained
+
+    if checkpointing.has_checkpoints(workdir):
+        return None
+    path = config.train.init_from
+    try:
+        loaded = pretrained.load_pretrained(path)
+    except pretrained.PretrainedError as e:
+        raise validate.ConfigError(f"train.init_from: {e}") from e
+    if config.data.tokenizer:
+        raise validate.ConfigError(
+            f"train.init_from={path} brings its own tokenizer; leave data.tokenizer empty"
+        )
+    loaded.tokenizer.save(os.path.join(workdir, "tokenizer"))
+    return loaded
+
+
+def _with_params(state, loaded, setup: StepSetup):
+    """The fresh state with `loaded`'s parameters, laid out as the step expects."""
+    want = jax.tree_util.tree_map(lambda x: x.shape, setup.abstract_state.params)
+    have = jax.tree_util.tree_map(lambda x: tuple(x.shape), loaded.params)
+    if want != have:
+        raise validate.ConfigError(
+            f"train.init_from={loaded.source} holds a model of other shapes than the config's "
+            f"(discriminator {loaded.spec.discriminator}, generator {loaded.spec.generator}, "
+            f"vocab {loaded.spec.vocab_size}); set model.* and generator.* to match"
+        )
+    params = jax.device_put(loaded.params, setup.state_sharding.params)
+    return state.replace(params=params)
+
+
+def _barrier(name: str) -> None:
+    """Every process waits here until all have arrived (a no-op in a single-process run)."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
 
 
 class NonFiniteError(RuntimeError):
@@ -157,25 +279,26 @@ def _train(config, workdir, stop_after, watcher) -> dict:
     from electra_jax.data import pipeline, prepare
 
     validate.check_config(config)
-    _check_workdir(workdir)
+    validate.check_workdir(workdir)
     _check_same_model(config, workdir)
 
     # ---------------------------------------------------------------- mesh
-    try:
-        mesh = sharding.make_mesh(config.mesh)
-    except ValueError as e:
-        raise validate.ConfigError(f"{e}; choose a mesh.fsdp that divides it") from e
-    validate.check_batch(
-        config.train.batch_size, sharding.data_parallel_size(mesh), jax.process_count()
-    )
+    mesh = checked_mesh(config, jax.process_count())
     is_main = jax.process_index() == 0
 
     # ---------------------------------------------------------------- data
+    # Process 0 trains the tokenizer and prepares the shards while the others wait; they then
+    # find both in the workdir (shared storage: gs://, NFS) instead of making their own.
+    if not is_main:
+        _barrier("electra_jax_prepared")
+    start_from = _load_init_from(config, workdir) if config.train.init_from else None
     tokenizer = prepare.ensure_tokenizer(
         config.data, os.path.join(workdir, "tokenizer"), config.seed
     )
     cache_dir = config.data.cache_dir or os.path.join(workdir, "data")
     prepared = prepare.prepare(config.data, tokenizer, cache_dir, config.seed)
+    if is_main:
+        _barrier("electra_jax_prepared")
     data_iter = pipeline.make_iterator(
         prepared,
         config.train.batch_size,
@@ -185,7 +308,7 @@ def _train(config, workdir, stop_after, watcher) -> dict:
     )
 
     # ---------------------------------------------------------------- state
-    setup = setup_step(config, tokenizer.vocab_size, mesh)
+    setup = setup_step(config, tokenizer.vocab_size, mesh, special_tokens_of(tokenizer))
     spec, num_slots = setup.spec, setup.num_slots
 
     # ---------------------------------------------------------------- restore
@@ -198,6 +321,9 @@ def _train(config, workdir, stop_after, watcher) -> dict:
     )
     if state is None:
         state = init_on_mesh(setup)
+        if start_from is not None:
+            state = _with_params(state, start_from, setup)
+            metrics.log(f"starting from the weights of {start_from.source}")
         if is_main:
             _write_json_atomic(os.path.join(workdir, "config.json"), config.to_dict())
         start_step = 0

@@ -8,6 +8,10 @@ embeddings and has its own bias. Parameters are always float32; `dtype` is the c
 
 Parameter names follow Hugging Face's ElectraModel where they can; attention keeps q, k and v in
 one fused [H, 3, heads, head_dim] kernel (one matmul), which export splits into three.
+
+Every matrix carries logical axis names (`embed` for a network's model width, `mlp`, `heads`,
+`kv`, `vocab`; `sharding.param_shardings` maps them to the mesh): the parameters themselves stay
+plain arrays (`init_params` unboxes them) and `param_logical_axes` reads the names back.
 """
 
 from __future__ import annotations
@@ -49,6 +53,10 @@ class ElectraSpec:
     # 'einsum' (ours, with dropout on the probabilities) or jax.nn.dot_product_attention's
     # 'xla' / 'cudnn' kernels (fused; they have no dropout on the probabilities).
     attention: str = "einsum"
+    # Where activations live: a jax.sharding.Sharding whose leading axis splits the batch, or
+    # None. FSDP runs set it so that the partitioner keeps every [B, ...] activation split over
+    # the batch and gathers weights instead (sharding.py); it changes no number.
+    activation_sharding: Any = None
 
 
 def generator_spec(disc: EncoderSpec, hidden_fraction: float, layers_fraction: float = 1.0):
@@ -103,16 +111,24 @@ _REMAT_POLICIES = {
 }
 
 
-def _init(spec: ElectraSpec):
-    return nn.initializers.truncated_normal(spec.initializer_range)
+def _init(spec: ElectraSpec, axes: tuple[str | None, ...]):
+    """The truncated-normal initializer, tagged with the parameter's logical axis names."""
+    return nn.with_logical_partitioning(
+        nn.initializers.truncated_normal(spec.initializer_range), axes
+    )
 
 
-def _dense(spec: ElectraSpec, features: int, name: str) -> nn.Dense:
+def _dense(
+    spec: ElectraSpec, features: int, name: str, axes: tuple[str | None, ...] = ("embed", "mlp")
+) -> nn.Dense:
+    """A Dense layer; `axes` names its kernel's (input, output) axes. A matrix whose two axes are
+    both model widths names the output `embed_out`, which is never sharded (one mesh axis cannot
+    shard two dimensions of one array)."""
     return nn.Dense(
         features,
         dtype=jnp.dtype(spec.dtype),
         param_dtype=jnp.float32,
-        kernel_init=_init(spec),
+        kernel_init=_init(spec, axes),
         name=name,
     )
 
@@ -131,6 +147,13 @@ def _gelu(x):
     return nn.gelu(x, approximate=False)  # BERT and ELECTRA use the exact erf form
 
 
+def _constrain(spec: ElectraSpec, x):
+    """Pins an activation [B, ...] to the batch split (a no-op without activation_sharding)."""
+    if spec.activation_sharding is None:
+        return x
+    return jax.lax.with_sharding_constraint(x, spec.activation_sharding)
+
+
 class Embeddings(nn.Module):
     """Word + position + type embeddings, LayerNorm, dropout: [B, L] ids -> [B, L, E]."""
 
@@ -139,18 +162,21 @@ class Embeddings(nn.Module):
     def setup(self):
         s = self.spec
         self.word_embeddings = nn.Embed(
-            s.vocab_size, s.embedding_size, embedding_init=_init(s), name="word_embeddings"
+            s.vocab_size,
+            s.embedding_size,
+            embedding_init=_init(s, ("vocab", "embed")),
+            name="word_embeddings",
         )
         self.position_embeddings = nn.Embed(
             s.max_position_embeddings,
             s.embedding_size,
-            embedding_init=_init(s),
+            embedding_init=_init(s, (None, "embed")),
             name="position_embeddings",
         )
         self.token_type_embeddings = nn.Embed(
             s.type_vocab_size,
             s.embedding_size,
-            embedding_init=_init(s),
+            embedding_init=_init(s, (None, "embed")),
             name="token_type_embeddings",
         )
         self.layer_norm = _layer_norm(s, "LayerNorm")
@@ -164,7 +190,7 @@ class Embeddings(nn.Module):
             + self.token_type_embeddings(segment_ids)
         )
         x = self.layer_norm(x)
-        return self.dropout(x, deterministic).astype(self.spec.dtype)
+        return _constrain(self.spec, self.dropout(x, deterministic).astype(self.spec.dtype))
 
     def attend(self, hidden):
         """[..., E] -> [..., V] logits against the word table (the tied output layer)."""
@@ -215,7 +241,10 @@ class SelfAttention(nn.Module):
         dtype = jnp.dtype(s.dtype)
         heads, head_dim = e.num_heads, e.hidden_size // e.num_heads
         qkv_kernel = self.param(
-            "qkv_kernel", _init(s), (e.hidden_size, 3, heads, head_dim), jnp.float32
+            "qkv_kernel",
+            _init(s, ("embed", None, "heads", "kv")),
+            (e.hidden_size, 3, heads, head_dim),
+            jnp.float32,
         )
         qkv_bias = self.param("qkv_bias", nn.initializers.zeros, (3, heads, head_dim), jnp.float32)
         qkv = jnp.einsum("blm,mthd->tbhld", x.astype(dtype), qkv_kernel.astype(dtype))
@@ -226,7 +255,10 @@ class SelfAttention(nn.Module):
         else:
             context = self._einsum(q, k, v, attention_bias, deterministic, head_dim)
         out_kernel = self.param(
-            "output_kernel", _init(s), (heads, head_dim, e.hidden_size), jnp.float32
+            "output_kernel",
+            _init(s, ("heads", "kv", "embed")),
+            (heads, head_dim, e.hidden_size),
+            jnp.float32,
         )
         out_bias = self.param("output_bias", nn.initializers.zeros, (e.hidden_size,), jnp.float32)
         out = jnp.einsum("bhqd,hdm->bqm", context, out_kernel.astype(dtype))
@@ -266,11 +298,11 @@ class TransformerLayer(nn.Module):
     @nn.compact
     def __call__(self, x, attention_bias, deterministic: bool):
         s, e = self.spec, self.encoder
-        a = SelfAttention(s, e, name="attention")(x, attention_bias, deterministic)
+        a = _constrain(s, SelfAttention(s, e, name="attention")(x, attention_bias, deterministic))
         a = Dropout(s.dropout_rate, name="attention_dropout")(a, deterministic)
         x = _layer_norm(s, "attention_LayerNorm")(x + a)
-        h = _gelu(_dense(s, e.intermediate_size, "intermediate")(x))
-        h = _dense(s, e.hidden_size, "output")(h)
+        h = _constrain(s, _gelu(_dense(s, e.intermediate_size, "intermediate")(x)))
+        h = _dense(s, e.hidden_size, "output", ("mlp", "embed"))(h)
         h = Dropout(s.dropout_rate, name="output_dropout")(h, deterministic)
         return _layer_norm(s, "output_LayerNorm")(x + h)
 
@@ -286,7 +318,7 @@ class Encoder(nn.Module):
         s, e = self.spec, self.encoder
         x = embedded
         if s.embedding_size != e.hidden_size:
-            x = _dense(s, e.hidden_size, "embeddings_project")(x)
+            x = _dense(s, e.hidden_size, "embeddings_project", ("embed_out", "embed"))(x)
         # Padding keys get a large negative bias; queries at padding are computed and ignored.
         bias = jnp.where(input_mask[:, None, None, :] > 0, 0.0, -1e9).astype(jnp.float32)
         layer = TransformerLayer
@@ -296,7 +328,7 @@ class Encoder(nn.Module):
             # Argument 3 of __call__ (self counts as 0) is `deterministic`, a Python bool.
             layer = nn.remat(TransformerLayer, static_argnums=(3,), policy=_REMAT_POLICIES[s.remat])
         for i in range(e.num_layers):
-            x = layer(s, e, name=f"layer_{i}")(x, bias, deterministic)
+            x = _constrain(s, layer(s, e, name=f"layer_{i}")(x, bias, deterministic))
         return x
 
 
@@ -317,15 +349,22 @@ class Electra(nn.Module):
         self.embeddings = Embeddings(s, name="embeddings")
         self.generator = Encoder(s, s.generator, name="generator")
         self.discriminator = Encoder(s, s.discriminator, name="discriminator")
-        self.generator_dense = _dense(s, s.embedding_size, "generator_predictions_dense")
+        self.generator_dense = _dense(
+            s, s.embedding_size, "generator_predictions_dense", ("embed", "embed_out")
+        )
         self.generator_layer_norm = _layer_norm(s, "generator_predictions_LayerNorm")
         self.generator_bias = self.param(
             "generator_lm_head_bias", nn.initializers.zeros, (s.vocab_size,), jnp.float32
         )
         self.discriminator_dense = _dense(
-            s, s.discriminator.hidden_size, "discriminator_predictions_dense"
+            s,
+            s.discriminator.hidden_size,
+            "discriminator_predictions_dense",
+            ("embed", "embed_out"),
         )
-        self.discriminator_out = _dense(s, 1, "discriminator_predictions_dense_prediction")
+        self.discriminator_out = _dense(
+            s, 1, "discriminator_predictions_dense_prediction", ("embed", None)
+        )
 
     def generator_logits(
         self, input_ids, segment_ids, input_mask, positions, deterministic: bool = True
@@ -354,11 +393,27 @@ class Electra(nn.Module):
         return gen, disc
 
 
-def init_params(model: Electra, rng, batch_size: int = 1, seq_length: int = 8):
-    """Initial float32 parameters (a nested dict)."""
+def _boxed_params(model: Electra, rng, batch_size: int = 1, seq_length: int = 8):
     ids = jnp.zeros((batch_size, seq_length), jnp.int32)
     positions = jnp.zeros((batch_size, 1), jnp.int32)
     return model.init({"params": rng}, ids, ids, jnp.ones_like(ids), positions)["params"]
+
+
+def init_params(model: Electra, rng, batch_size: int = 1, seq_length: int = 8):
+    """Initial float32 parameters (a nested dict of plain arrays)."""
+    return nn.meta.unbox(_boxed_params(model, rng, batch_size, seq_length))
+
+
+def param_logical_axes(model: Electra):
+    """The parameters' logical axis names: a tree like init_params' of PartitionSpecs of names
+    (PartitionSpec() for the unnamed: biases and LayerNorm parameters). Shapes only; no FLOPs."""
+    boxed = jax.eval_shape(lambda: _boxed_params(model, jax.random.PRNGKey(0)))
+    specs = nn.get_partition_spec(boxed)
+    return jax.tree_util.tree_map(
+        lambda x: x if isinstance(x, jax.sharding.PartitionSpec) else jax.sharding.PartitionSpec(),
+        specs,
+        is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec) or x is None,
+    )
 
 
 def count_params(tree) -> int:

@@ -90,7 +90,7 @@ def _inclusive_cumsum(x):
     return jnp.einsum("...i,ij->...j", x, upper, precision=jax.lax.Precision.HIGHEST)
 
 
-def _inverse_cdf_sample(rng, logits):
+def _inverse_cdf_sample(uniform, logits):
     """Draws one index per row from softmax(logits) with a single uniform per row.
 
     Two levels of the inverse CDF over a [blocks, block] view of the vocabulary: pick the block
@@ -106,7 +106,7 @@ def _inverse_cdf_sample(rng, logits):
     probs = probs.reshape(*logits.shape[:-1], blocks, block)
     mass = jnp.sum(probs, axis=-1)  # [..., blocks]
     cdf = _inclusive_cumsum(mass)
-    u = jax.random.uniform(rng, logits.shape[:-1]) * cdf[..., -1]
+    u = uniform * cdf[..., -1]
     b = jnp.minimum(jnp.sum(cdf <= u[..., None], axis=-1), blocks - 1)
     below = jnp.take_along_axis(cdf - mass, b[..., None], axis=-1)[..., 0]
     inside = jnp.take_along_axis(probs, b[..., None, None], axis=-2)[..., 0, :]  # [..., block]
@@ -114,19 +114,25 @@ def _inverse_cdf_sample(rng, logits):
     return jnp.minimum(b * block + jnp.minimum(j, block - 1), vocab - 1)
 
 
-def sample_replacements(rng, logits, temperature: float = 1.0, sampler: str = "inverse_cdf"):
+def sample_replacements(
+    rng, logits, temperature: float = 1.0, sampler: str = "inverse_cdf", uniform=None
+):
     """Samples the generator's replacements: [B, N, V] logits -> [B, N] int32 tokens.
 
     The sample is drawn from softmax(logits / T) in float32 and carries no gradient: the
     generator learns only from its MLM loss, as in the paper. `sampler` 'gumbel' is
     jax.random.categorical (Gumbel-max); 'inverse_cdf' draws from the same distribution with one
-    uniform per slot and is much cheaper where the vocabulary is large.
+    uniform per slot and is much cheaper where the vocabulary is large; `uniform` ([B, N] in
+    [0, 1)) supplies those draws instead of `rng`, so that micro-batches of one batch can use the
+    batch's own.
     """
     logits = jax.lax.stop_gradient(logits).astype(jnp.float32) / temperature
     if sampler == "gumbel":
         return jax.random.categorical(rng, logits, axis=-1).astype(jnp.int32)
     if sampler == "inverse_cdf":
-        return _inverse_cdf_sample(rng, logits).astype(jnp.int32)
+        if uniform is None:
+            uniform = jax.random.uniform(rng, logits.shape[:-1])
+        return _inverse_cdf_sample(uniform, logits).astype(jnp.int32)
     raise ValueError(f"objective.sampler={sampler!r}: use 'inverse_cdf' or 'gumbel'")
 
 
@@ -185,6 +191,92 @@ def _ratio(a, b):
     return a / jnp.maximum(b, 1.0)
 
 
+class Corruption(NamedTuple):
+    """The random choices of one batch that precede the networks: what to mask and the sampler's
+    uniforms. Drawn once for the whole batch, so accumulated micro-batches see the very choices
+    the full batch would."""
+
+    masked: Masked
+    uniform: jax.Array  # [B, N] float32 in [0, 1): one draw per slot for the inverse-CDF sampler
+
+
+def corrupt(rng, batch, *, mask_prob, num_slots, mask_id, special_ids, mask_token_prob=0.85):
+    """Masking and sampler draws for a batch of [B, L] ids: returns a `Corruption`."""
+    k_mask, k_uniform = jax.random.split(rng)
+    m = mask_tokens(
+        k_mask,
+        batch["input_ids"],
+        batch["input_mask"],
+        mask_prob=mask_prob,
+        num_slots=num_slots,
+        mask_id=mask_id,
+        special_ids=special_ids,
+        mask_token_prob=mask_token_prob,
+    )
+    return Corruption(m, jax.random.uniform(k_uniform, m.positions.shape))
+
+
+def electra_sums(
+    batch: dict[str, jax.Array],
+    corruption: Corruption,
+    generator_fn: Callable,
+    discriminator_fn: Callable,
+    keys: tuple[jax.Array, jax.Array, jax.Array],
+    *,
+    temperature: float = 1.0,
+    sampler: str = "inverse_cdf",
+) -> dict[str, jax.Array]:
+    """Generate, sample, corrupt, discriminate: the loss and metric sums of (part of) a batch.
+
+    batch: [B, L] arrays; corruption: that batch's `Corruption` (rows matching);
+    generator_fn(masked_ids, positions, key) -> [B, N, V]; discriminator_fn(ids, key) -> [B, L];
+    keys: (generator dropout, gumbel sampler, discriminator dropout). Every value is a sum over
+    the rows, so sums of parts add up to the sums of the whole.
+    """
+    k_gen, k_sample, k_disc = keys
+    ids, mask = batch["input_ids"], batch["input_mask"]
+    m = corruption.masked
+    gen_logits = generator_fn(m.input_ids, m.positions, k_gen)
+    gen, gen_correct = mlm_loss(gen_logits, m.targets, m.weights)
+    samples = sample_replacements(k_sample, gen_logits, temperature, sampler, corruption.uniform)
+    corrupted, labels = replace_tokens(ids, mask, m.positions, m.weights, samples)
+    disc_logits = discriminator_fn(corrupted, k_disc)
+    disc = rtd_loss(disc_logits, labels, mask)
+    counts = rtd_counts(disc_logits, labels, mask)
+    return {
+        "gen_loss": gen.total,
+        "gen_correct": gen_correct.total,
+        "gen_count": gen.count,
+        "disc_loss": disc.total,
+        **counts,
+    }
+
+
+def electra_loss(sums, denominators, *, gen_weight: float, disc_weight: float):
+    """gen_weight x MLM mean + disc_weight x RTD mean, the means taken with the whole batch's
+    `denominators` (masked slots, real tokens): a micro-batch's share of the batch loss."""
+    gen_count, tokens = denominators
+    return gen_weight * sums["gen_loss"] / jnp.maximum(gen_count, 1.0) + disc_weight * sums[
+        "disc_loss"
+    ] / jnp.maximum(tokens, 1.0)
+
+
+def electra_metrics(sums, *, gen_weight: float, disc_weight: float) -> dict[str, jax.Array]:
+    """The logged scalars from a whole batch's sums."""
+    denominators = (sums["gen_count"], sums["tokens"])
+    return {
+        "loss": electra_loss(sums, denominators, gen_weight=gen_weight, disc_weight=disc_weight),
+        "gen_loss": _ratio(sums["gen_loss"], sums["gen_count"]),
+        "disc_loss": _ratio(sums["disc_loss"], sums["tokens"]),
+        "gen_accuracy": _ratio(sums["gen_correct"], sums["gen_count"]),
+        "disc_accuracy": _ratio(sums["correct"], sums["tokens"]),
+        "disc_precision": _ratio(sums["true_positive"], sums["predicted"]),
+        "disc_recall": _ratio(sums["true_positive"], sums["replaced"]),
+        "replaced_fraction": _ratio(sums["replaced"], sums["tokens"]),
+        "masked_fraction": _ratio(sums["gen_count"], sums["tokens"]),
+    }
+
+
 def electra_forward(
     rng,
     batch: dict[str, jax.Array],
@@ -201,44 +293,32 @@ def electra_forward(
     mask_token_prob: float = 0.85,
     sampler: str = "inverse_cdf",
 ):
-    """One ELECTRA forward pass: mask, generate, sample, corrupt, discriminate, score.
+    """One ELECTRA forward pass over a whole batch: mask, generate, sample, corrupt,
+    discriminate, score.
 
     batch: 'input_ids', 'segment_ids', 'input_mask', each [B, L] int32.
     generator_fn(masked_ids, positions, rng) -> [B, N, V] logits;
     discriminator_fn(corrupted_ids, rng) -> [B, L] logits (both close over params and the
     segment ids and mask). Returns (loss scalar, metrics dict of scalars).
     """
-    k_mask, k_gen, k_sample, k_disc = jax.random.split(rng, 4)
-    ids, mask = batch["input_ids"], batch["input_mask"]
-    m = mask_tokens(
-        k_mask,
-        ids,
-        mask,
+    k_corrupt, k_gen, k_sample, k_disc = jax.random.split(rng, 4)
+    c = corrupt(
+        k_corrupt,
+        batch,
         mask_prob=mask_prob,
         num_slots=num_slots,
         mask_id=mask_id,
         special_ids=special_ids,
         mask_token_prob=mask_token_prob,
     )
-    gen_logits = generator_fn(m.input_ids, m.positions, k_gen)
-    gen, gen_correct = mlm_loss(gen_logits, m.targets, m.weights)
-
-    samples = sample_replacements(k_sample, gen_logits, temperature, sampler)
-    corrupted, labels = replace_tokens(ids, mask, m.positions, m.weights, samples)
-    disc_logits = discriminator_fn(corrupted, k_disc)
-    disc = rtd_loss(disc_logits, labels, mask)
-    counts = rtd_counts(disc_logits, labels, mask)
-
-    loss = gen_weight * gen.mean() + disc_weight * disc.mean()
-    metrics = {
-        "loss": loss,
-        "gen_loss": gen.mean(),
-        "disc_loss": disc.mean(),
-        "gen_accuracy": gen_correct.mean(),
-        "disc_accuracy": _ratio(counts["correct"], counts["tokens"]),
-        "disc_precision": _ratio(counts["true_positive"], counts["predicted"]),
-        "disc_recall": _ratio(counts["true_positive"], counts["replaced"]),
-        "replaced_fraction": _ratio(counts["replaced"], counts["tokens"]),
-        "masked_fraction": _ratio(gen.count, counts["tokens"]),
-    }
-    return loss, metrics
+    sums = electra_sums(
+        batch,
+        c,
+        generator_fn,
+        discriminator_fn,
+        (k_gen, k_sample, k_disc),
+        temperature=temperature,
+        sampler=sampler,
+    )
+    metrics = electra_metrics(sums, gen_weight=gen_weight, disc_weight=disc_weight)
+    return metrics["loss"], metrics

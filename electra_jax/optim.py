@@ -53,11 +53,15 @@ def scale_by_adam_without_bias_correction(
 
 
 def decay_mask(params: Any) -> Any:
-    """True for matrices and embedding tables; False for LayerNorm scales/biases and all biases."""
+    """True for matrices and embedding tables; False for LayerNorm scales/biases and all biases.
+
+    Matrices are every parameter named `kernel` or `*_kernel` (the attention's fused
+    `qkv_kernel` and `output_kernel`) and tables every `embedding`.
+    """
 
     def is_decayed(path, _):
         name = getattr(path[-1], "key", str(path[-1]))
-        return name in ("kernel", "embedding")
+        return name.endswith("kernel") or name == "embedding"
 
     return jax.tree_util.tree_map_with_path(is_decayed, params)
 
@@ -79,5 +83,63 @@ def make_optimizer(train_cfg: Any) -> tuple[optax.GradientTransformation, optax.
         adam,
         optax.add_decayed_weights(train_cfg.weight_decay, mask=decay_mask),
         optax.scale_by_learning_rate(schedule),
+    )
+    return tx, schedule
+
+
+def layerwise_lr_multipliers(params: Any, num_layers: int, decay: float) -> Any:
+    """Fine-tuning's layer-wise learning-rate decay: a float per parameter, the same tree.
+
+    With N = num_layers: the task head (anything outside the encoder) gets 1; discriminator
+    layer i (0-based) gets decay^(N - i), so the top layer gets decay; the embeddings and the
+    embedding projection get decay^(N + 1). The original ELECTRA code gives every encoder
+    layer one factor of decay too many (the top layer decay^2), a leftover of the pooler it
+    removed (google-research/electra issue #51); the exponents here are the intended ones.
+    """
+
+    def multiplier(path, _):
+        keys = [getattr(k, "key", str(k)) for k in path]
+        if keys[0] == "embeddings" or "embeddings_project" in keys:
+            return decay ** (num_layers + 1)
+        if keys[0] == "discriminator":
+            layer = next(int(k[len("layer_") :]) for k in keys if k.startswith("layer_"))
+            return decay ** (num_layers - layer)
+        return 1.0
+
+    return jax.tree_util.tree_map_with_path(multiplier, params)
+
+
+def make_finetune_optimizer(
+    learning_rate: float,
+    num_steps: int,
+    warmup_steps: int,
+    multipliers: Any,
+    *,
+    weight_decay: float = 0.01,
+    eps: float = 1e-6,
+    clip_norm: float = 1.0,
+    bias_correction: bool = False,
+) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """The pre-training chain with each parameter's step scaled by its layer-wise multiplier.
+
+    The multiplier scales the whole step, weight decay included, as the original's per-layer
+    learning rates did; `multipliers` is a tree like the parameters (layerwise_lr_multipliers).
+    """
+    schedule = learning_rate_schedule(learning_rate, warmup_steps, num_steps)
+    if bias_correction:
+        adam = optax.scale_by_adam(0.9, 0.999, eps)
+    else:
+        adam = scale_by_adam_without_bias_correction(0.9, 0.999, eps)
+    per_layer = optax.stateless(
+        lambda updates, params=None: jax.tree_util.tree_map(
+            lambda u, m: u * jnp.asarray(m, u.dtype), updates, multipliers
+        )
+    )
+    tx = optax.chain(
+        optax.clip_by_global_norm(clip_norm),
+        adam,
+        optax.add_decayed_weights(weight_decay, mask=decay_mask),
+        optax.scale_by_learning_rate(schedule),
+        per_layer,
     )
     return tx, schedule

@@ -14,6 +14,7 @@ import os
 import sys
 
 from absl import app, flags
+from absl import logging as absl_logging
 from ml_collections import config_flags
 
 from electra_jax.cli import fail, parse_flags
@@ -25,6 +26,13 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Where checkpoints, metrics and 
 _DRY_RUN = flags.DEFINE_bool(
     "dry_run", False, "Print a one-line JSON summary (sizes, FLOPs) and train nothing."
 )
+_COMPILE = flags.DEFINE_bool(
+    "compile",
+    True,
+    "With --dry_run: also compile the step ahead of time on this machine's devices, for the "
+    "per-device memory and XLA's FLOP count (simulate a pod's devices on a CPU with "
+    "XLA_FLAGS=--xla_force_host_platform_device_count=N).",
+)
 _VERBOSE = flags.DEFINE_bool("verbose", False, "Show full tracebacks on errors.")
 _COORDINATOR = flags.DEFINE_string(
     "coordinator_address",
@@ -33,21 +41,40 @@ _COORDINATOR = flags.DEFINE_string(
 )
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in a multi-host run.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index in a multi-host run.")
+_PEER_TIMEOUT = flags.DEFINE_integer(
+    "peer_timeout_seconds",
+    60,
+    "Multi-host runs: how long a silent process may go before the others end with an error.",
+)
 
 
 def _maybe_initialize_distributed() -> None:
     import jax
 
-    if _COORDINATOR.value:
-        jax.distributed.initialize(
+    explicit = bool(_COORDINATOR.value)
+    detected = int(os.environ.get("SLURM_NTASKS", "1")) > 1 or "," in os.environ.get(
+        "TPU_WORKER_HOSTNAMES", ""
+    )
+    if not (explicit or detected):
+        return
+    if explicit and (_NUM_PROCESSES.value is None or _PROCESS_ID.value is None):
+        fail("--coordinator_address needs --num_processes and --process_id")
+    # CPU devices of different processes talk through gloo (GPUs use NCCL, TPUs their ICI).
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    kwargs = dict(
+        # A peer that stops answering is declared dead after this long and the run ends with
+        # an error on every process, rather than waiting in a collective forever.
+        heartbeat_timeout_seconds=_PEER_TIMEOUT.value,
+        initialization_timeout=_PEER_TIMEOUT.value * 5,
+    )
+    if explicit:
+        kwargs.update(
             coordinator_address=_COORDINATOR.value,
             num_processes=_NUM_PROCESSES.value,
             process_id=_PROCESS_ID.value,
         )
-    elif int(os.environ.get("SLURM_NTASKS", "1")) > 1 or "," in os.environ.get(
-        "TPU_WORKER_HOSTNAMES", ""
-    ):
-        jax.distributed.initialize()  # SLURM and TPU VM pods are detected by jax itself
+    # Otherwise SLURM's and TPU VMs' variables are read by jax itself.
+    jax.distributed.initialize(**kwargs)
 
 
 def main(argv) -> None:
@@ -59,6 +86,8 @@ def main(argv) -> None:
         # jax reports at INFO each backend it probes and lacks ("Unable to initialize backend
         # 'tpu'"), which absl prints: noise that would bury the one line an error is.
         logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
+        # orbax reports every step of a multi-host save at INFO.
+        absl_logging.set_verbosity(absl_logging.WARNING)
     from electra_jax import loop
     from electra_jax.checkpointing import CheckpointError, Preempted
     from electra_jax.data import DataError
@@ -74,7 +103,7 @@ def main(argv) -> None:
             from electra_jax.validate import check_config
 
             check_config(config)
-            print(json.dumps(loop.describe(config)))
+            print(json.dumps(loop.describe(config, compile=_COMPILE.value)))
             return
         if not _WORKDIR.value:
             fail("--workdir is required: where checkpoints and metrics go")

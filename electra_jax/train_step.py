@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import functools
-from typing import Any
+from typing import Any, NamedTuple
 
 import flax.struct
 import jax
@@ -14,7 +13,22 @@ from electra_jax import objective
 from electra_jax.data.tokenizer import CLS_ID, MASK_ID, PAD_ID, SEP_ID
 from electra_jax.model import Electra
 
-SPECIAL_IDS = (PAD_ID, CLS_ID, SEP_ID, MASK_ID)
+
+class SpecialTokens(NamedTuple):
+    """The ids masking must know: never masked (all four), and what [MASK] writes."""
+
+    pad: int
+    cls: int
+    sep: int
+    mask: int
+
+
+DEFAULT_SPECIAL = SpecialTokens(PAD_ID, CLS_ID, SEP_ID, MASK_ID)  # our SentencePiece models'
+
+
+def special_tokens_of(tokenizer) -> SpecialTokens:
+    """A tokenizer's special ids (BERT's WordPiece vocab has them at 0, 101, 102, 103)."""
+    return SpecialTokens(tokenizer.pad_id, tokenizer.cls_id, tokenizer.sep_id, tokenizer.mask_id)
 
 
 @flax.struct.dataclass
@@ -36,8 +50,8 @@ def init_state(model: Electra, tx: optax.GradientTransformation, seed: int) -> T
     )
 
 
-def forward(params, batch, rng, *, model: Electra, objective_cfg: Any, num_slots: int, train: bool):
-    """The ELECTRA loss of one batch: returns (loss, metrics)."""
+def _network_fns(params, batch, *, model: Electra, train: bool):
+    """The two networks as functions of ids, closing over params, segments and padding mask."""
     seg, mask = batch["segment_ids"], batch["input_mask"]
     det = not train
 
@@ -64,6 +78,22 @@ def forward(params, batch, rng, *, model: Electra, objective_cfg: Any, num_slots
             method=Electra.discriminator_logits,
         )
 
+    return generator_fn, discriminator_fn
+
+
+def forward(
+    params,
+    batch,
+    rng,
+    *,
+    model: Electra,
+    objective_cfg: Any,
+    num_slots: int,
+    train: bool,
+    special: SpecialTokens = DEFAULT_SPECIAL,
+):
+    """The ELECTRA loss of one batch: returns (loss, metrics)."""
+    generator_fn, discriminator_fn = _network_fns(params, batch, model=model, train=train)
     return objective.electra_forward(
         rng,
         batch,
@@ -71,13 +101,24 @@ def forward(params, batch, rng, *, model: Electra, objective_cfg: Any, num_slots
         discriminator_fn,
         mask_prob=objective_cfg.mask_prob,
         num_slots=num_slots,
-        mask_id=MASK_ID,
-        special_ids=SPECIAL_IDS,
+        mask_id=special.mask,
+        special_ids=tuple(special),
         gen_weight=objective_cfg.gen_weight,
         disc_weight=objective_cfg.disc_weight,
         temperature=objective_cfg.temperature,
         mask_token_prob=objective_cfg.mask_token_prob,
         sampler=objective_cfg.sampler,
+    )
+
+
+def micro_batches(tree, k: int):
+    """[B, ...] leaves -> [k, B / k, ...]: micro-batch i takes rows i, i + k, i + 2k, ...
+
+    Strided rather than contiguous so that every micro-batch is spread over all the devices the
+    batch is split over (a contiguous block would live on 1/k of them).
+    """
+    return jax.tree_util.tree_map(
+        lambda x: jnp.swapaxes(x.reshape(x.shape[0] // k, k, *x.shape[1:]), 0, 1), tree
     )
 
 
@@ -90,20 +131,74 @@ def train_step(
     schedule: optax.Schedule,
     objective_cfg: Any,
     num_slots: int,
+    grad_accum_steps: int = 1,
+    special: SpecialTokens = DEFAULT_SPECIAL,
 ):
     """One update of generator and discriminator together.
 
     batch: 'input_ids', 'segment_ids', 'input_mask', each [B, L] int32 (global arrays).
     Returns (new state, metrics dict of float32 scalars).
+
+    With grad_accum_steps k > 1 the batch runs as k micro-batches of B / k rows in a scan that
+    sums their gradients: activation memory of B / k rows, the update of B rows. Masking and the
+    sampler's draws are made for the whole batch first and each micro-batch's loss is divided by
+    the whole batch's counts, so the update equals the full batch's (up to float rounding and
+    dropout, whose masks are drawn per micro-batch).
     """
     rng = jax.random.fold_in(state.rng, state.step)
-    loss_fn = functools.partial(
-        forward, model=model, objective_cfg=objective_cfg, num_slots=num_slots, train=True
+    k_corrupt, k_gen, k_sample, k_disc = jax.random.split(rng, 4)
+    corruption = objective.corrupt(
+        k_corrupt,
+        batch,
+        mask_prob=objective_cfg.mask_prob,
+        num_slots=num_slots,
+        mask_id=special.mask,
+        special_ids=tuple(special),
+        mask_token_prob=objective_cfg.mask_token_prob,
     )
-    grads, metrics = jax.grad(loss_fn, has_aux=True)(state.params, batch, rng)
+    denominators = (
+        jnp.sum(corruption.masked.weights),
+        jnp.sum(batch["input_mask"] > 0).astype(jnp.float32),
+    )
+    weights = {"gen_weight": objective_cfg.gen_weight, "disc_weight": objective_cfg.disc_weight}
+
+    def grads_and_sums(part, part_corruption, keys):
+        def loss_fn(params):
+            gen_fn, disc_fn = _network_fns(params, part, model=model, train=True)
+            sums = objective.electra_sums(
+                part,
+                part_corruption,
+                gen_fn,
+                disc_fn,
+                keys,
+                temperature=objective_cfg.temperature,
+                sampler=objective_cfg.sampler,
+            )
+            return objective.electra_loss(sums, denominators, **weights), sums
+
+        return jax.grad(loss_fn, has_aux=True)(state.params)
+
+    keys = (k_gen, k_sample, k_disc)
+    if grad_accum_steps == 1:
+        grads, sums = grads_and_sums(batch, corruption, keys)
+    else:
+
+        def accumulate(total, xs):
+            i, part, part_corruption = xs
+            micro_keys = tuple(jax.random.fold_in(k, i) for k in keys)
+            result = grads_and_sums(part, part_corruption, micro_keys)
+            return jax.tree_util.tree_map(jnp.add, total, result), None
+
+        parts = micro_batches((batch, corruption), grad_accum_steps)
+        first = jax.tree_util.tree_map(lambda x: x[0], parts)
+        shapes = jax.eval_shape(grads_and_sums, *first, keys)
+        zeros = jax.tree_util.tree_map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
+        xs = (jnp.arange(grad_accum_steps), *parts)
+        (grads, sums), _ = jax.lax.scan(accumulate, zeros, xs)
+
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics = dict(metrics)
+    metrics = objective.electra_metrics(sums, **weights)
     metrics["grad_norm"] = optax.global_norm(grads)
     metrics["learning_rate"] = jnp.asarray(schedule(state.step), jnp.float32)
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 
@@ -12,6 +13,20 @@ class ConfigError(ValueError):
 def _require(ok: bool, message: str) -> None:
     if not ok:
         raise ConfigError(message)
+
+
+def check_workdir(workdir: str) -> None:
+    """Creates the workdir; ConfigError naming it when it cannot be written."""
+    try:
+        os.makedirs(workdir, exist_ok=True)
+        probe = os.path.join(workdir, f".write_test{os.getpid()}")
+        with open(probe, "w") as f:
+            f.write("ok")
+        os.remove(probe)
+    except OSError as e:
+        raise ConfigError(
+            f"workdir {workdir} is not writable ({e.strerror}); choose another --workdir"
+        ) from e
 
 
 def check_config(config: Any) -> None:
@@ -50,6 +65,11 @@ def check_config(config: Any) -> None:
     )
     _require(d.vocab_size > 5, f"data.vocab_size={d.vocab_size} must exceed the 5 special pieces")
     _require(t.batch_size > 0, f"train.batch_size={t.batch_size} must be >= 1")
+    _require(
+        t.grad_accum_steps >= 1 and t.batch_size % t.grad_accum_steps == 0,
+        f"train.grad_accum_steps={t.grad_accum_steps} must be >= 1 and divide "
+        f"train.batch_size={t.batch_size}",
+    )
     _require(t.num_steps > 0, f"train.num_steps={t.num_steps} must be >= 1")
     _require(t.learning_rate > 0, f"train.learning_rate={t.learning_rate} must be > 0")
     _require(t.warmup_steps >= 0, f"train.warmup_steps={t.warmup_steps} must be >= 0")
@@ -72,12 +92,21 @@ def check_config(config: Any) -> None:
     _require(config.log.every_steps > 0, "log.every_steps must be >= 1")
 
 
-def check_batch(batch_size: int, data_parallel: int, process_count: int) -> None:
-    """Raises ConfigError when the global batch does not split evenly over devices and hosts."""
+def check_batch(
+    batch_size: int, data_parallel: int, process_count: int, grad_accum_steps: int = 1
+) -> None:
+    """Raises ConfigError when the global batch does not split evenly over devices and hosts
+    (every micro-batch of an accumulated batch too)."""
     _require(
         batch_size % data_parallel == 0,
         f"train.batch_size={batch_size} is not divisible by the {data_parallel} data-parallel "
         "devices; use a multiple of that",
+    )
+    _require(
+        batch_size % (data_parallel * grad_accum_steps) == 0,
+        f"train.batch_size={batch_size} / train.grad_accum_steps={grad_accum_steps} micro-batches "
+        f"do not split over the {data_parallel} data-parallel devices; use a batch that is a "
+        f"multiple of {data_parallel * grad_accum_steps}",
     )
     _require(
         batch_size % process_count == 0,

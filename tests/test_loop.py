@@ -155,3 +155,119 @@ def test_describe_reports_the_dry_run_fields():
     ):
         assert key in summary
     assert summary["generator_hidden_size"] == 16 and summary["flops_per_step"] > 0
+    # Compiled ahead of time: XLA's memory plan and FLOP count come with it. At this size
+    # LayerNorm, softmax and the optimizer are a fair share of the work, which the analytic
+    # count (matmuls only) leaves out.
+    assert summary["memory_per_device_bytes"] > summary["memory_state_bytes"] > 0
+    assert 1.0 < summary["xla_flops_per_step"] / summary["flops_per_step"] < 1.3
+
+
+def test_init_from_starts_from_another_runs_weights(shared_data, tmp_path):
+    from electra_jax import pretrained
+
+    first = config_with(shared_data)
+    first.train.num_steps = 3
+    loop.train(first, str(tmp_path / "a"))
+    cfg = config_with(shared_data)
+    cfg.data.tokenizer = ""  # the tokenizer comes with the weights
+    cfg.train.init_from = str(tmp_path / "a")
+    cfg.train.num_steps, cfg.checkpoint.every_steps = 1, 1
+    loop.train(cfg, str(tmp_path / "b"))
+    a = pretrained.load_pretrained(str(tmp_path / "a"))
+    b = pretrained.load_pretrained(str(tmp_path / "b"))
+    # The first update's learning rate is 0 (warm-up), so b's step 1 holds a's weights exactly.
+    for x, y in zip(*(jax.tree_util.tree_leaves(m.params) for m in (a, b)), strict=True):
+        np.testing.assert_array_equal(x, y)
+    assert b.tokenizer.fingerprint == a.tokenizer.fingerprint
+
+    cfg.model.hidden_size = 32
+    with pytest.raises(loop.validate.ConfigError, match="other shapes"):
+        loop.train(cfg, str(tmp_path / "c"))
+
+
+def test_init_from_a_wordpiece_transformers_pair_continues_pretraining(tmp_path):
+    """Google's released checkpoints: BERT vocab ([MASK] 103), full-width generator (Small++)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    vocab = ["[PAD]", *[f"[unused{i}]" for i in range(99)], "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    vocab += [*".,:;!?'\"-()0123456789", *letters, *[f"##{c}" for c in letters]]
+    vocab += ["the", "of", "and", "to", "a", "is", "in", "for", "this", "that", "be", "return"]
+    torch.manual_seed(0)
+    hf_config = transformers.ElectraConfig(
+        vocab_size=len(vocab),
+        embedding_size=32,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=1,
+        intermediate_size=256,
+        max_position_embeddings=512,
+    )
+    pair = tmp_path / "electra-small"
+    models = {
+        "discriminator": transformers.ElectraForPreTraining(hf_config),
+        "generator": transformers.ElectraForMaskedLM(hf_config),
+    }
+    for name, m in models.items():
+        m.save_pretrained(pair / name)
+        (pair / name / "vocab.txt").write_text("".join(f"{v}\n" for v in vocab))
+
+    cfg = micro_config()
+    cfg.model.num_heads, cfg.model.intermediate_size = 1, 256
+    cfg.generator.hidden_fraction = 1.0  # as wide as the discriminator, like Small++
+    cfg.data.vocab_size = len(vocab)
+    cfg.data.cache_dir = str(tmp_path / "cache")
+    corpus = tmp_path / "corpus.txt"  # small, so that preparing it takes no time
+    words = [
+        "the",
+        "chef",
+        "cooked",
+        "a",
+        "meal",
+        "for",
+        "this",
+        "family",
+        "and",
+        "that",
+        "is",
+        "the",
+        "end",
+        "of",
+        "it",
+    ]
+    lines = [" ".join(words[(i * 7) % 9 :] + [str(i)]) + "." for i in range(400)]
+    corpus.write_text("\n".join(line if i % 8 else "" for i, line in enumerate(lines)))
+    cfg.data.source = f"text:{corpus}"
+    cfg.train.init_from = f"hf:{pair}"
+    cfg.train.num_steps, cfg.checkpoint.every_steps = 2, 1
+    workdir = tmp_path / "run"
+    row = loop.train(cfg, str(workdir))
+    assert (workdir / "tokenizer" / "vocab.txt").exists()
+    assert not (workdir / "tokenizer" / "spm.model").exists()
+    assert math.isfinite(row["loss"]) and row["masked_fraction"] > 0
+
+    # The generator sees [MASK] = 103, the tokenizer's, not our SentencePiece models' 4.
+    from electra_jax import objective
+    from electra_jax.data import pipeline, prepare, tokenizer
+
+    tok = tokenizer.load_saved(str(workdir / "tokenizer"))
+    batch = next(
+        pipeline.make_iterator(prepare.prepare(cfg.data, tok, cfg.data.cache_dir, 0), 8, 0)
+    )
+    special = loop.special_tokens_of(tok)
+    masked = objective.mask_tokens(
+        jax.random.PRNGKey(0),
+        batch["input_ids"],
+        batch["input_mask"],
+        mask_prob=0.15,
+        num_slots=4,
+        mask_id=special.mask,
+        special_ids=tuple(special),
+    )
+    assert special == (0, 101, 102, 103) and int((masked.input_ids == 103).sum()) > 0
+    assert batch["input_ids"][0, 0] == 101  # rows start with [CLS] = 101
+
+    # Resuming reads the workdir's vocab.txt; init_from is not read again.
+    cfg.train.num_steps = 3
+    cfg.train.init_from = str(tmp_path / "gone")
+    assert loop.train(cfg, str(workdir))["loss"] > 0

@@ -14,13 +14,13 @@ from tests.conftest import load_config, micro_config
     "name,expected", [("small", 13.5e6), ("base", 108.9e6), ("large", 334.1e6)]
 )
 def test_discriminator_sizes_match_the_paper(name, expected):
-    summary = loop.describe(load_config(name))
+    summary = loop.describe(load_config(name), compile=False)
     assert abs(summary["discriminator_params"] - expected) / expected < 0.03
 
 
 def test_generator_shapes_follow_the_fraction():
     for name, width, heads in [("small", 64, 1), ("base", 256, 4), ("large", 256, 4)]:
-        summary = loop.describe(load_config(name))
+        summary = loop.describe(load_config(name), compile=False)
         assert summary["generator_hidden_size"] == width
         assert summary["generator_num_heads"] == heads
 

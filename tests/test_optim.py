@@ -3,6 +3,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from electra_jax.model import init_params
 from electra_jax.optim import (
     decay_mask,
     learning_rate_schedule,
@@ -37,9 +38,11 @@ def test_no_weight_decay_on_layer_norm_and_biases():
         "LayerNorm": {"scale": jnp.ones(2), "bias": jnp.ones(2)},
         "emb": {"embedding": jnp.ones((3, 2))},
         "generator_lm_head_bias": jnp.ones(3),
+        "attention": {"qkv_kernel": jnp.ones((2, 3, 1, 2)), "qkv_bias": jnp.ones((3, 1, 2))},
     }
     mask = decay_mask(params)
     assert mask["dense"]["kernel"] and mask["emb"]["embedding"]
+    assert mask["attention"]["qkv_kernel"] and not mask["attention"]["qkv_bias"]
     assert not mask["dense"]["bias"] and not mask["LayerNorm"]["scale"]
     assert not mask["LayerNorm"]["bias"] and not mask["generator_lm_head_bias"]
 
@@ -87,3 +90,17 @@ def test_bias_correction_option_gives_adam_first_step():
     u, _ = tx.update({"w": jnp.array([0.3, -0.2, 0.1])}, tx.init(params), params)
     # Bias-corrected Adam's first step is lr x sign(g) (up to eps).
     np.testing.assert_allclose(u["w"], -float(schedule(0)) * np.sign([0.3, -0.2, 0.1]), rtol=1e-4)
+
+
+def test_every_model_matrix_is_decayed_and_nothing_else():
+    """Over the real parameter tree: biases and LayerNorm scales are exempt, all else decays."""
+    from electra_jax import loop
+
+    cfg = micro_config()
+    _, model, tx, _, _ = loop.build(cfg, 64)
+    params = jax.eval_shape(lambda: init_params(model, jax.random.PRNGKey(0)))
+    flat = jax.tree_util.tree_flatten_with_path(decay_mask(params))[0]
+    for path, decayed in flat:
+        name = path[-1].key
+        exempt = name.endswith("bias") or name == "scale"
+        assert decayed != exempt, jax.tree_util.keystr(path)

@@ -21,7 +21,7 @@ def _run(*args, timeout=120):
 
 
 def test_dry_run_prints_one_json_line():
-    out = _run("--config=configs/small.py", "--dry_run")
+    out = _run("--config=configs/small.py", "--dry_run", "--nocompile")
     assert out.returncode == 0, out.stderr
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     assert abs(summary["discriminator_params"] - 13.5e6) / 13.5e6 < 0.03
@@ -115,3 +115,37 @@ def test_workdir_of_another_model_fails_before_restoring(tmp_path):
     assert "data.seq_length=32 there vs 128 now" in line and "model.hidden_size" in line
     assert "new --workdir" in line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoints", "config.json"]
+
+
+@pytest.mark.slow
+def test_dry_run_compiles_large_width_with_fsdp_on_eight_devices():
+    """Ahead-of-time compile on 8 simulated devices: FSDP leaves 1/8 of the state per device.
+
+    The large config's widths and batch (2048 x 512, 64 micro-batches) at 2 of its 24 layers,
+    which compiles in seconds; benchmarks/RESULTS.md has the full model's figures.
+    """
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "electra_jax.train",
+            "--config=configs/large.py",
+            "--dry_run",
+            "--config.model.num_layers=2",
+            "--config.mesh.fsdp=8",
+            "--config.train.grad_accum_steps=64",
+        ],
+        cwd=ROOT,
+        env=subprocess_env(devices=8),
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    s = json.loads(out.stdout.strip().splitlines()[-1])
+    assert s["devices"] == 8 and s["mesh"] == {"data": 1, "fsdp": 8}
+    # Parameters and both Adam moments, float32, split 8 ways (vectors stay whole: < 1%).
+    expected = 3 * 4 * s["total_params"] / 8
+    assert expected <= s["memory_state_bytes"] < 1.02 * expected + 2 * 2048 * 512 * 4
+    assert s["memory_per_device_bytes"] > s["memory_state_bytes"] + s["memory_temp_bytes"] * 0.9
+    assert s["xla_flops_per_step"] is None  # not counted under accumulation

@@ -1,7 +1,4 @@
 import functools
-import json
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -9,7 +6,7 @@ import numpy as np
 
 from electra_jax import loop, sharding
 from electra_jax.train_step import eval_step, init_state
-from tests.conftest import micro_config, subprocess_env
+from tests.conftest import micro_config
 
 
 def _batch(cfg, seed=0):
@@ -24,11 +21,13 @@ def _batch(cfg, seed=0):
     }
 
 
-def run_steps(cfg, devices, num_steps=3):
-    """Metrics of `num_steps` steps of the micro model on a mesh over `devices`."""
+def run_steps(cfg, devices, num_steps=3, setup=None, state=None):
+    """Metrics of `num_steps` steps of the micro model on a mesh over `devices` (through
+    `setup`'s compiled step and from `state` when given)."""
     mesh = sharding.make_mesh(cfg.mesh, devices)
-    setup = loop.setup_step(cfg, cfg.data.vocab_size, mesh)
-    state, step = loop.init_on_mesh(setup), setup.step_fn
+    setup = setup or loop.setup_step(cfg, cfg.data.vocab_size, mesh)
+    state = loop.init_on_mesh(setup) if state is None else state
+    step = setup.step_fn
     out = []
     for i in range(num_steps):
         state, m = step(state, sharding.global_batch(_batch(cfg, i), mesh))
@@ -48,11 +47,15 @@ def test_steps_update_state_and_learn():
 
 def test_randomness_is_a_function_of_the_step():
     cfg = micro_config()
-    a = run_steps(cfg, jax.devices()[:1], num_steps=2)
-    b = run_steps(cfg, jax.devices()[:1], num_steps=2)
+    devices = jax.devices()[:1]
+    setup = loop.setup_step(cfg, cfg.data.vocab_size, sharding.make_mesh(cfg.mesh, devices))
+    _, model, tx, _, _ = loop.build(cfg, cfg.data.vocab_size)
+    # The seed is traced, so one compile of the init and one of the step serve all three runs.
+    init = jax.jit(lambda seed: init_state(model, tx, seed), out_shardings=setup.state_sharding)
+    a = run_steps(cfg, devices, 2, setup, init(0))
+    b = run_steps(cfg, devices, 2, setup, init(0))
     assert a == b  # same seed, same numbers
-    cfg.seed = 1
-    c = run_steps(cfg, jax.devices()[:1], num_steps=2)
+    c = run_steps(cfg, devices, 2, setup, init(1))
     assert c[0]["loss"] != a[0]["loss"]
 
 
@@ -67,34 +70,6 @@ def test_eval_step_is_deterministic_without_dropout():
     assert float(m1["loss"]) == float(m2["loss"])
 
 
-_EIGHT_DEVICES = """
-import json, jax
-jax.config.update("jax_disable_most_optimizations", True)
-from tests.conftest import micro_config
-from tests.test_train_step import run_steps
-cfg = micro_config()
-assert jax.device_count() == 8
-one = run_steps(cfg, jax.devices()[:1])
-eight = run_steps(cfg, jax.devices())
-print(json.dumps({"one": one, "eight": eight}))
-"""
-
-
-def test_one_device_and_eight_devices_give_the_same_numbers():
-    out = subprocess.run(
-        [sys.executable, "-c", _EIGHT_DEVICES],
-        env=subprocess_env(devices=8),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
-    )
-    res = json.loads(out.stdout.strip().splitlines()[-1])
-    for a, b in zip(res["one"], res["eight"], strict=True):
-        for k in ("loss", "gen_loss", "disc_loss", "grad_norm", "replaced_fraction"):
-            np.testing.assert_allclose(a[k], b[k], rtol=2e-5, err_msg=k)
-
-
 def test_bfloat16_loss_curve_tracks_float32():
     cfg = micro_config()
     cfg.train.learning_rate = 3e-3
@@ -106,4 +81,39 @@ def test_bfloat16_loss_curve_tracks_float32():
         b = np.array([r[k] for r in bf16])
         assert np.all(np.isfinite(b))
         np.testing.assert_allclose(b, a, rtol=0.03, err_msg=k)
-    assert bf16[-1]["gen_loss"] < bf16[0]["gen_loss"]
+    # Random ids leave the generator nothing to learn (its loss starts at ln V); the
+    # discriminator learns the replaced rate, and must in bfloat16 too.
+    assert bf16[-1]["disc_loss"] < bf16[0]["disc_loss"] - 0.03
+
+
+def test_accumulated_micro_batches_give_the_full_batch_gradient():
+    """grad_accum_steps 4 vs 1 on the same batch, dropout off: same gradient within 1e-5."""
+    import optax
+
+    from electra_jax.train_step import train_step
+
+    cfg = micro_config()
+    cfg.model.dropout_rate = cfg.model.attention_dropout_rate = 0.0
+    batch = {k: jnp.asarray(v) for k, v in _batch(cfg).items()}
+    batch["input_mask"] = batch["input_mask"].at[:, -7:].set(0)  # uneven real lengths
+    spec, model, _, schedule, slots = loop.build(cfg, cfg.data.vocab_size)
+    sgd = optax.sgd(1.0)  # the update is minus the gradient, unscaled by any optimizer state
+    state = init_state(model, sgd, 0)
+    grads, metrics = {}, {}
+    for k in (1, 4):
+        step = functools.partial(
+            train_step,
+            model=model,
+            tx=sgd,
+            schedule=schedule,
+            objective_cfg=cfg.objective,
+            num_slots=slots,
+            grad_accum_steps=k,
+        )
+        new, metrics[k] = jax.jit(step)(state, batch)
+        grads[k] = jax.tree_util.tree_map(lambda a, b: a - b, state.params, new.params)
+    scale = max(float(jnp.max(jnp.abs(g))) for g in jax.tree_util.tree_leaves(grads[1]))
+    for a, b in zip(*(jax.tree_util.tree_leaves(grads[k]) for k in (1, 4)), strict=True):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * scale)
+    for name in ("loss", "gen_loss", "disc_loss", "grad_norm", "gen_accuracy"):
+        np.testing.assert_allclose(metrics[1][name], metrics[4][name], rtol=1e-5, err_msg=name)

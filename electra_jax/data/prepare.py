@@ -104,8 +104,10 @@ def ensure_tokenizer(data_cfg, tokenizer_dir: str, seed: int) -> tokenizer_lib.T
         else:
             given.save(tokenizer_dir)
         tok = tokenizer_lib.Tokenizer.load(model_path)
-    elif os.path.exists(model_path):
-        tok = tokenizer_lib.Tokenizer.load(model_path)
+    elif os.path.exists(model_path) or os.path.exists(
+        os.path.join(tokenizer_dir, tokenizer_lib.WORDPIECE_VOCAB)
+    ):
+        tok = tokenizer_lib.load_saved(tokenizer_dir)
     else:
         n = int(data_cfg.tokenizer_sample_sentences)
         docs = sources.iter_documents(

@@ -309,3 +309,24 @@ def train_tokenizer(
         ) from None
     Tokenizer(writer.getvalue(), os.path.join(out_dir, MODEL_FILENAME)).save(out_dir)
     return Tokenizer.load(os.path.join(out_dir, MODEL_FILENAME))
+
+
+WORDPIECE_VOCAB = "vocab.txt"
+
+
+def load_saved(tokenizer_dir: str):
+    """A run's tokenizer from its folder: ``spm.model`` (ours), else a BERT ``vocab.txt`` (a run
+    continued from a WordPiece checkpoint such as Google's; `export.WordPieceTokenizer`, with
+    this class's interface). Raises DataError when neither is there or readable."""
+    from electra_jax.data import DataError
+
+    if not os.path.exists(os.path.join(tokenizer_dir, MODEL_FILENAME)) and os.path.exists(
+        os.path.join(tokenizer_dir, WORDPIECE_VOCAB)
+    ):
+        from electra_jax import export
+
+        try:
+            return export.WordPieceTokenizer.load(tokenizer_dir)
+        except export.PretrainedError as e:
+            raise DataError(str(e)) from None
+    return Tokenizer.load(os.path.join(tokenizer_dir, MODEL_FILENAME))

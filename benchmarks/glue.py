@@ -1,0 +1,144 @@
+r"""GLUE dev scores fine-tuned from a pre-training workdir and from random init, as a table.
+
+    python benchmarks/glue.py --workdir=runs/small --data_dir=glue_data --seeds=3 \
+        --out=runs/glue-bench
+
+For each task (SST-2, MRPC, STS-B, CoLA, RTE by default) and each of --seeds seeds, fine-tunes
+configs/glue.py twice: from the workdir's newest checkpoint, and from random weights of the same
+shape with the same tokenizer (the baseline that shows what pre-training bought). Prints a
+markdown table of the headline dev metric (Matthews correlation for CoLA, Spearman for STS-B,
+accuracy otherwise; the ELECTRA paper's choice), mean +- standard deviation over seeds, and
+writes every run's eval_results.json under --out plus all of them in --out/glue_benchmark.json.
+
+On CPU cap the training sets, e.g. --max_train_examples=2000 --tasks=RTE,MRPC; the ELECTRA paper
+reports medians of 10 seeds for the small GLUE tasks, whose dev scores vary by points per seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import runpy
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from electra_jax.finetune import loop, tasks  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_TASKS = "SST-2,MRPC,STS-B,CoLA,RTE"
+# The model fields a random-init run copies from the pre-training run's config.json.
+_SHAPE_FIELDS = (
+    "hidden_size",
+    "num_layers",
+    "num_heads",
+    "intermediate_size",
+    "embedding_size",
+    "max_position_embeddings",
+    "type_vocab_size",
+    "initializer_range",
+    "layer_norm_eps",
+)
+
+
+def run_config(args, task: str, seed: int, init: str, pretrain_config: dict):
+    """configs/glue.py for one run; init is 'pretrained' or 'random'."""
+    config = runpy.run_path(os.path.join(ROOT, "configs", "glue.py"))["get_config"]()
+    config.task, config.data_dir, config.seed = task, args.data_dir, seed
+    config.max_train_examples = args.max_train_examples
+    if args.num_epochs:
+        config.num_epochs = args.num_epochs
+    if args.seq_length:
+        config.seq_length = args.seq_length
+    config.log_every_steps = args.log_every_steps
+    for item in args.set:
+        key, value = item.split("=", 1)
+        current = config[key]
+        if isinstance(current, bool):
+            config[key] = value.lower() in ("1", "true", "yes")
+        else:
+            config[key] = value if isinstance(current, str) else type(current)(value)
+    if init == "pretrained":
+        config.init_from = args.workdir
+    else:  # the same network and tokenizer, untrained
+        config.tokenizer = os.path.join(args.workdir, "tokenizer")
+        for key in _SHAPE_FIELDS:
+            config.model[key] = pretrain_config["model"][key]
+    return config
+
+
+def summary(values: list[float]) -> str:
+    """'mean +- std' in points (x100), or the single value."""
+    pts = [100 * v for v in values]
+    if len(pts) == 1:
+        return f"{pts[0]:.1f}"
+    return f"{statistics.mean(pts):.1f} +- {statistics.stdev(pts):.1f}"
+
+
+def table(results: list[dict], inits: list[str]) -> str:
+    """Markdown: one row per task, one column per init, the headline metric over seeds."""
+    head = "| task | metric | " + " | ".join(f"{i} init" for i in inits) + " | seeds | steps |"
+    lines = [head, "|" + "---|" * (4 + len(inits))]
+    for task in dict.fromkeys(r["task"] for r in results):
+        rows = [r for r in results if r["task"] == task]
+        cells = [summary([r["score"] for r in rows if r["init"] == i]) for i in inits]
+        seeds = len({r["seed"] for r in rows})
+        lines.append(
+            f"| {task} | {rows[0]['score_metric']} | "
+            + " | ".join(cells)
+            + f" | {seeds} | {rows[0]['steps']} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workdir", required=True, help="a pre-training workdir (config.json, ...)")
+    ap.add_argument("--data_dir", required=True, help="GLUE's root: one folder of TSVs per task")
+    ap.add_argument("--out", required=True, help="where each run's workdir goes")
+    ap.add_argument("--tasks", default=DEFAULT_TASKS)
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--inits", default="pretrained,random")
+    ap.add_argument("--max_train_examples", type=int, default=0, help="0: the whole training set")
+    ap.add_argument("--num_epochs", type=float, default=0.0, help="0: the task's (3, or 10)")
+    ap.add_argument("--seq_length", type=int, default=0, help="0: configs/glue.py's 128")
+    ap.add_argument("--log_every_steps", type=int, default=100)
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a configs/glue.py field in every run, e.g. --set learning_rate=2e-4",
+    )
+    args = ap.parse_args()
+
+    with open(os.path.join(args.workdir, "config.json")) as f:
+        pretrain_config = json.load(f)
+    inits = args.inits.split(",")
+    results = []
+    for task_name in args.tasks.split(","):
+        task = tasks.get_task(task_name).name
+        for seed in range(args.seeds):
+            for init in inits:
+                workdir = os.path.join(args.out, f"{task}-{init}-seed{seed}")
+                started = time.time()
+                out = loop.finetune(run_config(args, task, seed, init, pretrain_config), workdir)
+                out = dict(out, init=init, wall_sec=time.time() - started)
+                results.append(out)
+                print(
+                    f"{task} {init} seed {seed}: {out['score_metric']} {out['score']:.4f} "
+                    f"({out['steps']} steps, {out['wall_sec']:.0f}s)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "glue_benchmark.json"), "w") as f:
+        json.dump({"workdir": args.workdir, "args": vars(args), "runs": results}, f, indent=2)
+    print(table(results, inits))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""python -m electra_jax.finetune --config=configs/glue.py --config.task=SST-2 \
+    --config.data_dir=glue_data/SST-2 --config.init_from=runs/tiny --workdir=runs/tiny-sst2
+
+Flags only: parse the config and the workdir, then hand over to finetune.loop.finetune(). Bad
+input (an unknown task or config key, missing or malformed data, an unreadable init_from) ends
+with one line on stderr and exit code 2; --verbose shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from electra_jax.cli import fail, parse_flags
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "configs/glue.py, with --config.task=... and friends.", lock_config=True
+)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Where eval_results.json and predictions go.")
+_VERBOSE = flags.DEFINE_bool("verbose", False, "Show full tracebacks on errors.")
+
+
+def main(argv) -> None:
+    if len(argv) > 1:
+        fail(f"unexpected arguments {argv[1:]}; settings go in --config.KEY=VALUE")
+    if _CONFIG.value is None:
+        fail("--config is required, e.g. --config=configs/glue.py")
+    if not _WORKDIR.value:
+        fail("--workdir is required: where eval_results.json goes")
+    if not _VERBOSE.value:
+        # jax reports each backend it probes and lacks at INFO; that would bury an error line.
+        logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
+    from electra_jax.checkpointing import CheckpointError
+    from electra_jax.data import DataError
+    from electra_jax.finetune import loop
+    from electra_jax.validate import ConfigError
+
+    try:
+        config = _CONFIG.value
+        config.to_dict()  # the file is loaded lazily: fail here, not after reading the data
+    except OSError:
+        fail(f"config file {flags.FLAGS['config'].config_filename} cannot be read; check --config")
+    try:
+        loop.finetune(config, _WORKDIR.value)
+    except (ConfigError, DataError, CheckpointError) as e:
+        if _VERBOSE.value:
+            raise
+        fail(str(e))
+    except KeyboardInterrupt:
+        if _VERBOSE.value:
+            raise
+        print("interrupted; nothing was written", file=sys.stderr)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    app.run(main, flags_parser=parse_flags)

@@ -1,0 +1,467 @@
+"""Fine-tuning on one GLUE task: finetune(config, workdir), in sections.
+
+data -> model -> features -> state -> steps (log) -> evaluate -> write. The host reads and
+tokenizes the task once; each step then runs forward, loss and the AdamW update (with
+layer-wise learning rates) in one compiled program, data-parallel over the local devices. A run
+is a pure function of the config: the same seed gives the same dev numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import os
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+
+from electra_jax import sharding
+from electra_jax.data import DataError
+from electra_jax.finetune import features, heads, tasks
+from electra_jax.finetune import metrics as glue_metrics
+from electra_jax.metrics import log
+from electra_jax.model import ElectraSpec, EncoderSpec, generator_spec
+from electra_jax.optim import layerwise_lr_multipliers, make_finetune_optimizer
+from electra_jax.train_step import TrainState
+from electra_jax.validate import ConfigError, check_workdir
+
+RESULTS_FILE = "eval_results.json"
+PREDICTIONS_FILE = "dev_predictions.jsonl"
+# Random streams under the one seed: the subset kept by max_train_examples is drawn from a fixed
+# stream (every seed fine-tunes on the same examples, so seeds measure the fine-tuning's own
+# variance); the epoch shuffles from the run's seed.
+_SUBSET_STREAM, _ORDER_STREAM = 1, 2
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def check_config(config: ml_collections.ConfigDict) -> tasks.Task:
+    """The config's task; ConfigError (one line naming the key) for values that cannot work."""
+    c = config
+    try:
+        task = tasks.get_task(c.task)
+    except DataError as e:
+        raise ConfigError(str(e)) from None
+    _require(c.learning_rate > 0, f"config.learning_rate={c.learning_rate} must be > 0")
+    _require(0 < c.layer_decay <= 1, f"config.layer_decay={c.layer_decay} must be in (0, 1]")
+    _require(
+        0 <= c.warmup_fraction < 1, f"config.warmup_fraction={c.warmup_fraction} must be in [0, 1)"
+    )
+    _require(c.batch_size > 0, f"config.batch_size={c.batch_size} must be >= 1")
+    _require(c.eval_batch_size > 0, f"config.eval_batch_size={c.eval_batch_size} must be >= 1")
+    _require(c.num_epochs >= 0, f"config.num_epochs={c.num_epochs} must be >= 0 (0: the task's)")
+    _require(c.seq_length >= 8, f"config.seq_length={c.seq_length} must be >= 8")
+    _require(
+        c.max_train_examples >= 0,
+        f"config.max_train_examples={c.max_train_examples} must be >= 0 (0: all)",
+    )
+    _require(0 <= c.dropout_rate < 1, f"config.dropout_rate={c.dropout_rate} must be in [0, 1)")
+    _require(
+        c.dtype in ("float32", "bfloat16"),
+        f"config.dtype={c.dtype!r} is not supported; use 'float32' or 'bfloat16'",
+    )
+    _require(c.log_every_steps > 0, f"config.log_every_steps={c.log_every_steps} must be >= 1")
+    _require(
+        not (c.init_from and c.tokenizer),
+        f"config.tokenizer={c.tokenizer!r} is for random init only; a pre-trained model "
+        f"(config.init_from={c.init_from!r}) brings its own tokenizer: unset one of them",
+    )
+    m = c.model
+    _require(
+        m.hidden_size > 0 and m.num_heads > 0 and m.hidden_size % m.num_heads == 0,
+        f"config.model.hidden_size={m.hidden_size} must be a positive multiple of "
+        f"config.model.num_heads={m.num_heads}",
+    )
+    _require(m.num_layers > 0, f"config.model.num_layers={m.num_layers} must be >= 1")
+    return task
+
+
+# ------------------------------------------------------------------------------------------ data
+
+
+def training_set(
+    task: tasks.Task, examples: list[tasks.Example], max_examples: int, double_unordered: bool
+) -> list[tasks.Example]:
+    """The examples trained on: a fixed random subset of at most max_examples (0 = all, kept in
+    file order), then for MRPC and STS-B also every pair the other way round."""
+    if 0 < max_examples < len(examples):
+        rng = np.random.default_rng([0, _SUBSET_STREAM])
+        keep = np.sort(rng.choice(len(examples), max_examples, replace=False))
+        examples = [examples[i] for i in keep]
+    if double_unordered and task.double_unordered:
+        swapped = [
+            dataclasses.replace(e, text_a=e.text_b, text_b=e.text_a, source=e.source + ":swapped")
+            for e in examples
+        ]
+        examples = examples + swapped
+    return examples
+
+
+def batch_order(num_examples: int, batch_size: int, num_steps: int, seed: int) -> np.ndarray:
+    """[num_steps, batch_size] example indices: epoch after epoch, each a fresh permutation.
+
+    Batches run across epoch boundaries (the original repeats and shuffles the data), so every
+    batch is full and the step count is int(examples x epochs / batch), at least 1.
+    """
+    rng = np.random.default_rng([seed & (2**63 - 1), _ORDER_STREAM])
+    need = num_steps * batch_size
+    perms = [rng.permutation(num_examples) for _ in range(math.ceil(need / num_examples))]
+    return np.concatenate(perms)[:need].reshape(num_steps, batch_size)
+
+
+# ------------------------------------------------------------------------------------------ model
+
+
+@dataclasses.dataclass(frozen=True)
+class Initial:
+    """Where fine-tuning starts: the network's spec, its tokenizer, pre-trained encoder params."""
+
+    spec: ElectraSpec
+    tokenizer: Any
+    encoder_params: dict | None  # {'embeddings': ..., 'discriminator': ...}; None = random init
+    source: str  # what init_from resolved to, or 'random'
+
+
+def _load_pretrained(path: str):
+    """electra_jax.pretrained.load_pretrained, imported late (tests replace this function)."""
+    from electra_jax import pretrained
+
+    return pretrained.load_pretrained(path)
+
+
+def _random_spec(model_cfg: Any, vocab_size: int) -> ElectraSpec:
+    disc = EncoderSpec(
+        hidden_size=model_cfg.hidden_size,
+        num_layers=model_cfg.num_layers,
+        num_heads=model_cfg.num_heads,
+        intermediate_size=model_cfg.intermediate_size,
+    )
+    return ElectraSpec(
+        vocab_size=vocab_size,
+        embedding_size=model_cfg.embedding_size,
+        max_position_embeddings=model_cfg.max_position_embeddings,
+        type_vocab_size=model_cfg.type_vocab_size,
+        discriminator=disc,
+        generator=generator_spec(disc, 0.25),  # never built: fine-tuning has no generator
+        initializer_range=model_cfg.initializer_range,
+        layer_norm_eps=model_cfg.layer_norm_eps,
+    )
+
+
+def _task_tokenizer(config, examples: list[tasks.Example], workdir: str):
+    """config.tokenizer, or a SentencePiece model trained on the task's training text."""
+    from electra_jax.data import tokenizer as tokenizer_lib
+
+    if config.tokenizer:
+        return tokenizer_lib.Tokenizer.load(config.tokenizer)
+    texts = [t for e in examples for t in (e.text_a, e.text_b) if t]
+    try:
+        return tokenizer_lib.train_tokenizer(
+            texts,
+            os.path.join(workdir, "tokenizer"),
+            vocab_size=int(config.vocab_size),
+            character_coverage=0.9995,
+            seed=int(config.seed),
+            sample_sentences=len(texts) + 1,
+        )
+    except DataError as e:  # its message names the pre-training key
+        raise DataError(str(e).replace("data.vocab_size", "config.vocab_size")) from None
+
+
+def initial_model(config, task_examples: list[tasks.Example], workdir: str) -> Initial:
+    """The spec, tokenizer and (pre-trained) encoder params fine-tuning starts from.
+
+    With config.init_from, everything but the training choices (dropout, compute type) comes
+    from the pre-trained model; otherwise config.model and config.tokenizer (or a tokenizer
+    trained on the task's training text) make a randomly initialised one.
+    """
+    training = dict(
+        dropout_rate=config.dropout_rate,
+        attention_dropout_rate=config.dropout_rate,
+        dtype=config.dtype,
+        # Fine-tuning keeps attention dropout, which only the einsum attention has.
+        attention="einsum",
+        remat="none",
+    )
+    if config.init_from:
+        from electra_jax.pretrained import PretrainedError
+
+        try:
+            pre = _load_pretrained(config.init_from)
+        except PretrainedError as e:  # its message names the path and what would work
+            raise ConfigError(f"config.init_from: {e}") from None
+        spec = dataclasses.replace(pre.spec, **training)
+        params = {k: pre.params[k] for k in heads.PRETRAINED_SUBTREES}
+        return Initial(spec, pre.tokenizer, params, pre.source)
+    tokenizer = _task_tokenizer(config, task_examples, workdir)
+    spec = dataclasses.replace(_random_spec(config.model, tokenizer.vocab_size), **training)
+    return Initial(spec, tokenizer, None, "random")
+
+
+# ------------------------------------------------------------------------------------------ steps
+
+
+def train_step(state: TrainState, batch: dict, *, model, tx, schedule, regression: bool):
+    """One AdamW update on a batch of [B, L] ids, segments, mask and [B] labels.
+
+    Dropout's key is fold_in(state.rng, step). Returns (new state, float32 scalar metrics).
+    """
+    rng = jax.random.fold_in(state.rng, state.step)
+
+    def loss_fn(params):
+        outputs = model.apply(
+            {"params": params},
+            batch["input_ids"],
+            batch["segment_ids"],
+            batch["input_mask"],
+            False,
+            rngs={"dropout": rng},
+        )
+        total, count = heads.task_loss(outputs, batch["labels"], regression)
+        return total / count
+
+    loss, grads = jax.value_and_grad(loss_fn)(state.params)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    new_state = state.replace(
+        step=state.step + 1,
+        params=optax.apply_updates(state.params, updates),
+        opt_state=opt_state,
+    )
+    metrics = {
+        "loss": loss,
+        "grad_norm": optax.global_norm(grads),
+        "learning_rate": jnp.asarray(schedule(state.step), jnp.float32),
+    }
+    return new_state, metrics
+
+
+def predict_step(params, batch: dict, *, model, regression: bool):
+    """[B, L] inputs -> [B] predicted classes or scores, without dropout."""
+    outputs = model.apply(
+        {"params": params}, batch["input_ids"], batch["segment_ids"], batch["input_mask"], True
+    )
+    return heads.predictions(outputs, regression)
+
+
+def predict(predict_fn, params, arrays: dict, batch_size: int) -> np.ndarray:
+    """Predictions [N] for encoded examples, in fixed-size batches (the last one padded)."""
+    n = len(arrays["labels"])
+    inputs = {k: arrays[k] for k in ("input_ids", "segment_ids", "input_mask")}
+    out = []
+    for start in range(0, n, batch_size):
+        chunk = {k: v[start : start + batch_size] for k, v in inputs.items()}
+        short = batch_size - len(chunk["input_ids"])
+        if short:  # pad with empty rows so that one compiled shape serves every batch
+            chunk = {k: np.pad(v, ((0, short), (0, 0))) for k, v in chunk.items()}
+        out.append(np.asarray(jax.device_get(predict_fn(params, chunk)))[: batch_size - short])
+    return np.concatenate(out) if out else np.zeros((0,), np.float32)
+
+
+# ------------------------------------------------------------------------------------------ run
+
+
+def _write_atomic(path: str, text: str) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
+    """Fine-tunes on config.task, evaluates on its dev set(s), writes the results; returns them.
+
+    Writes WORKDIR/config.json, WORKDIR/eval_results.json (see the README) and
+    WORKDIR/dev_predictions.jsonl (one row per dev example: split, source, label, prediction).
+
+    Raises:
+      ConfigError / DataError: bad config values, data files or init_from (one-line messages).
+    """
+    started = time.time()
+    task = check_config(config)
+    check_workdir(workdir)
+
+    # ---------------------------------------------------------------- mesh
+    _require(
+        jax.process_count() == 1,
+        "fine-tuning runs in one process (all its local devices data-parallel); start it "
+        "without jax.distributed",
+    )
+    mesh = sharding.make_mesh(ml_collections.ConfigDict({"fsdp": 1}))
+    devices = sharding.data_parallel_size(mesh)
+    for key in ("batch_size", "eval_batch_size"):
+        _require(
+            config[key] % devices == 0,
+            f"config.{key}={config[key]} is not divisible by the {devices} local devices",
+        )
+
+    # ---------------------------------------------------------------- data
+    read = lambda split: tasks.load_split(task, split, config.data_dir, config.tfds_data_dir)
+    train_read = read(tasks.TRAIN)
+    devs = {split.name: read(split) for split in task.dev_splits}
+    train = training_set(task, train_read, config.max_train_examples, config.double_unordered)
+    if not train:
+        raise DataError(f"{task.name} has no training examples; check config.data_dir")
+
+    # ---------------------------------------------------------------- model
+    init = initial_model(config, train_read, workdir)
+    spec = init.spec
+    _require(
+        config.seq_length <= spec.max_position_embeddings,
+        f"config.seq_length={config.seq_length} exceeds the model's "
+        f"{spec.max_position_embeddings} positions",
+    )
+    # Logged only now, so that bad input above fails with its one line and nothing else.
+    log(
+        f"{task.name}: {len(train)} training examples ({len(train_read)} read), "
+        + ", ".join(f"{name} {len(ex)}" for name, ex in devs.items())
+    )
+    log(
+        f"model from {init.source}: {spec.discriminator.num_layers} layers x "
+        f"{spec.discriminator.hidden_size}, vocab {spec.vocab_size}"
+    )
+
+    # ---------------------------------------------------------------- features
+    encode = functools.partial(
+        features.encode_examples,
+        init.tokenizer,
+        seq_length=config.seq_length,
+        regression=task.is_regression,
+    )
+    train_arrays = encode(train)
+    dev_arrays = {name: encode(ex) for name, ex in devs.items()}
+
+    # ---------------------------------------------------------------- state
+    epochs = config.num_epochs or task.num_epochs
+    num_steps = max(1, int(len(train) * epochs / config.batch_size))
+    model = heads.Classifier(spec, task.num_outputs)
+    init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(config.seed))
+    # Jitted: one compilation rather than one per operation.
+    params = jax.jit(functools.partial(heads.init_params, model))(init_rng)
+    if init.encoder_params is not None:
+        try:
+            params = heads.with_pretrained(params, init.encoder_params)
+        except ValueError as e:
+            raise ConfigError(f"config.init_from={config.init_from!r}: {e}") from None
+    multipliers = layerwise_lr_multipliers(
+        params, spec.discriminator.num_layers, config.layer_decay
+    )
+    tx, schedule = make_finetune_optimizer(
+        config.learning_rate,
+        num_steps,
+        int(config.warmup_fraction * num_steps),
+        multipliers,
+        weight_decay=config.weight_decay,
+        eps=config.adam_eps,
+        clip_norm=config.clip_norm,
+        bias_correction=config.adam_bias_correction,
+    )
+    replicated, split_batch = sharding.replicated(mesh), sharding.batch_sharding(mesh)
+    state = TrainState(
+        step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params), rng=dropout_rng
+    )
+    state = jax.device_put(state, replicated)
+    regression = task.is_regression
+    step_fn = jax.jit(
+        functools.partial(train_step, model=model, tx=tx, schedule=schedule, regression=regression),
+        in_shardings=(replicated, split_batch),
+        out_shardings=(replicated, replicated),
+        donate_argnums=(0,),
+    )
+    predict_fn = jax.jit(
+        functools.partial(predict_step, model=model, regression=regression),
+        in_shardings=(replicated, split_batch),
+        out_shardings=replicated,
+    )
+
+    # ---------------------------------------------------------------- steps
+    order = batch_order(len(train), config.batch_size, num_steps, config.seed)
+    log(
+        f"fine-tuning {num_steps} steps ({epochs:g} epochs of {len(train)} examples, "
+        f"batch {config.batch_size}, peak lr {config.learning_rate:g}, "
+        f"layer decay {config.layer_decay:g})"
+    )
+    take = lambda step: {k: v[order[step]] for k, v in train_arrays.items()}
+    t0 = time.time()
+    step_fn = step_fn.lower(state, take(0)).compile()
+    log(f"compiled the train step in {time.time() - t0:.1f}s")
+    pending: list[Any] = []  # device losses since the last line: read only when logging
+    train_loss = float("nan")
+    last_time = steps_started = time.time()
+    for step in range(num_steps):
+        state, step_metrics = step_fn(state, take(step))
+        pending.append(step_metrics["loss"])
+        done = step + 1
+        if done % config.log_every_steps == 0 or done == num_steps:
+            train_loss = float(np.mean(jax.device_get(pending)))
+            now = time.time()
+            rate = len(pending) * config.batch_size / max(now - last_time, 1e-9)
+            left = (num_steps - done) * (now - steps_started) / done
+            log(
+                f"step {done}/{num_steps}  loss {train_loss:.4f}  "
+                f"lr {float(step_metrics['learning_rate']):.2e}  {rate:.0f} ex/s  "
+                f"eta {time.strftime('%H:%M:%S', time.gmtime(left))}"
+            )
+            pending, last_time = [], now
+
+    # ---------------------------------------------------------------- evaluate
+    results_metrics, rows = {}, []
+    for name, arrays in dev_arrays.items():
+        preds = predict(predict_fn, state.params, arrays, config.eval_batch_size)
+        results_metrics[name] = glue_metrics.task_metrics(task, preds, arrays["labels"])
+        shown = "  ".join(f"{k} {v:.4f}" for k, v in results_metrics[name].items())
+        log(f"{task.name} {name}: {shown}")
+        for i, (example, pred) in enumerate(zip(devs[name], preds, strict=True)):
+            rows.append(
+                {
+                    "split": name,
+                    "index": i,
+                    "source": example.source,
+                    "label": tasks.label_text(task, example.label),
+                    "prediction": tasks.label_text(task, pred),
+                }
+            )
+
+    # ---------------------------------------------------------------- write
+    first_dev = task.dev_splits[0].name
+    results = {
+        "task": task.name,
+        "metrics": results_metrics,
+        "score": results_metrics[first_dev][task.score],
+        "score_metric": f"{first_dev}/{task.score}",
+        "num_train_examples": len(train),
+        "num_train_examples_read": len(train_read),
+        "num_dev_examples": {name: len(ex) for name, ex in devs.items()},
+        "steps": num_steps,
+        "epochs": epochs,
+        "batch_size": config.batch_size,
+        "learning_rate": config.learning_rate,
+        "layer_decay": config.layer_decay,
+        "seed": config.seed,
+        "init_from": config.init_from,
+        "init_source": init.source,
+        "train_loss": train_loss,
+        "predictions_file": PREDICTIONS_FILE,
+        "elapsed_sec": time.time() - started,
+    }
+    _write_atomic(
+        os.path.join(workdir, "config.json"), json.dumps(config.to_dict(), indent=2, sort_keys=True)
+    )
+    _write_atomic(
+        os.path.join(workdir, PREDICTIONS_FILE), "".join(json.dumps(r) + "\n" for r in rows)
+    )
+    _write_atomic(
+        os.path.join(workdir, RESULTS_FILE), json.dumps(results, indent=2, sort_keys=True) + "\n"
+    )
+    score = f"{results['score_metric']} {results['score']:.4f}"
+    log(f"wrote {os.path.join(workdir, RESULTS_FILE)} ({score})")
+    return results

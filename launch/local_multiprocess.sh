@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# N processes of `python -m electra_jax.train` on this machine, talking over 127.0.0.1: a real
+# multi-process (multi-host) run for testing, each process with its own simulated CPU devices.
+#
+#   launch/local_multiprocess.sh N --config=configs/tiny.py --workdir=runs/mp [--config.KEY=VALUE ...]
+#
+# DEVICES_PER_PROCESS (default 4) simulated CPU devices each; PORT (default 12355) for the
+# coordinator. Process 0 prints to this terminal, process i > 0 to WORKDIR/process_<i>.log.
+# Exits non-zero when any process fails. Nothing here sets a hyperparameter.
+set -euo pipefail
+if [[ $# -lt 2 || ! "$1" =~ ^[0-9]+$ ]]; then
+  echo "usage: $0 N --config=... --workdir=... [train flags]" >&2
+  exit 2
+fi
+n=$1
+shift
+workdir=""
+for arg in "$@"; do
+  [[ "$arg" == --workdir=* ]] && workdir=${arg#--workdir=}
+done
+[[ -n "$workdir" ]] || { echo "error: --workdir=... is required" >&2; exit 2; }
+mkdir -p "$workdir"
+export XLA_FLAGS="--xla_force_host_platform_device_count=${DEVICES_PER_PROCESS:-4} ${XLA_FLAGS:-}"
+port=${PORT:-12355}
+pids=()
+for ((i = 0; i < n; i++)); do
+  cmd=(python -m electra_jax.train "$@" --coordinator_address="127.0.0.1:$port"
+       --num_processes="$n" --process_id="$i")
+  if ((i == 0)); then
+    "${cmd[@]}" &
+  else
+    "${cmd[@]}" >"$workdir/process_$i.log" 2>&1 &
+  fi
+  pids+=($!)
+done
+# SIGTERM / SIGINT here reach every process, which then save and stop at the same step.
+trap 'kill -TERM "${pids[@]}" 2>/dev/null' TERM INT
+status=0
+for pid in "${pids[@]}"; do
+  wait "$pid" || status=$?
+done
+exit $status

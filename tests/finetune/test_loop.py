@@ -1,0 +1,199 @@
+"""Fine-tuning end to end on small synthetic GLUE files: it learns, writes its results, repeats
+itself under one seed, starts from a pre-trained model, and rejects bad input in one line."""
+
+import functools
+import json
+import random
+import runpy
+
+import jax
+import numpy as np
+import pytest
+
+from electra_jax.data import DataError
+from electra_jax.data.tokenizer import train_tokenizer
+from electra_jax.finetune import heads, loop, tasks
+from electra_jax.model import Electra, ElectraSpec, EncoderSpec, init_params
+from electra_jax.validate import ConfigError
+from tests.conftest import ROOT
+
+FILLER = [
+    "the",
+    "a",
+    "of",
+    "cat",
+    "dog",
+    "house",
+    "tree",
+    "river",
+    "walks",
+    "runs",
+    "big",
+    "small",
+    "red",
+    "blue",
+    "old",
+    "new",
+]
+POSITIVE, NEGATIVE = ["good", "great", "fine", "nice"], ["bad", "awful", "poor", "sad"]
+
+
+def _sentence(rng, label):
+    """Filler words and three words of one sentiment: separable by the mean of the tokens."""
+    words = [rng.choice(FILLER) for _ in range(rng.randint(2, 5))]
+    words += [rng.choice(POSITIVE if label else NEGATIVE) for _ in range(3)]
+    rng.shuffle(words)
+    return " ".join(words)
+
+
+def _sst2(directory, n_train, n_dev, seed=0):
+    rng = random.Random(seed)
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, n in (("train.tsv", n_train), ("dev.tsv", n_dev)):
+        labels = [rng.randint(0, 1) for _ in range(n)]
+        rows = [f"{_sentence(rng, y)} \t{y}" for y in labels]
+        (directory / name).write_text("sentence\tlabel\n" + "\n".join(rows) + "\n")
+    return directory
+
+
+def _stsb(directory, n_train, n_dev, seed=0):
+    rng = random.Random(seed)
+    directory.mkdir(parents=True, exist_ok=True)
+    header = (
+        "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore"
+    )
+    for name, n in (("train.tsv", n_train), ("dev.tsv", n_dev)):
+        rows = []
+        for i in range(n):
+            a, b = _sentence(rng, rng.randint(0, 1)), _sentence(rng, rng.randint(0, 1))
+            rows.append(f"{i}\tg\tf\t2012\t{i}\tnone\tnone\t{a}\t{b}\t{rng.uniform(0, 5):.3f}")
+        (directory / name).write_text(header + "\n" + "\n".join(rows) + "\n")
+    return directory
+
+
+def _config(data, **overrides):
+    """configs/glue.py with a 2-layer, 32-wide model on 16-token sequences."""
+    config = runpy.run_path(str(ROOT / "configs" / "glue.py"))["get_config"]()
+    config.data_dir = str(data)
+    config.vocab_size = 40  # what ~300 short synthetic sentences support
+    config.seq_length = 16
+    config.batch_size = 16
+    config.eval_batch_size = 32
+    config.learning_rate = 1e-3
+    config.log_every_steps = 100
+    config.model.hidden_size = 32
+    config.model.num_layers = 2
+    config.model.num_heads = 2
+    config.model.intermediate_size = 64
+    config.model.embedding_size = 32
+    for key, value in overrides.items():
+        config[key] = value
+    return config
+
+
+def test_training_set_and_batch_order():
+    task = tasks.get_task("MRPC")
+    examples = [tasks.Example(f"a{i}", f"b{i}", i % 2, f"t:{i}") for i in range(10)]
+    capped = loop.training_set(task, examples, 4, double_unordered=True)
+    assert len(capped) == 8 and [e.text_a for e in capped[4:]] == [e.text_b for e in capped[:4]]
+    assert capped[:4] == loop.training_set(task, examples, 4, double_unordered=False)
+    assert len(loop.training_set(tasks.get_task("RTE"), examples, 0, True)) == 10
+    order = loop.batch_order(10, 4, 5, seed=3)  # 20 draws: two epochs, each a permutation
+    assert sorted(order.reshape(-1)[:10]) == list(range(10))
+    assert sorted(order.reshape(-1)[10:]) == list(range(10))
+    np.testing.assert_array_equal(order, loop.batch_order(10, 4, 5, seed=3))
+    assert not np.array_equal(order, loop.batch_order(10, 4, 5, seed=4))
+
+
+def test_finetune_learns_writes_results_and_repeats(tmp_path):
+    data = _sst2(tmp_path / "SST-2", n_train=300, n_dev=64)
+    config = _config(data, max_train_examples=256)
+    first = loop.finetune(config, str(tmp_path / "a"))
+    # 256 kept examples x 3 epochs / 16 per batch; chance is 0.5.
+    assert first["steps"] == 48 and first["num_train_examples"] == 256
+    assert first["num_train_examples_read"] == 300
+    assert first["metrics"]["dev"]["accuracy"] > 0.8, first
+    written = json.loads((tmp_path / "a" / "eval_results.json").read_text())
+    assert written["task"] == "SST-2" and written["metrics"] == first["metrics"]
+    assert written["score_metric"] == "dev/accuracy" and written["steps"] == 48
+    rows = [
+        json.loads(x) for x in (tmp_path / "a" / "dev_predictions.jsonl").read_text().splitlines()
+    ]
+    assert len(rows) == 64 and rows[0]["source"] == "dev.tsv:2"
+    correct = np.mean([r["label"] == r["prediction"] for r in rows])
+    assert correct == pytest.approx(first["metrics"]["dev"]["accuracy"])
+    # Same seed, same numbers: same predictions, same loss.
+    again = loop.finetune(config, str(tmp_path / "b"))
+    assert again["metrics"] == first["metrics"] and again["train_loss"] == first["train_loss"]
+    assert (tmp_path / "b" / "dev_predictions.jsonl").read_text() == (
+        tmp_path / "a" / "dev_predictions.jsonl"
+    ).read_text()
+
+
+def test_finetune_from_pretrained_regression(tmp_path, monkeypatch):
+    data = _stsb(tmp_path / "STS-B", n_train=40, n_dev=20)
+    lines = [
+        s for row in (data / "train.tsv").read_text().splitlines()[1:] for s in row.split("\t")[7:9]
+    ]
+    tokenizer = train_tokenizer(lines, str(tmp_path / "tok"), 40, 1.0, 0, 1000)
+    enc = EncoderSpec(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
+    spec = ElectraSpec(
+        vocab_size=40,
+        embedding_size=16,
+        max_position_embeddings=32,
+        type_vocab_size=2,
+        discriminator=enc,
+        generator=EncoderSpec(8, 2, 1, 32),
+    )
+    # Random numbers in model.Electra's tree (shapes only: nothing to compile).
+    shapes = jax.eval_shape(functools.partial(init_params, Electra(spec)), jax.random.PRNGKey(7))
+    rng = np.random.default_rng(7)
+    params = jax.tree_util.tree_map(
+        lambda x: rng.normal(0, 0.02, x.shape).astype(np.float32), shapes
+    )
+    fake = type(
+        "Pretrained", (), dict(spec=spec, params=params, tokenizer=tokenizer, source="fake")
+    )
+    monkeypatch.setattr(loop, "_load_pretrained", lambda path: fake)
+    dropped_in = []
+    original = heads.with_pretrained
+    monkeypatch.setattr(
+        heads, "with_pretrained", lambda p, q: dropped_in.append(q) or original(p, q)
+    )
+    pretrained = functools.partial(_config, data, task="STS-B", init_from="some/run")
+    config = pretrained(num_epochs=1.0)
+    out = loop.finetune(config, str(tmp_path / "w"))
+    assert (
+        out["init_source"] == "fake" and dropped_in[0]["discriminator"] is params["discriminator"]
+    )
+    assert out["num_train_examples"] == 80  # both orders of each pair
+    assert out["steps"] == 5 and set(out["metrics"]["dev"]) == {"pearson", "spearman"}
+    assert out["score_metric"] == "dev/spearman"
+    row = json.loads((tmp_path / "w" / "dev_predictions.jsonl").read_text().splitlines()[0])
+    assert isinstance(row["prediction"], float) and isinstance(row["label"], float)
+    # A pre-trained model brings its tokenizer; a second one is a contradiction.
+    with pytest.raises(ConfigError, match=r"config.tokenizer='x' is for random init only"):
+        loop.finetune(
+            _config(data, task="STS-B", init_from="some/run", tokenizer="x"), str(tmp_path / "w")
+        )
+    with pytest.raises(ConfigError, match=r"config.seq_length=64 exceeds the model's 32"):
+        loop.finetune(
+            _config(data, task="STS-B", init_from="some/run", seq_length=64), str(tmp_path / "w")
+        )
+
+
+@pytest.mark.parametrize(
+    "overrides,error,expected",
+    [
+        ({"task": "SST3"}, ConfigError, r"config.task='SST3' is not a GLUE task"),
+        ({"learning_rate": 0.0}, ConfigError, r"config.learning_rate=0.0 must be > 0"),
+        ({"layer_decay": 1.5}, ConfigError, r"config.layer_decay=1.5 must be in \(0, 1\]"),
+        ({"data_dir": "/nonexistent/glue"}, DataError, r"'/nonexistent/glue' is not a directory"),
+        ({"task": "RTE"}, DataError, r"train.tsv line 1: the header has no column 'sentence1'"),
+        ({"vocab_size": 5000}, DataError, r"config.vocab_size=5000 is too large"),
+    ],
+)
+def test_bad_input_is_one_clear_error(tmp_path, overrides, error, expected):
+    data = _sst2(tmp_path / "SST-2", n_train=20, n_dev=4)
+    with pytest.raises(error, match=expected):
+        loop.finetune(_config(data, **overrides), str(tmp_path / "w"))

@@ -1,0 +1,57 @@
+import json
+import subprocess
+import sys
+
+import numpy as np
+
+from tests.conftest import subprocess_env
+
+# One subprocess with 8 simulated devices (the device count is fixed when jax starts).
+_EIGHT_DEVICES = """
+import json, jax
+jax.config.update("jax_disable_most_optimizations", True)
+from electra_jax import loop, sharding
+from tests.conftest import micro_config
+from tests.test_train_step import run_steps
+cfg = micro_config()
+assert jax.device_count() == 8
+out = {"one": run_steps(cfg, jax.devices()[:1], 10)}
+cfg.mesh.fsdp = -1
+out["fsdp"] = run_steps(cfg, jax.devices(), 10)
+setup = loop.setup_step(cfg, cfg.data.vocab_size, sharding.make_mesh(cfg.mesh))
+layer = setup.state_sharding.params["discriminator"]["layer_0"]
+mu = setup.state_sharding.opt_state[1].mu["discriminator"]["layer_0"]
+out["specs"] = {
+    "qkv_kernel": str(layer["attention"]["qkv_kernel"].spec),
+    "intermediate": str(layer["intermediate"]["kernel"].spec),
+    "intermediate_mu": str(mu["intermediate"]["kernel"].spec),
+    "bias": str(layer["intermediate"]["bias"].spec),
+    "word_embeddings": str(
+        setup.state_sharding.params["embeddings"]["word_embeddings"]["embedding"].spec
+    ),
+}
+print(json.dumps(out))
+"""
+
+
+def test_fsdp_on_eight_devices_matches_one_device():
+    out = subprocess.run(
+        [sys.executable, "-c", _EIGHT_DEVICES],
+        env=subprocess_env(devices=8),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    for other in ("fsdp",):
+        for a, b in zip(res["one"], res[other], strict=True):
+            for k in ("loss", "gen_loss", "disc_loss", "grad_norm", "replaced_fraction"):
+                np.testing.assert_allclose(a[k], b[k], rtol=2e-5, err_msg=f"{other} {k}")
+    # FSDP splits the model width of every matrix (and Adam's moments with it) over 8 devices;
+    # vectors stay whole.
+    specs = res["specs"]
+    assert specs["qkv_kernel"] == "P('fsdp', None, None, None)"
+    assert specs["intermediate"] == specs["intermediate_mu"] == "P('fsdp', None)"
+    assert specs["word_embeddings"] == "P(None, 'fsdp')"
+    assert specs["bias"] == "P(None,)"
