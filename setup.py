@@ -36,6 +36,7 @@ setup(
             "pytest>=8",
             "pytest-xdist>=3.5",  # the suite runs on two workers (pyproject.toml's addopts)
             "ruff>=0.6",
+            "scipy",  # reference values for the GLUE metrics' tests (the package has its own)
             "tensorflow-datasets>=4.9.7",
             "torch==2.13.0",
             "transformers>=4.40",

@@ -36,7 +36,14 @@ done
 # SIGTERM / SIGINT here reach every process, which then save and stop at the same step.
 trap 'kill -TERM "${pids[@]}" 2>/dev/null' TERM INT
 status=0
-for pid in "${pids[@]}"; do
-  wait "$pid" || status=$?
+for i in "${!pids[@]}"; do
+  code=0
+  wait "${pids[$i]}" || code=$?
+  if ((code != 0)); then
+    where="above"
+    ((i > 0)) && where="in $workdir/process_$i.log"
+    echo "process $i exited with code $code (its output is $where)" >&2
+    status=$code
+  fi
 done
 exit $status

@@ -14,7 +14,8 @@ Sources:
   ``tfds:NAME[:VERSION][:SPLIT]``  a TFDS text dataset (split ``train`` by default); each example
                   is a document, its ``data.tfds_text_field`` split into lines and sentences.
 
-Lines longer than ``max_line_chars`` are cut into pieces (at a space where there is one) and
+Lines longer than ``max_line_chars`` are cut into pieces (after a sentence end, else at a space,
+where there is one) and
 documents are ended after ``max_document_chars``: a file with no newline at all then streams in
 bounded memory instead of becoming one giant sentence.
 """
@@ -127,11 +128,13 @@ def _warn_once(message: str) -> None:
 
 
 def cut_line(line: str, limit: int) -> list[str]:
-    """Cuts a line into pieces of at most ``limit`` characters, at a space when one is in the
-    second half of the window (so words stay whole), else mid-word."""
+    """Cuts a line into pieces of at most ``limit`` characters: after the last sentence end in
+    the second half of the window (so sentences stay whole, as the packer expects), else at its
+    last space (so words do), else mid-word."""
     pieces = []
     while len(line) > limit:
-        cut = line.rfind(" ", limit // 2, limit)
+        ends = [m.end() for m in _SENTENCE_END_RE.finditer(line, limit // 2, limit)]
+        cut = ends[-1] if ends else line.rfind(" ", limit // 2, limit)
         cut = limit if cut <= 0 else cut
         pieces.append(line[:cut])
         line = line[cut:]

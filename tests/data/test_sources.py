@@ -246,3 +246,17 @@ def test_file_without_newline_streams_in_bounded_memory(tmp_path, monkeypatch):
         tracemalloc.stop()
     assert size * 0.99 < n < size  # all text but the spaces stripped at the cut points
     assert peak < 3 << 20, peak  # a few chunks, never the 8 MB file
+
+
+def test_long_lines_are_cut_after_sentence_ends_when_there_are_some():
+    sentence = "The chef cooked a meal for the family. "
+    line = sentence * 60  # ~2,300 characters, one paragraph on one line
+    pieces = sources.cut_line(line, 500)
+    assert all(len(p) <= 500 for p in pieces) and len(pieces) >= 5
+    # Every piece but the last ends a sentence and the next one starts one.
+    assert all(p.rstrip().endswith("family.") for p in pieces[:-1])
+    assert all(p.startswith("The chef") for p in pieces)
+    assert "".join(pieces) == line
+    # Without sentence ends, words still stay whole.
+    words = " ".join(f"w{i}" for i in range(400))
+    assert " ".join(sources.cut_line(words, 100)).split() == words.split()
