@@ -47,13 +47,21 @@ def get_config() -> ml_collections.ConfigDict:
     # 'einsum' (dropout on attention probabilities, as the paper) or jax.nn.dot_product_attention
     # kernels 'xla' / 'cudnn' (fused, GPU-fast, need attention_dropout_rate = 0)
     config.model.attention = "einsum"
+    # Embeddings of generator and discriminator: 'electra' (shared), 'gdes' (DeBERTa-v3: the
+    # discriminator adds its own zero-initialised deltas to the generator's tables, under
+    # stop_gradient) or 'none' (separate tables)
+    config.model.embedding_sharing = "electra"
 
     config.generator = ml_collections.ConfigDict()
     config.generator.hidden_fraction = 0.25  # width = 1/4 of the discriminator's, same depth
     config.generator.layers_fraction = 1.0
 
     config.objective = ml_collections.ConfigDict()
-    config.objective.name = "electra"  # replaced token detection
+    # 'electra' (replaced token detection) or the paper's ablations: 'electra_15' (RTD loss on the
+    # masked 15% only), 'mlm' (BERT: 80% [MASK], 10% random, 10% kept; no generator),
+    # 'replaced_mlm' (MLM on generator-replaced tokens), 'all_tokens_mlm' (predict every token,
+    # with a copy mechanism)
+    config.objective.name = "electra"
     config.objective.mask_prob = 0.15  # share of tokens the generator fills
     config.objective.mask_token_prob = 0.85  # of those, share shown as [MASK] (the rest kept)
     config.objective.gen_weight = 1.0  # weight of the generator's MLM loss

@@ -46,7 +46,13 @@ def _write_json_atomic(path: str, obj: Any) -> None:
 def build(config: ml_collections.ConfigDict, vocab_size: int, mesh=None):
     """The model, optimizer, schedule and mask-slot count a config describes (for `mesh`, when
     given: FSDP pins activations to the batch split)."""
-    spec = spec_from_config(config.model, config.generator, vocab_size, config.train.remat)
+    spec = spec_from_config(
+        config.model,
+        config.generator,
+        vocab_size,
+        config.train.remat,
+        mlm_head=objective.needs_mlm_head(config.objective.get("name", "electra")),
+    )
     if mesh is not None and mesh.shape["fsdp"] > 1:
         spec = dataclasses.replace(spec, activation_sharding=sharding.batch_sharding(mesh))
     model = Electra(spec)

@@ -57,6 +57,17 @@ class ElectraSpec:
     # None. FSDP runs set it so that the partitioner keeps every [B, ...] activation split over
     # the batch and gathers weights instead (sharding.py); it changes no number.
     activation_sharding: Any = None
+    # How the two networks hold embeddings: 'electra' (one shared block), 'gdes' (DeBERTa-v3's
+    # gradient-disentangled sharing: the discriminator's tables are stop_gradient(generator's) +
+    # its own zero-initialised deltas, so its loss never moves the generator's tables) or 'none'
+    # (the generator has its own block, `generator_embeddings`).
+    embedding_sharing: str = "electra"
+    # An MLM head on the discriminator (`mlm_predictions_*`, output tied to its word table), for
+    # the objectives in which the discriminator-sized network predicts tokens.
+    mlm_head: bool = False
+
+
+EMBEDDING_SHARING = ("electra", "gdes", "none")
 
 
 def generator_spec(disc: EncoderSpec, hidden_fraction: float, layers_fraction: float = 1.0):
@@ -71,11 +82,17 @@ def generator_spec(disc: EncoderSpec, hidden_fraction: float, layers_fraction: f
 
 
 def spec_from_config(
-    model_cfg: Any, generator_cfg: Any, vocab_size: int, remat: str = "none"
+    model_cfg: Any,
+    generator_cfg: Any,
+    vocab_size: int,
+    remat: str = "none",
+    mlm_head: bool = False,
 ) -> ElectraSpec:
     """Builds the spec from the `model` and `generator` config sections and the tokenizer's size.
 
     `remat` is `train.remat`: a training choice that changes memory and time, not the numbers.
+    `mlm_head`: whether the objective needs the discriminator's MLM head
+    (`objective.needs_mlm_head(config.objective.name)`).
     """
     disc = EncoderSpec(
         hidden_size=model_cfg.hidden_size,
@@ -99,6 +116,8 @@ def spec_from_config(
         dtype=model_cfg.dtype,
         remat=remat,
         attention=model_cfg.get("attention", "einsum"),
+        embedding_sharing=model_cfg.get("embedding_sharing", "electra"),
+        mlm_head=mlm_head,
     )
 
 
@@ -155,46 +174,79 @@ def _constrain(spec: ElectraSpec, x):
 
 
 class Embeddings(nn.Module):
-    """Word + position + type embeddings, LayerNorm, dropout: [B, L] ids -> [B, L, E]."""
+    """Word + position + type embeddings, LayerNorm, dropout: [B, L] ids -> [B, L, E].
+
+    With `delta` (embedding_sharing 'gdes'), the three tables start at zero and are added to a
+    `base` block's tables, passed through stop_gradient; the LayerNorm is this block's own.
+    """
 
     spec: ElectraSpec
+    delta: bool = False
 
     def setup(self):
         s = self.spec
+
+        def init(axes):
+            if self.delta:
+                return nn.with_logical_partitioning(nn.initializers.zeros, axes)
+            return _init(s, axes)
+
         self.word_embeddings = nn.Embed(
             s.vocab_size,
             s.embedding_size,
-            embedding_init=_init(s, ("vocab", "embed")),
+            embedding_init=init(("vocab", "embed")),
             name="word_embeddings",
         )
         self.position_embeddings = nn.Embed(
             s.max_position_embeddings,
             s.embedding_size,
-            embedding_init=_init(s, (None, "embed")),
+            embedding_init=init((None, "embed")),
             name="position_embeddings",
         )
         self.token_type_embeddings = nn.Embed(
             s.type_vocab_size,
             s.embedding_size,
-            embedding_init=_init(s, (None, "embed")),
+            embedding_init=init((None, "embed")),
             name="token_type_embeddings",
         )
         self.layer_norm = _layer_norm(s, "LayerNorm")
         self.dropout = Dropout(s.dropout_rate)
 
-    def __call__(self, input_ids, segment_ids, deterministic: bool):
-        length = input_ids.shape[1]
-        x = (
-            self.word_embeddings(input_ids)
-            + self.position_embeddings(jnp.arange(length))[None]
-            + self.token_type_embeddings(segment_ids)
+    def tables(self):
+        """(word [V, E], position [P, E], type [T, E]) float32 tables."""
+        return (
+            self.word_embeddings.embedding,
+            self.position_embeddings.embedding,
+            self.token_type_embeddings.embedding,
         )
+
+    def __call__(self, input_ids, segment_ids, deterministic: bool, base=None):
+        """`base`: another block's `tables()`, added under stop_gradient (for 'gdes')."""
+        length = input_ids.shape[1]
+        if base is None:
+            x = (
+                self.word_embeddings(input_ids)
+                + self.position_embeddings(jnp.arange(length))[None]
+                + self.token_type_embeddings(segment_ids)
+            )
+        else:
+            word, position, kind = (
+                own + jax.lax.stop_gradient(b) for own, b in zip(self.tables(), base, strict=True)
+            )
+            x = (
+                jnp.take(word, input_ids, axis=0)
+                + position[:length][None]
+                + jnp.take(kind, segment_ids, axis=0)
+            )
         x = self.layer_norm(x)
         return _constrain(self.spec, self.dropout(x, deterministic).astype(self.spec.dtype))
 
-    def attend(self, hidden):
+    def attend(self, hidden, base=None):
         """[..., E] -> [..., V] logits against the word table (the tied output layer)."""
-        table = self.word_embeddings.embedding.astype(self.spec.dtype)
+        table = self.word_embeddings.embedding
+        if base is not None:
+            table = table + jax.lax.stop_gradient(base[0])
+        table = table.astype(self.spec.dtype)
         return jnp.einsum("...e,ve->...v", hidden.astype(self.spec.dtype), table)
 
 
@@ -333,20 +385,32 @@ class Encoder(nn.Module):
 
 
 class Electra(nn.Module):
-    """Generator and discriminator over one shared embedding block.
+    """Generator and discriminator over one shared embedding block (`spec.embedding_sharing`).
 
     Methods (call through `model.apply(variables, ..., method=...)`):
       generator_logits:     masked ids [B, L], positions [B, N] -> [B, N, V] float32
       discriminator_logits: ids [B, L] -> [B, L] float32 (> 0 means "replaced")
       discriminator_hidden: ids [B, L] -> [B, L, H]
-    `__call__` runs both, for initialisation.
+      discriminator_mlm:    ids [B, L], positions [B, N] or None -> ([B, L], [B, N or L, V])
+                            (spec.mlm_head only)
+    `__call__` runs all of them, for initialisation.
     """
 
     spec: ElectraSpec
 
     def setup(self):
         s = self.spec
+        if s.embedding_sharing not in EMBEDDING_SHARING:
+            raise ValueError(
+                f"model.embedding_sharing={s.embedding_sharing!r}: use 'electra', 'gdes' or 'none'"
+            )
+        # `embeddings` is always the discriminator's block (or, for 'gdes', its base), so export
+        # and fine-tuning find the discriminator's tables where they always were.
         self.embeddings = Embeddings(s, name="embeddings")
+        if s.embedding_sharing == "none":
+            self.generator_embeddings = Embeddings(s, name="generator_embeddings")
+        if s.embedding_sharing == "gdes":
+            self.embeddings_delta = Embeddings(s, delta=True, name="embeddings_delta")
         self.generator = Encoder(s, s.generator, name="generator")
         self.discriminator = Encoder(s, s.discriminator, name="discriminator")
         self.generator_dense = _dense(
@@ -365,31 +429,76 @@ class Electra(nn.Module):
         self.discriminator_out = _dense(
             s, 1, "discriminator_predictions_dense_prediction", ("embed", None)
         )
+        if s.mlm_head:
+            self.mlm_dense = _dense(
+                s, s.embedding_size, "mlm_predictions_dense", ("embed", "embed_out")
+            )
+            self.mlm_layer_norm = _layer_norm(s, "mlm_predictions_LayerNorm")
+            self.mlm_bias = self.param(
+                "mlm_lm_head_bias", nn.initializers.zeros, (s.vocab_size,), jnp.float32
+            )
+
+    def _generator_embeddings(self) -> Embeddings:
+        if self.spec.embedding_sharing == "none":
+            return self.generator_embeddings
+        return self.embeddings
+
+    def _discriminator_base(self):
+        """The tables the discriminator's deltas add to ('gdes'), else None."""
+        if self.spec.embedding_sharing == "gdes":
+            return self.embeddings.tables()
+        return None
+
+    def _discriminator_embeddings(self) -> Embeddings:
+        if self.spec.embedding_sharing == "gdes":
+            return self.embeddings_delta
+        return self.embeddings
 
     def generator_logits(
         self, input_ids, segment_ids, input_mask, positions, deterministic: bool = True
     ):
         """Generator logits at the masked slots only: positions [B, N] -> [B, N, V] float32."""
-        x = self.embeddings(input_ids, segment_ids, deterministic)
+        embeddings = self._generator_embeddings()
+        x = embeddings(input_ids, segment_ids, deterministic)
         h = self.generator(x, input_mask, deterministic)
         h = jnp.take_along_axis(h, positions[..., None], axis=1)  # [B, N, Hg]
         h = self.generator_layer_norm(_gelu(self.generator_dense(h)))
-        return self.embeddings.attend(h).astype(jnp.float32) + self.generator_bias
+        return embeddings.attend(h).astype(jnp.float32) + self.generator_bias
 
     def discriminator_hidden(self, input_ids, segment_ids, input_mask, deterministic: bool = True):
         """Discriminator states: [B, L] -> [B, L, H]."""
-        x = self.embeddings(input_ids, segment_ids, deterministic)
+        base = self._discriminator_base()
+        x = self._discriminator_embeddings()(input_ids, segment_ids, deterministic, base=base)
         return self.discriminator(x, input_mask, deterministic)
+
+    def _replaced_logits(self, h):
+        h = _gelu(self.discriminator_dense(h))
+        return self.discriminator_out(h)[..., 0].astype(jnp.float32)
 
     def discriminator_logits(self, input_ids, segment_ids, input_mask, deterministic: bool = True):
         """Replaced-token logits: [B, L] -> [B, L] float32."""
         h = self.discriminator_hidden(input_ids, segment_ids, input_mask, deterministic)
-        h = _gelu(self.discriminator_dense(h))
-        return self.discriminator_out(h)[..., 0].astype(jnp.float32)
+        return self._replaced_logits(h)
+
+    def discriminator_mlm(
+        self, input_ids, segment_ids, input_mask, positions=None, deterministic: bool = True
+    ):
+        """One discriminator pass, both heads: (replaced-token logits [B, L] float32, MLM logits
+        [B, N, V] float32 at positions [B, N], or [B, L, V] at every position when None)."""
+        h = self.discriminator_hidden(input_ids, segment_ids, input_mask, deterministic)
+        replaced = self._replaced_logits(h)
+        if positions is not None:
+            h = jnp.take_along_axis(h, positions[..., None], axis=1)  # [B, N, H]
+        h = self.mlm_layer_norm(_gelu(self.mlm_dense(h)))
+        table = self._discriminator_embeddings()
+        logits = table.attend(h, base=self._discriminator_base()).astype(jnp.float32)
+        return replaced, logits + self.mlm_bias
 
     def __call__(self, input_ids, segment_ids, input_mask, positions, deterministic: bool = True):
         gen = self.generator_logits(input_ids, segment_ids, input_mask, positions, deterministic)
         disc = self.discriminator_logits(input_ids, segment_ids, input_mask, deterministic)
+        if self.spec.mlm_head:
+            self.discriminator_mlm(input_ids, segment_ids, input_mask, positions, deterministic)
         return gen, disc
 
 
@@ -421,16 +530,34 @@ def count_params(tree) -> int:
 
 
 def network_param_counts(params) -> dict[str, int]:
-    """Parameters of each network as it is kept and exported (shared embeddings in both)."""
-    shared = count_params(params["embeddings"])
+    """Parameters of each network as it is kept and exported (shared embeddings in both; for
+    'gdes' the discriminator's deltas and LayerNorm replace the base's, same count; the MLM head
+    of the mlm objectives counts with the discriminator)."""
+    disc_embeddings = count_params(params["embeddings"])
+    gen_embeddings = count_params(params.get("generator_embeddings", params["embeddings"]))
     gen = count_params(params["generator"]) + count_params(params["generator_lm_head_bias"])
     gen += count_params(params["generator_predictions_dense"])
     gen += count_params(params["generator_predictions_LayerNorm"])
     disc = count_params(params["discriminator"])
     disc += count_params(params["discriminator_predictions_dense"])
     disc += count_params(params["discriminator_predictions_dense_prediction"])
+    for name in ("mlm_predictions_dense", "mlm_predictions_LayerNorm", "mlm_lm_head_bias"):
+        disc += count_params(params.get(name, {}))
     return {
-        "discriminator": shared + disc,
-        "generator": shared + gen,
+        "discriminator": disc_embeddings + disc,
+        "generator": gen_embeddings + gen,
         "total": count_params(params),
     }
+
+
+def discriminator_embedding_params(params, embedding_sharing: str = "electra"):
+    """The discriminator's effective embedding block, in the layout of params["embeddings"]
+    (what export and fine-tuning read): for 'gdes' the base tables plus the deltas, with the
+    discriminator's own LayerNorm; for 'electra' and 'none' params["embeddings"] itself."""
+    if embedding_sharing != "gdes":
+        return params["embeddings"]
+    base, delta = params["embeddings"], params["embeddings_delta"]
+    tables = ("word_embeddings", "position_embeddings", "token_type_embeddings")
+    out = {k: {"embedding": base[k]["embedding"] + delta[k]["embedding"]} for k in tables}
+    out["LayerNorm"] = delta["LayerNorm"]
+    return out

@@ -47,13 +47,18 @@ def mask_tokens(
     mask_id: int,
     special_ids: tuple[int, ...],
     mask_token_prob: float = 0.85,
+    random_token_prob: float = 0.0,
+    vocab_size: int = 0,
 ) -> Masked:
     """Chooses positions to predict and writes [MASK] into most of them.
 
     Per example, max(1, min(N, round(n_real x mask_prob))) distinct positions are drawn uniformly
     from the real tokens that are not special ([CLS], [SEP], [MASK], [PAD]). Of those, a fraction
-    `mask_token_prob` becomes [MASK] and the rest keep their token; none becomes a random token
-    (ELECTRA drops BERT's 10% random replacement, since the generator supplies replacements).
+    `mask_token_prob` becomes [MASK] and the rest keep their token; by default none becomes a
+    random token (ELECTRA drops BERT's 10% random replacement, since the generator supplies
+    replacements). BERT's MLM sets random_token_prob 0.1 (and mask_token_prob 0.8): that share
+    of the chosen slots gets a token drawn uniformly from the `vocab_size` - len(special_ids)
+    non-special ids.
 
     input_ids, input_mask: [B, L] int. Returns a `Masked` with [B, L] and [B, N] arrays.
     """
@@ -72,11 +77,28 @@ def mask_tokens(
     used = (jnp.arange(num_slots)[None, :] < n_predict[:, None]) & (top >= 0.0)
     weights = used.astype(jnp.float32)
 
-    to_mask = used & jax.random.bernoulli(k_mask, mask_token_prob, used.shape)
     one_hot = positions[:, :, None] == jnp.arange(length)[None, None, :]  # [B, N, L]
+    targets = jnp.take_along_axis(input_ids, positions, axis=1)
+    if random_token_prob > 0:
+        # jax.random.bernoulli(k, p) is uniform(k) < p, so one uniform per slot splits it three
+        # ways: [MASK] below mask_token_prob, a random token in the next random_token_prob.
+        u = jax.random.uniform(k_mask, used.shape)
+        to_mask = used & (u < mask_token_prob)
+        to_random = used & (u >= mask_token_prob) & (u < mask_token_prob + random_token_prob)
+        specials = sorted(set(special_ids))
+        r = jax.random.randint(
+            jax.random.fold_in(k_mask, 1), used.shape, 0, vocab_size - len(specials)
+        )
+        for sid in specials:  # the r-th non-special id: step over each special id at or below
+            r = r + (r >= sid).astype(r.dtype)
+        written = jnp.where(to_mask, mask_id, jnp.where(to_random, r, targets))
+        hit = jnp.any(one_hot & used[:, :, None], axis=1)
+        value = jnp.sum(jnp.where(one_hot & used[:, :, None], written[:, :, None], 0), axis=1)
+        masked_ids = jnp.where(hit, value, input_ids).astype(input_ids.dtype)
+        return Masked(masked_ids, positions.astype(jnp.int32), targets, weights)
+    to_mask = used & jax.random.bernoulli(k_mask, mask_token_prob, used.shape)
     write_mask = jnp.any(one_hot & to_mask[:, :, None], axis=1)
     masked_ids = jnp.where(write_mask, mask_id, input_ids)
-    targets = jnp.take_along_axis(input_ids, positions, axis=1)
     return Masked(masked_ids, positions.astype(jnp.int32), targets, weights)
 
 
@@ -200,7 +222,18 @@ class Corruption(NamedTuple):
     uniform: jax.Array  # [B, N] float32 in [0, 1): one draw per slot for the inverse-CDF sampler
 
 
-def corrupt(rng, batch, *, mask_prob, num_slots, mask_id, special_ids, mask_token_prob=0.85):
+def corrupt(
+    rng,
+    batch,
+    *,
+    mask_prob,
+    num_slots,
+    mask_id,
+    special_ids,
+    mask_token_prob=0.85,
+    random_token_prob=0.0,
+    vocab_size=0,
+):
     """Masking and sampler draws for a batch of [B, L] ids: returns a `Corruption`."""
     k_mask, k_uniform = jax.random.split(rng)
     m = mask_tokens(
@@ -212,6 +245,8 @@ def corrupt(rng, batch, *, mask_prob, num_slots, mask_id, special_ids, mask_toke
         mask_id=mask_id,
         special_ids=special_ids,
         mask_token_prob=mask_token_prob,
+        random_token_prob=random_token_prob,
+        vocab_size=vocab_size,
     )
     return Corruption(m, jax.random.uniform(k_uniform, m.positions.shape))
 
@@ -321,4 +356,308 @@ def electra_forward(
         sampler=sampler,
     )
     metrics = electra_metrics(sums, gen_weight=gen_weight, disc_weight=disc_weight)
+    return metrics["loss"], metrics
+
+
+# ---------------------------------------------------------------------------------------------
+# The paper's ablations (Clark et al., 2020, section 3.2 and Table 5). Each has `*_sums` with the
+# same keys as electra_sums (zeros where the objective has no such part) plus, for those whose
+# discriminator-sized network predicts tokens, mlm_loss / mlm_correct / mlm_count. `gen_count` is
+# always the number of masked slots. Losses are sums; `objective_loss` divides by the whole
+# batch's (masked slots, real tokens), so accumulated micro-batches stay exact.
+# ---------------------------------------------------------------------------------------------
+
+OBJECTIVES = ("electra", "mlm", "electra_15", "replaced_mlm", "all_tokens_mlm")
+
+
+def needs_mlm_head(name: str) -> bool:
+    """Whether the objective trains an MLM head on the discriminator-sized network."""
+    return name in ("mlm", "replaced_mlm", "all_tokens_mlm")
+
+
+def corruption_probs(name: str, mask_token_prob: float) -> tuple[float, float]:
+    """(share of chosen slots shown as [MASK], share given a random token) for an objective:
+    BERT's 80% / 10% (10% kept) for 'mlm', else (mask_token_prob, 0) as in ELECTRA."""
+    if name == "mlm":
+        return 0.8, 0.1
+    return mask_token_prob, 0.0
+
+
+def rtd_loss_at(logits, labels, positions, weights) -> LossSum:
+    """Sigmoid cross-entropy at the masked slots only ('electra_15'):
+    logits, labels [B, L]; positions, weights [B, N] -> sum over the used slots."""
+    at = lambda x: jnp.take_along_axis(x, positions, axis=1)
+    bce = optax.sigmoid_binary_cross_entropy(at(logits.astype(jnp.float32)), at(labels))
+    return LossSum(jnp.sum(bce * weights), jnp.sum(weights))
+
+
+def copy_mlm_loss(mlm_logits, copy_logits, input_ids, targets, input_mask):
+    """All-tokens MLM with the paper's copy mechanism: (loss, correct) sums over real tokens.
+
+    mlm_logits [B, L, V]; copy_logits [B, L] (the logit of D, the probability of copying the
+    input token); input_ids, targets, input_mask [B, L]. p(t) = D onehot(input)_t +
+    (1 - D) softmax(mlm_logits)_t; the loss is -log p(target) at every token with input_mask > 0,
+    computed in log space (D = 1 on an unchanged token gives 0).
+    """
+    logits = mlm_logits.astype(jnp.float32)
+    c = copy_logits.astype(jnp.float32)
+    log_gen = jax.nn.log_sigmoid(-c)[..., None] + jax.nn.log_softmax(logits, axis=-1)  # [B,L,V]
+    is_input = jnp.arange(logits.shape[-1])[None, None, :] == input_ids[..., None]
+    log_p = jnp.where(is_input, jnp.logaddexp(jax.nn.log_sigmoid(c)[..., None], log_gen), log_gen)
+    log_target = jnp.take_along_axis(log_p, targets[..., None], axis=-1)[..., 0]
+    correct = (log_target >= jnp.max(log_p, axis=-1)).astype(jnp.float32)
+    w = (input_mask > 0).astype(jnp.float32)
+    count = jnp.sum(w)
+    return LossSum(-jnp.sum(log_target * w), count), LossSum(jnp.sum(correct * w), count)
+
+
+def _zero():
+    return jnp.zeros((), jnp.float32)
+
+
+def _generate(batch, corruption, generator_fn, k_gen, k_sample, temperature, sampler):
+    """The generator's MLM sums and its corrupted ids and labels ([B, L]), as in electra_sums."""
+    ids, mask = batch["input_ids"], batch["input_mask"]
+    m = corruption.masked
+    gen_logits = generator_fn(m.input_ids, m.positions, k_gen)
+    gen, gen_correct = mlm_loss(gen_logits, m.targets, m.weights)
+    samples = sample_replacements(k_sample, gen_logits, temperature, sampler, corruption.uniform)
+    corrupted, labels = replace_tokens(ids, mask, m.positions, m.weights, samples)
+    sums = {"gen_loss": gen.total, "gen_correct": gen_correct.total, "gen_count": gen.count}
+    return sums, corrupted, labels
+
+
+def _no_decisions(input_mask, replaced=None):
+    tokens = jnp.sum((input_mask > 0).astype(jnp.float32))
+    zero = _zero()
+    return {
+        "tokens": tokens,
+        "correct": zero,
+        "predicted": zero,
+        "replaced": zero if replaced is None else replaced,
+        "true_positive": zero,
+    }
+
+
+def mlm_sums(batch, corruption, mlm_fn, key) -> dict[str, jax.Array]:
+    """BERT's MLM: the discriminator-sized network reads the masked ids (80% [MASK], 10% random,
+    10% kept: `corruption_probs('mlm')`) and predicts the originals at the chosen slots; no
+    generator. mlm_fn(ids [B, L], positions [B, N], key) -> ([B, L], [B, N, V] logits)."""
+    m = corruption.masked
+    _, logits = mlm_fn(m.input_ids, m.positions, key)
+    loss, correct = mlm_loss(logits, m.targets, m.weights)
+    zero = _zero()
+    return {
+        "gen_loss": zero,
+        "gen_correct": zero,
+        "gen_count": loss.count,
+        "disc_loss": zero,
+        **_no_decisions(batch["input_mask"]),
+        "mlm_loss": loss.total,
+        "mlm_correct": correct.total,
+        "mlm_count": loss.count,
+    }
+
+
+def electra_15_sums(
+    batch,
+    corruption,
+    generator_fn,
+    discriminator_fn,
+    keys,
+    *,
+    temperature=1.0,
+    sampler="inverse_cdf",
+) -> dict[str, jax.Array]:
+    """ELECTRA 15%: as electra_sums, but the discriminator's loss covers only the masked slots
+    (its decision counts still cover every real token)."""
+    k_gen, k_sample, k_disc = keys
+    mask = batch["input_mask"]
+    m = corruption.masked
+    gen, corrupted, labels = _generate(
+        batch, corruption, generator_fn, k_gen, k_sample, temperature, sampler
+    )
+    disc_logits = discriminator_fn(corrupted, k_disc)
+    disc = rtd_loss_at(disc_logits, labels, m.positions, m.weights)
+    return {**gen, "disc_loss": disc.total, **rtd_counts(disc_logits, labels, mask)}
+
+
+def replaced_mlm_sums(
+    batch, corruption, generator_fn, mlm_fn, keys, *, temperature=1.0, sampler="inverse_cdf"
+) -> dict[str, jax.Array]:
+    """Replace MLM: the generator's samples fill the masked slots (no [MASK] left) and the
+    discriminator-sized network predicts the original tokens there."""
+    k_gen, k_sample, k_disc = keys
+    m = corruption.masked
+    gen, corrupted, labels = _generate(
+        batch, corruption, generator_fn, k_gen, k_sample, temperature, sampler
+    )
+    _, logits = mlm_fn(corrupted, m.positions, k_disc)
+    loss, correct = mlm_loss(logits, m.targets, m.weights)
+    return {
+        **gen,
+        "disc_loss": _zero(),
+        **_no_decisions(batch["input_mask"], jnp.sum(labels)),
+        "mlm_loss": loss.total,
+        "mlm_correct": correct.total,
+        "mlm_count": loss.count,
+    }
+
+
+def all_tokens_mlm_sums(
+    batch, corruption, generator_fn, mlm_fn, keys, *, temperature=1.0, sampler="inverse_cdf"
+) -> dict[str, jax.Array]:
+    """All-Tokens MLM: generator samples fill the masked slots; the discriminator-sized network
+    predicts every token with the copy mechanism (`copy_mlm_loss`). D's logit is minus the
+    discriminator head's logit, so that head keeps its meaning (> 0: "replaced"), and its
+    decisions are counted as replaced-token detection."""
+    k_gen, k_sample, k_disc = keys
+    ids, mask = batch["input_ids"], batch["input_mask"]
+    gen, corrupted, labels = _generate(
+        batch, corruption, generator_fn, k_gen, k_sample, temperature, sampler
+    )
+    replaced_logits, logits = mlm_fn(corrupted, None, k_disc)
+    loss, correct = copy_mlm_loss(logits, -replaced_logits, corrupted, ids, mask)
+    return {
+        **gen,
+        "disc_loss": _zero(),
+        **rtd_counts(replaced_logits, labels, mask),
+        "mlm_loss": loss.total,
+        "mlm_correct": correct.total,
+        "mlm_count": loss.count,
+    }
+
+
+def objective_sums(
+    name: str,
+    batch,
+    corruption: Corruption,
+    generator_fn: Callable,
+    discriminator_fn: Callable,
+    mlm_fn: Callable | None,
+    keys,
+    *,
+    temperature: float = 1.0,
+    sampler: str = "inverse_cdf",
+) -> dict[str, jax.Array]:
+    """The sums of objective `name` for (part of) a batch; `mlm_fn(ids, positions or None, key)
+    -> (replaced logits [B, L], MLM logits [B, N or L, V])` is needed by the MLM objectives."""
+    kw = {"temperature": temperature, "sampler": sampler}
+    if name == "electra":
+        return electra_sums(batch, corruption, generator_fn, discriminator_fn, keys, **kw)
+    if name == "electra_15":
+        return electra_15_sums(batch, corruption, generator_fn, discriminator_fn, keys, **kw)
+    if name == "mlm":
+        return mlm_sums(batch, corruption, mlm_fn, keys[2])
+    if name == "replaced_mlm":
+        return replaced_mlm_sums(batch, corruption, generator_fn, mlm_fn, keys, **kw)
+    if name == "all_tokens_mlm":
+        return all_tokens_mlm_sums(batch, corruption, generator_fn, mlm_fn, keys, **kw)
+    raise ValueError(f"objective.name={name!r}: use one of {', '.join(OBJECTIVES)}")
+
+
+def objective_loss(name: str, sums, denominators, *, gen_weight: float, disc_weight: float):
+    """The loss of objective `name` from (part of) a batch's sums and the whole batch's
+    denominators (masked slots, real tokens). 'electra' is electra_loss; 'electra_15' divides
+    the RTD sum by the masked slots; 'mlm' is the MLM mean alone; 'replaced_mlm' and
+    'all_tokens_mlm' are gen_weight x generator MLM + 1 x the network's MLM mean (over masked
+    slots, resp. real tokens)."""
+    if name == "electra":
+        return electra_loss(sums, denominators, gen_weight=gen_weight, disc_weight=disc_weight)
+    masked, tokens = (jnp.maximum(d, 1.0) for d in denominators)
+    gen = gen_weight * sums["gen_loss"] / masked
+    if name == "electra_15":
+        return gen + disc_weight * sums["disc_loss"] / masked
+    if name == "mlm":
+        return sums["mlm_loss"] / masked
+    if name == "replaced_mlm":
+        return gen + sums["mlm_loss"] / masked
+    if name == "all_tokens_mlm":
+        return gen + sums["mlm_loss"] / tokens
+    raise ValueError(f"objective.name={name!r}: use one of {', '.join(OBJECTIVES)}")
+
+
+def objective_metrics(
+    name: str, sums, *, gen_weight: float, disc_weight: float
+) -> dict[str, jax.Array]:
+    """The logged scalars of objective `name` from a whole batch's sums: electra_metrics' keys
+    (zero where the objective has no such part) plus mlm_loss and mlm_accuracy for the MLM
+    objectives."""
+    if name == "electra":
+        return electra_metrics(sums, gen_weight=gen_weight, disc_weight=disc_weight)
+    out = electra_metrics(sums, gen_weight=gen_weight, disc_weight=disc_weight)
+    denominators = (sums["gen_count"], sums["tokens"])
+    out["loss"] = objective_loss(
+        name, sums, denominators, gen_weight=gen_weight, disc_weight=disc_weight
+    )
+    if name == "electra_15":
+        out["disc_loss"] = _ratio(sums["disc_loss"], sums["gen_count"])
+    if "mlm_loss" in sums:
+        out["mlm_loss"] = _ratio(sums["mlm_loss"], sums["mlm_count"])
+        out["mlm_accuracy"] = _ratio(sums["mlm_correct"], sums["mlm_count"])
+    return out
+
+
+def objective_forward(
+    name: str,
+    rng,
+    batch: dict[str, jax.Array],
+    generator_fn: Callable,
+    discriminator_fn: Callable,
+    mlm_fn: Callable | None,
+    *,
+    mask_prob: float,
+    num_slots: int,
+    mask_id: int,
+    special_ids: tuple[int, ...],
+    vocab_size: int,
+    gen_weight: float,
+    disc_weight: float,
+    temperature: float = 1.0,
+    mask_token_prob: float = 0.85,
+    sampler: str = "inverse_cdf",
+):
+    """electra_forward for any objective `name` (same arguments, plus `mlm_fn` and the
+    vocabulary size for BERT's random tokens). Returns (loss scalar, metrics dict)."""
+    if name == "electra":
+        return electra_forward(
+            rng,
+            batch,
+            generator_fn,
+            discriminator_fn,
+            mask_prob=mask_prob,
+            num_slots=num_slots,
+            mask_id=mask_id,
+            special_ids=special_ids,
+            gen_weight=gen_weight,
+            disc_weight=disc_weight,
+            temperature=temperature,
+            mask_token_prob=mask_token_prob,
+            sampler=sampler,
+        )
+    k_corrupt, k_gen, k_sample, k_disc = jax.random.split(rng, 4)
+    p_mask, p_random = corruption_probs(name, mask_token_prob)
+    c = corrupt(
+        k_corrupt,
+        batch,
+        mask_prob=mask_prob,
+        num_slots=num_slots,
+        mask_id=mask_id,
+        special_ids=special_ids,
+        mask_token_prob=p_mask,
+        random_token_prob=p_random,
+        vocab_size=vocab_size,
+    )
+    sums = objective_sums(
+        name,
+        batch,
+        c,
+        generator_fn,
+        discriminator_fn,
+        mlm_fn,
+        (k_gen, k_sample, k_disc),
+        temperature=temperature,
+        sampler=sampler,
+    )
+    metrics = objective_metrics(name, sums, gen_weight=gen_weight, disc_weight=disc_weight)
     return metrics["loss"], metrics

@@ -134,10 +134,14 @@ def spec_from_run_config(config: dict, vocab_size: int, where: str) -> model.Ele
     import ml_collections
 
     try:
+        from electra_jax import objective
+
+        name = config.get("objective", {}).get("name", "electra")
         return model.spec_from_config(
             ml_collections.ConfigDict(config["model"]),
             ml_collections.ConfigDict(config["generator"]),
             vocab_size,
+            mlm_head=objective.needs_mlm_head(name),
         )
     except (KeyError, AttributeError, TypeError) as e:
         raise PretrainedError(

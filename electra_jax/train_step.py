@@ -81,6 +81,32 @@ def _network_fns(params, batch, *, model: Electra, train: bool):
     return generator_fn, discriminator_fn
 
 
+def _mlm_fn(params, batch, *, model: Electra, train: bool):
+    """The discriminator-sized network with both heads: (ids [B, L], positions [B, N] or None,
+    key) -> (replaced logits [B, L], MLM logits [B, N or L, V]); for the MLM objectives."""
+    seg, mask = batch["segment_ids"], batch["input_mask"]
+    if not model.spec.mlm_head:
+        return None
+
+    def mlm_fn(ids, positions, key):
+        return model.apply(
+            {"params": params},
+            ids,
+            seg,
+            mask,
+            positions,
+            not train,
+            rngs={"dropout": key},
+            method=Electra.discriminator_mlm,
+        )
+
+    return mlm_fn
+
+
+def _name(objective_cfg) -> str:
+    return objective_cfg.get("name", "electra")
+
+
 def forward(
     params,
     batch,
@@ -92,13 +118,16 @@ def forward(
     train: bool,
     special: SpecialTokens = DEFAULT_SPECIAL,
 ):
-    """The ELECTRA loss of one batch: returns (loss, metrics)."""
+    """The loss of one batch under objective_cfg.name: returns (loss, metrics)."""
     generator_fn, discriminator_fn = _network_fns(params, batch, model=model, train=train)
-    return objective.electra_forward(
+    return objective.objective_forward(
+        _name(objective_cfg),
         rng,
         batch,
         generator_fn,
         discriminator_fn,
+        _mlm_fn(params, batch, model=model, train=train),
+        vocab_size=model.spec.vocab_size,
         mask_prob=objective_cfg.mask_prob,
         num_slots=num_slots,
         mask_id=special.mask,
@@ -145,8 +174,12 @@ def train_step(
     the whole batch's counts, so the update equals the full batch's (up to float rounding and
     dropout, whose masks are drawn per micro-batch).
     """
+    name = _name(objective_cfg)
     rng = jax.random.fold_in(state.rng, state.step)
     k_corrupt, k_gen, k_sample, k_disc = jax.random.split(rng, 4)
+    mask_token_prob, random_token_prob = objective.corruption_probs(
+        name, objective_cfg.mask_token_prob
+    )
     corruption = objective.corrupt(
         k_corrupt,
         batch,
@@ -154,7 +187,9 @@ def train_step(
         num_slots=num_slots,
         mask_id=special.mask,
         special_ids=tuple(special),
-        mask_token_prob=objective_cfg.mask_token_prob,
+        mask_token_prob=mask_token_prob,
+        random_token_prob=random_token_prob,
+        vocab_size=model.spec.vocab_size,
     )
     denominators = (
         jnp.sum(corruption.masked.weights),
@@ -165,16 +200,18 @@ def train_step(
     def grads_and_sums(part, part_corruption, keys):
         def loss_fn(params):
             gen_fn, disc_fn = _network_fns(params, part, model=model, train=True)
-            sums = objective.electra_sums(
+            sums = objective.objective_sums(
+                name,
                 part,
                 part_corruption,
                 gen_fn,
                 disc_fn,
+                _mlm_fn(params, part, model=model, train=True),
                 keys,
                 temperature=objective_cfg.temperature,
                 sampler=objective_cfg.sampler,
             )
-            return objective.electra_loss(sums, denominators, **weights), sums
+            return objective.objective_loss(name, sums, denominators, **weights), sums
 
         return jax.grad(loss_fn, has_aux=True)(state.params)
 
@@ -198,7 +235,7 @@ def train_step(
 
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics = objective.electra_metrics(sums, **weights)
+    metrics = objective.objective_metrics(name, sums, **weights)
     metrics["grad_norm"] = optax.global_norm(grads)
     metrics["learning_rate"] = jnp.asarray(schedule(state.step), jnp.float32)
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)

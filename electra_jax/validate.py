@@ -79,9 +79,15 @@ def check_config(config: Any) -> None:
         f"objective.mask_token_prob={o.mask_token_prob} must be in [0, 1]",
     )
     _require(o.temperature > 0, f"objective.temperature={o.temperature} must be > 0")
+    names = ("electra", "mlm", "electra_15", "replaced_mlm", "all_tokens_mlm")
     _require(
-        o.name == "electra",
-        f"objective.name={o.name!r} is not available; use 'electra'",
+        o.name in names,
+        f"objective.name={o.name!r} is not an objective; use one of {', '.join(names)}",
+    )
+    sharing = m.get("embedding_sharing", "electra")
+    _require(
+        sharing in ("electra", "gdes", "none"),
+        f"model.embedding_sharing={sharing!r} is not a mode; use 'electra', 'gdes' or 'none'",
     )
     _require(
         t.nan_policy in ("stop", "skip"),
@@ -117,8 +123,9 @@ def check_batch(
 # The fields that fix the parameters' shapes and meaning. model.dtype is left out: it is the compute
 # type only (parameters stay float32), so resuming in bfloat16 what ran in float32 is legitimate.
 _MODEL_SECTIONS = ("model", "generator")
-_MODEL_KEYS = ("data.vocab_size", "data.seq_length")
+_MODEL_KEYS = ("data.vocab_size", "data.seq_length", "objective.name")  # name: the MLM head
 _NOT_MODEL = ("model.dtype",)
+_ADDED_DEFAULTS = {"model.embedding_sharing": "electra"}
 
 
 def _flatten(tree: dict, prefix: str = "") -> dict:
@@ -138,7 +145,9 @@ def check_same_model(stored: dict, config: Any, config_path: str) -> None:
     data.vocab_size and data.seq_length, so that a resume with other sizes fails here in one line
     instead of as a shape error deep inside the restore.
     """
-    old, new = _flatten(stored), _flatten(config.to_dict())
+    # Keys added since a run was stored mean their default there.
+    old = {**_ADDED_DEFAULTS, **_flatten(stored)}
+    new = _flatten(config.to_dict())
 
     def is_model_key(key: str) -> bool:
         return (key.split(".", 1)[0] in _MODEL_SECTIONS or key in _MODEL_KEYS) and (

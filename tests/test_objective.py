@@ -183,3 +183,202 @@ def test_inverse_cdf_handles_a_vocabulary_that_is_not_a_square():
     assert s.shape == (2, 3) and bool(jnp.all(s == 30521))
     logits = jnp.full((1, 4, 7), -30.0).at[0, :, 0].set(10.0)  # and on the first
     assert bool(jnp.all(objective.sample_replacements(jax.random.PRNGKey(0), logits) == 0))
+
+
+# --- The paper's ablation objectives and embedding sharing (issue 7) ---------------------------
+
+
+def test_mlm_masking_is_80_10_10_and_random_tokens_are_never_special():
+    ids, mask = _examples(b=256, length=128, seed=2)
+    slots = objective.num_mask_slots(128, 0.15)
+    p_mask, p_random = objective.corruption_probs("mlm", 0.85)
+    assert (p_mask, p_random) == (0.8, 0.1)
+    shown_mask = random = kept = predicted = 0
+    for k in range(8):
+        m = objective.mask_tokens(
+            jax.random.PRNGKey(k),
+            ids,
+            mask,
+            mask_prob=0.15,
+            num_slots=slots,
+            mask_id=MASK_ID,
+            special_ids=SPECIAL,
+            mask_token_prob=p_mask,
+            random_token_prob=p_random,
+            vocab_size=1000,
+        )
+        w = np.asarray(m.weights) > 0
+        at = np.take_along_axis(np.asarray(m.input_ids), np.asarray(m.positions), 1)[w]
+        targets = np.asarray(m.targets)[w]
+        shown_mask += int((at == MASK_ID).sum())
+        kept += int((at == targets).sum())
+        changed = (at != MASK_ID) & (at != targets)
+        random += int(changed.sum())
+        assert not np.isin(at[changed], SPECIAL).any() and at.max() < 1000
+        # Nothing outside the chosen slots changes.
+        outside = np.asarray(m.input_ids) != np.asarray(ids)
+        for i in range(ids.shape[0]):
+            chosen = set(np.asarray(m.positions)[i][np.asarray(m.weights)[i] > 0].tolist())
+            assert set(np.nonzero(outside[i])[0]) <= chosen
+        predicted += int(w.sum())
+    assert shown_mask + random + kept == predicted
+    # A random draw equals the original 1 time in 996: it counts as kept.
+    np.testing.assert_allclose(
+        [shown_mask / predicted, random / predicted, kept / predicted], [0.8, 0.1, 0.1], atol=0.01
+    )
+
+
+def test_electra_15_counts_only_masked_positions():
+    logits = jnp.array([[2.0, -1.0, 0.5, 3.0]])
+    labels = jnp.array([[1.0, 0.0, 1.0, 0.0]])
+    positions = jnp.array([[1, 2, 0]], jnp.int32)
+    weights = jnp.array([[1.0, 1.0, 0.0]])  # slot 3 unused
+    loss = objective.rtd_loss_at(logits, labels, positions, weights)
+    expected = np.log1p(np.exp(-1.0)) + np.log1p(np.exp(-0.5))  # positions 1 (real), 2 (replaced)
+    np.testing.assert_allclose(float(loss.total), expected, rtol=1e-6)
+    assert float(loss.count) == 2
+    # Logits away from the masked positions do not matter.
+    moved = objective.rtd_loss_at(logits.at[0, 3].set(-9.0), labels, positions, weights)
+    assert float(moved.total) == float(loss.total)
+    # And the loss divides by the masked slots, not the tokens.
+    sums = {"gen_loss": jnp.asarray(4.0), "disc_loss": loss.total}
+    total = objective.objective_loss(
+        "electra_15", sums, (jnp.asarray(2.0), jnp.asarray(4.0)), gen_weight=1.0, disc_weight=50.0
+    )
+    np.testing.assert_allclose(float(total), 4.0 / 2 + 50 * expected / 2, rtol=1e-6)
+
+
+def test_all_tokens_mlm_copy_mechanism():
+    vocab = 6
+    logits = jnp.log(jnp.array([[[0.5, 0.1, 0.1, 0.1, 0.1, 0.1]] * 3]))  # softmax known
+    inputs = jnp.array([[2, 3, 4]], jnp.int32)
+    targets = jnp.array([[2, 0, 4]], jnp.int32)  # position 1 was replaced (0 -> 3)
+    mask = jnp.array([[1, 1, 0]])  # position 2 is padding
+    certain = jnp.full((1, 3), 40.0)  # D = 1: copy the input
+    loss, _ = objective.copy_mlm_loss(logits, certain, inputs, inputs, jnp.ones((1, 3)))
+    assert float(loss.total) < 1e-6 and float(loss.count) == 3  # unchanged tokens cost nothing
+    half = jnp.zeros((1, 3))  # D = 1/2
+    loss, correct = objective.copy_mlm_loss(logits, half, inputs, targets, mask)
+    expected = -np.log(0.5 + 0.5 * 0.1) - np.log(0.5 * 0.5)
+    np.testing.assert_allclose(float(loss.total), expected, rtol=1e-6)
+    assert float(loss.count) == 2
+    # p(input) = 0.55 beats p(0) = 0.25 at position 0 (right), loses to it at 1 (wrong).
+    assert float(correct.total) == 1
+    # The probabilities over the vocabulary sum to one.
+    c = jnp.array([[1.3, -0.7, 0.2]])
+    total = sum(
+        float(
+            jnp.exp(
+                -objective.copy_mlm_loss(
+                    logits, c[:, :1], inputs[:, :1], jnp.array([[t]]), jnp.ones((1, 1))
+                )[0].total
+            )
+        )
+        for t in range(vocab)
+    )
+    np.testing.assert_allclose(total, 1.0, rtol=1e-5)
+
+
+def _pattern_batch(cfg, seed=0):
+    """Rows of a 7-token cycle at random phases: learnable by every objective."""
+    rng = np.random.default_rng(seed)
+    b, length = cfg.train.batch_size, cfg.data.seq_length
+    phase = rng.integers(0, 7, (b, 1))
+    ids = (5 + (phase + np.arange(length)[None]) % 7).astype(np.int32)
+    ids[:, 0], ids[:, -1] = 2, 3
+    ones = np.ones((b, length), np.int32)
+    return {"input_ids": ids, "segment_ids": 0 * ones, "input_mask": ones}
+
+
+def test_every_objective_and_sharing_mode_trains():
+    """Each ablation (and each non-default embedding sharing, paired with one) runs a few steps
+    of the micro model with finite, falling loss; 'electra'/'electra' is test_train_step's."""
+    from electra_jax import loop, sharding
+    from tests.conftest import micro_config
+
+    for name, sharing in [
+        ("electra_15", "none"),
+        ("mlm", "gdes"),
+        ("replaced_mlm", "none"),
+        ("all_tokens_mlm", "gdes"),
+    ]:
+        cfg = micro_config()
+        cfg.model.num_layers = 1
+        cfg.objective.name, cfg.model.embedding_sharing = name, sharing
+        cfg.train.learning_rate = 3e-3
+        mesh = sharding.make_mesh(cfg.mesh, jax.devices()[:1])
+        setup = loop.setup_step(cfg, cfg.data.vocab_size, mesh)
+        state = loop.init_on_mesh(setup)
+        params = state.params
+        assert ("mlm_lm_head_bias" in params) == objective.needs_mlm_head(name)
+        assert ("generator_embeddings" in params) == (sharing == "none")
+        assert ("embeddings_delta" in params) == (sharing == "gdes")
+        batch = sharding.global_batch(_pattern_batch(cfg), mesh)
+        losses = []
+        for _ in range(7):
+            state, m = setup.step_fn(state, batch)
+            losses.append(float(m["loss"]))
+            assert float(m["nonfinite"]) == 0.0
+        assert all(np.isfinite(losses)), (name, losses)
+        assert losses[-1] < losses[0] - 0.1, (name, sharing, losses)
+        if name != "electra_15":
+            assert 0.0 < float(m["mlm_accuracy"]) <= 1.0 and np.isfinite(float(m["mlm_loss"]))
+
+
+def test_embedding_sharing_modes_and_their_gradients():
+    """'gdes': the discriminator's loss gives the generator's tables no gradient (its deltas get
+    it); the deltas start at zero, so both networks start from the same embeddings. 'none': the
+    networks' tables are separate. 'electra': shared (the discriminator's gradient reaches)."""
+    from electra_jax.model import (
+        Electra,
+        discriminator_embedding_params,
+        init_params,
+        network_param_counts,
+        spec_from_config,
+    )
+    from tests.conftest import micro_config
+
+    cfg = micro_config()
+    cfg.model.num_layers = 1
+    ids = jnp.array([[CLS_ID, 7, 8, 9, 10, 11, 12, SEP_ID]] * 2, jnp.int32)
+    seg, mask = jnp.zeros_like(ids), jnp.ones_like(ids)
+    positions = jnp.array([[1, 3]] * 2, jnp.int32)
+    grads, params = {}, {}
+    for sharing in ("electra", "gdes", "none"):
+        cfg.model.embedding_sharing = sharing
+        model = Electra(spec_from_config(cfg.model, cfg.generator, 300))
+        params[sharing] = p = init_params(model, jax.random.PRNGKey(0))
+
+        def disc_loss(p, model=model):
+            return jnp.sum(
+                model.apply({"params": p}, ids, seg, mask, method="discriminator_logits")
+            )
+
+        def gen_loss(p, model=model):
+            out = model.apply({"params": p}, ids, seg, mask, positions, method="generator_logits")
+            return jnp.sum(out)
+
+        grads[sharing] = (jax.grad(disc_loss)(p), jax.grad(gen_loss)(p))
+        counts = network_param_counts(p)
+        assert counts["discriminator"] == network_param_counts(params["electra"])["discriminator"]
+
+    size = lambda t: float(sum(jnp.sum(jnp.abs(x)) for x in jax.tree_util.tree_leaves(t)))
+    d, g = grads["electra"]
+    assert size(d["embeddings"]) > 0 and size(g["embeddings"]) > 0
+    d, g = grads["gdes"]
+    assert size(d["embeddings"]) == 0.0  # the generator's tables: nothing from the discriminator
+    assert size(d["embeddings_delta"]) > 0 and size(g["embeddings"]) > 0
+    assert size(g["embeddings_delta"]) == 0.0
+    gdes = params["gdes"]
+    assert size({k: v for k, v in gdes["embeddings_delta"].items() if k != "LayerNorm"}) == 0.0
+    effective = discriminator_embedding_params(gdes, "gdes")
+    assert jax.tree_util.tree_structure(effective) == jax.tree_util.tree_structure(
+        gdes["embeddings"]
+    )
+    d, g = grads["none"]
+    assert size(d["generator_embeddings"]) == 0.0 and size(g["embeddings"]) == 0.0
+    assert size(d["embeddings"]) > 0 and size(g["generator_embeddings"]) > 0
+    # The default tree has none of the new parameters.
+    assert not {"embeddings_delta", "generator_embeddings", "mlm_lm_head_bias"} & set(
+        params["electra"]
+    )

@@ -55,3 +55,18 @@ def test_batch_must_split_over_devices_and_processes():
         validate.check_batch(12, 8, 1)
     with pytest.raises(validate.ConfigError, match="3 processes"):
         validate.check_batch(8, 1, 3)
+
+
+def test_objective_and_embedding_sharing_are_checked_in_one_line():
+    config = micro_config()
+    config.objective.name = "bert"
+    with pytest.raises(validate.ConfigError, match="objective.name='bert' is not an objective"):
+        validate.check_config(config)
+    config = micro_config()
+    config.model.embedding_sharing = "tied"
+    with pytest.raises(validate.ConfigError, match="model.embedding_sharing='tied' is not a mode"):
+        validate.check_config(config)
+    for name in ("electra", "mlm", "electra_15", "replaced_mlm", "all_tokens_mlm"):
+        config = micro_config()
+        config.objective.name = name
+        validate.check_config(config)
