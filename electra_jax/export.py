@@ -793,6 +793,12 @@ def write_export(pretrained: Pretrained, out: str) -> dict:
     else is refused.
     """
     out = os.path.abspath(out)
+    if pretrained.spec.embedding_sharing != "electra":
+        raise PretrainedError(
+            f"{pretrained.source} was trained with model.embedding_sharing="
+            f"'{pretrained.spec.embedding_sharing}'; exporting it is not supported yet (a "
+            "transformers pair has one embedding block each); fine-tune it with electra_jax"
+        )
     _check_out(out)
     spec, tokenizer = pretrained.spec, pretrained.tokenizer
     tensors = params_to_hf(pretrained.params, spec)

@@ -27,7 +27,12 @@ from electra_jax.data import DataError
 from electra_jax.finetune import features, heads, tasks
 from electra_jax.finetune import metrics as glue_metrics
 from electra_jax.metrics import log
-from electra_jax.model import ElectraSpec, EncoderSpec, generator_spec
+from electra_jax.model import (
+    ElectraSpec,
+    EncoderSpec,
+    discriminator_embedding_params,
+    generator_spec,
+)
 from electra_jax.optim import layerwise_lr_multipliers, make_finetune_optimizer
 from electra_jax.train_step import TrainState
 from electra_jax.validate import ConfigError, check_workdir
@@ -192,6 +197,10 @@ def initial_model(config, task_examples: list[tasks.Example], workdir: str) -> I
         # Fine-tuning keeps attention dropout, which only the einsum attention has.
         attention="einsum",
         remat="none",
+        # One plain embedding block (a 'gdes' run's discriminator tables are merged below) and
+        # no pre-training heads.
+        embedding_sharing="electra",
+        mlm_head=False,
     )
     if config.init_from:
         from electra_jax.pretrained import PretrainedError
@@ -202,6 +211,10 @@ def initial_model(config, task_examples: list[tasks.Example], workdir: str) -> I
             raise ConfigError(f"config.init_from: {e}") from None
         spec = dataclasses.replace(pre.spec, **training)
         params = {k: pre.params[k] for k in heads.PRETRAINED_SUBTREES}
+        # The discriminator's own embeddings (under 'gdes': the shared tables plus its deltas).
+        params["embeddings"] = discriminator_embedding_params(
+            pre.params, pre.spec.embedding_sharing
+        )
         return Initial(spec, pre.tokenizer, params, pre.source)
     tokenizer = _task_tokenizer(config, task_examples, workdir)
     spec = dataclasses.replace(_random_spec(config.model, tokenizer.vocab_size), **training)
