@@ -336,27 +336,24 @@ def electra_forward(
     discriminator_fn(corrupted_ids, rng) -> [B, L] logits (both close over params and the
     segment ids and mask). Returns (loss scalar, metrics dict of scalars).
     """
-    k_corrupt, k_gen, k_sample, k_disc = jax.random.split(rng, 4)
-    c = corrupt(
-        k_corrupt,
+    return objective_forward(
+        "electra",
+        rng,
         batch,
+        generator_fn,
+        discriminator_fn,
+        None,
         mask_prob=mask_prob,
         num_slots=num_slots,
         mask_id=mask_id,
         special_ids=special_ids,
-        mask_token_prob=mask_token_prob,
-    )
-    sums = electra_sums(
-        batch,
-        c,
-        generator_fn,
-        discriminator_fn,
-        (k_gen, k_sample, k_disc),
+        vocab_size=0,  # no random replacements in ELECTRA's masking
+        gen_weight=gen_weight,
+        disc_weight=disc_weight,
         temperature=temperature,
+        mask_token_prob=mask_token_prob,
         sampler=sampler,
     )
-    metrics = electra_metrics(sums, gen_weight=gen_weight, disc_weight=disc_weight)
-    return metrics["loss"], metrics
 
 
 # ---------------------------------------------------------------------------------------------
@@ -617,24 +614,9 @@ def objective_forward(
     mask_token_prob: float = 0.85,
     sampler: str = "inverse_cdf",
 ):
-    """electra_forward for any objective `name` (same arguments, plus `mlm_fn` and the
-    vocabulary size for BERT's random tokens). Returns (loss scalar, metrics dict)."""
-    if name == "electra":
-        return electra_forward(
-            rng,
-            batch,
-            generator_fn,
-            discriminator_fn,
-            mask_prob=mask_prob,
-            num_slots=num_slots,
-            mask_id=mask_id,
-            special_ids=special_ids,
-            gen_weight=gen_weight,
-            disc_weight=disc_weight,
-            temperature=temperature,
-            mask_token_prob=mask_token_prob,
-            sampler=sampler,
-        )
+    """One forward pass of objective `name` over a whole batch: corrupt, run the networks,
+    score (electra_forward's arguments, plus `mlm_fn` and the vocabulary size for BERT's
+    random tokens). Returns (loss scalar, metrics dict)."""
     k_corrupt, k_gen, k_sample, k_disc = jax.random.split(rng, 4)
     p_mask, p_random = corruption_probs(name, mask_token_prob)
     c = corrupt(
