@@ -4,6 +4,7 @@ The workdir is made directly (a small SentencePiece model, config.json, two chec
 through checkpointing.save) rather than by training, which would take most of the time budget.
 """
 
+import dataclasses
 import json
 import os
 import shutil
@@ -233,3 +234,12 @@ def test_cli_bad_workdir_is_one_line(tmp_path):
     assert lines == [
         f"error: --workdir {tmp_path / 'nope'} does not exist; give a pre-training workdir"
     ], out.stderr
+
+
+def test_export_refuses_a_run_with_gdes_or_separate_embeddings(run, tmp_path):
+    for sharing in ("gdes", "none"):
+        spec = dataclasses.replace(run["spec"], embedding_sharing=sharing)
+        pre = pretrained.Pretrained(spec, run["params"], run["tokenizer"], "a run")
+        with pytest.raises(pretrained.PretrainedError, match=f"embedding_sharing='{sharing}'"):
+            export.write_export(pre, str(tmp_path / sharing))
+        assert not (tmp_path / sharing).exists()  # nothing written

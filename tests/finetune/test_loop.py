@@ -197,3 +197,25 @@ def test_bad_input_is_one_clear_error(tmp_path, overrides, error, expected):
     data = _sst2(tmp_path / "SST-2", n_train=20, n_dev=4)
     with pytest.raises(error, match=expected):
         loop.finetune(_config(data, **overrides), str(tmp_path / "w"))
+
+
+def test_a_gdes_run_is_fine_tuned_from_its_discriminators_own_embeddings(tmp_path, monkeypatch):
+    enc = EncoderSpec(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+    spec = ElectraSpec(40, 16, 32, 2, enc, EncoderSpec(8, 1, 1, 32), embedding_sharing="gdes")
+    shapes = jax.eval_shape(functools.partial(init_params, Electra(spec)), jax.random.PRNGKey(0))
+    rng = np.random.default_rng(0)
+    params = jax.tree_util.tree_map(
+        lambda x: rng.normal(0, 0.02, x.shape).astype(np.float32), shapes
+    )
+    fake = type("Pretrained", (), dict(spec=spec, params=params, tokenizer=None, source="fake"))
+    monkeypatch.setattr(loop, "_load_pretrained", lambda path: fake)
+    config = _config(tmp_path, init_from="fake")
+    initial = loop.initial_model(config, [], str(tmp_path))
+    base, delta = params["embeddings"], params["embeddings_delta"]
+    got = initial.encoder_params["embeddings"]
+    np.testing.assert_array_equal(
+        got["word_embeddings"]["embedding"],
+        base["word_embeddings"]["embedding"] + delta["word_embeddings"]["embedding"],
+    )
+    np.testing.assert_array_equal(got["LayerNorm"]["scale"], delta["LayerNorm"]["scale"])
+    assert initial.spec.embedding_sharing == "electra" and not initial.spec.mlm_head
