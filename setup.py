@@ -26,6 +26,9 @@ setup(
         # The export's tokenizer.json (SentencePiece rebuilt for transformers' AutoTokenizer) and
         # the WordPiece tokenizer of imported BERT-vocab checkpoints (Metaspace split: 0.19+).
         "tokenizers>=0.19",
+        # text:gs://... sources and a gs:// data.tokenizer are read through etils.epath (walk: 1.7+;
+        # orbax depends on it too). The bucket's own package (gcsfs, ...) is the user's to add.
+        "etils[epath]>=1.7",
     ],
     extras_require={
         # tensorflow-datasets without TensorFlow (~1 min to install): the TFDS source test runs
@@ -40,7 +43,10 @@ setup(
             "tensorflow-datasets>=4.9.7",
             "torch==2.13.0",
             "transformers>=4.40",
+            "matplotlib",  # benchmarks/sample_efficiency.py's plot
         ],
+        # benchmarks/: sample_efficiency.py plots its results.
+        "bench": ["matplotlib"],
         # TFDS sources (data.source=tfds:...): datasets built with --file_format=array_record are
         # read without TensorFlow; TFRecord-built ones (TFDS's default) need tensorflow-cpu.
         "tfds": ["tensorflow-datasets>=4.9.7", "tensorflow-cpu>=2.16"],

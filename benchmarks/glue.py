@@ -44,16 +44,39 @@ _SHAPE_FIELDS = (
 )
 
 
+def glue_config(task: str, seed: int, data_dir: str, fields: dict | None = None):
+    """configs/glue.py for `task` and `seed` with `fields` (configs/glue.py's top-level keys)
+    set; the init is chosen by `with_init`."""
+    config = runpy.run_path(os.path.join(ROOT, "configs", "glue.py"))["get_config"]()
+    config.task, config.data_dir, config.seed = task, data_dir, seed
+    for key, value in (fields or {}).items():
+        config[key] = value
+    return config
+
+
+def with_init(config, init: str, workdir: str, pretrain_config: dict):
+    """Sets where `config` starts: init 'pretrained' fine-tunes `workdir` (any init_from path,
+    e.g. 'WORKDIR@STEP'); 'random' the same network shape and tokenizer, untrained (`workdir`
+    then names the pre-training workdir whose tokenizer/ is used; pretrain_config is its
+    config.json)."""
+    if init == "pretrained":
+        config.init_from = workdir
+    else:  # the same network and tokenizer, untrained
+        config.tokenizer = os.path.join(workdir, "tokenizer")
+        for key in _SHAPE_FIELDS:
+            config.model[key] = pretrain_config["model"][key]
+    return config
+
+
 def run_config(args, task: str, seed: int, init: str, pretrain_config: dict):
     """configs/glue.py for one run; init is 'pretrained' or 'random'."""
-    config = runpy.run_path(os.path.join(ROOT, "configs", "glue.py"))["get_config"]()
-    config.task, config.data_dir, config.seed = task, args.data_dir, seed
-    config.max_train_examples = args.max_train_examples
+    fields = {"max_train_examples": args.max_train_examples}
     if args.num_epochs:
-        config.num_epochs = args.num_epochs
+        fields["num_epochs"] = args.num_epochs
     if args.seq_length:
-        config.seq_length = args.seq_length
-    config.log_every_steps = args.log_every_steps
+        fields["seq_length"] = args.seq_length
+    fields["log_every_steps"] = args.log_every_steps
+    config = glue_config(task, seed, args.data_dir, fields)
     for item in args.set:
         key, value = item.split("=", 1)
         current = config[key]
@@ -61,13 +84,7 @@ def run_config(args, task: str, seed: int, init: str, pretrain_config: dict):
             config[key] = value.lower() in ("1", "true", "yes")
         else:
             config[key] = value if isinstance(current, str) else type(current)(value)
-    if init == "pretrained":
-        config.init_from = args.workdir
-    else:  # the same network and tokenizer, untrained
-        config.tokenizer = os.path.join(args.workdir, "tokenizer")
-        for key in _SHAPE_FIELDS:
-            config.model[key] = pretrain_config["model"][key]
-    return config
+    return with_init(config, init, args.workdir, pretrain_config)
 
 
 def summary(values: list[float]) -> str:

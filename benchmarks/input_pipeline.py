@@ -5,9 +5,10 @@ r"""Input pipeline against the train step: loader batches/s, and step time on re
 
 Prepares the source (tokenizer and shards cached under --workdir), then
   1. reads --loader_batches batches from the Grain iterator alone: batches/s;
-  2. times --steps train steps, each fetching its batch the way loop.py does
-     (``sharding.global_batch(next(it))``, then the compiled step), once with synthetic ids made
-     ahead of time and once from the loader: the ratio is the input pipeline's cost to the step.
+  2. times --steps train steps of each kind, each fetching its batch the way loop.py does
+     (``sharding.global_batch(next(it))``, then the compiled step), alternating synthetic ids
+     made ahead of time and batches from the loader step by step: the ratio of the medians is the
+     input pipeline's cost to the step.
 Prints one JSON line.
 """
 
@@ -32,15 +33,18 @@ from electra_jax.data import pipeline, prepare  # noqa: E402
 from electra_jax.data.tokenizer import CLS_ID, SEP_ID  # noqa: E402
 
 
-def _time_steps(compiled, state, fetch, warmup: int, steps: int):
-    times = []
+def _time_interleaved(compiled, state, fetchers, warmup: int, steps: int):
+    """Median seconds per step for each fetcher, alternating them step by step (A, B, A, B, ...)
+    so that a shared machine's drifting load weighs on both alike: [len(fetchers)] floats."""
+    times = [[] for _ in fetchers]
     for i in range(warmup + steps):
-        t0 = time.perf_counter()
-        state, m = compiled(state, fetch())
-        jax.block_until_ready(m)
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
-    return state, statistics.median(times)
+        for k, fetch in enumerate(fetchers):
+            t0 = time.perf_counter()
+            state, m = compiled(state, fetch())
+            jax.block_until_ready(m)
+            if i >= warmup:
+                times[k].append(time.perf_counter() - t0)
+    return state, [statistics.median(t) for t in times]
 
 
 def main() -> None:
@@ -94,8 +98,9 @@ def main() -> None:
         return sharding.global_batch(next(real_it), mesh)
 
     compiled = step.lower(state, fetch_synthetic()).compile()
-    state, synthetic_s = _time_steps(compiled, state, fetch_synthetic, args.warmup, args.steps)
-    state, real_s = _time_steps(compiled, state, fetch_real, args.warmup, args.steps)
+    state, (synthetic_s, real_s) = _time_interleaved(
+        compiled, state, [fetch_synthetic, fetch_real], args.warmup, args.steps
+    )
     print(
         json.dumps(
             {

@@ -81,7 +81,7 @@ def main() -> None:
         if i >= args.warmup:
             times.append(time.perf_counter() - t0)
     med = statistics.median(times)
-    flops = metrics.count_flops(spec, args.batch, args.seq, slots)["total"]
+    flops = metrics.count_flops(spec, args.batch, args.seq, slots, config.objective.name)["total"]
     device = jax.devices()[0]
     peak = metrics.peak_flops_per_device(device.device_kind, config.log.peak_flops)
     achieved = flops / med / jax.device_count()

@@ -126,7 +126,7 @@ def describe(
     abstract = jax.eval_shape(functools.partial(init_state, model, tx, config.seed))
     counts = network_param_counts(abstract.params)
     batch_size, seq_length = config.train.batch_size, config.data.seq_length
-    flops = metrics.count_flops(spec, batch_size, seq_length, num_slots)
+    flops = metrics.count_flops(spec, batch_size, seq_length, num_slots, config.objective.name)
     summary = {
         "discriminator_params": counts["discriminator"],
         "generator_params": counts["generator"],
@@ -294,7 +294,8 @@ def _train(config, workdir, stop_after, watcher) -> dict:
 
     # ---------------------------------------------------------------- data
     # Process 0 trains the tokenizer and prepares the shards while the others wait; they then
-    # find both in the workdir (shared storage: gs://, NFS) instead of making their own.
+    # find both in the workdir (shared storage: NFS or a gcsfuse-mounted bucket, not gs://, since
+    # it is written with os calls) instead of making their own.
     if not is_main:
         _barrier("electra_jax_prepared")
     start_from = _load_init_from(config, workdir) if config.train.init_from else None
@@ -350,7 +351,7 @@ def _train(config, workdir, stop_after, watcher) -> dict:
     # ---------------------------------------------------------------- steps
     tokens_per_step = config.train.batch_size * config.data.seq_length
     flops_per_step = metrics.count_flops(
-        spec, config.train.batch_size, config.data.seq_length, num_slots
+        spec, config.train.batch_size, config.data.seq_length, num_slots, config.objective.name
     )["total"]
     peak = metrics.peak_flops_per_device(jax.devices()[0].device_kind, config.log.peak_flops)
     skip = config.train.nan_policy == "skip"

@@ -16,6 +16,7 @@ from typing import Any
 import jax
 
 from electra_jax.model import ElectraSpec, EncoderSpec
+from electra_jax.objective import OBJECTIVES
 
 # Dense bfloat16 peak FLOP/s per chip (vendor figures), matched against jax's device_kind.
 PEAK_FLOPS = {
@@ -51,24 +52,48 @@ def _encoder_flops_per_token(e: EncoderSpec, embedding_size: int, seq_length: in
     return flops + e.num_layers * per_layer
 
 
-def count_flops(spec: ElectraSpec, batch_size: int, seq_length: int, num_slots: int) -> dict:
-    """Training FLOPs of one step (forward + backward = 3 x forward) by part.
+def count_flops(
+    spec: ElectraSpec,
+    batch_size: int,
+    seq_length: int,
+    num_slots: int,
+    objective: str = "electra",
+) -> dict:
+    """Training FLOPs of one step (forward + backward = 3 x forward) by part, for `objective`.
 
-    The generator's head runs only at the N masked slots; everything else at every token.
+    Counts what the objective's step runs (objective.py), so that objectives compare at equal
+    compute: 'electra' and 'electra_15' run the generator (its head at the N masked slots) and
+    the discriminator with its replaced-token head at every token; 'mlm' runs no generator, only
+    the discriminator-sized network with an MLM head (dense + LayerNorm + the tied embedding
+    output over the vocabulary) at the slots; 'replaced_mlm' runs the generator and that MLM head
+    at the slots; 'all_tokens_mlm' the generator, the MLM head at every token and the
+    replaced-token head (the copy probability) at every token. The MLM head counts with the
+    discriminator, as in `model.network_param_counts`. Parts an objective leaves unused (the
+    replaced-token head of 'mlm' and 'replaced_mlm') are left out, as XLA drops them.
+
+    Returns {'generator', 'discriminator', 'total'} in FLOPs for batch_size x seq_length tokens.
     """
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective={objective!r}: use one of {', '.join(OBJECTIVES)}")
     tokens = batch_size * seq_length
     slots = batch_size * num_slots
     e, v = spec.embedding_size, spec.vocab_size
-    gen_encoder = tokens * _encoder_flops_per_token(spec.generator, e, seq_length)
-    gen_head = slots * (2 * spec.generator.hidden_size * e + 2 * e * v)
     hd = spec.discriminator.hidden_size
-    disc_encoder = tokens * _encoder_flops_per_token(spec.discriminator, e, seq_length)
-    disc_head = tokens * (2 * hd * hd + 2 * hd)
-    forward = {
-        "generator": gen_encoder + gen_head,
-        "discriminator": disc_encoder + disc_head,
-    }
-    train = {k: 3 * val for k, val in forward.items()}
+    gen = tokens * _encoder_flops_per_token(spec.generator, e, seq_length)
+    gen += slots * (2 * spec.generator.hidden_size * e + 2 * e * v)
+    disc = tokens * _encoder_flops_per_token(spec.discriminator, e, seq_length)
+    rtd_head = 2 * hd * hd + 2 * hd  # dense, then the 1-unit output, per token
+    mlm_head = 2 * hd * e + 2 * e * v  # dense to E, then the tied output over V, per position
+    if objective in ("electra", "electra_15"):
+        disc += tokens * rtd_head
+    elif objective == "replaced_mlm":
+        disc += slots * mlm_head
+    elif objective == "all_tokens_mlm":
+        disc += tokens * (rtd_head + mlm_head)
+    else:  # 'mlm': no generator
+        gen = 0
+        disc += slots * mlm_head
+    train = {"generator": 3 * gen, "discriminator": 3 * disc}
     train["total"] = sum(train.values())
     return train
 

@@ -112,7 +112,7 @@ def _inclusive_cumsum(x):
     return jnp.einsum("...i,ij->...j", x, upper, precision=jax.lax.Precision.HIGHEST)
 
 
-def _inverse_cdf_sample(uniform, logits):
+def _inverse_cdf_sample(uniform, logits=None, probs=None):
     """Draws one index per row from softmax(logits) with a single uniform per row.
 
     Two levels of the inverse CDF over a [blocks, block] view of the vocabulary: pick the block
@@ -120,12 +120,13 @@ def _inverse_cdf_sample(uniform, logits):
     Gumbel-max (jax.random.categorical) needs B x N x V, and a sum instead of an argmax over V,
     which on a CPU is most of the cost of sampling. Same distribution, up to float32 rounding.
     """
-    vocab = logits.shape[-1]
+    if probs is None:
+        probs = jax.nn.softmax(logits, axis=-1)
+    shape, vocab = probs.shape[:-1], probs.shape[-1]
     block = int(np.ceil(np.sqrt(vocab)))
     blocks = -(-vocab // block)
-    probs = jax.nn.softmax(logits, axis=-1)
     probs = jnp.pad(probs, [(0, 0)] * (probs.ndim - 1) + [(0, blocks * block - vocab)])
-    probs = probs.reshape(*logits.shape[:-1], blocks, block)
+    probs = probs.reshape(*shape, blocks, block)
     mass = jnp.sum(probs, axis=-1)  # [..., blocks]
     cdf = _inclusive_cumsum(mass)
     u = uniform * cdf[..., -1]
@@ -137,7 +138,7 @@ def _inverse_cdf_sample(uniform, logits):
 
 
 def sample_replacements(
-    rng, logits, temperature: float = 1.0, sampler: str = "inverse_cdf", uniform=None
+    rng, logits, temperature: float = 1.0, sampler: str = "inverse_cdf", uniform=None, probs=None
 ):
     """Samples the generator's replacements: [B, N, V] logits -> [B, N] int32 tokens.
 
@@ -146,8 +147,14 @@ def sample_replacements(
     jax.random.categorical (Gumbel-max); 'inverse_cdf' draws from the same distribution with one
     uniform per slot and is much cheaper where the vocabulary is large; `uniform` ([B, N] in
     [0, 1)) supplies those draws instead of `rng`, so that micro-batches of one batch can use the
-    batch's own.
+    batch's own; `probs`, softmax(logits) already computed (`mlm_loss_and_probs`), is used at
+    temperature 1 instead of computing it again.
     """
+    if probs is not None and temperature == 1.0 and sampler == "inverse_cdf":
+        if uniform is None:
+            uniform = jax.random.uniform(rng, probs.shape[:-1])
+        probs = jax.lax.stop_gradient(probs)
+        return _inverse_cdf_sample(uniform, probs=probs).astype(jnp.int32)
     logits = jax.lax.stop_gradient(logits).astype(jnp.float32) / temperature
     if sampler == "gumbel":
         return jax.random.categorical(rng, logits, axis=-1).astype(jnp.int32)
@@ -177,15 +184,53 @@ def replace_tokens(input_ids, input_mask, positions, weights, samples):
     return corrupted, labels.astype(jnp.float32)
 
 
-def mlm_loss(logits, targets, weights) -> tuple[LossSum, LossSum]:
-    """Cross-entropy at the masked slots: [B, N, V], [B, N], [B, N] -> (loss, correct) sums."""
+@jax.custom_vjp
+def _softmax_xent(logits, targets, weights):
+    """(sum of weights x -log softmax(logits)[target], softmax(logits)): [..., V] -> ([], [..., V]).
+
+    One exp over [..., V] serves the loss, its gradient and the generator's sampler; autodiff of
+    a log-softmax plus a separate softmax for sampling ran three. The probabilities are returned
+    for sampling only: they carry no gradient (their cotangent is ignored).
+    """
+    return _softmax_xent_fwd(logits, targets, weights)[0]
+
+
+def _softmax_xent_fwd(logits, targets, weights):
+    top = jnp.max(logits, axis=-1, keepdims=True)
+    e = jnp.exp(logits - top)
+    total = jnp.sum(e, axis=-1, keepdims=True)
+    probs = e / total
+    target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)
+    nll = (jnp.log(total) + top - target_logit)[..., 0]
+    return (jnp.sum(nll * weights), probs), (probs, targets, weights)
+
+
+def _softmax_xent_bwd(residuals, cotangents):
+    probs, targets, weights = residuals
+    g = cotangents[0]
+    hot = targets[..., None] == jnp.arange(probs.shape[-1], dtype=targets.dtype)
+    dlogits = (probs - hot.astype(probs.dtype)) * (weights * g)[..., None]
+    return dlogits, None, None
+
+
+_softmax_xent.defvjp(_softmax_xent_fwd, _softmax_xent_bwd)
+
+
+def mlm_loss_and_probs(logits, targets, weights) -> tuple[LossSum, LossSum, jax.Array]:
+    """Cross-entropy at the masked slots: [B, N, V], [B, N], [B, N] -> (loss sum, correct sum,
+    softmax [B, N, V] float32 without gradient, for sampling)."""
     logits = logits.astype(jnp.float32)
-    nll = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+    nll, probs = _softmax_xent(logits, targets, weights)
     # The target's logit is the maximum (an argmax without the costly index reduction over V).
     target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
     correct = (target_logit >= jnp.max(logits, axis=-1)).astype(jnp.float32)
     count = jnp.sum(weights)
-    return LossSum(jnp.sum(nll * weights), count), LossSum(jnp.sum(correct * weights), count)
+    return LossSum(nll, count), LossSum(jnp.sum(correct * weights), count), probs
+
+
+def mlm_loss(logits, targets, weights) -> tuple[LossSum, LossSum]:
+    """Cross-entropy at the masked slots: [B, N, V], [B, N], [B, N] -> (loss, correct) sums."""
+    return mlm_loss_and_probs(logits, targets, weights)[:2]
 
 
 def rtd_loss(logits, labels, input_mask) -> LossSum:
@@ -272,8 +317,10 @@ def electra_sums(
     ids, mask = batch["input_ids"], batch["input_mask"]
     m = corruption.masked
     gen_logits = generator_fn(m.input_ids, m.positions, k_gen)
-    gen, gen_correct = mlm_loss(gen_logits, m.targets, m.weights)
-    samples = sample_replacements(k_sample, gen_logits, temperature, sampler, corruption.uniform)
+    gen, gen_correct, probs = mlm_loss_and_probs(gen_logits, m.targets, m.weights)
+    samples = sample_replacements(
+        k_sample, gen_logits, temperature, sampler, corruption.uniform, probs
+    )
     corrupted, labels = replace_tokens(ids, mask, m.positions, m.weights, samples)
     disc_logits = discriminator_fn(corrupted, k_disc)
     disc = rtd_loss(disc_logits, labels, mask)
@@ -417,8 +464,10 @@ def _generate(batch, corruption, generator_fn, k_gen, k_sample, temperature, sam
     ids, mask = batch["input_ids"], batch["input_mask"]
     m = corruption.masked
     gen_logits = generator_fn(m.input_ids, m.positions, k_gen)
-    gen, gen_correct = mlm_loss(gen_logits, m.targets, m.weights)
-    samples = sample_replacements(k_sample, gen_logits, temperature, sampler, corruption.uniform)
+    gen, gen_correct, probs = mlm_loss_and_probs(gen_logits, m.targets, m.weights)
+    samples = sample_replacements(
+        k_sample, gen_logits, temperature, sampler, corruption.uniform, probs
+    )
     corrupted, labels = replace_tokens(ids, mask, m.positions, m.weights, samples)
     sums = {"gen_loss": gen.total, "gen_correct": gen_correct.total, "gen_count": gen.count}
     return sums, corrupted, labels

@@ -13,6 +13,7 @@ and a description of the source. `load(path)` wraps it in `Model`, whose functio
 Paths:
   WORKDIR       a pre-training workdir: config.json, tokenizer/spm.model, the newest readable
                 checkpoint in checkpoints/ (only the parameters are read; nothing is written)
+  WORKDIR@STEP  the same workdir's checkpoint of that step (e.g. an earlier compute budget)
   D             an export (`python -m electra_jax.export`): D/discriminator and D/generator
   hf:DIR        DIR holding transformers ELECTRA folders discriminator/ and generator/ (an export,
                 or e.g. google/electra-small-discriminator and -generator downloaded side by
@@ -64,6 +65,9 @@ def load_pretrained(path: str) -> Pretrained:
       PretrainedError: the path is missing, is none of these, or holds damaged files.
     """
     path = os.fspath(path)
+    path, step = split_step(path)
+    if step is not None:
+        return load_workdir(path, step)
     if path.startswith(HF_PREFIX):
         from electra_jax import export
 
@@ -84,6 +88,15 @@ def load_pretrained(path: str) -> Pretrained:
         f"{path} is neither a workdir (config.json and checkpoints/) nor an export "
         "(discriminator/ and generator/ with config.json); give one of those or hf:DIR"
     )
+
+
+def split_step(path: str) -> tuple[str, int | None]:
+    """'WORKDIR@STEP' -> (WORKDIR, STEP); any other path (one that exists as named included,
+    so a folder whose name has an '@' still loads) -> (path, None)."""
+    head, sep, tail = path.rpartition("@")
+    if not sep or not head or not tail.isdigit() or os.path.exists(path):
+        return path, None
+    return head, int(tail)
 
 
 def _kind(path: str) -> str | None:
@@ -185,8 +198,11 @@ def _quiet_absl():
         logger.setLevel(level)
 
 
-def restore_params(workdir: str, spec: model.ElectraSpec) -> tuple[dict, int]:
-    """The params of the newest restorable checkpoint in WORKDIR/checkpoints, as numpy arrays.
+def restore_params(
+    workdir: str, spec: model.ElectraSpec, step: int | None = None
+) -> tuple[dict, int]:
+    """The params of the newest restorable checkpoint in WORKDIR/checkpoints, as numpy arrays;
+    with `step`, of that checkpoint only (no fallback: another step is another model).
 
     Only the `params` subtree of the saved TrainState is read (orbax partial restore), into host
     memory, so the optimizer state is never loaded and no device layout is needed. The manager is
@@ -219,7 +235,15 @@ def restore_params(workdir: str, spec: model.ElectraSpec) -> tuple[dict, int]:
             item_names=("state", "data"),
         )
         try:
-            for step in sorted(manager.all_steps(), reverse=True):
+            steps = sorted(manager.all_steps(), reverse=True)
+            if step is not None:
+                if step not in steps:
+                    raise PretrainedError(
+                        f"{directory} has no checkpoint of step {step}; it has "
+                        f"{', '.join(map(str, sorted(steps))) or 'none'}"
+                    )
+                steps = [step]
+            for step in steps:
                 try:
                     restored = manager.restore(
                         step,
@@ -250,8 +274,9 @@ def restore_params(workdir: str, spec: model.ElectraSpec) -> tuple[dict, int]:
     )
 
 
-def load_workdir(workdir: str) -> Pretrained:
-    """The newest checkpoint's parameters, the run's tokenizer and the spec from config.json."""
+def load_workdir(workdir: str, step: int | None = None) -> Pretrained:
+    """The newest checkpoint's (or step `step`'s) parameters, the run's tokenizer and the spec
+    from config.json."""
     from electra_jax.data import DataError
     from electra_jax.data.tokenizer import load_saved
 
@@ -261,7 +286,7 @@ def load_workdir(workdir: str) -> Pretrained:
     except DataError as e:
         raise PretrainedError(f"{workdir}: {e}") from None
     spec = spec_from_run_config(config, tokenizer.vocab_size, os.path.join(workdir, "config.json"))
-    params, step = restore_params(workdir, spec)
+    params, step = restore_params(workdir, spec, step)
     return Pretrained(spec, params, tokenizer, f"{workdir} (checkpoint {step})")
 
 

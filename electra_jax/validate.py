@@ -15,8 +15,35 @@ def _require(ok: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+def _uri_scheme(path: str) -> str | None:
+    from electra_jax.data.sources import uri_scheme
+
+    return uri_scheme(path)
+
+
+def _mount_hint(path: str) -> str:
+    """What to do instead of a URI: for gs://BUCKET/rest, the gcsfuse mount and mounted path."""
+    scheme, _, rest = path.partition("://")
+    if scheme != "gs":
+        return "mount it as a filesystem every host sees (NFS, a FUSE mount) and give that path"
+    bucket, _, below = rest.partition("/")
+    mounted = f"/mnt/{bucket}/{below}".rstrip("/")
+    mount = f"gcsfuse --implicit-dirs --rename-dir-limit=100000 {bucket} /mnt/{bucket}"
+    return f"mount the bucket ({mount}) or use NFS, and give {mounted}"
+
+
 def check_workdir(workdir: str) -> None:
-    """Creates the workdir; ConfigError naming it when it cannot be written."""
+    """Creates the workdir; ConfigError naming it when it cannot be written.
+
+    A URI (gs://...) is refused: config.json, metrics.jsonl, tokenizer/ and the prepared data are
+    written with local file calls, and os.makedirs would quietly create a local ./gs:/... tree.
+    """
+    scheme = _uri_scheme(workdir)
+    if scheme:
+        raise ConfigError(
+            f"--workdir {workdir} is a {scheme}:// URI, but the workdir is written with local "
+            f"file calls; {_mount_hint(workdir)}"
+        )
     try:
         os.makedirs(workdir, exist_ok=True)
         probe = os.path.join(workdir, f".write_test{os.getpid()}")
@@ -93,6 +120,18 @@ def check_config(config: Any) -> None:
         t.nan_policy in ("stop", "skip"),
         f"train.nan_policy={t.nan_policy!r} is not a policy; use 'stop' or 'skip'",
     )
+    # Read and written with local file calls (prepare's atomic renames; init_from's config.json
+    # and tokenizer are opened directly, not only through orbax).
+    for key, value in (
+        ("data.cache_dir", d.get("cache_dir", "")),
+        ("train.init_from", t.get("init_from", "")),
+    ):
+        scheme = _uri_scheme(str(value))
+        if scheme:
+            raise ConfigError(
+                f"{key}={value} is a {scheme}:// URI, which electra_jax does not read or write "
+                f"directly; {_mount_hint(str(value))}"
+            )
     _require(config.checkpoint.every_steps > 0, "checkpoint.every_steps must be >= 1")
     _require(config.checkpoint.keep > 0, "checkpoint.keep must be >= 1")
     _require(config.log.every_steps > 0, "log.every_steps must be >= 1")

@@ -1,8 +1,10 @@
 import json
 
-from electra_jax import metrics
+import pytest
+
+from electra_jax import loop, metrics, objective
 from electra_jax.model import spec_from_config
-from tests.conftest import load_config
+from tests.conftest import load_config, micro_config
 
 
 def test_flops_count_by_hand_for_one_layer():
@@ -17,6 +19,47 @@ def test_flops_count_by_hand_for_one_layer():
     gen += b * n * (2 * hg * e + 2 * e * 1000)
     assert f["discriminator"] == 3 * disc and f["generator"] == 3 * gen
     assert f["total"] == 3 * (disc + gen)
+
+
+def test_flops_count_by_objective_by_hand():
+    cfg = load_config("small")
+    cfg.model.num_layers = 1
+    spec = spec_from_config(cfg.model, cfg.generator, 1000)
+    b, length, n = 2, 16, 3
+    f = {name: metrics.count_flops(spec, b, length, n, name) for name in objective.OBJECTIVES}
+    e, h, v = 128, 256, 1000
+    rtd_head, mlm_head = 2 * h * h + 2 * h, 2 * h * e + 2 * e * v
+    electra = f["electra"]
+    encoder = electra["discriminator"] - 3 * b * length * rtd_head
+    assert f["electra_15"] == electra
+    assert f["mlm"]["generator"] == 0
+    assert f["mlm"]["discriminator"] == encoder + 3 * b * n * mlm_head
+    assert f["replaced_mlm"]["generator"] == electra["generator"]
+    assert f["replaced_mlm"]["discriminator"] == f["mlm"]["discriminator"]
+    assert f["all_tokens_mlm"]["discriminator"] == (
+        electra["discriminator"] + 3 * b * length * mlm_head
+    )
+    for counts in f.values():
+        assert counts["total"] == counts["generator"] + counts["discriminator"]
+    with pytest.raises(ValueError, match="objective="):
+        metrics.count_flops(spec, b, length, n, "bert")
+
+
+@pytest.mark.parametrize("name", objective.OBJECTIVES)
+def test_flops_count_matches_xla_cost_analysis(name):
+    # Wide enough (hidden 128, 64 tokens) that matmuls dominate XLA's count as they do at scale;
+    # XLA also counts elementwise work, the optimizer and the masking, hence the 10% margin.
+    config = micro_config()
+    config.model.hidden_size, config.model.intermediate_size = 128, 512
+    config.model.embedding_size, config.data.seq_length = 64, 64
+    config.objective.name = name
+    vocab = 1000
+    spec, _, _, _, num_slots = loop.build(config, vocab)
+    counted = metrics.count_flops(
+        spec, config.train.batch_size, config.data.seq_length, num_slots, name
+    )["total"]
+    xla = loop.compile_report(config, vocab)["xla_flops_per_step"]
+    assert abs(xla / counted - 1) < 0.10, (name, xla, counted)
 
 
 def test_peak_lookup_and_override():

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from electra_jax import loop
+from electra_jax import model as model_lib
 from electra_jax.model import Electra, init_params, spec_from_config
 from tests.conftest import load_config, micro_config
 
@@ -168,3 +169,68 @@ def test_fused_attention_matches_einsum_without_dropout():
             rngs={"dropout": jax.random.PRNGKey(0)},
             method=Electra.discriminator_logits,
         )
+
+
+def test_dropout_bits_are_uniform_and_independent():
+    shape = (4, 8, 64, 33)  # 67,584 words: each statistic below has a standard error <= 0.004
+    words = np.asarray(model_lib.dropout_bits(jax.random.key(0), shape))
+    assert words.dtype == np.uint32 and words.shape == shape
+    bits = np.unpackbits(words.view(np.uint8)).reshape(-1, 32)
+    assert np.all(np.abs(bits.mean(axis=0) - 0.5) < 0.01)  # every bit position is fair
+    u = words.astype(np.float64) / 2**32
+    other = np.asarray(model_lib.dropout_bits(jax.random.key(1), shape)) / 2**32
+    pairs = {
+        "next column": (u[..., :-1], u[..., 1:]),
+        "next row": (u[:, :, :-1], u[:, :, 1:]),
+        "next batch row": (u[:-1], u[1:]),
+        "another key": (u, other),
+    }
+    for name, (a, b) in pairs.items():
+        assert abs(np.corrcoef(a.ravel(), b.ravel())[0, 1]) < 0.02, name
+    keep = (
+        model_lib.Dropout(0.1).apply(
+            {}, jnp.ones(shape), False, rngs={"dropout": jax.random.PRNGKey(3)}
+        )
+        > 0
+    )
+    assert abs(float(keep.mean()) - 0.9) < 0.005
+
+
+def _value_and_grads(module, params, x, weights):
+    def loss(p, inputs):
+        return jnp.sum(module.apply({"params": p}, inputs) * weights)
+
+    return module.apply({"params": params}, x), jax.grad(loss, argnums=(0, 1))(params, x)
+
+
+def test_matmul_gradient_layers_match_flax_and_autodiff():
+    """_TokenDense, _LayerNorm and add_bias compute nn.Dense's, nn.LayerNorm's and x + b's
+    values and gradients (theirs come from matrix-vector products instead of reductions)."""
+    import flax.linen as nn
+
+    x = jax.random.normal(jax.random.PRNGKey(0), (3, 5, 8))
+    init = nn.initializers.normal(1.0)
+    params = nn.Dense(6, kernel_init=init, bias_init=init).init(jax.random.PRNGKey(2), x)["params"]
+    norm_params = {"scale": jnp.linspace(0.5, 2.0, 8), "bias": jnp.linspace(-1.0, 1.0, 8)}
+    cases = [
+        (model_lib._TokenDense(6, jnp.float32, init), nn.Dense(6), params, 6),
+        (
+            model_lib._LayerNorm(1e-12, jnp.float32),
+            nn.LayerNorm(epsilon=1e-12),
+            norm_params,
+            8,
+        ),
+    ]
+    for ours, theirs, p, width in cases:
+        weights = jax.random.normal(jax.random.PRNGKey(width), (3, 5, width))
+        value, grads = _value_and_grads(ours, p, x, weights)
+        value_ref, grads_ref = _value_and_grads(theirs, p, x, weights)
+        np.testing.assert_allclose(value, value_ref, atol=1e-5)
+        for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(grads_ref), strict=True):
+            np.testing.assert_allclose(a, b, atol=1e-4)
+
+    b = jnp.arange(8.0)
+    ours = jax.grad(lambda x, b: jnp.sum(model_lib.add_bias(x, b) ** 2), argnums=(0, 1))(x, b)
+    plain = jax.grad(lambda x, b: jnp.sum((x + b) ** 2), argnums=(0, 1))(x, b)
+    for a, c in zip(ours, plain, strict=True):
+        np.testing.assert_allclose(a, c, rtol=1e-5, atol=1e-5)

@@ -1,6 +1,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from electra_jax import objective
 from electra_jax.data.tokenizer import CLS_ID, MASK_ID, PAD_ID, SEP_ID
@@ -382,3 +383,31 @@ def test_embedding_sharing_modes_and_their_gradients():
     assert not {"embeddings_delta", "generator_embeddings", "mlm_lm_head_bias"} & set(
         params["electra"]
     )
+
+
+def test_mlm_loss_gradient_and_probs_match_autodiff_of_log_softmax():
+    keys = jax.random.split(jax.random.PRNGKey(0), 3)
+    logits = 3.0 * jax.random.normal(keys[0], (2, 5, 37))
+    targets = jax.random.randint(keys[1], (2, 5), 0, 37)
+    weights = (jax.random.uniform(keys[2], (2, 5)) > 0.3).astype(jnp.float32)
+
+    def reference(x):
+        nll = optax.softmax_cross_entropy_with_integer_labels(x, targets)
+        return jnp.sum(nll * weights)
+
+    def ours(x):
+        return 2.0 * objective.mlm_loss(x, targets, weights)[0].total
+
+    np.testing.assert_allclose(
+        float(objective.mlm_loss(logits, targets, weights)[0].total),
+        float(reference(logits)),
+        rtol=1e-6,
+    )
+    np.testing.assert_allclose(jax.grad(ours)(logits), 2.0 * jax.grad(reference)(logits), atol=1e-6)
+    probs = objective.mlm_loss_and_probs(logits, targets, weights)[2]
+    np.testing.assert_allclose(probs, jax.nn.softmax(logits), atol=1e-7)
+    # The sampler draws the same tokens from the shared probabilities as from the logits.
+    uniform = jax.random.uniform(keys[2], (2, 5))
+    from_logits = objective.sample_replacements(None, logits, uniform=uniform)
+    from_probs = objective.sample_replacements(None, logits, uniform=uniform, probs=probs)
+    np.testing.assert_array_equal(from_logits, from_probs)

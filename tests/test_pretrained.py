@@ -133,6 +133,28 @@ def test_import_of_a_transformers_pair_with_a_full_size_generator(tmp_path):
         jax.tree_util.tree_map(np.testing.assert_array_equal, single.params[key], pre.params[key])
 
 
+def test_a_chosen_checkpoint_step_loads(run, tmp_path):
+    newest = pretrained.load_pretrained(run["path"])
+    older = pretrained.load_pretrained(f"{run['path']}@3")
+    assert "(checkpoint 3)" in older.source and "(checkpoint 6)" in newest.source
+    assert pretrained.load_pretrained(f"{run['path']}@6").source == newest.source
+    a = older.params["discriminator"]["layer_0"]
+    b = newest.params["discriminator"]["layer_0"]
+    assert not all(
+        np.array_equal(x, y)
+        for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b), strict=True)
+    )
+    with pytest.raises(pretrained.PretrainedError, match="no checkpoint of step 4; it has 3, 6"):
+        pretrained.load_pretrained(f"{run['path']}@4")
+    # A folder whose own name ends in '@<digits>' is that folder, not a step of another.
+    assert pretrained.split_step(str(tmp_path)) == (str(tmp_path), None)
+    odd = tmp_path / "run@7"
+    odd.mkdir()
+    assert pretrained.split_step(str(odd)) == (str(odd), None)
+    assert pretrained.split_step("runs/x@12") == ("runs/x", 12)
+    assert pretrained.split_step("hf:dir") == ("hf:dir", None)
+
+
 def test_bad_paths_are_one_line_errors(run, exported, tmp_path):
     def error(path):
         with pytest.raises(pretrained.PretrainedError) as e:

@@ -73,6 +73,19 @@ def _stream_seed(seed: int, stream: int) -> np.random.Generator:
     return np.random.default_rng([seed & (2**64 - 1), stream])
 
 
+def _require_local(directory: str, field: str) -> None:
+    """DataError for a remote directory we would write into: the tokenizer and the shards are
+    written, renamed into place and listed with os calls (atomic renames, stale temp dirs), which
+    object stores do not offer; a mount (gcsfuse, NFS) gives them."""
+    scheme = sources.uri_scheme(directory)
+    if scheme:
+        raise DataError(
+            f"{field} {directory} is a {scheme}:// URI, but prepared data and the tokenizer are "
+            "written with local file calls; mount the bucket (e.g. gcsfuse) or use NFS and give "
+            "the mounted path"
+        )
+
+
 def ensure_tokenizer(data_cfg, tokenizer_dir: str, seed: int) -> tokenizer_lib.Tokenizer:
     """Returns the run's tokenizer, making sure ``tokenizer_dir/spm.model`` holds it.
 
@@ -91,6 +104,7 @@ def ensure_tokenizer(data_cfg, tokenizer_dir: str, seed: int) -> tokenizer_lib.T
       DataError: data.tokenizer missing or unreadable; a tokenizer_dir model that differs from
         data.tokenizer; vocab size different from data.vocab_size; training failures.
     """
+    _require_local(tokenizer_dir, "the tokenizer directory (in --workdir)")
     model_path = os.path.join(tokenizer_dir, tokenizer_lib.MODEL_FILENAME)
     if data_cfg.tokenizer:
         given = tokenizer_lib.Tokenizer.load(data_cfg.tokenizer)
@@ -397,6 +411,7 @@ def prepare(
     """
     if not cache_dir:
         raise DataError("no cache directory for prepared data; set data.cache_dir")
+    _require_local(cache_dir, "data.cache_dir")
     # Computed once: the manifest records exactly the fingerprint the directory is named after.
     fields = _key_fields(data_cfg, tokenizer, seed)
     key = _hash(fields)

@@ -10,7 +10,10 @@ Sources:
   ``text:GLOB``   plain-text files (``**`` recurses), one sentence per line, a blank line ends a
                   document. Files are streamed in chunks, never read whole; gzip files (by their
                   magic bytes) are decompressed on the fly; invalid UTF-8 bytes become U+FFFD and
-                  are counted; binary and unreadable files are skipped with a warning.
+                  are counted; binary and unreadable files are skipped with a warning. The glob
+                  may be remote (``gs://bucket/wiki/**/*.txt``; also ``s3://``, ``az://``,
+                  ``hf://``): it is then listed, stat'ed and read through ``etils.epath``, with
+                  the same matching rules as a local glob.
   ``tfds:NAME[:VERSION][:SPLIT]``  a TFDS text dataset (split ``train`` by default); each example
                   is a document, its ``data.tfds_text_field`` split into lines and sentences.
 
@@ -24,7 +27,10 @@ from __future__ import annotations
 
 import ast
 import codecs
+import concurrent.futures
+import contextlib
 import dataclasses
+import fnmatch
 import glob
 import gzip
 import hashlib
@@ -222,6 +228,8 @@ def _builtin_documents() -> Iterator[list[str]]:
 
 
 def _text_files(pattern: str) -> list[str]:
+    if _URI_RE.match(pattern):
+        return _remote_text_files(pattern)
     expanded = os.path.expanduser(pattern)
     paths = sorted(p for p in glob.glob(expanded, recursive=True) if os.path.isfile(p))
     if not paths:
@@ -256,18 +264,29 @@ def _looks_binary(head: bytes) -> bool:
 
 
 def _open_binary(path: str):
-    """Opens path for reading bytes, through gzip when it starts with gzip's magic bytes."""
-    # Closed by the caller (the pair is returned), so no context manager here.
-    f = open(path, "rb")  # noqa: SIM115
+    """Opens path for reading bytes, through gzip when it starts with gzip's magic bytes.
+
+    Returns:
+      (stream to read, object to close): the stream is the file itself or a GzipFile over it.
+    """
+    # epath's TensorFlow backend opens through a context manager, fsspec's returns the file:
+    # an ExitStack closes either, and the local file alike.
+    closer = contextlib.ExitStack()
     try:
-        magic = f.read(2)
+        if _URI_RE.match(path):
+            with remote_errors(path, "data.source"):
+                f = closer.enter_context(remote_path(path, "data.source").open("rb"))
+                magic = f.read(2)
+        else:
+            f = closer.enter_context(open(path, "rb"))  # noqa: SIM115 (the caller closes it)
+            magic = f.read(2)
         f.seek(0)
     except BaseException:
-        f.close()
+        closer.close()
         raise
     if magic == _GZIP_MAGIC:
-        return gzip.GzipFile(fileobj=f, mode="rb"), f
-    return f, f
+        return gzip.GzipFile(fileobj=f, mode="rb"), closer
+    return f, closer
 
 
 def _file_lines(f, first: bytes, max_line_chars: int) -> Iterator[str]:
@@ -357,6 +376,189 @@ def _text_source(source: str, pattern: str, stats: SourceStats, opts: SourceOpti
             raise _nothing_usable(source, paths, stats)
 
     return generate()
+
+
+# ---- remote files (gs://, s3://, ...) ---------------------------------------------------------
+
+# A path with a scheme (gs://bucket/x) is remote; anything else is a local path and keeps the
+# os/glob code path above untouched.
+_URI_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+# The schemes etils.epath reads, and the package its fsspec backend needs for each. For gs://,
+# epath uses TensorFlow's gfile instead when tensorflow is installed.
+REMOTE_PACKAGES = {"gs": "gcsfs", "s3": "s3fs", "az": "adlfs", "hf": "huggingface_hub"}
+_MAGIC_RE = re.compile(r"[*?[]")
+# Concurrent stat calls when fingerprinting remote files: one round trip each, so a corpus of
+# thousands of objects is keyed in seconds rather than minutes.
+_STAT_THREADS = 32
+
+
+def uri_scheme(path: str) -> str | None:
+    """The scheme of a URI (``'gs'`` for ``gs://bucket/x``); None for a local path."""
+    match = _URI_RE.match(path)
+    return match.group(1) if match else None
+
+
+def remote_path(path: str, what: str):
+    """An ``etils.epath.Path`` for a remote URI.
+
+    Args:
+      path: e.g. ``gs://bucket/dir/file``.
+      what: the config field it came from, for messages (e.g. ``data.tokenizer``).
+
+    Raises:
+      DataError: a scheme etils.epath does not read, or etils itself missing.
+    """
+    scheme = uri_scheme(path)
+    if scheme not in REMOTE_PACKAGES:
+        schemes = ", ".join(f"{s}://" for s in REMOTE_PACKAGES)
+        raise DataError(
+            f"{what}: {path} has scheme {scheme}://, which cannot be read; use a local or "
+            f"mounted path, or one of {schemes}"
+        )
+    try:
+        from etils import epath
+    except ImportError:
+        raise DataError(
+            f"{what}: reading {path} needs etils.epath: pip install 'etils[epath]'"
+        ) from None
+    return epath.Path(path)
+
+
+@contextlib.contextmanager
+def remote_errors(path: str, what: str):
+    """Turns a missing filesystem backend into one DataError line naming the package.
+
+    etils.epath reaches gs:// through fsspec, which imports gcsfs (s3fs, ...) at the first call
+    and raises ImportError when it is not installed.
+    """
+    try:
+        yield
+    except ImportError as e:
+        package = REMOTE_PACKAGES.get(uri_scheme(path) or "", "")
+        alternative = " (or tensorflow)" if package == "gcsfs" else ""
+        raise DataError(
+            f"{what}: reading {path} needs {package}{alternative}, which is not installed "
+            f"({e}): pip install {package}"
+        ) from None
+
+
+def _hidden(name: str) -> bool:
+    return name.startswith(".")
+
+
+def _match_component(name: str, pattern: str) -> bool:
+    # As glob.glob: a wildcard never matches a leading dot unless the pattern has one.
+    if _hidden(name) and not _hidden(pattern):
+        return False
+    return fnmatch.fnmatchcase(name, pattern)
+
+
+def _glob_closure(pattern: list[str], states: set[int]) -> set[int]:
+    # `**` matches zero directories too: a state at `**` is also a state past it.
+    out = set()
+    for i in states:
+        out.add(i)
+        while i < len(pattern) and pattern[i] == "**":
+            i += 1
+            out.add(i)
+    return out
+
+
+def _glob_step(pattern: list[str], states: set[int], name: str) -> set[int]:
+    """Pattern positions reachable after one more path component, ``name``.
+
+    Positions index ``pattern`` (its components); ``len(pattern)`` means fully matched.
+    """
+    after = set()
+    for i in states:
+        if i == len(pattern):
+            continue
+        if pattern[i] == "**":
+            if not _hidden(name):  # glob.glob's ** skips hidden files and directories
+                after.add(i)
+        elif _match_component(name, pattern[i]):
+            after.add(i + 1)
+    return _glob_closure(pattern, after)
+
+
+def _remote_glob(top: str, pattern: list[str], what: str) -> tuple[list[str], list[str]]:
+    """Files under ``top`` whose relative path matches ``pattern`` (components), as glob.glob
+    with recursive=True would match them.
+
+    One directory walk: epath's own glob refuses ``**`` and a listing per directory is what
+    ``**`` costs anyway. Directories no match can lie under are not entered.
+
+    Returns:
+      (matched URIs, listing errors met).
+    """
+    errors: list[str] = []
+    matched: list[str] = []
+    first_root = None
+    start = _glob_closure(pattern, {0})
+    for root, dirs, files in remote_path(top, what).walk(on_error=errors.append):
+        # fsspec's walk yields roots without the scheme ("bucket/dir"), TensorFlow's with it:
+        # paths relative to the first root are the same either way.
+        root = os.fspath(root).rstrip("/")
+        first_root = root if first_root is None else first_root
+        rel = [p for p in root[len(first_root) :].split("/") if p]
+        states = start
+        for part in rel:
+            states = _glob_step(pattern, states, part)
+        # In place, so the walk does not descend into directories no match can be under.
+        dirs[:] = [
+            d
+            for d in dirs
+            if any(i < len(pattern) for i in _glob_step(pattern, states, d.rstrip("/")))
+        ]
+        for name in files:
+            if name and len(pattern) in _glob_step(pattern, states, name):
+                matched.append("/".join([top, *rel, name]))
+    return matched, [str(e) for e in errors]
+
+
+def _remote_text_files(pattern: str) -> list[str]:
+    what = f"data.source 'text:{pattern}'"
+    prefix = f"{uri_scheme(pattern)}://"
+    parts = [p for p in pattern[len(prefix) :].split("/") if p]
+    magic = [i for i, p in enumerate(parts) if _MAGIC_RE.search(p)]
+    if magic and magic[0] == 0:
+        raise DataError(
+            f"{what}: the bucket name cannot hold wildcards; glob below it, e.g. "
+            f"{prefix}BUCKET/**/*.txt"
+        )
+    errors: list[str] = []
+    with remote_errors(pattern, what):
+        if not parts:
+            paths = []
+        elif not magic:
+            uri = prefix + "/".join(parts)
+            path = remote_path(uri, what)
+            paths = [uri] if path.exists() and not path.is_dir() else []
+        else:
+            top = prefix + "/".join(parts[: magic[0]])
+            paths, errors = _remote_glob(top, parts[magic[0] :], what)
+    if not paths:
+        why = f" (listing failed: {errors[0]})" if errors else ""
+        raise DataError(
+            f"{what} matches no files{why}; check the glob (use ** for subdirectories), that "
+            "the objects exist and that this machine can read them"
+        )
+    return sorted(paths)
+
+
+def _remote_file_keys(source: str, paths: list[str]) -> list[list]:
+    """[uri, size, mtime] of each remote file, in order (the content key's file list)."""
+
+    def key(path: str) -> list:
+        try:
+            with remote_errors(path, f"data.source '{source}'"):
+                st = remote_path(path, f"data.source '{source}'").stat()
+        except OSError as e:
+            raise DataError(f"data.source '{source}': cannot stat {path} ({e})") from None
+        return [path, st.length, st.mtime]
+
+    with concurrent.futures.ThreadPoolExecutor(min(_STAT_THREADS, len(paths))) as pool:
+        return list(pool.map(key, paths))
 
 
 # ---- TFDS ------------------------------------------------------------------------------------
@@ -532,7 +734,9 @@ def source_fingerprint(source: str, options: SourceOptions | None = None) -> str
 
     For ``builtin`` the text is fixed by the interpreter, so the Python version and the stdlib
     location identify it. For text files, (path, size, mtime_ns) of every matched file changes
-    whenever a file is added, removed or rewritten, without reading the corpus. For TFDS, the
+    whenever a file is added, removed or rewritten, without reading the corpus; for remote files,
+    (URI, size, mtime) as ``etils.epath`` stats them: mtime in whole seconds (GCS: the object's
+    update time), 0 where the store reports none. For TFDS, the
     dataset's name, version, split, data_dir and text field.
 
     Returns:
@@ -543,10 +747,14 @@ def source_fingerprint(source: str, options: SourceOptions | None = None) -> str
     if kind == "builtin":
         key: object = [_BUILTIN_VERSION, sys.version, sysconfig.get_paths()["stdlib"]]
     elif kind == "text":
-        files = []
-        for path in _text_files(arg):
-            st = os.stat(path)
-            files.append([os.path.abspath(path), st.st_size, st.st_mtime_ns])
+        paths = _text_files(arg)
+        if _URI_RE.match(arg):
+            files = _remote_file_keys(source, paths)
+        else:
+            files = []
+            for path in paths:
+                st = os.stat(path)
+                files.append([os.path.abspath(path), st.st_size, st.st_mtime_ns])
         key = [_TEXT_VERSION, files, options.max_line_chars, options.max_document_chars]
     else:
         name, split = _parse_tfds(arg)

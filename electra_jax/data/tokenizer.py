@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import sentencepiece as spm
 
-from electra_jax.data import DataError
+from electra_jax.data import DataError, sources
 
 PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = 0, 1, 2, 3, 4
 SPECIAL_PIECES = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -60,20 +60,21 @@ class Tokenizer:
     def load(cls, path: str) -> Tokenizer:
         """Loads a SentencePiece model from a ``.model`` file or a directory holding ``spm.model``.
 
+        The path may be remote (``gs://bucket/spm.model``, read through ``etils.epath``).
+
         Raises:
           DataError: the file does not exist, is not a SentencePiece model, or lacks the special
-            pieces at ids 0-4.
+            pieces at ids 0-4; a remote path whose filesystem package is not installed.
         """
-        model_path = os.path.join(path, MODEL_FILENAME) if os.path.isdir(path) else path
-        try:
-            with open(model_path, "rb") as f:
-                proto = f.read()
-        except OSError as e:
-            raise DataError(
-                f"tokenizer {model_path} cannot be read ({e.strerror}); point data.tokenizer at "
-                f"a SentencePiece .model file or a directory holding {MODEL_FILENAME}, or set "
-                "data.tokenizer='' to train one"
-            ) from None
+        if sources.uri_scheme(path):
+            model_path, proto = _read_remote_model(path)
+        else:
+            model_path = os.path.join(path, MODEL_FILENAME) if os.path.isdir(path) else path
+            try:
+                with open(model_path, "rb") as f:
+                    proto = f.read()
+            except OSError as e:
+                raise _unreadable(model_path, e.strerror) from None
         try:
             return cls(proto, model_path)
         except RuntimeError as e:  # SentencePiece's own parse error.
@@ -155,6 +156,30 @@ class Tokenizer:
 
     def piece_to_id(self, piece: str) -> int:
         return self._sp.piece_to_id(piece)
+
+
+def _unreadable(model_path: str, reason: object) -> DataError:
+    return DataError(
+        f"tokenizer {model_path} cannot be read ({reason}); point data.tokenizer at "
+        f"a SentencePiece .model file or a directory holding {MODEL_FILENAME}, or set "
+        "data.tokenizer='' to train one"
+    )
+
+
+def _read_remote_model(path: str) -> tuple[str, bytes]:
+    """(model URI, its bytes) for a remote ``.model`` file or a directory holding ``spm.model``."""
+    what = "data.tokenizer"
+    model_path = path
+    try:
+        with sources.remote_errors(path, what):
+            model = sources.remote_path(path, what)
+            if model.is_dir():
+                model = model / MODEL_FILENAME
+            model_path = os.fspath(model)
+            # A model is a few MB at most: read whole.
+            return model_path, model.read_bytes()
+    except OSError as e:
+        raise _unreadable(model_path, e.strerror or e) from None
 
 
 def _reservoir_sample(sentences: Iterable[str], k: int, rng: np.random.Generator) -> list[str]:

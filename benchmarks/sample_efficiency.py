@@ -1,0 +1,453 @@
+r"""The ELECTRA paper's Table 5 at equal pre-training compute: which objective learns most per FLOP.
+
+    python -m benchmarks.sample_efficiency --preset=cpu --out=runs/sample-efficiency
+
+For each objective (electra, electra_15, mlm, replaced_mlm, all_tokens_mlm) pre-trains the same
+discriminator on the same prepared corpus (one tokenizer, one data cache) until the same counted
+pre-training FLOPs (`metrics.count_flops` for that objective: MLM has no generator, so it gets
+more steps), saving a checkpoint at each fraction of the budget within that one run (the
+schedule's warm-up and linear decay run to the objective's own full-budget step count). Then
+fine-tunes every (objective, budget) checkpoint, and a random-init network of the same shape as
+the floor, on each GLUE task x seed (benchmarks/glue.py's configs), and prints:
+
+  1. Table 5: one row per objective at the full budget, a column per task and the average
+     (headline dev metric x 100: accuracy, Matthews corr. for CoLA, Spearman for STS-B),
+     mean +- std over seeds (the average is taken per seed, then over seeds);
+  2. the average per objective per budget, with its steps and pre-training FLOPs.
+
+It writes OUT/results.json (every run), OUT/table.md (both tables) and OUT/sample_efficiency.png
+(average dev score against pre-training FLOPs, log x, a line per objective, random init dashed).
+Rerunning with the same --out continues: finished pre-training steps and fine-tuning runs (their
+eval_results.json) are skipped, an interrupted pre-training run resumes from its checkpoint.
+
+Presets (PRESETS below): `cpu` finishes within about 70 minutes on 2 CPU cores (a 2-layer,
+128-wide model, 8-12 minutes of pre-training per objective, fine-tuning capped to 600 examples
+of 64 tokens; expect points of difference, not the paper's); `gpu` is ELECTRA-Small at 128
+tokens at the compute of the paper's ELECTRA-Small run (untested here; about half a GPU-day per
+objective: run objectives as separate jobs into one --out, then once more with all of them,
+which finds everything done and reports the whole table).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import runpy
+import statistics
+import sys
+import time
+
+from benchmarks import glue
+from electra_jax import loop, metrics, objective
+from electra_jax.finetune import tasks as glue_tasks
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARED = os.path.join(os.path.dirname(ROOT), "shared", "data")
+OBJECTIVES = ("electra", "electra_15", "mlm", "replaced_mlm", "all_tokens_mlm")
+TASKS = ("SST-2", "MRPC", "STS-B", "CoLA", "RTE")
+RANDOM = "random_init"
+
+# Each preset: `pretrain` overrides configs/<base>.py ('data.x' / 'model.x' / 'train.x' keys),
+# the budget in counted pre-training FLOPs, the fractions of it checkpointed and fine-tuned,
+# and `finetune` overrides configs/glue.py's top-level fields.
+PRESETS = {
+    "cpu": {
+        "base": "tiny",
+        "pretrain": {
+            "data.vocab_size": 4096,
+            "data.seq_length": 64,
+            "model.hidden_size": 128,  # discriminator 128 wide, 2 layers; generator 32 wide
+            "model.num_layers": 2,
+            "model.num_heads": 2,
+            "model.intermediate_size": 512,
+            "model.embedding_size": 128,
+            "train.batch_size": 32,
+            "train.learning_rate": 1e-3,
+            "train.adam_bias_correction": True,  # a few thousand steps: as configs/tiny.py
+        },
+        "warmup_fraction": 0.1,  # of each objective's own full-budget steps
+        # electra 6.8 GFLOP/step: ~3.5K steps of 32 x 64 tokens (~9 min on one core); mlm ~3.9K,
+        # replaced_mlm ~3.2K, all_tokens_mlm (an MLM head at every token) ~1.8K.
+        "budget_flops": 2.4e13,
+        "fractions": (0.25, 1.0),
+        "finetune": {
+            "max_train_examples": 600,  # the same fixed subset for every seed and model
+            "seq_length": 64,
+            "num_epochs": 3.0,  # ~56 steps: ~7 s a run, compilation cached
+            "double_unordered": False,  # no doubled MRPC / STS-B sets: time goes to seeds
+            "batch_size": 32,
+            "learning_rate": 1e-3,
+            "layer_decay": 0.9,
+            "adam_bias_correction": True,  # ~60 steps: uncorrected Adam barely moves
+            "eval_batch_size": 256,
+            "log_every_steps": 1000,
+        },
+        "tasks": TASKS,
+        "seeds": 3,
+    },
+    # ELECTRA-Small (configs/small.py: 12 x 256, generator 1/4, 128 tokens, batch 128) at the
+    # compute of the paper's Small run: 1e18 counted FLOPs is ~870K electra steps (1.15e12 each;
+    # mlm ~940K, all_tokens_mlm ~650K), checkpointed at 1/8 .. 1, full GLUE training sets.
+    # Untested here. At the 10-30 steps/s expected of one H100/H200 (benchmarks/RESULTS.md) that
+    # is about half a GPU-day per objective: run objectives as separate jobs (--objectives) into
+    # one --out, or lower budget_flops.
+    "gpu": {
+        "base": "small",
+        "pretrain": {
+            "train.learning_rate": 5e-4,
+            "model.dtype": "bfloat16",
+        },
+        "warmup_fraction": 0.02,
+        "budget_flops": 1.0e18,
+        "fractions": (0.125, 0.25, 0.5, 1.0),
+        "finetune": {
+            "seq_length": 128,
+            "learning_rate": 3e-4,  # the paper's for Small
+            "log_every_steps": 500,
+        },
+        "tasks": TASKS,
+        "seeds": 3,
+    },
+}
+
+
+# ----------------------------------------------------------------------------------- budgets
+
+
+def budget_steps(budget_flops: float, flops_per_step: float, fractions) -> list[int]:
+    """Steps at which the run has spent each fraction of the budget: round(f x budget / step
+    FLOPs), at least 1; [len(fractions)] ascending ints (the last is the run's num_steps when
+    the fractions end at 1). Raises ValueError for fractions that are not increasing in (0, 1]
+    or budgets so close that two round to the same step."""
+    fractions = list(fractions)
+    if not fractions or any(not 0 < f <= 1 for f in fractions) or fractions != sorted(fractions):
+        raise ValueError(f"fractions {fractions} must increase within (0, 1]")
+    steps = [max(1, round(f * budget_flops / flops_per_step)) for f in fractions]
+    if len(set(steps)) != len(steps):
+        raise ValueError(
+            f"budget {budget_flops:.3g} FLOPs at {flops_per_step:.3g} per step gives steps "
+            f"{steps}: raise the budget or space the fractions"
+        )
+    return steps
+
+
+def pretrain_config(preset: dict, name: str, corpus: str, out: str):
+    """configs/<base>.py with the preset's fields, objective `name`, the shared corpus, tokenizer
+    and data cache; num_steps and the schedule are set by `plan`."""
+    config = runpy.run_path(os.path.join(ROOT, "configs", f"{preset['base']}.py"))["get_config"]()
+    for key, value in preset["pretrain"].items():
+        section, field = key.split(".")
+        config[section][field] = value
+    config.objective.name = name
+    config.data.source = f"text:{corpus}"
+    config.data.cache_dir = os.path.join(out, "data")
+    return config
+
+
+def plan(config, preset: dict) -> dict:
+    """The objective's counted FLOPs per step and its budget steps; sets config's num_steps,
+    warm-up and checkpoint cadence (a checkpoint at each budget step, all kept)."""
+    name = config.objective.name
+    spec, _, _, _, num_slots = loop.build(config, config.data.vocab_size)
+    per_step = metrics.count_flops(
+        spec, config.train.batch_size, config.data.seq_length, num_slots, name
+    )["total"]
+    steps = budget_steps(preset["budget_flops"], per_step, preset["fractions"])
+    config.train.num_steps = steps[-1]
+    config.train.warmup_steps = max(1, int(preset["warmup_fraction"] * steps[-1]))
+    # The loop saves at every_steps multiples and at stop_after; `pretrain` stops at each budget.
+    config.checkpoint.every_steps = steps[-1]
+    config.checkpoint.keep = len(steps) + 1
+    config.log.every_steps = max(1, steps[-1] // 20)
+    return {"objective": name, "flops_per_step": per_step, "steps": steps}
+
+
+def _saved_steps(workdir: str) -> set[int]:
+    directory = os.path.join(workdir, "checkpoints")
+    if not os.path.isdir(directory):
+        return set()
+    return {int(n) for n in os.listdir(directory) if n.isdigit()}
+
+
+def pretrain(config, workdir: str, steps: list[int], log=print) -> float:
+    """Trains to each budget step in turn (stop_after: one schedule, a checkpoint at each);
+    skips steps already saved. Returns the seconds spent on this workdir over all calls (kept
+    in WORKDIR/pretrain_seconds.json, so a resumed benchmark still reports the whole)."""
+    path = os.path.join(workdir, "pretrain_seconds.json")
+    spent = 0.0
+    if os.path.isfile(path):
+        with open(path) as f:
+            spent = float(json.load(f))
+    for step in steps:
+        saved = _saved_steps(workdir)
+        if step in saved or max(saved, default=0) > step:
+            continue
+        log(f"pre-training {config.objective.name} to step {step} of {steps[-1]}")
+        started = time.time()
+        loop.train(config, workdir, stop_after=step)
+        spent += time.time() - started
+        with open(path, "w") as f:
+            json.dump(spent, f)
+    return spent
+
+
+# ----------------------------------------------------------------------------------- fine-tuning
+
+
+def finetune(config, workdir: str) -> dict:
+    """One fine-tuning run, or its stored results when it already finished."""
+    path = os.path.join(workdir, "eval_results.json")
+    if os.path.isfile(path):
+        with open(path) as f:
+            return json.load(f)
+    from electra_jax.finetune import loop as finetune_loop
+
+    return finetune_loop.finetune(config, workdir)
+
+
+# ----------------------------------------------------------------------------------- report
+
+
+def _points(values: list[float]) -> str:
+    return glue.summary(values) if values else "-"
+
+
+def per_seed_average(runs: list[dict], task_names) -> list[float]:
+    """The average over tasks of each seed that has every task: [seeds] floats (0-1 scale)."""
+    by_seed: dict[int, dict[str, float]] = {}
+    for r in runs:
+        by_seed.setdefault(r["seed"], {})[r["task"]] = r["score"]
+    return [
+        statistics.mean(scores[t] for t in task_names)
+        for _, scores in sorted(by_seed.items())
+        if all(t in scores for t in task_names)
+    ]
+
+
+def tables(results: dict) -> str:
+    """Markdown: Table 5 at the full budget (plus random init), then the average per budget."""
+    task_names = results["tasks"]
+    runs = results["finetune"]
+    head = "| objective | " + " | ".join(task_names) + " | average |"
+    lines = [
+        f"Dev scores (x100) at the full budget of {results['budget_flops']:.3g} counted "
+        "pre-training FLOPs, mean +- std over seeds",
+        "",
+        head,
+        "|" + "---|" * (len(task_names) + 2),
+    ]
+    rows = [(p["objective"], p["steps"][-1]) for p in results["pretrain"]] + [(RANDOM, 0)]
+    for name, step in rows:
+        mine = [r for r in runs if r["objective"] == name and r["step"] == step]
+        cells = [_points([r["score"] for r in mine if r["task"] == t]) for t in task_names]
+        cells.append(_points(per_seed_average(mine, task_names)))
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "| objective | budget | steps | pre-training FLOPs | average |",
+        "|---|---|---|---|---|",
+    ]
+    for p in results["pretrain"]:
+        for fraction, step in zip(results["fractions"], p["steps"], strict=True):
+            mine = [r for r in runs if r["objective"] == p["objective"] and r["step"] == step]
+            lines.append(
+                f"| {p['objective']} | {fraction:g} | {step} | "
+                f"{step * p['flops_per_step']:.3g} | "
+                f"{_points(per_seed_average(mine, task_names))} |"
+            )
+    return "\n".join(lines)
+
+
+def plot(results: dict, path: str) -> None:
+    """PNG: average dev score (x100) against pre-training FLOPs, log x, a line per objective
+    (error bars: std over seeds), random init as a dashed horizontal line."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display: write the file only
+    import matplotlib.pyplot as plt
+
+    task_names, runs = results["tasks"], results["finetune"]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for p in results["pretrain"]:
+        xs, ys, errs = [], [], []
+        for step in p["steps"]:
+            avg = per_seed_average(
+                [r for r in runs if r["objective"] == p["objective"] and r["step"] == step],
+                task_names,
+            )
+            if avg:
+                xs.append(step * p["flops_per_step"])
+                ys.append(100 * statistics.mean(avg))
+                errs.append(100 * statistics.stdev(avg) if len(avg) > 1 else 0.0)
+        ax.errorbar(xs, ys, yerr=errs, marker="o", capsize=3, label=p["objective"])
+    floor = per_seed_average([r for r in runs if r["objective"] == RANDOM], task_names)
+    if floor:
+        ax.axhline(100 * statistics.mean(floor), color="gray", linestyle="--", label="random init")
+    ax.set_xscale("log")
+    ax.set_xlabel("pre-training FLOPs (counted)")
+    ax.set_ylabel(f"average dev score x100 ({', '.join(task_names)})")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------------- run
+
+
+@contextlib.contextmanager
+def _cached_compilations(directory: str):
+    """JAX's persistent compilation cache, for every program however fast it compiled: the
+    fine-tuning runs of one task compile the same train and predict steps (seeds and
+    checkpoints differ only in argument values), and each pre-training segment the same train
+    step, so all but the first load them instead (~5 s saved a run on a CPU). The previous
+    settings come back afterwards."""
+    import jax
+
+    settings = {
+        "jax_compilation_cache_dir": directory,
+        "jax_persistent_cache_min_compile_time_secs": 0.0,
+        "jax_persistent_cache_min_entry_size_bytes": 0,
+    }
+    before = {k: getattr(jax.config, k) for k in settings}
+    for k, v in settings.items():
+        jax.config.update(k, v)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            jax.config.update(k, v)
+
+
+def run(
+    preset: dict,
+    out: str,
+    *,
+    objectives=OBJECTIVES,
+    tasks=None,
+    seeds: int | None = None,
+    corpus: str = os.path.join(SHARED, "corpus", "*", "*.txt"),
+    glue_dir: str = os.path.join(SHARED, "glue"),
+    log=None,
+) -> dict:
+    """Pre-trains, fine-tunes and reports as the module docstring says; returns the results
+    (also in OUT/results.json) with 'table' (markdown) and 'plot' (the PNG's path)."""
+    log = log or (lambda m: print(m, file=sys.stderr, flush=True))
+    tasks = [glue_tasks.get_task(t).name for t in (tasks or preset["tasks"])]
+    seeds = seeds or preset["seeds"]
+    for name in objectives:
+        if name not in objective.OBJECTIVES:
+            raise ValueError(f"objective {name!r}: use some of {', '.join(objective.OBJECTIVES)}")
+    os.makedirs(out, exist_ok=True)
+    with _cached_compilations(os.path.join(out, "jax_cache")):
+        results = _run(preset, out, objectives, tasks, seeds, corpus, glue_dir, log)
+    results["table"] = tables(results)
+    results["plot"] = os.path.join(out, "sample_efficiency.png")
+    plot(results, results["plot"])
+    with open(os.path.join(out, "table.md"), "w") as f:
+        f.write(results["table"] + "\n")
+    tmp = os.path.join(out, "results.json.tmp")
+    with open(tmp, "w") as f:
+        json.dump(results, f, indent=2, default=str)
+    os.replace(tmp, os.path.join(out, "results.json"))
+    return results
+
+
+def _run(preset, out, objectives, tasks, seeds, corpus, glue_dir, log) -> dict:
+    """Pre-training and fine-tuning, skipping what is done: the results without the report."""
+    from electra_jax.data import prepare
+
+    # One tokenizer for every objective, so they also share one prepared data cache.
+    first = pretrain_config(preset, objectives[0], corpus, out)
+    tokenizer_dir = os.path.join(out, "tokenizer")
+    prepare.ensure_tokenizer(first.data, tokenizer_dir, first.seed)
+
+    results = {
+        "preset": preset,
+        "budget_flops": preset["budget_flops"],
+        "fractions": list(preset["fractions"]),
+        "tasks": tasks,
+        "seeds": seeds,
+        "pretrain": [],
+        "finetune": [],
+    }
+    # Pre-training first, so that every fine-tuning's compile cache and data are warm.
+    workdirs = {}
+    for name in objectives:
+        config = pretrain_config(preset, name, corpus, out)
+        config.data.tokenizer = tokenizer_dir
+        info = plan(config, preset)
+        workdirs[name] = os.path.join(out, "pretrain", name)
+        info["seconds"] = pretrain(config, workdirs[name], info["steps"], log)
+        info["config"] = config.to_dict()
+        log(
+            f"{name}: {info['flops_per_step']:.3g} FLOPs/step, checkpoints {info['steps']} "
+            f"({info['seconds']:.0f}s of pre-training)"
+        )
+        results["pretrain"].append(info)
+
+    starts = [
+        (p["objective"], s, f"{workdirs[p['objective']]}@{s}")
+        for p in results["pretrain"]
+        for s in p["steps"]
+    ]
+    starts.append((RANDOM, 0, out))  # with_init's 'random' reads OUT/tokenizer
+    pretrain_config_dict = results["pretrain"][0]["config"]
+    for name, step, init_from in starts:
+        for task in tasks:
+            for seed in range(seeds):
+                config = glue.glue_config(
+                    task, seed, os.path.join(glue_dir, task), preset["finetune"]
+                )
+                init = "random" if name == RANDOM else "pretrained"
+                config = glue.with_init(config, init, init_from, pretrain_config_dict)
+                where = os.path.join(out, "finetune", f"{name}-{step}", f"{task}-seed{seed}")
+                t0 = time.time()
+                r = finetune(config, where)
+                results["finetune"].append(
+                    {
+                        "objective": name,
+                        "step": step,
+                        "task": task,
+                        "seed": seed,
+                        "score": r["score"],
+                        "score_metric": r["score_metric"],
+                        "elapsed_sec": r["elapsed_sec"],
+                    }
+                )
+                log(
+                    f"{name}@{step} {task} seed {seed}: {r['score_metric']} {r['score']:.4f} "
+                    f"({time.time() - t0:.1f}s)"
+                )
+    return results
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="cpu", choices=sorted(PRESETS))
+    ap.add_argument("--out", required=True, help="where every run goes; a rerun continues it")
+    ap.add_argument("--objectives", default=",".join(OBJECTIVES))
+    ap.add_argument("--tasks", default="", help="comma-separated; '' = the preset's")
+    ap.add_argument("--seeds", type=int, default=0, help="0 = the preset's")
+    ap.add_argument("--corpus", default=os.path.join(SHARED, "corpus", "*", "*.txt"))
+    ap.add_argument("--glue_dir", default=os.path.join(SHARED, "glue"), help="<TASK>/*.tsv")
+    args = ap.parse_args(argv)
+    started = time.time()
+    results = run(
+        PRESETS[args.preset],
+        args.out,
+        objectives=args.objectives.split(","),
+        tasks=args.tasks.split(",") if args.tasks else None,
+        seeds=args.seeds or None,
+        corpus=args.corpus,
+        glue_dir=args.glue_dir,
+    )
+    print(results["table"])
+    print(f"\nplot: {results['plot']}  ({(time.time() - started) / 60:.1f} min)")
+
+
+if __name__ == "__main__":
+    main()

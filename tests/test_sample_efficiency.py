@@ -1,0 +1,142 @@
+"""benchmarks/sample_efficiency.py: budget arithmetic and a micro preset end to end."""
+
+import json
+import os
+
+import pytest
+
+from benchmarks import sample_efficiency as se
+from tests.test_export import _sentences
+
+
+def test_budget_steps_spend_each_fraction_of_the_budget():
+    assert se.budget_steps(1000.0, 10.0, (0.25, 0.5, 1.0)) == [25, 50, 100]
+    # A cheaper step gets more steps for the same FLOPs.
+    assert se.budget_steps(1000.0, 4.0, (1.0,)) == [250]
+    # Rounded to the nearest step, never below one.
+    assert se.budget_steps(1000.0, 30.0, (0.5, 1.0)) == [17, 33]
+    assert se.budget_steps(10.0, 30.0, (1.0,)) == [1]
+    for bad in ((1.0, 0.5), (0.0, 1.0), (0.5, 1.5), ()):
+        with pytest.raises(ValueError, match="must increase"):
+            se.budget_steps(1000.0, 10.0, bad)
+    with pytest.raises(ValueError, match="raise the budget"):
+        se.budget_steps(100.0, 30.0, (0.9, 1.0))
+
+
+def test_plan_sets_the_schedule_and_keeps_every_budget_checkpoint(tmp_path):
+    preset = dict(se.PRESETS["cpu"], budget_flops=1e13, fractions=(0.25, 0.5, 1.0))
+    steps = {}
+    for name in ("electra", "mlm", "all_tokens_mlm"):
+        config = se.pretrain_config(preset, name, "corpus/*.txt", str(tmp_path))
+        info = se.plan(config, preset)
+        steps[name] = info["steps"]
+        assert config.train.num_steps == info["steps"][-1]
+        assert config.checkpoint.keep > len(info["steps"])
+        assert config.checkpoint.every_steps == config.train.num_steps
+        assert abs(info["steps"][-1] * info["flops_per_step"] - 1e13) <= info["flops_per_step"]
+        assert config.data.cache_dir == os.path.join(str(tmp_path), "data")
+    # No generator for MLM; an MLM head at every token for All-Tokens MLM.
+    assert steps["mlm"][-1] > steps["electra"][-1] > steps["all_tokens_mlm"][-1]
+
+
+MICRO = {
+    "base": "tiny",
+    "pretrain": {
+        "data.vocab_size": 300,
+        "data.seq_length": 32,
+        "data.tokenizer_sample_sentences": 20_000,
+        "model.hidden_size": 32,
+        "model.num_layers": 1,
+        "model.num_heads": 2,
+        "model.intermediate_size": 64,
+        "model.embedding_size": 32,
+        "train.batch_size": 8,
+    },
+    "warmup_fraction": 0.2,
+    "budget_flops": 1.44e8,  # electra: 7 steps of 2.2e7 FLOPs, mlm 8 of 1.8e7
+    "fractions": (0.5, 1.0),
+    "finetune": {
+        "max_train_examples": 32,
+        "seq_length": 32,
+        "num_epochs": 1.0,
+        "batch_size": 8,
+        "eval_batch_size": 32,
+        "log_every_steps": 100,
+    },
+    "tasks": ("SST-2",),
+    "seeds": 1,
+}
+
+
+def _write_inputs(root):
+    corpus = root / "corpus"
+    corpus.mkdir()
+    lines = _sentences()[:4000]
+    # A blank line ends a document: documents of 40 lines.
+    text = "\n\n".join("\n".join(lines[i : i + 40]) for i in range(0, len(lines), 40))
+    (corpus / "a.txt").write_text(text + "\n")
+    sst = root / "glue" / "SST-2"
+    sst.mkdir(parents=True)
+    good = ["a fine and moving film", "warm , funny and wise", "a delight from start to end"]
+    bad = ["a dull and tired mess", "flat , slow and empty", "nothing works in this one"]
+    rows = [(t, 1) for t in good] + [(t, 0) for t in bad]
+    for split, n in (("train", 8), ("dev", 2)):
+        body = "".join(f"{t}\t{y}\n" for t, y in rows * n)
+        (sst / f"{split}.tsv").write_text("sentence\tlabel\n" + body)
+    return str(corpus / "*.txt"), str(root / "glue")
+
+
+def test_micro_preset_end_to_end_and_a_rerun_skips_finished_work(tmp_path, monkeypatch):
+    corpus, glue_dir = _write_inputs(tmp_path)
+    out = str(tmp_path / "out")
+    kw = dict(objectives=["electra", "mlm"], corpus=corpus, glue_dir=glue_dir, log=lambda m: None)
+    results = se.run(MICRO, out, **kw)
+
+    pre = {p["objective"]: p for p in results["pretrain"]}
+    for p in pre.values():
+        assert len(p["steps"]) == 2
+        assert (
+            abs(p["steps"][-1] * p["flops_per_step"] - MICRO["budget_flops"]) <= p["flops_per_step"]
+        )
+        saved = os.listdir(os.path.join(out, "pretrain", p["objective"], "checkpoints"))
+        assert {str(s) for s in p["steps"]} <= set(saved)
+    assert pre["mlm"]["steps"][-1] > pre["electra"]["steps"][-1]  # no generator to pay for
+
+    # 2 objectives x 2 budgets + random init, x 1 task x 1 seed.
+    assert len(results["finetune"]) == 5
+    sources = set()
+    for r in results["finetune"]:
+        with open(
+            os.path.join(
+                out, "finetune", f"{r['objective']}-{r['step']}", "SST-2-seed0", "eval_results.json"
+            )
+        ) as f:
+            sources.add(json.load(f)["init_source"])
+    assert any(f"(checkpoint {pre['electra']['steps'][0]})" in s for s in sources)
+    assert "random" in sources
+
+    table = results["table"].splitlines()
+    full = [line for line in table if line.startswith("| ") and "|---" not in line]
+    assert full[0] == "| objective | SST-2 | average |"
+    assert [line.split(" | ")[0] for line in full[1:4]] == [
+        "| electra",
+        "| mlm",
+        f"| {se.RANDOM}",
+    ]
+    assert sum(line.startswith("| electra | 0.5 |") for line in table) == 1
+    with open(results["plot"], "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    with open(os.path.join(out, "results.json")) as f:
+        assert len(json.load(f)["finetune"]) == 5
+
+    # A rerun trains and fine-tunes nothing and reports the same.
+    def fail(*args, **kwargs):
+        raise AssertionError("a finished run was started again")
+
+    from electra_jax import loop
+    from electra_jax.finetune import loop as finetune_loop
+
+    monkeypatch.setattr(loop, "train", fail)
+    monkeypatch.setattr(finetune_loop, "finetune", fail)
+    again = se.run(MICRO, out, **kw)
+    assert again["table"] == results["table"]
