@@ -20,12 +20,12 @@ It writes OUT/results.json (every run), OUT/table.md (both tables) and OUT/sampl
 Rerunning with the same --out continues: finished pre-training steps and fine-tuning runs (their
 eval_results.json) are skipped, an interrupted pre-training run resumes from its checkpoint.
 
-Presets (PRESETS below): `cpu` finishes within about 70 minutes on 2 CPU cores (a 2-layer,
-128-wide model, 8-12 minutes of pre-training per objective, fine-tuning capped to 600 examples
-of 64 tokens; expect points of difference, not the paper's); `gpu` is ELECTRA-Small at 128
-tokens at the compute of the paper's ELECTRA-Small run (untested here; about half a GPU-day per
-objective: run objectives as separate jobs into one --out, then once more with all of them,
-which finds everything done and reports the whole table).
+Presets (PRESETS below): `cpu` took 41 minutes on 2 CPU cores (a 2-layer, 128-wide model, 4-7
+minutes of pre-training per objective, fine-tuning capped to 600 examples of 64 tokens; at this
+compute the scores stay near random init's, see benchmarks/RESULTS.md); `gpu` is ELECTRA-Small
+at 128 tokens at the compute of the paper's ELECTRA-Small run (untested here; about half a
+GPU-day per objective: run objectives as separate jobs into one --out, then once more with all
+of them, which finds everything done and reports the whole table).
 """
 
 from __future__ import annotations
