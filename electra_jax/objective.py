@@ -296,6 +296,20 @@ def corrupt(
     return Corruption(m, jax.random.uniform(k_uniform, m.positions.shape))
 
 
+def _generate(batch, corruption, generator_fn, k_gen, k_sample, temperature, sampler):
+    """Generate, sample, corrupt: the generator's MLM sums, corrupted ids and labels [B, L]."""
+    ids, mask = batch["input_ids"], batch["input_mask"]
+    m = corruption.masked
+    gen_logits = generator_fn(m.input_ids, m.positions, k_gen)
+    gen, gen_correct, probs = mlm_loss_and_probs(gen_logits, m.targets, m.weights)
+    samples = sample_replacements(
+        k_sample, gen_logits, temperature, sampler, corruption.uniform, probs
+    )
+    corrupted, labels = replace_tokens(ids, mask, m.positions, m.weights, samples)
+    sums = {"gen_loss": gen.total, "gen_correct": gen_correct.total, "gen_count": gen.count}
+    return sums, corrupted, labels
+
+
 def electra_sums(
     batch: dict[str, jax.Array],
     corruption: Corruption,
@@ -314,24 +328,13 @@ def electra_sums(
     the rows, so sums of parts add up to the sums of the whole.
     """
     k_gen, k_sample, k_disc = keys
-    ids, mask = batch["input_ids"], batch["input_mask"]
-    m = corruption.masked
-    gen_logits = generator_fn(m.input_ids, m.positions, k_gen)
-    gen, gen_correct, probs = mlm_loss_and_probs(gen_logits, m.targets, m.weights)
-    samples = sample_replacements(
-        k_sample, gen_logits, temperature, sampler, corruption.uniform, probs
+    mask = batch["input_mask"]
+    gen, corrupted, labels = _generate(
+        batch, corruption, generator_fn, k_gen, k_sample, temperature, sampler
     )
-    corrupted, labels = replace_tokens(ids, mask, m.positions, m.weights, samples)
     disc_logits = discriminator_fn(corrupted, k_disc)
     disc = rtd_loss(disc_logits, labels, mask)
-    counts = rtd_counts(disc_logits, labels, mask)
-    return {
-        "gen_loss": gen.total,
-        "gen_correct": gen_correct.total,
-        "gen_count": gen.count,
-        "disc_loss": disc.total,
-        **counts,
-    }
+    return {**gen, "disc_loss": disc.total, **rtd_counts(disc_logits, labels, mask)}
 
 
 def electra_loss(sums, denominators, *, gen_weight: float, disc_weight: float):
@@ -457,20 +460,6 @@ def copy_mlm_loss(mlm_logits, copy_logits, input_ids, targets, input_mask):
 
 def _zero():
     return jnp.zeros((), jnp.float32)
-
-
-def _generate(batch, corruption, generator_fn, k_gen, k_sample, temperature, sampler):
-    """The generator's MLM sums and its corrupted ids and labels ([B, L]), as in electra_sums."""
-    ids, mask = batch["input_ids"], batch["input_mask"]
-    m = corruption.masked
-    gen_logits = generator_fn(m.input_ids, m.positions, k_gen)
-    gen, gen_correct, probs = mlm_loss_and_probs(gen_logits, m.targets, m.weights)
-    samples = sample_replacements(
-        k_sample, gen_logits, temperature, sampler, corruption.uniform, probs
-    )
-    corrupted, labels = replace_tokens(ids, mask, m.positions, m.weights, samples)
-    sums = {"gen_loss": gen.total, "gen_correct": gen_correct.total, "gen_count": gen.count}
-    return sums, corrupted, labels
 
 
 def _no_decisions(input_mask, replaced=None):
