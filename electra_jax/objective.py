@@ -112,7 +112,7 @@ def _inclusive_cumsum(x):
     return jnp.einsum("...i,ij->...j", x, upper, precision=jax.lax.Precision.HIGHEST)
 
 
-def _inverse_cdf_sample(uniform, logits=None, probs=None):
+def _inverse_cdf_sample(uniform, logits, probs=None):
     """Draws one index per row from softmax(logits) with a single uniform per row.
 
     Two levels of the inverse CDF over a [blocks, block] view of the vocabulary: pick the block
@@ -150,18 +150,15 @@ def sample_replacements(
     batch's own; `probs`, softmax(logits) already computed (`mlm_loss_and_probs`), is used at
     temperature 1 instead of computing it again.
     """
-    if probs is not None and temperature == 1.0 and sampler == "inverse_cdf":
-        if uniform is None:
-            uniform = jax.random.uniform(rng, probs.shape[:-1])
-        probs = jax.lax.stop_gradient(probs)
-        return _inverse_cdf_sample(uniform, probs=probs).astype(jnp.int32)
     logits = jax.lax.stop_gradient(logits).astype(jnp.float32) / temperature
     if sampler == "gumbel":
         return jax.random.categorical(rng, logits, axis=-1).astype(jnp.int32)
     if sampler == "inverse_cdf":
         if uniform is None:
             uniform = jax.random.uniform(rng, logits.shape[:-1])
-        return _inverse_cdf_sample(uniform, logits).astype(jnp.int32)
+        # The shared probabilities hold at temperature 1 only; unused logits are compiled away.
+        shared = jax.lax.stop_gradient(probs) if temperature == 1.0 else None
+        return _inverse_cdf_sample(uniform, logits, probs=shared).astype(jnp.int32)
     raise ValueError(f"objective.sampler={sampler!r}: use 'inverse_cdf' or 'gumbel'")
 
 
