@@ -17,6 +17,7 @@ plain arrays (`init_params` unboxes them) and `param_logical_axes` reads the nam
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -175,28 +176,38 @@ class _TokenDense(nn.Module):
     On XLA:CPU a contraction over two leading dims (the weight gradient of a dense applied to
     [B, L, K]) copies its operand through a transposing loop fusion that runs ~10x slower than a
     plain transpose; over [B * L, K] the same gradient is one matmul with no copy.
+    With `gelu_input`, the layer computes gelu(inputs) @ kernel + bias (see `gelu_dense`).
     """
 
     features: int
     dtype: jnp.dtype
     kernel_init: Callable
+    gelu_input: bool = False
 
     @nn.compact
     def __call__(self, inputs):
         kernel = self.param("kernel", self.kernel_init, (inputs.shape[-1], self.features))
         bias = self.param("bias", nn.initializers.zeros_init(), (self.features,))
         lead = inputs.shape[:-1]
-        out = inputs.reshape(-1, inputs.shape[-1]).astype(self.dtype) @ kernel.astype(self.dtype)
-        return add_bias(out, bias.astype(self.dtype)).reshape(*lead, self.features)
+        rows = inputs.reshape(-1, inputs.shape[-1]).astype(self.dtype)
+        kernel, bias = kernel.astype(self.dtype), bias.astype(self.dtype)
+        out = gelu_dense(rows, kernel, bias) if self.gelu_input else add_bias(rows @ kernel, bias)
+        return out.reshape(*lead, self.features)
 
 
 def _dense(
-    spec: ElectraSpec, features: int, name: str, axes: tuple[str | None, ...] = ("embed", "mlp")
+    spec: ElectraSpec,
+    features: int,
+    name: str,
+    axes: tuple[str | None, ...] = ("embed", "mlp"),
+    gelu_input: bool = False,
 ) -> _TokenDense:
     """A Dense layer; `axes` names its kernel's (input, output) axes. A matrix whose two axes are
     both model widths names the output `embed_out`, which is never sharded (one mesh axis cannot
     shard two dimensions of one array)."""
-    return _TokenDense(features, jnp.dtype(spec.dtype), _init(spec, axes), name=name)
+    return _TokenDense(
+        features, jnp.dtype(spec.dtype), _init(spec, axes), gelu_input=gelu_input, name=name
+    )
 
 
 @jax.custom_vjp
@@ -241,13 +252,51 @@ def _layer_norm(spec: ElectraSpec, name: str) -> _LayerNorm:
     return _LayerNorm(spec.layer_norm_eps, jnp.dtype(spec.dtype), name=name)
 
 
+_SQRT_HALF = np.float32(1.0 / np.sqrt(2.0))
+_INV_SQRT_2PI = np.float32(1.0 / np.sqrt(2.0 * np.pi))
+
+
 def _gelu(x):
     """The exact (erf) GELU, as BERT, ELECTRA and transformers' "gelu": x/2 (1 + erf(x/sqrt 2)).
 
     Written with erf rather than nn.gelu's erfc form, which XLA expands with an exp: 4.5x faster
     on XLA:CPU, equal within 1e-6.
     """
-    return 0.5 * x * (1.0 + jax.lax.erf(x * np.float32(1.0 / np.sqrt(2.0))).astype(x.dtype))
+    return 0.5 * x * (1.0 + jax.lax.erf(x * _SQRT_HALF).astype(x.dtype))
+
+
+@jax.custom_vjp
+def gelu_dense(h, kernel, bias):
+    """[T, F] pre-activations -> gelu(h) @ kernel [F, N] + bias [N]: the FFN's second half.
+
+    Differentiated by hand so that the backward pass keeps only `h`: it recomputes gelu(h) for
+    the kernel gradient instead of holding gelu(h) and erf(h) from the forward pass, two fewer
+    [T, F] buffers per layer (a third of the small config's activation memory at 32 x 128, and
+    on XLA:CPU every buffer byte is a fresh page fault each step).
+    """
+    return add_bias(_gelu(h) @ kernel, bias)
+
+
+def _gelu_dense_fwd(h, kernel, bias):
+    return gelu_dense(h, kernel, bias), (h, kernel)
+
+
+def _gelu_dense_bwd(residuals, g):
+    h, kernel = residuals
+    dy = g @ kernel.T
+    # The recomputation must wait for the cotangent: XLA:CPU drops optimization barriers before
+    # CSE, and would merge it with the forward's erf and keep that alive instead. Adding dy * 0
+    # ties it to dy elementwise (local under any sharding of h) and changes nothing a finite dy
+    # can see; a non-finite dy makes the gradients non-finite regardless.
+    h = h + dy * jnp.zeros((), h.dtype)
+    erf = jax.lax.erf(h * _SQRT_HALF).astype(h.dtype)
+    density = (h * _INV_SQRT_2PI * jnp.exp(-0.5 * h * h)).astype(h.dtype)
+    slope = 0.5 * (1.0 + erf) + density
+    y = 0.5 * h * (1.0 + erf)
+    return dy * slope, y.T @ g, _column_sums(g)
+
+
+gelu_dense.defvjp(_gelu_dense_fwd, _gelu_dense_bwd)
 
 
 def _constrain(spec: ElectraSpec, x):
@@ -362,6 +411,13 @@ def dropout_bits(key, shape: tuple[int, ...]):
     return _mix32(_mix32(rows ^ seed[0]) ^ (cols * jnp.uint32(0x9E3779B9) + seed[1]))
 
 
+def _keep_and_scale(key, shape: tuple[int, ...], rate: float, dtype):
+    """Inverted dropout's mask and scale: (bool [shape], 1 / keep probability in `dtype`)."""
+    threshold = min(round((1.0 - rate) * 2**32), 2**32 - 1)
+    keep = dropout_bits(key, shape) < jnp.uint32(threshold)
+    return keep, jnp.asarray(2**32 / threshold, dtype)
+
+
 class Dropout(nn.Module):
     """Inverted dropout from one hashed 32-bit word per element (`dropout_bits`).
 
@@ -374,10 +430,59 @@ class Dropout(nn.Module):
     def __call__(self, x, deterministic: bool):
         if deterministic or self.rate == 0.0:
             return x
-        threshold = min(round((1.0 - self.rate) * 2**32), 2**32 - 1)
-        keep = dropout_bits(self.make_rng("dropout"), x.shape) < jnp.uint32(threshold)
-        scale = jnp.asarray(2**32 / threshold, x.dtype)
+        keep, scale = _keep_and_scale(self.make_rng("dropout"), x.shape, self.rate, x.dtype)
         return jnp.where(keep, x * scale, jnp.zeros((), x.dtype))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def attention_core(q, k, v, bias, key, rate: float):
+    """softmax(q k^T / sqrt(d) + bias), dropped out at `rate` with `key`, times v.
+
+    q, k, v: [B, heads, L, d]; bias: [B, 1, 1, L] float32; key: a PRNG key (unused at rate 0).
+    Returns [B, heads, L, d] in q's dtype; scores and softmax are float32.
+
+    Differentiated by hand: the backward pass keeps q, k, v and the probabilities, and
+    recomputes the dropout mask from its hash (`dropout_bits`) rather than holding the dropped
+    probabilities and the scaled q: two fewer buffers per layer, one [B, heads, L, L]. The
+    1/sqrt(d) scale is applied to the float32 scores, not to a copy of q.
+    """
+    return _attention_fwd(q, k, v, bias, key, rate)[0]
+
+
+def _dropped(probs, key, rate: float):
+    """probs [B, heads, L, L] after inverted dropout, and the mask that did it (None at 0)."""
+    if rate == 0.0:
+        return probs, None
+    keep, scale = _keep_and_scale(key, probs.shape, rate, probs.dtype)
+    return jnp.where(keep, probs * scale, 0.0), (keep, scale)
+
+
+def _attention_fwd(q, k, v, bias, key, rate):
+    scale = np.float32(1.0 / np.sqrt(q.shape[-1]))
+    scores = jnp.einsum("bhqd,bhkd->bhqk", q, k, preferred_element_type=jnp.float32)
+    probs = jax.nn.softmax(scores * scale + bias, axis=-1)
+    dropped, _ = _dropped(probs, key, rate)
+    context = jnp.einsum("bhqk,bhkd->bhqd", dropped.astype(q.dtype), v)
+    return context, (q, k, v, probs, key)
+
+
+def _attention_bwd(rate, residuals, g):
+    q, k, v, probs, key = residuals
+    scale = np.float32(1.0 / np.sqrt(q.shape[-1]))
+    d_dropped = jnp.einsum("bhqd,bhkd->bhqk", g, v, preferred_element_type=jnp.float32)
+    # The recomputed dropout waits for the cotangent (see _gelu_dense_bwd): d_dropped * 0 adds
+    # nothing a finite gradient can see.
+    dropped, mask = _dropped(probs + d_dropped * np.float32(0.0), key, rate)
+    d_probs = d_dropped if mask is None else jnp.where(mask[0], d_dropped * mask[1], 0.0)
+    dv = jnp.einsum("bhqk,bhqd->bhkd", dropped.astype(g.dtype), g)
+    d_scores = probs * (d_probs - jnp.sum(d_probs * probs, axis=-1, keepdims=True)) * scale
+    d_scores = d_scores.astype(q.dtype)
+    dq = jnp.einsum("bhqk,bhkd->bhqd", d_scores, k)
+    dk = jnp.einsum("bhqk,bhqd->bhkd", d_scores, q)
+    return dq, dk, dv, None, None
+
+
+attention_core.defvjp(_attention_fwd, _attention_bwd)
 
 
 class SelfAttention(nn.Module):
@@ -416,7 +521,7 @@ class SelfAttention(nn.Module):
         if s.attention != "einsum":
             context = self._fused(q, k, v, attention_bias, deterministic)
         else:
-            context = self._einsum(q, k, v, attention_bias, deterministic, head_dim)
+            context = self._einsum(q, k, v, attention_bias, deterministic)
         out_kernel = self.param(
             "output_kernel",
             _init(s, ("heads", "kv", "embed")),
@@ -428,14 +533,10 @@ class SelfAttention(nn.Module):
         out = context @ out_kernel.reshape(heads * head_dim, -1).astype(dtype)
         return add_bias(out, out_bias.astype(dtype)).reshape(b, length, -1)
 
-    def _einsum(self, q, k, v, attention_bias, deterministic, head_dim):
-        s = self.spec
-        dtype = jnp.dtype(s.dtype)
-        q = q * jnp.asarray(1.0 / head_dim**0.5, dtype)
-        scores = jnp.einsum("bhqd,bhkd->bhqk", q, k, preferred_element_type=jnp.float32)
-        probs = jax.nn.softmax(scores + attention_bias, axis=-1)
-        probs = Dropout(s.attention_dropout_rate)(probs, deterministic).astype(dtype)
-        return jnp.einsum("bhqk,bhkd->bhqd", probs, v)
+    def _einsum(self, q, k, v, attention_bias, deterministic):
+        rate = 0.0 if deterministic else self.spec.attention_dropout_rate
+        key = self.make_rng("dropout") if rate else jax.random.key(0)
+        return attention_core(q, k, v, attention_bias, key, rate)
 
     def _fused(self, q, k, v, attention_bias, deterministic):
         s = self.spec
@@ -465,8 +566,8 @@ class TransformerLayer(nn.Module):
         a = _constrain(s, SelfAttention(s, e, name="attention")(x, attention_bias, deterministic))
         a = Dropout(s.dropout_rate, name="attention_dropout")(a, deterministic)
         x = _layer_norm(s, "attention_LayerNorm")(x + a)
-        h = _constrain(s, _gelu(_dense(s, e.intermediate_size, "intermediate")(x)))
-        h = _dense(s, e.hidden_size, "output", ("mlp", "embed"))(h)
+        h = _constrain(s, _dense(s, e.intermediate_size, "intermediate")(x))
+        h = _dense(s, e.hidden_size, "output", ("mlp", "embed"), gelu_input=True)(h)
         h = Dropout(s.dropout_rate, name="output_dropout")(h, deterministic)
         return _layer_norm(s, "output_LayerNorm")(x + h)
 

@@ -125,14 +125,23 @@ def _inverse_cdf_sample(uniform, logits, probs=None):
     shape, vocab = probs.shape[:-1], probs.shape[-1]
     block = int(np.ceil(np.sqrt(vocab)))
     blocks = -(-vocab // block)
-    probs = jnp.pad(probs, [(0, 0)] * (probs.ndim - 1) + [(0, blocks * block - vocab)])
-    probs = probs.reshape(*shape, blocks, block)
-    mass = jnp.sum(probs, axis=-1)  # [..., blocks]
+    full = (blocks - 1) * block  # the last block may be short; it is summed on its own
+    # No padded copy of probs: over [B, N, V] float32 a pad is a full extra pass and buffer.
+    mass = jnp.concatenate(
+        [
+            jnp.sum(probs[..., :full].reshape(*shape, blocks - 1, block), axis=-1),
+            jnp.sum(probs[..., full:], axis=-1, keepdims=True),
+        ],
+        axis=-1,
+    )  # [..., blocks]
     cdf = _inclusive_cumsum(mass)
     u = uniform * cdf[..., -1]
     b = jnp.minimum(jnp.sum(cdf <= u[..., None], axis=-1), blocks - 1)
     below = jnp.take_along_axis(cdf - mass, b[..., None], axis=-1)[..., 0]
-    inside = jnp.take_along_axis(probs, b[..., None, None], axis=-2)[..., 0, :]  # [..., block]
+    index = b[..., None] * block + jnp.arange(block)  # [..., block]; past the vocabulary: mass 0
+    inside = jnp.where(
+        index < vocab, jnp.take_along_axis(probs, jnp.minimum(index, vocab - 1), axis=-1), 0.0
+    )
     j = jnp.sum(_inclusive_cumsum(inside) <= (u - below)[..., None], axis=-1)
     return jnp.minimum(b * block + jnp.minimum(j, block - 1), vocab - 1)
 

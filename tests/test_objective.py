@@ -2,6 +2,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 from electra_jax import objective
 from electra_jax.data.tokenizer import CLS_ID, MASK_ID, PAD_ID, SEP_ID
@@ -184,6 +185,25 @@ def test_inverse_cdf_handles_a_vocabulary_that_is_not_a_square():
     assert s.shape == (2, 3) and bool(jnp.all(s == 30521))
     logits = jnp.full((1, 4, 7), -30.0).at[0, :, 0].set(10.0)  # and on the first
     assert bool(jnp.all(objective.sample_replacements(jax.random.PRNGKey(0), logits) == 0))
+
+
+@pytest.mark.parametrize("vocab", [7, 16, 30522])
+def test_inverse_cdf_picks_the_token_whose_cumulative_mass_passes_u(vocab):
+    """The two-level sampler returns, for each uniform u, the first token whose cumulative
+    probability exceeds u: a direct inverse CDF (short last block and square vocabularies)."""
+    logits = jax.random.normal(jax.random.PRNGKey(1), (4, 50, vocab)) * 3.0
+    u = jax.random.uniform(jax.random.PRNGKey(2), (4, 50))
+    got = np.asarray(objective._inverse_cdf_sample(u, logits))
+    cdf = np.cumsum(np.asarray(jax.nn.softmax(logits, axis=-1), np.float64), axis=-1)
+    want = np.array(
+        [
+            np.searchsorted(c, x * c[-1], side="right")
+            for c, x in zip(cdf.reshape(-1, vocab), np.asarray(u, np.float64).ravel(), strict=True)
+        ]
+    )
+    want = np.minimum(want, vocab - 1).reshape(got.shape)
+    # float32 block sums can move a draw that lands within rounding of a boundary by one token
+    assert np.mean(got == want) > 0.98 and np.all(np.abs(got - want) <= 1)
 
 
 # --- The paper's ablation objectives and embedding sharing (issue 7) ---------------------------
