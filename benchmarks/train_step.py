@@ -3,6 +3,8 @@ r"""Times the full ELECTRA train step on synthetic ids (no input pipeline in the
     python benchmarks/train_step.py --config=configs/small.py --batch 32 --seq 128 \
         --steps 20 --warmup 8
 
+With the config's train.steps_per_call = K > 1 (configs/small.py: 4) each timed call runs K steps
+and counts as K; `--set train.steps_per_call=1` times single-step calls.
 Prints one JSON line: median and mean seconds per step, tokens/s, counted TFLOP/s and MFU where the
 device's peak is known. The ids are drawn like ../shared/bench's PyTorch reference (uniform in
 [1000, 30000), [CLS] first, [SEP] last, no padding) so the two can be compared shape for shape.
@@ -61,25 +63,37 @@ def main() -> None:
     state = loop.init_on_mesh(setup)
     rng = np.random.default_rng(0)
 
+    per_call = config.train.steps_per_call  # > 1: K steps per call (train_step.multi_step)
+    if per_call > 1:
+        step = setup.multi_step_fn
+
     def batch():
         ids = rng.integers(1000, min(30000, spec.vocab_size), (args.batch, args.seq), np.int32)
         ids[:, 0], ids[:, -1] = CLS_ID, SEP_ID
-        ones = np.ones_like(ids)
-        return sharding.global_batch(
-            {"input_ids": ids, "segment_ids": np.zeros_like(ids), "input_mask": ones}, mesh
-        )
+        return {
+            "input_ids": ids,
+            "segment_ids": np.zeros_like(ids),
+            "input_mask": np.ones_like(ids),
+        }
+
+    def call_batches():
+        if per_call > 1:
+            return sharding.global_batches([batch() for _ in range(per_call)], mesh)
+        return sharding.global_batch(batch(), mesh)
 
     t0 = time.perf_counter()
-    compiled = step.lower(state, batch()).compile()
+    compiled = step.lower(state, call_batches()).compile()
     compile_s = time.perf_counter() - t0
-    times = []
-    for i in range(args.warmup + args.steps):
-        b = batch()  # made outside the timed region
+    times = []  # seconds per step (a call's time / its steps)
+    calls = lambda steps: -(-steps // per_call)
+    for i in range(calls(args.warmup) + calls(args.steps)):
+        b = call_batches()  # made outside the timed region
         t0 = time.perf_counter()
         state, m = compiled(state, b)
         jax.block_until_ready(m)
-        if i >= args.warmup:
-            times.append(time.perf_counter() - t0)
+        if i >= calls(args.warmup):
+            times.append((time.perf_counter() - t0) / per_call)
+    m = jax.tree_util.tree_map(lambda x: x.reshape(-1)[-1], m)
     med = statistics.median(times)
     flops = metrics.count_flops(spec, args.batch, args.seq, slots, config.objective.name)["total"]
     device = jax.devices()[0]
@@ -97,10 +111,11 @@ def main() -> None:
                 "dtype": config.model.dtype,
                 "attention": spec.attention,
                 "remat": spec.remat,
+                "steps_per_call": per_call,
                 "batch": args.batch,
                 "seq": args.seq,
                 "mask_slots": slots,
-                "steps": args.steps,
+                "steps": len(times) * per_call,
                 "warmup": args.warmup,
                 "compile_s": round(compile_s, 2),
                 "median_s_per_step": round(med, 4),

@@ -90,6 +90,10 @@ def get_config() -> ml_collections.ConfigDict:
     # Run each batch as k micro-batches whose gradients are summed: activation memory of B / k
     # rows, the same update as B rows. train.batch_size stays the global batch.
     config.train.grad_accum_steps = 1
+    # Optimizer steps per compiled call (a lax.scan over that many batches): per-call costs
+    # (dispatch; on CPU, page-faulting in fresh temporaries) are paid once for all of them; the
+    # numbers are those of single steps. Calls end early at log and checkpoint steps.
+    config.train.steps_per_call = 4
     config.train.remat = "none"  # recompute in backward: 'none', 'full' or 'dots' (less memory)
     config.train.nan_policy = "stop"  # on a NaN/Inf loss or grad norm: 'stop' the run or 'skip'
     config.train.debug_nan_at_step = -1  # test hook: poison the update made at this step; -1 off

@@ -17,6 +17,7 @@ from typing import Any
 
 import jax
 import ml_collections
+import numpy as np
 
 from electra_jax import checkpointing, metrics, objective, sharding, validate
 from electra_jax.model import (
@@ -32,6 +33,7 @@ from electra_jax.train_step import (
     SpecialTokens,
     guarded_train_step,
     init_state,
+    multi_step,
     special_tokens_of,
 )
 
@@ -71,6 +73,9 @@ class StepSetup:
     abstract_state: Any  # jax.eval_shape(make_state)
     state_sharding: Any
     step_fn: Callable  # jitted (state, global batch) -> (state, metrics); the state is donated
+    # jitted (state, [K, B, L] batches) -> (state, [K] metrics): K = train.steps_per_call steps
+    # in one call (train_step.multi_step); None when K = 1
+    multi_step_fn: Callable | None = None
 
 
 def setup_step(
@@ -86,24 +91,34 @@ def setup_step(
     abstract = jax.eval_shape(make_state)
     params_sharding = sharding.param_shardings(param_logical_axes(model), abstract.params, mesh)
     state_sharding = sharding.state_shardings(abstract, params_sharding, mesh)
-    step_fn = jax.jit(
-        functools.partial(
-            guarded_train_step,
-            nan_policy=config.train.nan_policy,
-            debug_nan_at_step=config.train.debug_nan_at_step,
-            model=model,
-            tx=tx,
-            schedule=schedule,
-            objective_cfg=config.objective,
-            num_slots=num_slots,
-            grad_accum_steps=config.train.grad_accum_steps,
-            special=special,
-        ),
-        in_shardings=(state_sharding, sharding.batch_sharding(mesh)),
-        out_shardings=(state_sharding, sharding.replicated(mesh)),
-        donate_argnums=(0,),
+    one_step = functools.partial(
+        guarded_train_step,
+        nan_policy=config.train.nan_policy,
+        debug_nan_at_step=config.train.debug_nan_at_step,
+        model=model,
+        tx=tx,
+        schedule=schedule,
+        objective_cfg=config.objective,
+        num_slots=num_slots,
+        grad_accum_steps=config.train.grad_accum_steps,
+        special=special,
     )
-    return StepSetup(spec, num_slots, make_state, abstract, state_sharding, step_fn)
+
+    def jitted(fn, batch_sharding):
+        return jax.jit(
+            fn,
+            in_shardings=(state_sharding, batch_sharding),
+            out_shardings=(state_sharding, sharding.replicated(mesh)),
+            donate_argnums=(0,),
+        )
+
+    step_fn = jitted(one_step, sharding.batch_sharding(mesh))
+    multi_step_fn = None
+    if config.train.get("steps_per_call", 1) > 1:
+        multi_step_fn = jitted(
+            functools.partial(multi_step, step_fn=one_step), sharding.stacked_batch_sharding(mesh)
+        )
+    return StepSetup(spec, num_slots, make_state, abstract, state_sharding, step_fn, multi_step_fn)
 
 
 def init_on_mesh(setup: StepSetup):
@@ -340,13 +355,42 @@ def _train(config, workdir, stop_after, watcher) -> dict:
     writer = metrics.MetricsWriter(workdir, is_main, resume_step=start_step)
 
     # ---------------------------------------------------------------- compile
+    # Steps run in whole calls of train.steps_per_call (K) on the grid of multiples of K. A call
+    # ends early at a log or checkpoint step, or at the last step; such a short call, and one
+    # that starts off the grid (a resume after stop_after), runs its steps one at a time. A
+    # whole call computes what K single steps do, bit for bit (tests/test_loop.py).
     num_steps = config.train.num_steps
     last_step = num_steps if stop_after is None else min(num_steps, stop_after)
-    batch = sharding.global_batch(next(data_iter), mesh) if start_step < last_step else None
-    t0 = time.time()
-    compiled = setup.step_fn.lower(state, batch).compile() if batch is not None else None
-    if compiled is not None:
-        metrics.log(f"compiled the train step in {time.time() - t0:.1f}s")
+    per_call = config.train.get("steps_per_call", 1)
+    log_every, save_every = config.log.every_steps, config.checkpoint.every_steps
+
+    def call_size(step: int) -> int:
+        return min(
+            per_call - step % per_call,
+            log_every - step % log_every,
+            save_every - step % save_every,
+            last_step - step,
+        )
+
+    def read_batches(n: int):
+        """The next n steps' batches: [K, B, L] for a whole call, else a list of [B, L]."""
+        local = [next(data_iter) for _ in range(n)]
+        if n == per_call > 1:
+            return sharding.global_batches(local, mesh)
+        return [sharding.global_batch(b, mesh) for b in local]
+
+    programs: dict[bool, Any] = {}  # whole call of K (True) or one step (False) -> compiled
+
+    def program(whole: bool, batches):
+        if whole not in programs:
+            t0 = time.time()
+            fn = setup.multi_step_fn if whole else setup.step_fn
+            programs[whole] = fn.lower(state, batches).compile()
+            steps = f"{per_call} train steps per call" if whole else "train step"
+            metrics.log(f"compiled the {steps} in {time.time() - t0:.1f}s")
+        return programs[whole]
+
+    batches = read_batches(call_size(start_step)) if start_step < last_step else None
 
     # ---------------------------------------------------------------- steps
     tokens_per_step = config.train.batch_size * config.data.seq_length
@@ -358,8 +402,9 @@ def _train(config, workdir, stop_after, watcher) -> dict:
     run_start = last_time = time.time()
     last_logged = start_step
     last_saved = start_step if start_step > 0 else None
-    # Per-step non-finite flags (device scalars) since the last check; read only when logging or
-    # saving, so that the host never waits on the device every step.
+    # Non-finite flags (device arrays) since the last check, each with the first step it covers
+    # (one step's scalar, or a whole call's [K]); read only when logging or saving, so that the
+    # host never waits on the device every step.
     flags: list[tuple[int, Any]] = []
     save_seconds = 0.0
     row: dict = {}
@@ -370,8 +415,13 @@ def _train(config, workdir, stop_after, watcher) -> dict:
         """Reads the flags gathered since the last check: counts skips, or stops the run."""
         nonlocal skipped
         values = jax.device_get([f for _, f in flags])
-        bad = [s for (s, _), v in zip(flags, values, strict=True) if v > 0]
-        first, last = (flags[0][0], flags[-1][0]) if flags else (None, None)
+        per_step = [
+            (s + i, v)
+            for (s, _), vs in zip(flags, values, strict=True)
+            for i, v in enumerate(np.ravel(vs))
+        ]
+        bad = [s for s, v in per_step if v > 0]
+        first, last = (per_step[0][0], per_step[-1][0]) if per_step else (None, None)
         flags.clear()
         skipped += len(bad)
         if bad and not skip:
@@ -398,15 +448,24 @@ def _train(config, workdir, stop_after, watcher) -> dict:
 
     watcher.arm()
     preempted_at = start_step if watcher.requested(start_step) else None
-    for step in range(start_step, last_step if preempted_at is None else start_step):
-        state, step_metrics = compiled(state, batch)
-        done = step + 1
-        flags.append((done, step_metrics.pop("nonfinite")))
+    step = start_step
+    while step < last_step and preempted_at is None:
+        if isinstance(batches, dict):  # a whole call: K steps, metrics stacked [K]
+            state, step_metrics = program(True, batches)(state, batches)
+            flags.append((step + 1, step_metrics.pop("nonfinite")))
+            step += per_call
+        else:
+            for batch in batches:
+                state, step_metrics = program(False, batch)(state, batch)
+                step += 1
+                flags.append((step, step_metrics.pop("nonfinite")))
+        done = step
 
         # ------------------------------------------------------------ log
-        if done % config.log.every_steps == 0 or done == num_steps:
+        if done % log_every == 0 or done == num_steps:
             check_finite()
-            row = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
+            # The last step's values (a whole call's metrics are stacked [K]).
+            row = {k: float(np.ravel(v)[-1]) for k, v in jax.device_get(step_metrics).items()}
             row["skipped_updates"] = skipped
             if skipped:
                 metrics.log(f"warning: skipped {skipped} non-finite update(s) up to step {done}")
@@ -427,11 +486,11 @@ def _train(config, workdir, stop_after, watcher) -> dict:
         if watcher.requested(done):
             preempted_at = done
             break
-        if done % config.checkpoint.every_steps == 0 or done == last_step:
+        if done % save_every == 0 or done == last_step:
             save(done)
         if done < last_step:
-            # Reading the host batch overlaps the device's work on the step just dispatched.
-            batch = sharding.global_batch(next(data_iter), mesh)
+            # Reading the host batches overlaps the device's work on the steps just dispatched.
+            batches = read_batches(call_size(done))
 
     if preempted_at is not None:
         if last_saved != preempted_at:
@@ -444,6 +503,6 @@ def _train(config, workdir, stop_after, watcher) -> dict:
     manager.wait_until_finished()
     manager.close()
     writer.close()
-    if save_seconds and compiled is not None:
+    if save_seconds and programs:
         metrics.log(f"checkpoint saves blocked the loop for {save_seconds:.2f}s in total")
     return row

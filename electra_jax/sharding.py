@@ -40,6 +40,11 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P(BATCH_AXES))
 
 
+def stacked_batch_sharding(mesh: Mesh) -> NamedSharding:
+    """[K, B, ...] batches of K consecutive steps: the second (batch) dimension split."""
+    return NamedSharding(mesh, P(None, BATCH_AXES))
+
+
 def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
 
@@ -91,4 +96,13 @@ def global_batch(local_batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, ja
     return {
         k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
         for k, v in local_batch.items()
+    }
+
+
+def global_batches(local_batches: list[dict[str, np.ndarray]], mesh: Mesh) -> dict[str, jax.Array]:
+    """K consecutive steps' local batches -> global arrays [K, B, L] (stacked_batch_sharding)."""
+    sharding = stacked_batch_sharding(mesh)
+    return {
+        k: jax.make_array_from_process_local_data(sharding, np.stack([b[k] for b in local_batches]))
+        for k in local_batches[0]
     }

@@ -280,6 +280,18 @@ def guarded_train_step(
     return new_state, metrics
 
 
+def multi_step(state: TrainState, batches: dict[str, jax.Array], *, step_fn):
+    """K optimizer steps in one compiled program: `step_fn` (state, batch) scanned over batches.
+
+    batches: dicts of [K, B, L] arrays, batch k of the K consecutive steps at index k. Returns
+    the state after the K-th step and each step's metrics stacked to [K]. XLA allocates a
+    program's temporaries afresh at every execution (on XLA:CPU each one a fresh `mmap`, so
+    every activation byte is page-faulted in again); one execution for K steps pays that, and
+    the host's dispatch, once. The steps are those of K single calls (tests/test_loop.py).
+    """
+    return jax.lax.scan(step_fn, state, batches)
+
+
 def eval_step(params, batch, rng, *, model: Electra, objective_cfg: Any, num_slots: int):
     """Loss and metrics without dropout and without an update."""
     _, metrics = forward(

@@ -135,6 +135,8 @@ def check_config(config: Any) -> None:
     _require(config.checkpoint.every_steps > 0, "checkpoint.every_steps must be >= 1")
     _require(config.checkpoint.keep > 0, "checkpoint.keep must be >= 1")
     _require(config.log.every_steps > 0, "log.every_steps must be >= 1")
+    k = t.get("steps_per_call", 1)
+    _require(k >= 1, f"train.steps_per_call={k} must be >= 1")
 
 
 def check_batch(

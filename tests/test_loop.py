@@ -271,3 +271,45 @@ def test_init_from_a_wordpiece_transformers_pair_continues_pretraining(tmp_path)
     cfg.train.num_steps = 3
     cfg.train.init_from = str(tmp_path / "gone")
     assert loop.train(cfg, str(workdir))["loss"] > 0
+
+
+@pytest.mark.slow
+def test_steps_per_call_runs_the_same_steps_and_resumes_exactly(shared_data, tmp_path):
+    def run(workdir, per_call, every, stop_after=None):
+        cfg = config_with(shared_data)
+        cfg.train.steps_per_call = per_call
+        cfg.log.every_steps = cfg.checkpoint.every_steps = every
+        loop.train(cfg, str(tmp_path / workdir), stop_after=stop_after)
+        return {r["step"]: r for r in metrics.read_rows(str(tmp_path / workdir / "metrics.jsonl"))}
+
+    one = run("one", 1, 1)
+    two = run("two", 2, 2)  # three whole calls
+    # A whole call of steps 1-2, then single steps: calls end at step 3 (log, checkpoint) and
+    # at 5 (stop_after), and the resumed run starts off the grid of calls.
+    run("cut", 2, 3, stop_after=5)
+    cut = run("cut", 2, 3)
+    assert sorted(two) == [2, 4, 6] and sorted(cut) == [3, 6]
+    for rows in (two, cut):
+        for step, row in rows.items():
+            for k in ("loss", "gen_loss", "disc_loss", "grad_norm", "gen_accuracy"):
+                assert row[k] == one[step][k], (step, k)
+
+
+@pytest.mark.slow
+def test_steps_per_call_finds_a_nan_inside_a_call(shared_data, tmp_path):
+    cfg = config_with(shared_data)
+    cfg.train.steps_per_call = cfg.log.every_steps = 2
+    cfg.checkpoint.every_steps = 4
+    cfg.train.debug_nan_at_step = 2  # the update of step 3, the first of the call [3, 4]
+    with pytest.raises(loop.NonFiniteError, match=r"at step 3 \(found checking steps 3-4"):
+        loop.train(cfg, str(tmp_path / "stop"))
+    cfg.train.nan_policy = "skip"
+    loop.train(cfg, str(tmp_path / "skip"))
+    rows = metrics.read_rows(str(tmp_path / "skip" / "metrics.jsonl"))
+    assert [r["skipped_updates"] for r in rows] == [0, 1, 0]
+
+
+def test_steps_per_call_must_be_positive(micro, tmp_path):
+    micro.train.steps_per_call = 0
+    with pytest.raises(loop.validate.ConfigError, match=r"train.steps_per_call=0 must be >= 1"):
+        loop.train(micro, str(tmp_path / "w"))
