@@ -27,3 +27,5 @@ def test_train_step_benchmark_prints_one_json_line():
     assert row["finite"] and row["batch"] == 4 and row["seq"] == 32
     assert row["tokens_per_sec"] > 0 and row["median_s_per_step"] > 0
     assert row["mfu"] is None  # no known peak for a CPU
+    # configs/tiny.py inherits 4 steps per call: the 2 timed steps are one whole call of 4.
+    assert row["steps_per_call"] == 4 and row["steps"] == 4
