@@ -113,6 +113,44 @@ PRESETS = {
 }
 
 
+# ----------------------------------------------------------------------------------- corpus
+
+# Lines per document of the tasks' text: a blank line ends one, so examples pack a few related
+# lines (a pair's two sentences stay together) and never run across the whole file.
+_TASK_DOCUMENT_LINES = 16
+
+
+def in_domain_corpus(corpus_glob: str, glue_dir: str, tasks, out: str) -> str:
+    """OUT/corpus/: the general corpus (links to its files) and the tasks' training sentences with
+    their labels dropped (one `task-<TASK>.txt` each; a pair's sentences on consecutive lines),
+    the text a user with a small labelled set has. Returns the glob over both (for `text:`).
+
+    Only training sentences are used: the dev sets that score the runs are never pre-trained on.
+    """
+    import glob
+
+    folder = os.path.join(out, "corpus")
+    os.makedirs(folder, exist_ok=True)
+    for i, path in enumerate(sorted(glob.glob(corpus_glob, recursive=True))):
+        link = os.path.join(folder, f"general-{i:03d}-{os.path.basename(path)}")
+        if not os.path.lexists(link):
+            os.symlink(os.path.abspath(path), link)
+    for name in tasks:
+        task = glue_tasks.get_task(name)
+        examples = glue_tasks.load_split(task, glue_tasks.TRAIN, os.path.join(glue_dir, name))
+        lines = [t for e in examples for t in (e.text_a, e.text_b) if t]
+        documents = [
+            "\n".join(lines[i : i + _TASK_DOCUMENT_LINES])
+            for i in range(0, len(lines), _TASK_DOCUMENT_LINES)
+        ]
+        path = os.path.join(folder, f"task-{task.name}.txt")
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write("\n\n".join(documents) + "\n")
+        os.replace(tmp, path)
+    return f"{folder}/*.txt"
+
+
 # ----------------------------------------------------------------------------------- budgets
 
 
@@ -262,7 +300,11 @@ def tables(results: dict) -> str:
 
 def plot(results: dict, path: str) -> None:
     """PNG: average dev score (x100) against pre-training FLOPs, log x, a line per objective
-    (error bars: std over seeds), random init as a dashed horizontal line."""
+    (error bars: std over seeds), random init as a dashed horizontal line; with one budget,
+    bars per task instead (plot_bars)."""
+    if len(results["fractions"]) == 1:
+        plot_bars(results, path)
+        return
     import matplotlib
 
     matplotlib.use("Agg")  # no display: write the file only
@@ -289,6 +331,37 @@ def plot(results: dict, path: str) -> None:
     ax.set_xlabel("pre-training FLOPs (counted)")
     ax.set_ylabel(f"average dev score x100 ({', '.join(task_names)})")
     ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_bars(results: dict, path: str) -> None:
+    """PNG: dev score (x100) per task and their average, a bar per model (each objective at the
+    full budget, random init), error bars the std over seeds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    task_names, runs = results["tasks"], results["finetune"]
+    models = [(p["objective"], p["steps"][-1]) for p in results["pretrain"]] + [(RANDOM, 0)]
+    groups = [*task_names, "average"]
+    width = 0.8 / len(models)
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for i, (name, step) in enumerate(models):
+        mine = [r for r in runs if r["objective"] == name and r["step"] == step]
+        values = [[r["score"] for r in mine if r["task"] == t] for t in task_names]
+        values.append(per_seed_average(mine, task_names))
+        means = [100 * statistics.mean(v) if v else 0.0 for v in values]
+        errs = [100 * statistics.stdev(v) if len(v) > 1 else 0.0 for v in values]
+        xs = [g + (i - (len(models) - 1) / 2) * width for g in range(len(groups))]
+        ax.bar(xs, means, width, yerr=errs, capsize=3, label=name.replace("_", " "))
+    ax.set_xticks(range(len(groups)), groups)
+    ax.set_ylabel("dev score x100 (accuracy; MCC for CoLA; Spearman for STS-B)")
+    ax.set_title(f"fine-tuned after {results['budget_flops']:.2g} counted pre-training FLOPs")
+    ax.grid(True, axis="y", alpha=0.3)
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -342,24 +415,56 @@ def run(
         if name not in objective.OBJECTIVES:
             raise ValueError(f"objective {name!r}: use some of {', '.join(objective.OBJECTIVES)}")
     os.makedirs(out, exist_ok=True)
+    started = time.time()
     with _cached_compilations(os.path.join(out, "jax_cache")):
         results = _run(preset, out, objectives, tasks, seeds, corpus, glue_dir, log)
+    results["summary"] = summary(results, time.time() - started)
+    _write_json(os.path.join(out, "summary.json"), results["summary"])
     results["table"] = tables(results)
     results["plot"] = os.path.join(out, "sample_efficiency.png")
     plot(results, results["plot"])
     with open(os.path.join(out, "table.md"), "w") as f:
         f.write(results["table"] + "\n")
-    tmp = os.path.join(out, "results.json.tmp")
-    with open(tmp, "w") as f:
-        json.dump(results, f, indent=2, default=str)
-    os.replace(tmp, os.path.join(out, "results.json"))
+    _write_json(os.path.join(out, "results.json"), results)
     return results
+
+
+def _write_json(path: str, obj) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2, default=str)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def summary(results: dict, wall_seconds: float) -> dict:
+    """The headline at the full budget: {"average": {model: mean over seeds of the average dev
+    score over tasks, x100}, "std": {model: its std over seeds}, "pretrain_flops",
+    "wall_seconds"} (the seconds of this invocation: a rerun that found work done is shorter)."""
+    task_names, runs = results["tasks"], results["finetune"]
+    rows = [(p["objective"], p["steps"][-1]) for p in results["pretrain"]] + [(RANDOM, 0)]
+    average, std = {}, {}
+    for name, step in rows:
+        per_seed = per_seed_average(
+            [r for r in runs if r["objective"] == name and r["step"] == step], task_names
+        )
+        if per_seed:
+            average[name] = round(100 * statistics.mean(per_seed), 2)
+            std[name] = round(100 * statistics.stdev(per_seed), 2) if len(per_seed) > 1 else 0.0
+    return {
+        "average": average,
+        "std": std,
+        "pretrain_flops": results["budget_flops"],
+        "wall_seconds": round(wall_seconds, 1),
+    }
 
 
 def _run(preset, out, objectives, tasks, seeds, corpus, glue_dir, log) -> dict:
     """Pre-training and fine-tuning, skipping what is done: the results without the report."""
     from electra_jax.data import prepare
 
+    if preset.get("in_domain"):
+        corpus = in_domain_corpus(corpus, glue_dir, tasks, out)
     # One tokenizer for every objective, so they also share one prepared data cache.
     first = pretrain_config(preset, objectives[0], corpus, out)
     tokenizer_dir = os.path.join(out, "tokenizer")
@@ -373,6 +478,7 @@ def _run(preset, out, objectives, tasks, seeds, corpus, glue_dir, log) -> dict:
         "seeds": seeds,
         "pretrain": [],
         "finetune": [],
+        "sweep": [],  # with preset["learning_rates"]: seed 0 at each rate, the chosen one marked
     }
     # Pre-training first, so that every fine-tuning's compile cache and data are warm.
     workdirs = {}
@@ -396,32 +502,51 @@ def _run(preset, out, objectives, tasks, seeds, corpus, glue_dir, log) -> dict:
     ]
     starts.append((RANDOM, 0, out))  # with_init's 'random' reads OUT/tokenizer
     pretrain_config_dict = results["pretrain"][0]["config"]
+    rates = tuple(preset.get("learning_rates", ()))
+
+    def one(name: str, step: int, init_from: str, task: str, seed: int, lr: float | None):
+        fields = {**preset["finetune"], **preset.get("finetune_tasks", {}).get(task, {})}
+        if lr is not None:
+            fields["learning_rate"] = lr
+        config = glue.glue_config(task, seed, os.path.join(glue_dir, task), fields)
+        init = "random" if name == RANDOM else "pretrained"
+        config = glue.with_init(config, init, init_from, pretrain_config_dict)
+        run_name = f"{task}-seed{seed}" + (f"-lr{lr:g}" if lr is not None else "")
+        where = os.path.join(out, "finetune", f"{name}-{step}", run_name)
+        t0 = time.time()
+        r = finetune(config, where)
+        log(
+            f"{name}@{step} {task} seed {seed}{f' lr {lr:g}' if lr else ''}: "
+            f"{r['score_metric']} {r['score']:.4f} ({time.time() - t0:.1f}s)"
+        )
+        return {
+            "objective": name,
+            "step": step,
+            "task": task,
+            "seed": seed,
+            "learning_rate": r["learning_rate"],
+            "score": r["score"],
+            "score_metric": r["score_metric"],
+            "elapsed_sec": r["elapsed_sec"],
+        }
+
     for name, step, init_from in starts:
         for task in tasks:
-            for seed in range(seeds):
-                config = glue.glue_config(
-                    task, seed, os.path.join(glue_dir, task), preset["finetune"]
-                )
-                init = "random" if name == RANDOM else "pretrained"
-                config = glue.with_init(config, init, init_from, pretrain_config_dict)
-                where = os.path.join(out, "finetune", f"{name}-{step}", f"{task}-seed{seed}")
-                t0 = time.time()
-                r = finetune(config, where)
-                results["finetune"].append(
-                    {
-                        "objective": name,
-                        "step": step,
-                        "task": task,
-                        "seed": seed,
-                        "score": r["score"],
-                        "score_metric": r["score_metric"],
-                        "elapsed_sec": r["elapsed_sec"],
-                    }
-                )
-                log(
-                    f"{name}@{step} {task} seed {seed}: {r['score_metric']} {r['score']:.4f} "
-                    f"({time.time() - t0:.1f}s)"
-                )
+            lr = None
+            if len(rates) > 1:
+                # The sweep: seed 0 at every rate; the best on dev serves every seed. The same
+                # rule for every objective and for random init.
+                sweep = [one(name, step, init_from, task, 0, r) for r in rates]
+                best = max(sweep, key=lambda row: row["score"])
+                lr = rates[sweep.index(best)]
+                results["sweep"].extend(dict(row, chosen=row is best) for row in sweep)
+                results["finetune"].append(best)
+                seeds_left = range(1, seeds)
+            else:
+                lr = rates[0] if rates else None
+                seeds_left = range(seeds)
+            for seed in seeds_left:
+                results["finetune"].append(one(name, step, init_from, task, seed, lr))
     return results
 
 
@@ -429,17 +554,18 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="cpu", choices=sorted(PRESETS))
     ap.add_argument("--out", required=True, help="where every run goes; a rerun continues it")
-    ap.add_argument("--objectives", default=",".join(OBJECTIVES))
+    ap.add_argument("--objectives", default="", help="comma-separated; '' = the preset's")
     ap.add_argument("--tasks", default="", help="comma-separated; '' = the preset's")
     ap.add_argument("--seeds", type=int, default=0, help="0 = the preset's")
     ap.add_argument("--corpus", default=os.path.join(SHARED, "corpus", "*", "*.txt"))
     ap.add_argument("--glue_dir", default=os.path.join(SHARED, "glue"), help="<TASK>/*.tsv")
     args = ap.parse_args(argv)
     started = time.time()
+    preset = PRESETS[args.preset]
     results = run(
-        PRESETS[args.preset],
+        preset,
         args.out,
-        objectives=args.objectives.split(","),
+        objectives=(args.objectives or ",".join(preset.get("objectives", OBJECTIVES))).split(","),
         tasks=args.tasks.split(",") if args.tasks else None,
         seeds=args.seeds or None,
         corpus=args.corpus,

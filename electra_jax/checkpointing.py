@@ -17,8 +17,10 @@ the current step (save, then exit 0); on multi-host runs every process stops at 
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
+import sys
 import threading
 from typing import Any
 
@@ -53,7 +55,11 @@ def make_manager(workdir: str, checkpoint_cfg: Any) -> ocp.CheckpointManager:
     return ocp.CheckpointManager(
         checkpoint_dir(workdir),
         options=options,
-        item_names=("state", "data"),
+        # Handlers named up front, so that a step's metadata can be read before any restore.
+        item_handlers={
+            "state": ocp.StandardCheckpointHandler(),
+            "data": grain.checkpoint.CheckpointHandler(),
+        },
     )
 
 
@@ -105,40 +111,181 @@ def _move_aside(manager: ocp.CheckpointManager, step: int) -> str:
     return dst
 
 
+class CheckpointMismatch(CheckpointError):
+    """A readable checkpoint whose tree differs from the state the config describes: another
+    model or optimizer, not damage. Nothing is moved aside.
+
+    step: the checkpoint's step. differences: a few lines such as
+    "params.generator...kernel: (32, 32) saved, (64, 64) now" or "opt_state.0.mu: saved only".
+    """
+
+    def __init__(self, step: int, differences: list[str]):
+        self.step, self.differences = step, differences
+        super().__init__(f"checkpoint {step} differs from the config: {shown(differences)}")
+
+
+def shown(differences: list[str], limit: int = 3) -> str:
+    """The first `limit` differences and how many more, on one line."""
+    more = len(differences) - limit
+    return "; ".join(differences[:limit] + ([f"{more} more"] if more > 0 else []))
+
+
+def _key_name(key: Any) -> str:
+    for attr in ("key", "name", "idx"):
+        if hasattr(key, attr):
+            return str(getattr(key, attr))
+    return str(key)
+
+
+def _leaf_shapes(tree: Any) -> dict[str, tuple]:
+    """{dotted path: shape} of a tree's array leaves, named as orbax names saved arrays."""
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return {".".join(_key_name(k) for k in path): tuple(leaf.shape) for path, leaf in leaves}
+
+
+def _saved_shapes(manager: ocp.CheckpointManager, step: int) -> dict[str, tuple]:
+    """{name: shape} of the arrays saved in `step`'s state, from its metadata (no array is
+    read). Raises whatever orbax raises when the metadata is missing or unreadable."""
+    metadata = manager.item_metadata(step)["state"]
+    if metadata is None:
+        raise FileNotFoundError(f"checkpoint {step} has no state metadata")
+    tree = getattr(metadata, "tree", metadata)
+    return {
+        str(leaf.name): tuple(leaf.shape)
+        for leaf in jax.tree_util.tree_leaves(tree)
+        if hasattr(leaf, "shape") and hasattr(leaf, "name")
+    }
+
+
+def tree_differences(saved: dict[str, tuple], expected: dict[str, tuple]) -> list[str]:
+    """What differs between two {name: shape} maps, one line per array: parameters first (they
+    name the setting best), shape differences before missing arrays."""
+    out = [
+        (0, k, f"{k}: {saved[k]} saved, {expected[k]} now")
+        for k in set(saved) & set(expected)
+        if tuple(saved[k]) != tuple(expected[k])
+    ]
+    out += [(1, k, f"{k}: in the checkpoint only") for k in set(saved) - set(expected)]
+    out += [(1, k, f"{k}: in the config's state only") for k in set(expected) - set(saved)]
+    out.sort(key=lambda x: (not x[1].startswith("params"), x[0], x[1]))
+    return [line for _, _, line in out]
+
+
+# Errors of the machine, not of the files: a checkpoint that fails with one of these is left
+# where it is, and the run stops with one line.
+_ENVIRONMENT_ERRNOS = (errno.EACCES, errno.EPERM, errno.ENOSPC, errno.ENOMEM, errno.EIO)
+_ENVIRONMENT_WORDS = ("PERMISSION_DENIED", "Permission denied", "RESOURCE_EXHAUSTED", "No space")
+
+
+def _is_environment_error(e: BaseException) -> bool:
+    while e is not None:
+        if isinstance(e, MemoryError):
+            return True
+        if isinstance(e, OSError) and e.errno in _ENVIRONMENT_ERRNOS:
+            return True
+        if any(w in str(e) for w in _ENVIRONMENT_WORDS):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def set_aside(workdir: str) -> list[str]:
+    """The checkpoints of WORKDIR moved aside as damaged (`<step>.corrupt*`), oldest first."""
+    directory = checkpoint_dir(workdir)
+    if not os.path.isdir(directory):
+        return []
+    names = [n for n in os.listdir(directory) if CORRUPT_SUFFIX in n]
+    return sorted(names, key=lambda n: int(n.split(".")[0]) if n.split(".")[0].isdigit() else 0)
+
+
 def restore_latest(
     manager: ocp.CheckpointManager, abstract_state: Any, data_iter: Any, log=print
 ) -> Any:
     """Restores the newest readable checkpoint into (state, iterator); None when there is none.
 
-    A checkpoint that fails to restore is moved aside to `<step>.corrupt` with a warning (`log`
-    gets one line naming the step) and the next older one is tried. Raises CheckpointError when
-    checkpoints exist but none can be restored; they are all kept, renamed, for inspection.
+    Damage and mismatch are told apart. First the checkpoint's metadata is read (no arrays):
+    - unreadable or missing metadata is damage;
+    - a tree of other names or shapes than `abstract_state` is a mismatch (another model or
+      optimizer): CheckpointMismatch, and nothing is moved.
+    Then the arrays and the iterator position are read; a failure there is damage too, unless it
+    is the machine's (permission, full disk, out of memory, I/O error): CheckpointError, nothing
+    moved. A damaged checkpoint is moved aside to `<step>.corrupt` with a warning (`log` gets one
+    line naming the step) and the next older one is tried.
+
+    Raises CheckpointError when checkpoints exist (or were set aside, now or by an earlier run)
+    but none can be restored: a run never starts over silently where checkpoints were.
     """
     failed: list[str] = []
+    expected = _leaf_shapes(abstract_state)
+    _quiet_late_callbacks()
     while (step := manager.latest_step()) is not None:
         try:
-            restored = manager.restore(
-                step,
-                args=ocp.args.Composite(
-                    state=ocp.args.StandardRestore(abstract_state),
-                    data=grain.checkpoint.CheckpointRestore(data_iter),
-                ),
-            )
-            return restored["state"]
-        except Exception as e:  # orbax and tensorstore raise many types for damaged files
-            reason = " ".join(f"{type(e).__name__}: {e}".split())[:300]
-            moved = _move_aside(manager, step)
-            failed.append(moved)
-            log(
-                f"warning: checkpoint {step} cannot be restored ({reason}); moved it to {moved} "
-                "and trying the previous one"
-            )
-    if failed:
+            saved = _saved_shapes(manager, step)
+            damage = None
+        except Exception as e:  # orbax raises many types for missing or damaged metadata
+            if _is_environment_error(e):
+                raise CheckpointError(_environment_message(manager, step, e)) from e
+            saved, damage = None, e
+        if saved is not None:
+            differences = tree_differences(saved, expected)
+            if differences:
+                raise CheckpointMismatch(step, differences)
+            try:
+                restored = manager.restore(
+                    step,
+                    args=ocp.args.Composite(
+                        state=ocp.args.StandardRestore(abstract_state),
+                        data=grain.checkpoint.CheckpointRestore(data_iter),
+                    ),
+                )
+                return restored["state"]
+            except Exception as e:  # orbax and tensorstore raise many types for damaged files
+                if _is_environment_error(e):
+                    raise CheckpointError(_environment_message(manager, step, e)) from e
+                damage = e
+        reason = " ".join(f"{type(damage).__name__}: {damage}".split())[:300]
+        moved = _move_aside(manager, step)
+        failed.append(moved)
+        log(
+            f"warning: checkpoint {step} cannot be restored ({reason}); moved it to {moved} "
+            "and trying the previous one"
+        )
+    aside = failed or [
+        os.path.join(str(manager.directory), n) for n in set_aside(str(manager.directory.parent))
+    ]
+    if aside:
         raise CheckpointError(
-            f"no checkpoint in {manager.directory} can be restored (moved aside: "
-            f"{', '.join(failed)}); inspect them, or use a new --workdir to start over"
+            f"no checkpoint in {manager.directory} can be restored (set aside as damaged: "
+            f"{', '.join(aside)}); inspect them, or use a new --workdir to start over"
         )
     return None
+
+
+def _quiet_late_callbacks() -> None:
+    """If a restore fails, tensorstore still completes the reads that were in flight and calls
+    their asyncio callbacks on the loop orbax has closed: each raises "Event loop is closed" as
+    an unraisable exception, a traceback apiece (hundreds for a real train state) around the one
+    line the user should see. Those, and only those, are dropped from then on."""
+    previous = sys.unraisablehook
+    if getattr(previous, "_electra_jax_quiet", False):
+        return
+
+    def hook(unraisable) -> None:
+        e = unraisable.exc_value
+        if isinstance(e, RuntimeError) and str(e) == "Event loop is closed":
+            return
+        previous(unraisable)
+
+    hook._electra_jax_quiet = True
+    sys.unraisablehook = hook
+
+
+def _environment_message(manager: ocp.CheckpointManager, step: int, e: BaseException) -> str:
+    reason = " ".join(f"{type(e).__name__}: {e}".split())[:200]
+    return (
+        f"checkpoint {step} in {manager.directory} cannot be read on this machine ({reason}); "
+        "nothing was moved: fix the permissions, space or memory and run again"
+    )
 
 
 class PreemptionWatcher:

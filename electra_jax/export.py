@@ -5,7 +5,10 @@
 An export D holds:
   D/discriminator/   ElectraForPreTraining: config.json, model.safetensors, tokenizer files
   D/generator/       ElectraForMaskedLM: the same files
-  D/export.json      what was exported (source, step, tokenizer fingerprint); marks D as an export
+  D/export.json      what was exported (source, step, tokenizer fingerprint) and "files", the
+                     relative path of every other file the export wrote; marks D as an export
+An export into an existing D writes its own files and deletes those of the previous export (its
+manifest lists them) that it no longer writes: anything else a user keeps in D stays untouched.
 Tokenizer files (each folder): tokenizer.json (the SentencePiece unigram model rebuilt with the
 `tokenizers` library, so `AutoTokenizer` loads it without sentencepiece), tokenizer_config.json,
 special_tokens_map.json, and spm.model, the original model, which import reads back so that ids
@@ -28,6 +31,7 @@ Export then import is bit-exact: every conversion is a transpose or a reshape.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -42,7 +46,14 @@ import numpy as np
 
 from electra_jax import model
 from electra_jax.data.tokenizer import MODEL_FILENAME, SPECIAL_PIECES, Tokenizer
-from electra_jax.pretrained import Pretrained, PretrainedError, check_params
+from electra_jax.pretrained import (
+    Pretrained,
+    PretrainedError,
+    check_params,
+    check_size,
+    json_kind,
+    one_line,
+)
 
 DISCRIMINATOR, GENERATOR = "discriminator", "generator"
 NETWORKS = (DISCRIMINATOR, GENERATOR)
@@ -275,20 +286,44 @@ def hf_config(spec: model.ElectraSpec, network: str, pad_id: int) -> dict:
     }
 
 
-def _encoder_from_hf(config: dict, where: str) -> model.EncoderSpec:
-    try:
-        enc = model.EncoderSpec(
-            hidden_size=int(config["hidden_size"]),
-            num_layers=int(config["num_hidden_layers"]),
-            num_heads=int(config["num_attention_heads"]),
-            intermediate_size=int(config["intermediate_size"]),
+_REQUIRED = object()
+
+
+def _hf_size(config: dict, field: str, limit: str, where: str, default: Any = _REQUIRED) -> int:
+    """config[field] (or `default` when absent and allowed), checked to be a sane positive int."""
+    if field not in config and default is _REQUIRED:
+        raise PretrainedError(
+            f"{where}/config.json lacks the ElectraConfig field {field!r}; save the model again "
+            "with transformers' save_pretrained"
         )
-    except (KeyError, TypeError, ValueError) as e:
-        raise PretrainedError(f"{where} lacks the ElectraConfig field {e}") from None
+    return check_size(config.get(field, default), field, limit, f"{where}/config.json")
+
+
+def _hf_rate(
+    config: dict, field: str, default: float, where: str, low: float, high: float
+) -> float:
+    """config[field] (default when absent) as a float with low <= value < high."""
+    value = config.get(field, default)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not (ok and low <= value < high):
+        raise PretrainedError(
+            f"{where}/config.json: {field} is {one_line(repr(value), 60)}; it must be a number "
+            f"from {low} to below {high}: correct the file or fetch it again"
+        )
+    return float(value)
+
+
+def _encoder_from_hf(config: dict, where: str) -> model.EncoderSpec:
+    enc = model.EncoderSpec(
+        hidden_size=_hf_size(config, "hidden_size", "hidden_size", where),
+        num_layers=_hf_size(config, "num_hidden_layers", "num_layers", where),
+        num_heads=_hf_size(config, "num_attention_heads", "num_heads", where),
+        intermediate_size=_hf_size(config, "intermediate_size", "intermediate_size", where),
+    )
     if enc.hidden_size % enc.num_heads:
         raise PretrainedError(
-            f"{where}: hidden_size {enc.hidden_size} is not a multiple of num_attention_heads "
-            f"{enc.num_heads}"
+            f"{where}/config.json: hidden_size {enc.hidden_size} is not a multiple of "
+            f"num_attention_heads {enc.num_heads}; correct the file or fetch it again"
         )
     act = config.get("hidden_act", "gelu")
     if act != "gelu":
@@ -317,15 +352,15 @@ def spec_from_hf(disc: dict, gen: dict | None, where: dict[str, str]) -> model.E
         if gen is not None
         else model.generator_spec(d, DEFAULT_GENERATOR_FRACTION)
     )
-    try:
-        shared = {
-            "vocab_size": int(disc["vocab_size"]),
-            "embedding_size": int(disc.get("embedding_size", d.hidden_size)),
-            "max_position_embeddings": int(disc["max_position_embeddings"]),
-            "type_vocab_size": int(disc["type_vocab_size"]),
-        }
-    except (KeyError, TypeError, ValueError) as e:
-        raise PretrainedError(f"{where[DISCRIMINATOR]} lacks the ElectraConfig field {e}") from None
+    w = where[DISCRIMINATOR]
+    shared = {
+        "vocab_size": _hf_size(disc, "vocab_size", "vocab_size", w),
+        "embedding_size": _hf_size(disc, "embedding_size", "embedding_size", w, d.hidden_size),
+        "max_position_embeddings": _hf_size(
+            disc, "max_position_embeddings", "max_position_embeddings", w
+        ),
+        "type_vocab_size": _hf_size(disc, "type_vocab_size", "type_vocab_size", w),
+    }
     if gen is not None:
         gen_shared = dict(shared, embedding_size=gen.get("embedding_size", g.hidden_size))
         for field in SHARED_FIELDS:
@@ -339,10 +374,10 @@ def spec_from_hf(disc: dict, gen: dict | None, where: dict[str, str]) -> model.E
         **shared,
         discriminator=d,
         generator=g,
-        dropout_rate=float(disc.get("hidden_dropout_prob", 0.1)),
-        attention_dropout_rate=float(disc.get("attention_probs_dropout_prob", 0.1)),
-        initializer_range=float(disc.get("initializer_range", 0.02)),
-        layer_norm_eps=float(disc.get("layer_norm_eps", 1e-12)),
+        dropout_rate=_hf_rate(disc, "hidden_dropout_prob", 0.1, w, 0.0, 1.0),
+        attention_dropout_rate=_hf_rate(disc, "attention_probs_dropout_prob", 0.1, w, 0.0, 1.0),
+        initializer_range=_hf_rate(disc, "initializer_range", 0.02, w, 0.0, 1e3),
+        layer_norm_eps=_hf_rate(disc, "layer_norm_eps", 1e-12, w, 1e-300, 1.0),
     )
 
 
@@ -454,6 +489,14 @@ def write_tokenizer_files(tokenizer: Any, folder: str, max_length: int) -> None:
     _write_json(os.path.join(folder, "special_tokens_map.json"), specials)
 
 
+# The options of tokenizer_config.json that WordPieceTokenizer reads, and their allowed values.
+_BERT_OPTIONS = {
+    "do_lower_case": (True, False),
+    "strip_accents": (None, True, False),
+    "tokenize_chinese_chars": (True, False),
+}
+
+
 class WordPieceTokenizer:
     """BERT's WordPiece (vocab.txt), with `data.tokenizer.Tokenizer`'s interface.
 
@@ -520,7 +563,16 @@ class WordPieceTokenizer:
                 vocab = [line.rstrip("\r\n") for line in f]
         except (OSError, UnicodeDecodeError) as e:
             raise PretrainedError(f"{path} cannot be read ({e})") from None
-        options = _read_json(os.path.join(folder, "tokenizer_config.json"), default={})
+        config_path = os.path.join(folder, "tokenizer_config.json")
+        options = _read_json_object(
+            config_path, "a tokenizer_config.json is an object of options", default={}
+        )
+        for name, allowed in _BERT_OPTIONS.items():
+            if name in options and not any(options[name] is v for v in allowed):
+                raise PretrainedError(
+                    f"{config_path}: {name} is {one_line(repr(options[name]), 60)}; it must be "
+                    f"one of {' or '.join(map(json.dumps, allowed))}: correct the file"
+                )
         return cls(
             vocab,
             do_lower_case=options.get("do_lower_case", True),
@@ -605,7 +657,7 @@ def read_hf_tokenizer(folder: str) -> Any:
         try:
             return Tokenizer.load(spm_path)
         except DataError as e:
-            raise PretrainedError(str(e)) from None
+            raise PretrainedError(one_line(e, 1000)) from None
     if os.path.isfile(os.path.join(folder, VOCAB_TXT)):
         return WordPieceTokenizer.load(folder)
     raise PretrainedError(
@@ -627,7 +679,20 @@ def _read_json(path: str, default: Any = None) -> Any:
     except FileNotFoundError:
         raise PretrainedError(f"{path} is missing") from None
     except (OSError, ValueError) as e:
-        raise PretrainedError(f"{path} cannot be read ({e})") from None
+        raise PretrainedError(
+            f"{path} cannot be read ({one_line(e, 200)}); fetch or export it again"
+        ) from None
+
+
+def _read_json_object(path: str, what: str, default: Any = None) -> dict:
+    """_read_json, refusing a file whose top level is not an object (`what`: what it must be)."""
+    value = _read_json(path, default)
+    if not isinstance(value, dict):
+        raise PretrainedError(
+            f"{path} holds a JSON {json_kind(value)}, not an object ({what}); fetch or export it "
+            "again"
+        )
+    return value
 
 
 def _write_json(path: str, obj: Any) -> None:
@@ -637,11 +702,13 @@ def _write_json(path: str, obj: Any) -> None:
 
 
 def read_hf_config(folder: str) -> dict:
-    config = _read_json(os.path.join(folder, "config.json"))
-    if not isinstance(config, dict) or config.get("model_type") != "electra":
-        kind = config.get("model_type") if isinstance(config, dict) else None
+    config = _read_json_object(
+        os.path.join(folder, "config.json"), "a transformers config.json is an object"
+    )
+    if config.get("model_type") != "electra":
         raise PretrainedError(
-            f"{folder}/config.json is not an ELECTRA config (model_type={kind!r})"
+            f"{folder}/config.json is not an ELECTRA config (model_type="
+            f"{one_line(repr(config.get('model_type')), 60)}); give an ELECTRA model folder"
         )
     return config
 
@@ -658,8 +725,7 @@ def read_hf_tensors(folder: str) -> dict[str, np.ndarray]:
     if os.path.isfile(single):
         files = [single]
     elif os.path.isfile(index):
-        weight_map = _read_json(index).get("weight_map", {})
-        files = [os.path.join(folder, name) for name in sorted(set(weight_map.values()))]
+        files = [os.path.join(folder, name) for name in _shard_names(index)]
     elif os.path.isfile(os.path.join(folder, TORCH_WEIGHTS)):
         return _read_torch_bin(os.path.join(folder, TORCH_WEIGHTS))
     else:
@@ -673,26 +739,105 @@ def read_hf_tensors(folder: str) -> dict[str, np.ndarray]:
             tensors.update(load_file(path))
         except Exception as e:  # safetensors raises its own error types for damaged files
             raise PretrainedError(
-                f"{path} cannot be read ({type(e).__name__}: {e}); download or export it again "
-                "(bfloat16 files need converting to float32)"
+                f"{path} cannot be read ({type(e).__name__}: {one_line(e, 200)}); download or "
+                "export it again (bfloat16 files need converting to float32)"
             ) from None
     return tensors
 
 
+def _plain_file_name(name: Any) -> bool:
+    """Whether `name` names a file in the folder itself: no separator, no '..', not absolute."""
+    return (
+        isinstance(name, str)
+        and name not in ("", ".", "..")
+        and not any(c in name for c in "/\\\0")
+        and not os.path.isabs(name)
+        and os.path.basename(name) == name
+    )
+
+
+def _shard_names(index: str) -> list[str]:
+    """The shard files a model.safetensors.index.json names, each a plain file beside it.
+
+    Paths read from a file never leave its folder: a weight_map value with a separator, '..' or
+    an absolute path is refused rather than read.
+    """
+    data = _read_json_object(index, "a sharded checkpoint's index is an object with a weight_map")
+    weight_map = data.get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        shown = "empty" if weight_map == {} else f"a JSON {json_kind(weight_map)}"
+        raise PretrainedError(
+            f"{index}: weight_map is {shown}, not an object of tensor name -> shard file; save "
+            "the model again with save_pretrained"
+        )
+    for key, name in weight_map.items():
+        if not _plain_file_name(name):
+            raise PretrainedError(
+                f"{index}: weight_map[{one_line(repr(key), 80)}] is {one_line(repr(name), 80)}, "
+                "not the name of a file beside the index; shards must sit in the index's own "
+                "folder"
+            )
+    return sorted(set(weight_map.values()))
+
+
 def _read_torch_bin(path: str) -> dict[str, np.ndarray]:
+    import pickle
+    import zipfile
+
+    convert = (
+        f"convert it to {WEIGHTS} where the source is trusted (transformers' "
+        "save_pretrained(dir, safe_serialization=True))"
+    )
     try:
         import torch
     except ImportError:
         raise PretrainedError(
-            f"{path} is a PyTorch pickle and torch is not installed; convert it to "
-            f"{WEIGHTS} where torch is (model.save_pretrained(dir, safe_serialization=True)) or "
-            "pip install torch"
+            f"{path} is a PyTorch pickle and torch is not installed; {convert} or pip install torch"
         ) from None
+    # torch's messages are not shown: they can recommend weights_only=False, which runs any code
+    # the pickle holds.
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # torch raises many types for damaged pickles
-        raise PretrainedError(f"{path} cannot be read ({type(e).__name__}: {e})") from None
+    except pickle.UnpicklingError:
+        if zipfile.is_zipfile(path):
+            raise PretrainedError(
+                f"{path} holds objects other than tensors, which are not loaded; {convert}"
+            ) from None
+        raise PretrainedError(
+            f"{path} is damaged or holds objects other than tensors; download it again or {convert}"
+        ) from None
+    except Exception as e:  # torch raises many types for damaged files
+        raise PretrainedError(
+            f"{path} is damaged or not a PyTorch checkpoint (torch.load raised "
+            f"{type(e).__name__}); download it again or {convert}"
+        ) from None
+    check_state_dict(state, path, torch.Tensor)
     return {k: v.detach().float().numpy() for k, v in state.items()}
+
+
+def check_state_dict(state: Any, path: str, tensor_type: type) -> None:
+    """PretrainedError unless `state` is a non-empty dict of str -> `tensor_type` (torch.Tensor
+    for a pytorch_model.bin): the pickle may hold any plain data weights_only allows."""
+    if not isinstance(state, dict):
+        raise PretrainedError(
+            f"{path} holds a {type(state).__name__}, not a state dict (tensor name -> tensor); "
+            f"give the file transformers' save_pretrained writes, or {WEIGHTS}"
+        )
+    if not state:
+        raise PretrainedError(f"{path} holds no tensors; download or save the model again")
+    for key, value in state.items():
+        if not isinstance(key, str):
+            raise PretrainedError(
+                f"{path} has a key {one_line(repr(key), 80)} that is not a tensor name, so the "
+                f"file is not a transformers state dict; give the file save_pretrained writes, "
+                f"or {WEIGHTS}"
+            )
+        if not isinstance(value, tensor_type):
+            raise PretrainedError(
+                f"{path}: entry {one_line(repr(key), 80)} holds a {type(value).__name__}, not a "
+                f"tensor, so the file is not a transformers state dict; give the file "
+                f"save_pretrained writes, or {WEIGHTS}"
+            )
 
 
 def read_hf(directory: str) -> Pretrained:
@@ -774,23 +919,180 @@ def _with_fresh_generator(params: dict, spec: model.ElectraSpec, seed: int = 0) 
     return {**jax.tree_util.tree_map_with_path(init, missing), **params}
 
 
-def _check_out(out: str) -> None:
-    """An export may replace a previous export, never anything else."""
-    if os.path.exists(out) and not os.path.isdir(out):
+FORMAT, VERSION = "electra_jax.export", 2
+# While one export replaces another, the union of both file lists waits here (hidden) in place of
+# export.json, so that a folder a crash leaves half replaced is still recognised as ours, with
+# every file either export wrote, and the next export finishes the job.
+PARTIAL_MANIFEST = ".export.json.partial"
+# Hidden folders in OUT where an export is written before each file is renamed into place.
+TMP_PREFIX = ".electra_jax-export-"
+# The files exports of version 1 wrote (their export.json lists none): only these are replaced.
+V1_FILES = tuple(
+    f"{network}/{name}"
+    for network in NETWORKS
+    for name in (
+        "config.json",
+        WEIGHTS,
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        MODEL_FILENAME,
+        VOCAB_TXT,
+    )
+)
+
+
+def _relative_file(rel: Any) -> bool:
+    """Whether a manifest entry is a path inside the export: '/'-separated parts, none empty,
+    '..' or hidden, so not absolute either."""
+    if not isinstance(rel, str) or "\\" in rel or "\0" in rel:
+        return False
+    return all(part and not part.startswith(".") for part in rel.split("/"))
+
+
+def _is_tmp(out: str, name: str) -> bool:
+    path = os.path.join(out, name)
+    return name.startswith(TMP_PREFIX) and os.path.isdir(path) and not os.path.islink(path)
+
+
+def _no_link_on_the_way(out: str, rel: str) -> bool:
+    """Whether every folder between OUT and OUT/rel is a real folder (or absent), so that writing
+    or deleting OUT/rel stays inside OUT."""
+    parent = out
+    for part in rel.split("/")[:-1]:
+        parent = os.path.join(parent, part)
+        if os.path.islink(parent) or (os.path.lexists(parent) and not os.path.isdir(parent)):
+            return False
+    return True
+
+
+def _manifest_files(out: str, name: str) -> set[str]:
+    """The files the manifest OUT/name says an export wrote; PretrainedError unless it is ours."""
+    path = os.path.join(out, name)
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        raise PretrainedError(
+            f"--out {out}: its {name} is not JSON, so the folder is not an electra_jax export; "
+            "choose another --out (nothing was changed)"
+        ) from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        what = f"format {data.get('format')!r}" if isinstance(data, dict) else json_kind(data)
+        raise PretrainedError(
+            f"--out {out}: its {name} was not written by electra_jax (a JSON "
+            f"{one_line(what, 60)}); choose another --out (nothing was changed)"
+        )
+    if "files" not in data:  # version 1: the layout it wrote, as far as it is there
+        return {rel for rel in V1_FILES if os.path.lexists(os.path.join(out, rel))}
+    files = data["files"]
+    if not isinstance(files, list):
+        raise PretrainedError(
+            f"{path}: files is a JSON {json_kind(files)}, not a list of paths inside the export; "
+            "choose another --out (nothing was changed)"
+        )
+    for rel in files:
+        if not _relative_file(rel):
+            raise PretrainedError(
+                f"{path}: files lists {one_line(repr(rel), 80)}, which is not a path inside the "
+                "export; choose another --out (nothing was changed)"
+            )
+    return set(files)
+
+
+def _check_out(out: str) -> list[str]:
+    """The files of the previous export at OUT that a new export replaces or deletes ([] when
+    OUT is missing or empty): an export replaces only what an export wrote.
+
+    Raises:
+      PretrainedError: OUT is a file, or a folder that holds anything but no export.json of ours.
+    """
+    if not os.path.lexists(out):
+        return []
+    if not os.path.isdir(out):
         raise PretrainedError(f"--out {out} is a file; choose a directory path")
-    if os.path.isdir(out) and os.listdir(out) and not os.path.isfile(os.path.join(out, MANIFEST)):
+    names = [n for n in os.listdir(out) if not _is_tmp(out, n)]
+    manifests = [n for n in (MANIFEST, PARTIAL_MANIFEST) if n in names]
+    if not manifests and names:
         raise PretrainedError(
             f"--out {out} exists and is not an electra_jax export (no {MANIFEST}); choose "
             "another --out or empty it"
         )
+    files: set[str] = set()
+    for name in manifests:
+        files |= _manifest_files(out, name)
+    return sorted(files)
+
+
+def _files_below(folder: str) -> list[str]:
+    """Every file under `folder`, as sorted '/'-separated relative paths."""
+    found = []
+    for root, _, names in os.walk(folder):
+        rel = os.path.relpath(root, folder)
+        found += [name if rel == "." else f"{rel.replace(os.sep, '/')}/{name}" for name in names]
+    return sorted(found)
+
+
+def _write_networks(pretrained: Pretrained, folder: str) -> list[str]:
+    """FOLDER/discriminator and FOLDER/generator; returns the files written."""
+    from safetensors.numpy import save_file
+
+    spec, tokenizer = pretrained.spec, pretrained.tokenizer
+    tensors = params_to_hf(pretrained.params, spec)
+    for network in NETWORKS:
+        sub = os.path.join(folder, network)
+        os.makedirs(sub)
+        _write_json(os.path.join(sub, "config.json"), hf_config(spec, network, tokenizer.pad_id))
+        # "pt" is what transformers expects in the metadata of a PyTorch-loadable file.
+        save_file(tensors[network], os.path.join(sub, WEIGHTS), metadata={"format": "pt"})
+        write_tokenizer_files(tokenizer, sub, spec.max_position_embeddings)
+    return _files_below(folder)
+
+
+def _move_into_place(out: str, tmp: str, previous: list[str], files: list[str]) -> None:
+    """Renames each file of TMP (a new export, its manifest included) into OUT, deletes the
+    files of the previous export that the new one does not write, and leaves all else alone.
+
+    Every file is replaced by one os.replace, so each is whole, old or new; export.json, written
+    last, says the export is complete. Until then PARTIAL_MANIFEST lists both exports' files.
+    """
+    for rel in files:
+        target = os.path.join(out, rel)
+        if not _no_link_on_the_way(out, rel) or (
+            os.path.isdir(target) and not os.path.islink(target)
+        ):
+            raise PretrainedError(
+                f"--out {out}: {rel} cannot be written (a folder, a file or a link stands in its "
+                "way); move that away or choose another --out (nothing was changed)"
+            )
+    partial = {"format": FORMAT, "version": VERSION, "files": sorted({*previous, *files})}
+    _write_json(os.path.join(tmp, PARTIAL_MANIFEST), partial)
+    os.replace(os.path.join(tmp, PARTIAL_MANIFEST), os.path.join(out, PARTIAL_MANIFEST))
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(os.path.join(out, MANIFEST))
+    for rel in files:
+        target = os.path.join(out, rel)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        os.replace(os.path.join(tmp, rel), target)
+    for rel in sorted(set(previous) - set(files)):
+        target = os.path.join(out, rel)
+        if _no_link_on_the_way(out, rel) and (os.path.islink(target) or os.path.isfile(target)):
+            os.remove(target)
+            parent = os.path.dirname(target)
+            while parent != out and not os.listdir(parent):  # folders only it filled
+                os.rmdir(parent)
+                parent = os.path.dirname(parent)
+    os.replace(os.path.join(tmp, MANIFEST), os.path.join(out, MANIFEST))
+    os.remove(os.path.join(out, PARTIAL_MANIFEST))
 
 
 def write_export(pretrained: Pretrained, out: str) -> dict:
     """Writes OUT/discriminator, OUT/generator and OUT/export.json; returns the manifest.
 
-    Written into a temporary sibling directory first and renamed into place, so OUT is never
-    half-written. OUT may be missing, empty, or a previous export (which is replaced); anything
-    else is refused.
+    OUT may be missing, empty, or a previous export; anything else is refused. The export is
+    written into a hidden folder inside OUT, then each file is renamed into place, so every file
+    is whole. Of a previous export only the files it wrote (its manifest lists them) are replaced
+    or deleted: whatever else the user keeps in OUT stays as it is.
     """
     out = os.path.abspath(out)
     if pretrained.spec.embedding_sharing != "electra":
@@ -799,50 +1101,36 @@ def write_export(pretrained: Pretrained, out: str) -> dict:
             f"'{pretrained.spec.embedding_sharing}'; exporting it is not supported yet (a "
             "transformers pair has one embedding block each); fine-tune it with electra_jax"
         )
-    _check_out(out)
-    spec, tokenizer = pretrained.spec, pretrained.tokenizer
-    tensors = params_to_hf(pretrained.params, spec)
+    previous = _check_out(out)
     counts = model.network_param_counts(pretrained.params)
     manifest = {
-        "format": "electra_jax.export",
-        "version": 1,
+        "format": FORMAT,
+        "version": VERSION,
         "source": pretrained.source,
-        "tokenizer_fingerprint": tokenizer.fingerprint,
+        "tokenizer_fingerprint": pretrained.tokenizer.fingerprint,
         "discriminator_params": counts[DISCRIMINATOR],
         "generator_params": counts[GENERATOR],
     }
-    from safetensors.numpy import save_file
-
-    parent = os.path.dirname(out)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.tmp-", dir=parent)
+    created = not os.path.isdir(out)
     try:
-        for network in NETWORKS:
-            folder = os.path.join(tmp, network)
-            os.makedirs(folder)
-            _write_json(
-                os.path.join(folder, "config.json"), hf_config(spec, network, tokenizer.pad_id)
-            )
-            # "pt" is what transformers expects in the metadata of a PyTorch-loadable file.
-            save_file(tensors[network], os.path.join(folder, WEIGHTS), metadata={"format": "pt"})
-            write_tokenizer_files(tokenizer, folder, spec.max_position_embeddings)
-        _write_json(os.path.join(tmp, MANIFEST), manifest)
-        if os.path.isdir(out):
-            # Two renames: the previous export steps aside (and comes back if the second fails).
-            old = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.old-", dir=parent)
-            os.rename(out, os.path.join(old, "export"))
-            try:
-                os.rename(tmp, out)
-            except OSError:
-                os.rename(os.path.join(old, "export"), out)
-                raise
-            finally:
-                if os.path.isdir(out):
-                    shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(out, exist_ok=True)
+        for name in os.listdir(out):  # left by an export that was interrupted
+            if _is_tmp(out, name):
+                shutil.rmtree(os.path.join(out, name), ignore_errors=True)
+        tmp = tempfile.mkdtemp(prefix=TMP_PREFIX, dir=out)
+        try:
+            manifest["files"] = _write_networks(pretrained, tmp)
+            _write_json(os.path.join(tmp, MANIFEST), manifest)
+            _move_into_place(out, tmp, previous, manifest["files"])
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if created and not os.listdir(out):
+                os.rmdir(out)
+    except OSError as e:
+        raise PretrainedError(
+            f"cannot write the export to {out} ({one_line(e, 200)}); check the folder's "
+            "permissions and free space, then export again"
+        ) from None
     return manifest
 
 

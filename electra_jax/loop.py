@@ -235,7 +235,8 @@ def _load_init_from(config: ml_collections.ConfigDict, workdir: str):
         raise validate.ConfigError(
             f"train.init_from={path} brings its own tokenizer; leave data.tokenizer empty"
         )
-    loaded.tokenizer.save(os.path.join(workdir, "tokenizer"))
+    if jax.process_index() == 0:
+        loaded.tokenizer.save(os.path.join(workdir, "tokenizer"))
     return loaded
 
 
@@ -265,22 +266,134 @@ class NonFiniteError(RuntimeError):
     """The loss or gradient norm became NaN/Inf under train.nan_policy='stop'."""
 
 
-def _check_same_model(config: ml_collections.ConfigDict, workdir: str) -> None:
-    """A workdir with checkpoints must be resumed with the model it was trained with."""
-    path = os.path.join(workdir, "config.json")
-    if not (os.path.isfile(path) and checkpointing.has_checkpoints(workdir)):
-        return  # nothing to restore: the run starts over and rewrites config.json
+def _read_stored_config(path: str) -> dict | None:
+    """WORKDIR/config.json as a dict; None when missing; ConfigError when unreadable."""
+    if not os.path.exists(path):
+        return None
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             stored = json.load(f)
     except (OSError, ValueError) as e:
+        reason = " ".join(str(e).split())
         raise validate.ConfigError(
-            f"{path} cannot be read ({e}); restore it from a copy or use a new --workdir"
-        ) from e
+            f"{path} cannot be read ({reason}); restore it from a copy, or delete it to resume "
+            "with the current settings (the checkpoints' shapes are still checked)"
+        ) from None
+    if not isinstance(stored, dict) or not {"model", "generator"} <= set(stored):
+        raise validate.ConfigError(
+            f"{path} is not the config of an electra_jax run (no model and generator sections); "
+            "restore it from a copy, or delete it to resume with the current settings"
+        )
+    return stored
+
+
+def _check_resume(config, workdir: str, allow_changes: tuple[str, ...]) -> dict:
+    """Before any work: may this config resume what the workdir holds?
+
+    A workdir with checkpoints must be resumed with the model it was trained with and, but for
+    the settings in validate.FREE_ON_RESUME and `allow_changes`, the settings it was started
+    with. A workdir whose checkpoints were all set aside as damaged is not started over.
+    Returns the allowed changes, {key: (stored value, new value)}.
+    """
+    directory = checkpointing.checkpoint_dir(workdir)
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise validate.ConfigError(
+            f"{directory} is a file, where the run keeps its checkpoints; move it away or use "
+            "a new --workdir"
+        )
+    unknown = [k for k in allow_changes if k not in validate.flatten(config.to_dict())]
+    if unknown:
+        raise validate.ConfigError(
+            f"--allow_change names {', '.join(unknown)}, which is not a config key"
+        )
+    if not checkpointing.has_checkpoints(workdir):
+        aside = checkpointing.set_aside(workdir)
+        if aside:
+            raise checkpointing.CheckpointError(
+                f"{directory} holds only checkpoints set aside as damaged ({', '.join(aside)}); "
+                "this run will not start over on its own: inspect them, or use a new --workdir"
+            )
+        return {}  # nothing to restore: the run starts over and rewrites config.json
+    path = os.path.join(workdir, "config.json")
+    stored = _read_stored_config(path)
+    if stored is None:
+        return {}
     validate.check_same_model(stored, config, path)
+    return validate.check_same_run(stored, config, path, tuple(allow_changes))
 
 
-def train(config: ml_collections.ConfigDict, workdir: str, stop_after: int | None = None) -> dict:
+def _record_changes(workdir: str, step: int, changes: dict, config) -> None:
+    """Rewrites config.json with the settings the run goes on with and appends what changed, at
+    which step, to config_changes.jsonl (process 0 only)."""
+    if jax.process_index() != 0:
+        return
+    row = {"step": step, "changes": {k: {"from": a, "to": b} for k, (a, b) in changes.items()}}
+    with open(os.path.join(workdir, "config_changes.jsonl"), "a", encoding="utf-8") as f:
+        f.write(json.dumps(row, sort_keys=True) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    _write_json_atomic(os.path.join(workdir, "config.json"), config.to_dict())
+    shown = ", ".join(f"{k}={b!r} (was {a!r})" for k, (a, b) in changes.items())
+    metrics.log(f"resuming at step {step} with changed settings: {shown}")
+
+
+def _mismatch_message(e: checkpointing.CheckpointMismatch, workdir: str) -> str:
+    """One line for a checkpoint of another model or optimizer, naming the settings involved."""
+    names = [line.split(":", 1)[0] for line in e.differences]
+    params = [n for n in names if n.startswith("params.")]
+    if any(not n.startswith("params.generator") for n in params):
+        settings = "the model (model.*, data.vocab_size, objective.name)"
+    elif params:
+        settings = "the generator (generator.*)"
+    elif any(n.startswith("opt_state") for n in names):
+        # The optimizer's tree, not its numbers: e.g. train.adam_bias_correction.
+        settings = "the optimizer (train.adam_bias_correction, train.weight_decay, ...)"
+    else:
+        settings = "the train state"
+    return (
+        f"checkpoint {e.step} in {checkpointing.checkpoint_dir(workdir)} holds another state "
+        f"than this config describes, in {settings}: {checkpointing.shown(e.differences)}; "
+        "nothing was moved aside: resume with the settings the run was started with, or use a "
+        "new --workdir"
+    )
+
+
+def _claim_workdir(workdir: str):
+    """The workdir, locked by process 0 for the run; every process agrees before going on."""
+    from electra_jax import workdir as workdir_lib
+
+    error, held = None, None
+    try:
+        held = workdir_lib.claim(
+            workdir,
+            workdir_lib.PRETRAIN,
+            lock=jax.process_index() == 0,
+            command="electra_jax.train",
+        )
+    except validate.ConfigError as e:
+        error = e
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        ok = np.asarray(multihost_utils.process_allgather(np.int32(error is None)))
+        if error is None and not ok.all():
+            error = validate.ConfigError(
+                f"--workdir {workdir} cannot be used by process(es) "
+                f"{', '.join(map(str, np.flatnonzero(ok == 0)))}; see their error line"
+            )
+    if error is not None:
+        if held is not None:
+            held.release()
+        raise error
+    return held
+
+
+def train(
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    stop_after: int | None = None,
+    allow_changes: tuple[str, ...] = (),
+) -> dict:
     """Pre-trains until config.train.num_steps; returns the last logged metrics row.
 
     `stop_after` ends the run early at that step (with a checkpoint), as an interruption would,
@@ -290,20 +403,30 @@ def train(config: ml_collections.ConfigDict, workdir: str, stop_after: int | Non
     it (the returned row then has "preempted_at"); before the steps they raise
     checkpointing.Preempted. A NaN/Inf loss or gradient norm raises NonFiniteError under
     train.nan_policy='stop' (nothing non-finite is saved) and is skipped under 'skip'.
+
+    The workdir is locked for the whole call (workdir.claim): a second run on it gets a
+    ConfigError naming this one. A resume must keep the stored settings but for those in
+    validate.FREE_ON_RESUME and `allow_changes` (config keys), which are recorded in
+    config_changes.jsonl.
     """
-    watcher = checkpointing.PreemptionWatcher()
-    try:
-        return _train(config, workdir, stop_after, watcher)
-    finally:
-        watcher.close()
-
-
-def _train(config, workdir, stop_after, watcher) -> dict:
-    from electra_jax.data import pipeline, prepare
-
     validate.check_config(config)
-    validate.check_workdir(workdir)
-    _check_same_model(config, workdir)
+    held = _claim_workdir(workdir)
+    try:
+        changes = _check_resume(config, workdir, tuple(allow_changes))
+        warning = validate.warmup_warning(config.train)
+        if warning:
+            metrics.log(f"warning: {warning}")
+        watcher = checkpointing.PreemptionWatcher()
+        try:
+            return _train(config, workdir, stop_after, watcher, changes)
+        finally:
+            watcher.close()
+    finally:
+        held.release()
+
+
+def _train(config, workdir, stop_after, watcher, changes) -> dict:
+    from electra_jax.data import pipeline, prepare
 
     # ---------------------------------------------------------------- mesh
     mesh = checked_mesh(config, jax.process_count())
@@ -337,12 +460,19 @@ def _train(config, workdir, stop_after, watcher) -> dict:
 
     # ---------------------------------------------------------------- restore
     manager = checkpointing.make_manager(workdir, config.checkpoint)
-    state = checkpointing.restore_latest(
-        manager,
-        checkpointing.abstract_with_shardings(setup.abstract_state, setup.state_sharding),
-        data_iter,
-        log=metrics.log,
-    )
+    try:
+        state = checkpointing.restore_latest(
+            manager,
+            checkpointing.abstract_with_shardings(setup.abstract_state, setup.state_sharding),
+            data_iter,
+            log=metrics.log,
+        )
+    except checkpointing.CheckpointMismatch as e:
+        manager.close()
+        raise validate.ConfigError(_mismatch_message(e, workdir)) from None
+    except BaseException:
+        manager.close()
+        raise
     if state is None:
         state = init_on_mesh(setup)
         if start_from is not None:
@@ -354,6 +484,14 @@ def _train(config, workdir, stop_after, watcher) -> dict:
     else:
         start_step = int(jax.device_get(state.step))
         metrics.log(f"resumed from checkpoint {start_step} in {workdir}")
+        if changes:
+            _record_changes(workdir, start_step, changes, config)
+        elif is_main and not os.path.exists(os.path.join(workdir, "config.json")):
+            _write_json_atomic(os.path.join(workdir, "config.json"), config.to_dict())
+            metrics.log(
+                "warning: config.json was missing; wrote this run's settings (the checkpoint's "
+                "shapes matched them)"
+            )
     writer = metrics.MetricsWriter(workdir, is_main, resume_step=start_step)
 
     # ---------------------------------------------------------------- compile

@@ -87,23 +87,33 @@ def make_optimizer(train_cfg: Any) -> tuple[optax.GradientTransformation, optax.
     return tx, schedule
 
 
-def layerwise_lr_multipliers(params: Any, num_layers: int, decay: float) -> Any:
+def layerwise_lr_multipliers(
+    params: Any, num_layers: int, decay: float, exponents: str = "electra_jax"
+) -> Any:
     """Fine-tuning's layer-wise learning-rate decay: a float per parameter, the same tree.
 
-    With N = num_layers: the task head (anything outside the encoder) gets 1; discriminator
-    layer i (0-based) gets decay^(N - i), so the top layer gets decay; the embeddings and the
-    embedding projection get decay^(N + 1). The original ELECTRA code gives every encoder
-    layer one factor of decay too many (the top layer decay^2), a leftover of the pooler it
-    removed (google-research/electra issue #51); the exponents here are the intended ones.
+    With N = num_layers and exponents 'electra_jax': the task head (anything outside the encoder)
+    gets 1; discriminator layer i (0-based) gets decay^(N - i), so the top layer gets decay; the
+    embeddings and the embedding projection get decay^(N + 1).
+
+    'original' reproduces the original ELECTRA code exactly (its model/optimization.py gives
+    the embeddings depth 0, layer i depth i + 1 and the task head depth N + 2, each scaled by
+    decay^(N + 2 - depth)): the head 1, layer i decay^(N + 1 - i), so the top layer decay^2, and
+    the embeddings decay^(N + 2). That is one factor of decay too many under the head, a
+    leftover of the pooler the original removed (google-research/electra issue #51); the
+    published scores were made with it.
     """
+    if exponents not in ("electra_jax", "original"):
+        raise ValueError(f"exponents={exponents!r}; use 'electra_jax' or 'original'")
+    extra = 1 if exponents == "original" else 0
 
     def multiplier(path, _):
         keys = [getattr(k, "key", str(k)) for k in path]
         if keys[0] == "embeddings" or "embeddings_project" in keys:
-            return decay ** (num_layers + 1)
+            return decay ** (num_layers + 1 + extra)
         if keys[0] == "discriminator":
             layer = next(int(k[len("layer_") :]) for k in keys if k.startswith("layer_"))
-            return decay ** (num_layers - layer)
+            return decay ** (num_layers - layer + extra)
         return 1.0
 
     return jax.tree_util.tree_map_with_path(multiplier, params)

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 
 from absl import app, flags
 from ml_collections import config_flags
 
-from electra_jax.cli import fail, parse_flags
+from electra_jax.cli import fail, loaded_config, parse_flags
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "A get_config() file such as configs/tiny.py.", lock_config=True
@@ -42,6 +43,8 @@ _REPORTED = (
     "seq_length",
     "examples",
     "tokens",
+    "tokens_read",
+    "tokens_kept",
     "real_token_fraction",
     "single_segment_fraction",
     "short_fraction",
@@ -91,19 +94,36 @@ def main(argv) -> None:
         fail("--workdir is required: the tokenizer and prepared data go there")
     if _NUM_WORKERS.value < 1:
         fail(f"--num_workers={_NUM_WORKERS.value} must be at least 1")
+    from electra_jax import validate
+    from electra_jax import workdir as workdir_lib
     from electra_jax.data import DataError
 
     try:
         config = _CONFIG.value
-        config.to_dict()  # the file is loaded lazily: fail here, not halfway through
     except OSError:
         fail(f"config file {flags.FLAGS['config'].config_filename} cannot be read; check --config")
+    # The file is loaded lazily: fail here, not in the middle of a run.
+    config = loaded_config(config, flags.FLAGS["config"].config_filename)
     try:
-        summary = run(config, _WORKDIR.value, _NUM_WORKERS.value)
-    except DataError as e:
+        validate.check_config(config)
+        # The same lock as train's: a prepare and a train on one workdir would both write
+        # tokenizer/ and data/.
+        with workdir_lib.claimed(
+            _WORKDIR.value, workdir_lib.PRETRAIN, command="electra_jax.prepare"
+        ):
+            summary = run(config, _WORKDIR.value, _NUM_WORKERS.value)
+    except (DataError, validate.ConfigError) as e:
         if _VERBOSE.value:
             raise
         fail(str(e))
+    except KeyboardInterrupt:
+        if _VERBOSE.value:
+            raise
+        print(
+            "interrupted; nothing half-written was kept: run the same command to prepare again",
+            file=sys.stderr,
+        )
+        sys.exit(130)
     print(json.dumps(summary))
 
 

@@ -41,6 +41,94 @@ class PretrainedError(ValueError):
     """A path that does not hold a usable pre-trained model; the message names it, in one line."""
 
 
+# The largest sizes a config file may give: far above any released ELECTRA (Large: hidden 1024,
+# 24 layers, 16 heads, vocab 30522, 512 positions), low enough that a damaged or hostile file is
+# refused before it drives a huge allocation or a loop over a trillion layers.
+SIZE_LIMITS = {
+    "vocab_size": 1 << 21,
+    "embedding_size": 1 << 16,
+    "hidden_size": 1 << 16,
+    "intermediate_size": 1 << 18,
+    "num_layers": 1024,
+    "num_heads": 1024,
+    "max_position_embeddings": 1 << 20,
+    "type_vocab_size": 1024,
+}
+
+
+def one_line(text: object, limit: int = 300) -> str:
+    """`text` with its whitespace runs (newlines included) collapsed, cut to `limit` characters."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+def json_kind(value: Any) -> str:
+    """The JSON name of a parsed value's type, for messages ('list', 'string', ...)."""
+    if isinstance(value, dict):
+        return "object"
+    if isinstance(value, list):
+        return "list"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    return "null" if value is None else type(value).__name__
+
+
+def check_size(value: Any, field: str, limit: str, where: str) -> int:
+    """`value` when it is an int from 1 to SIZE_LIMITS[limit]; else PretrainedError naming
+    `field` (as the file spells it) and `where` (the file)."""
+    maximum = SIZE_LIMITS[limit]
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= maximum:
+        raise PretrainedError(
+            f"{where}: {field} is {one_line(repr(value), 60)}; it must be a whole number from 1 "
+            f"to {maximum}: correct the file or fetch it again"
+        )
+    return value
+
+
+def check_spec(spec: model.ElectraSpec, where: str) -> None:
+    """PretrainedError unless every size of `spec` is a sane positive int, heads divide the width
+    of each network and the rates are usable numbers: for a spec built from a run's config.json,
+    before anything is allocated."""
+    checks = [
+        (spec.vocab_size, "the tokenizer's vocab size", "vocab_size"),
+        (spec.embedding_size, "model.embedding_size", "embedding_size"),
+        (spec.max_position_embeddings, "model.max_position_embeddings", "max_position_embeddings"),
+        (spec.type_vocab_size, "model.type_vocab_size", "type_vocab_size"),
+    ]
+    for network, prefix in (("discriminator", "model."), ("generator", "the generator's ")):
+        enc = getattr(spec, network)
+        checks += [
+            (enc.hidden_size, f"{prefix}hidden_size", "hidden_size"),
+            (enc.num_layers, f"{prefix}num_layers", "num_layers"),
+            (enc.num_heads, f"{prefix}num_heads", "num_heads"),
+            (enc.intermediate_size, f"{prefix}intermediate_size", "intermediate_size"),
+        ]
+    for value, field, limit in checks:
+        check_size(value, field, limit, where)
+    for network in ("discriminator", "generator"):
+        enc = getattr(spec, network)
+        if enc.hidden_size % enc.num_heads:
+            raise PretrainedError(
+                f"{where}: the {network}'s hidden size {enc.hidden_size} is not a multiple of its "
+                f"{enc.num_heads} heads; correct the model section"
+            )
+    for field in ("dropout_rate", "attention_dropout_rate", "initializer_range", "layer_norm_eps"):
+        value = getattr(spec, field)
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        ok = ok and bool(np.isfinite(value))
+        ok = ok and (value > 0 if field == "layer_norm_eps" else value >= 0)
+        ok = ok and (value < 1 if field.endswith("dropout_rate") else True)
+        if not ok:
+            raise PretrainedError(
+                f"{where}: model.{field} is {one_line(repr(value), 60)}, not a usable number; "
+                "correct the model section"
+            )
+
+
 @dataclasses.dataclass(frozen=True)
 class Pretrained:
     """A pre-trained ELECTRA as plain data.
@@ -133,33 +221,64 @@ def read_run_config(workdir: str) -> dict:
         ) from None
     except (OSError, ValueError) as e:
         raise PretrainedError(
-            f"{path} cannot be read ({e}); restore it from a copy of the run"
+            f"{path} cannot be read ({one_line(e)}); restore it from a copy of the run"
         ) from None
-    if not isinstance(config, dict) or not {"model", "generator"} <= set(config):
+    if not isinstance(config, dict):
         raise PretrainedError(
-            f"{path} has no model/generator sections: not the config of an electra_jax run"
+            f"{path} holds a JSON {json_kind(config)}, not an object: not the config of an "
+            "electra_jax run; restore it from a copy of the run"
         )
+    for section in ("model", "generator"):
+        if section not in config:
+            raise PretrainedError(
+                f"{path} has no {section} section: not the config of an electra_jax run; "
+                "restore it from a copy of the run"
+            )
+    for section in ("model", "generator", "objective"):
+        if section in config and not isinstance(config[section], dict):
+            raise PretrainedError(
+                f"{path}: the {section} section is a JSON {json_kind(config[section])}, not an "
+                "object; restore config.json from a copy of the run"
+            )
     return config
+
+
+# The sizes of a run config's model section, named as SIZE_LIMITS names them.
+_RUN_SIZES = (
+    "hidden_size",
+    "num_layers",
+    "num_heads",
+    "intermediate_size",
+    "embedding_size",
+    "max_position_embeddings",
+    "type_vocab_size",
+)
 
 
 def spec_from_run_config(config: dict, vocab_size: int, where: str) -> model.ElectraSpec:
     """The model's spec from a run's config.json (as saved by loop.train)."""
     import ml_collections
 
+    for field in _RUN_SIZES:  # before generator_spec computes with them
+        if field in config["model"]:
+            check_size(config["model"][field], f"model.{field}", field, where)
     try:
         from electra_jax import objective
 
         name = config.get("objective", {}).get("name", "electra")
-        return model.spec_from_config(
+        spec = model.spec_from_config(
             ml_collections.ConfigDict(config["model"]),
             ml_collections.ConfigDict(config["generator"]),
             vocab_size,
             mlm_head=objective.needs_mlm_head(name),
         )
-    except (KeyError, AttributeError, TypeError) as e:
+    except (KeyError, AttributeError, TypeError, ValueError, OverflowError) as e:
         raise PretrainedError(
-            f"{where} lacks a model field ({e}); is it from this version?"
+            f"{where} lacks a model field or holds one of the wrong type ({one_line(e, 120)}); "
+            "is it from this version?"
         ) from None
+    check_spec(spec, where)
+    return spec
 
 
 def abstract_params(spec: model.ElectraSpec) -> Any:
@@ -284,7 +403,7 @@ def load_workdir(workdir: str, step: int | None = None) -> Pretrained:
     try:
         tokenizer = load_saved(os.path.join(workdir, "tokenizer"))
     except DataError as e:
-        raise PretrainedError(f"{workdir}: {e}") from None
+        raise PretrainedError(f"{workdir}: {one_line(e, 1000)}") from None
     spec = spec_from_run_config(config, tokenizer.vocab_size, os.path.join(workdir, "config.json"))
     params, step = restore_params(workdir, spec, step)
     return Pretrained(spec, params, tokenizer, f"{workdir} (checkpoint {step})")
@@ -352,7 +471,7 @@ class Model:
         )
 
     def _run(self, fn, ids) -> np.ndarray:
-        ids, segments, mask = _as_batch(ids)
+        ids, segments, mask = _as_batch(ids, self.spec.vocab_size, self.spec.type_vocab_size)
         batch, length = ids.shape
         if length > self.spec.max_position_embeddings:
             raise ValueError(
@@ -381,18 +500,77 @@ class Model:
         return self._run(self._hidden, ids)
 
 
-def _as_batch(ids) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _as_batch(
+    ids: Mapping[str, Any] | Any, vocab_size: int, type_vocab_size: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(input_ids, segment_ids, input_mask) as int32 [B, L], each checked against the model.
+
+    JAX's gather fills the row of an id outside an embedding table with NaNs, which would
+    silently turn the whole output into NaNs; so every value is checked here.
+
+    Raises:
+      ValueError: a missing or ragged array, a shape mismatch, or a value out of its range; the
+        message names the field, the value, where it is and the allowed range.
+    """
     if isinstance(ids, Mapping):
-        input_ids = np.asarray(ids["input_ids"], np.int32)
-        segments = ids.get("segment_ids")
-        mask = ids.get("input_mask")
+        if "input_ids" not in ids:
+            raise ValueError(
+                f"the batch has no input_ids (its keys: {sorted(map(str, ids))}); pass a "
+                "tokenize() dict or an int array [batch, length]"
+            )
+        input_ids, segments, mask = ids["input_ids"], ids.get("segment_ids"), ids.get("input_mask")
     else:
-        input_ids, segments, mask = np.asarray(ids, np.int32), None, None
+        input_ids, segments, mask = ids, None, None
+    input_ids = _int_array("input_ids", input_ids)
     if input_ids.ndim != 2:
         raise ValueError(f"input_ids must be [batch, length], got shape {input_ids.shape}")
-    segments = np.zeros_like(input_ids) if segments is None else np.asarray(segments, np.int32)
-    mask = np.ones_like(input_ids) if mask is None else np.asarray(mask, np.int32)
-    return input_ids, segments, mask
+    segments = np.zeros_like(input_ids) if segments is None else _int_array("segment_ids", segments)
+    mask = np.ones_like(input_ids) if mask is None else _int_array("input_mask", mask)
+    for name, value in (("segment_ids", segments), ("input_mask", mask)):
+        if value.shape != input_ids.shape:
+            raise ValueError(
+                f"{name} has shape {value.shape} but input_ids has {input_ids.shape}; give all "
+                "three as [batch, length] arrays of one shape"
+            )
+    _check_range(
+        "input_ids",
+        input_ids,
+        vocab_size,
+        "token ids must be in [0, {stop}) (the model's vocab_size); tokenize with this model's "
+        "tokenizer",
+    )
+    _check_range(
+        "segment_ids",
+        segments,
+        type_vocab_size,
+        "segment ids must be in [0, {stop}) (the model's type_vocab_size)",
+    )
+    _check_range("input_mask", mask, 2, "it must be 1 for tokens and 0 for padding")
+    return input_ids.astype(np.int32), segments.astype(np.int32), mask.astype(np.int32)
+
+
+def _int_array(name: str, value: Any) -> np.ndarray:
+    """`value` as an integer numpy array (bool too, for input_mask); ValueError otherwise."""
+    try:
+        array = np.asarray(value)
+    except (ValueError, TypeError):
+        raise ValueError(
+            f"{name} is not a rectangular array [batch, length]; pad its rows to one length"
+        ) from None
+    if array.size == 0:
+        return array.astype(np.int64)
+    if array.dtype.kind not in ("iub" if name == "input_mask" else "iu"):
+        raise ValueError(f"{name} must hold integers, got dtype {array.dtype}; pass ids as ints")
+    return array
+
+
+def _check_range(name: str, array: np.ndarray, stop: int, rule: str) -> None:
+    """ValueError naming the first value of `array` outside [0, stop), where it is, and `rule`
+    (with {stop} filled in)."""
+    bad = (array < 0) | (array >= stop)
+    if bad.any():
+        where = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(f"{name} holds {array[where]} at {list(where)}; {rule.format(stop=stop)}")
 
 
 def tokenize(

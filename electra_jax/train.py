@@ -12,12 +12,13 @@ import json
 import logging
 import os
 import sys
+import threading
 
 from absl import app, flags
 from absl import logging as absl_logging
 from ml_collections import config_flags
 
-from electra_jax.cli import fail, parse_flags
+from electra_jax.cli import fail, loaded_config, parse_flags
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "A get_config() file such as configs/tiny.py.", lock_config=True
@@ -39,6 +40,13 @@ _COORDINATOR = flags.DEFINE_string(
     None,
     "host:port of process 0, for multi-host runs without auto-detection.",
 )
+_ALLOW_CHANGE = flags.DEFINE_string(
+    "allow_change",
+    "",
+    "Resuming: comma-separated config keys (e.g. data.source,train.learning_rate) that may "
+    "differ from the workdir's config.json from the resumed step on; recorded in "
+    "config_changes.jsonl. Other differences are refused.",
+)
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in a multi-host run.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index in a multi-host run.")
 _PEER_TIMEOUT = flags.DEFINE_integer(
@@ -46,6 +54,47 @@ _PEER_TIMEOUT = flags.DEFINE_integer(
     60,
     "Multi-host runs: how long a silent process may go before the others end with an error.",
 )
+
+
+def _check_process_flags() -> None:
+    """One line for multi-host flags that cannot work, before jax sees them."""
+    n, i, address = _NUM_PROCESSES.value, _PROCESS_ID.value, _COORDINATOR.value
+    if n is not None and n < 1:
+        fail(f"--num_processes={n} must be >= 1")
+    if i is not None and (i < 0 or (n is not None and i >= n)):
+        fail(f"--process_id={i} must be in [0, --num_processes={n}) (process 0 is the coordinator)")
+    if _PEER_TIMEOUT.value < 1:
+        fail(f"--peer_timeout_seconds={_PEER_TIMEOUT.value} must be >= 1")
+    if address:
+        host, sep, port = address.rpartition(":")
+        host = host.strip("[]")  # [::1]:1234
+        if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
+            fail(
+                f"--coordinator_address={address} is not host:port (e.g. 10.0.0.2:1234, the "
+                "address of process 0 and a free port there)"
+            )
+        if n is None or i is None:
+            fail("--coordinator_address needs --num_processes and --process_id")
+
+
+def _exit_unless_joined(done: threading.Event, seconds: float, address: str) -> None:
+    """Watchdog: if the processes have not all joined after `seconds`, one line and exit 2.
+
+    jax's own startup deadline ends the process with a C++ stack trace; this one fires first.
+    jax releases the GIL while it waits, so the thread runs.
+    """
+    if done.wait(seconds):
+        return
+    where = f"the coordinator {address}" if address else "the auto-detected coordinator"
+    print(
+        f"error: the processes did not all join {where} within {seconds:.0f}s (5 x "
+        "--peer_timeout_seconds); check that the address is process 0's host and a free port "
+        "reachable from every host, that --num_processes is right, and that every process "
+        "was started",
+        file=sys.stderr,
+        flush=True,
+    )
+    os._exit(2)
 
 
 def _maybe_initialize_distributed() -> None:
@@ -57,15 +106,15 @@ def _maybe_initialize_distributed() -> None:
     )
     if not (explicit or detected):
         return
-    if explicit and (_NUM_PROCESSES.value is None or _PROCESS_ID.value is None):
-        fail("--coordinator_address needs --num_processes and --process_id")
     # CPU devices of different processes talk through gloo (GPUs use NCCL, TPUs their ICI).
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    startup = _PEER_TIMEOUT.value * 5
     kwargs = dict(
         # A peer that stops answering is declared dead after this long and the run ends with
         # an error on every process, rather than waiting in a collective forever.
         heartbeat_timeout_seconds=_PEER_TIMEOUT.value,
-        initialization_timeout=_PEER_TIMEOUT.value * 5,
+        # Later than the watchdog below, which says what went wrong in one line.
+        initialization_timeout=startup + 30,
     )
     if explicit:
         kwargs.update(
@@ -74,7 +123,20 @@ def _maybe_initialize_distributed() -> None:
             process_id=_PROCESS_ID.value,
         )
     # Otherwise SLURM's and TPU VMs' variables are read by jax itself.
-    jax.distributed.initialize(**kwargs)
+    joined = threading.Event()
+    threading.Thread(
+        target=_exit_unless_joined,
+        args=(joined, startup, _COORDINATOR.value or ""),
+        daemon=True,
+    ).start()
+    try:
+        jax.distributed.initialize(**kwargs)
+    except (ValueError, RuntimeError) as e:  # e.g. an address jax cannot parse or bind
+        if _VERBOSE.value:
+            raise
+        fail(f"cannot start the multi-host run ({' '.join(str(e).split())[:200]})")
+    finally:
+        joined.set()
 
 
 def main(argv) -> None:
@@ -88,27 +150,35 @@ def main(argv) -> None:
         logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
         # orbax reports every step of a multi-host save at INFO.
         absl_logging.set_verbosity(absl_logging.WARNING)
-    from electra_jax import loop
-    from electra_jax.checkpointing import CheckpointError, Preempted
     from electra_jax.data import DataError
-    from electra_jax.validate import ConfigError
+    from electra_jax.validate import ConfigError, check_config
 
     try:
         config = _CONFIG.value
-        config.to_dict()  # the file is loaded lazily: fail here, not in the middle of a run
     except OSError:
         fail(f"config file {flags.FLAGS['config'].config_filename} cannot be read; check --config")
+    # The file is loaded lazily: fail here, not in the middle of a run.
+    config = loaded_config(config, flags.FLAGS["config"].config_filename)
+    if not (_DRY_RUN.value or _WORKDIR.value):
+        fail("--workdir is required: where checkpoints and metrics go")
+    _check_process_flags()
+    try:
+        # Before jax, flax and orbax are imported: bad settings are answered in a blink.
+        check_config(config)
+    except ConfigError as e:
+        if _VERBOSE.value:
+            raise
+        fail(str(e))
+    from electra_jax import loop
+    from electra_jax.checkpointing import CheckpointError, Preempted
+
     try:
         if _DRY_RUN.value:
-            from electra_jax.validate import check_config
-
-            check_config(config)
             print(json.dumps(loop.describe(config, compile=_COMPILE.value)))
             return
-        if not _WORKDIR.value:
-            fail("--workdir is required: where checkpoints and metrics go")
         _maybe_initialize_distributed()
-        loop.train(config, _WORKDIR.value)
+        allow = tuple(k for k in _ALLOW_CHANGE.value.split(",") if k.strip())
+        loop.train(config, _WORKDIR.value, allow_changes=tuple(k.strip() for k in allow))
     except (ConfigError, DataError, CheckpointError) as e:
         if _VERBOSE.value:
             raise

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
@@ -21,7 +22,7 @@ def _uri_scheme(path: str) -> str | None:
     return uri_scheme(path)
 
 
-def _mount_hint(path: str) -> str:
+def mount_hint(path: str) -> str:
     """What to do instead of a URI: for gs://BUCKET/rest, the gcsfuse mount and mounted path."""
     scheme, _, rest = path.partition("://")
     if scheme != "gs":
@@ -32,18 +33,30 @@ def _mount_hint(path: str) -> str:
     return f"mount the bucket ({mount}) or use NFS, and give {mounted}"
 
 
-def check_workdir(workdir: str) -> None:
-    """Creates the workdir; ConfigError naming it when it cannot be written.
+def check_workdir(workdir: str, flag: str = "--workdir", create: bool = True) -> None:
+    """ConfigError naming `workdir` when it cannot be one: a URI, a file, a path that is not
+    UTF-8; with `create`, also one that cannot be created or written.
 
     A URI (gs://...) is refused: config.json, metrics.jsonl, tokenizer/ and the prepared data are
     written with local file calls, and os.makedirs would quietly create a local ./gs:/... tree.
     """
+    try:
+        workdir.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = workdir.encode("utf-8", "backslashreplace").decode("utf-8")
+        raise ConfigError(
+            f"{flag} {shown} is not valid UTF-8; use a path of UTF-8 characters"
+        ) from None
     scheme = _uri_scheme(workdir)
     if scheme:
         raise ConfigError(
-            f"--workdir {workdir} is a {scheme}:// URI, but the workdir is written with local "
-            f"file calls; {_mount_hint(workdir)}"
+            f"{flag} {workdir} is a {scheme}:// URI, but the workdir is written with local "
+            f"file calls; {mount_hint(workdir)}"
         )
+    if os.path.exists(workdir) and not os.path.isdir(workdir):
+        raise ConfigError(f"{flag} {workdir} is a file, not a folder; choose another {flag}")
+    if not create:
+        return
     try:
         os.makedirs(workdir, exist_ok=True)
         probe = os.path.join(workdir, f".write_test{os.getpid()}")
@@ -52,7 +65,7 @@ def check_workdir(workdir: str) -> None:
         os.remove(probe)
     except OSError as e:
         raise ConfigError(
-            f"workdir {workdir} is not writable ({e.strerror}); choose another --workdir"
+            f"{flag} {workdir} is not writable ({e.strerror}); choose another {flag}"
         ) from e
 
 
@@ -130,13 +143,149 @@ def check_config(config: Any) -> None:
         if scheme:
             raise ConfigError(
                 f"{key}={value} is a {scheme}:// URI, which electra_jax does not read or write "
-                f"directly; {_mount_hint(str(value))}"
+                f"directly; {mount_hint(str(value))}"
             )
     _require(config.checkpoint.every_steps > 0, "checkpoint.every_steps must be >= 1")
     _require(config.checkpoint.keep > 0, "checkpoint.keep must be >= 1")
     _require(config.log.every_steps > 0, "log.every_steps must be >= 1")
     k = t.get("steps_per_call", 1)
     _require(k >= 1, f"train.steps_per_call={k} must be >= 1")
+    _check_ranges(config)
+    _check_choices(config)
+    _check_source(d.source)
+    cache_dir = d.get("cache_dir", "")
+    _require(
+        not (cache_dir and os.path.exists(cache_dir) and not os.path.isdir(cache_dir)),
+        f"data.cache_dir={cache_dir} is a file, not a folder; choose a folder (or '' for "
+        "WORKDIR/data)",
+    )
+
+
+def _get(config: Any, key: str) -> Any:
+    node = config
+    for part in key.split("."):
+        node = node.get(part) if hasattr(node, "get") else None
+        if node is None:
+            return None
+    return node
+
+
+# (key, lowest, highest, lowest included, highest included); None: no bound on that side.
+# Checked for keys present, so configs written before a key existed still validate.
+_RANGES = (
+    ("model.intermediate_size", 1, None, True, True),
+    ("model.type_vocab_size", 1, None, True, True),
+    ("model.max_position_embeddings", 8, None, True, True),
+    ("model.dropout_rate", 0, 1, True, False),
+    ("model.attention_dropout_rate", 0, 1, True, False),
+    ("model.initializer_range", 0, None, False, True),
+    ("model.layer_norm_eps", 0, None, False, True),
+    ("generator.hidden_fraction", 0, None, False, True),
+    ("generator.layers_fraction", 0, 1, False, True),
+    ("data.single_segment_prob", 0, 1, True, True),
+    ("data.short_seq_prob", 0, 1, True, True),
+    ("data.examples_per_shard", 1, None, True, True),
+    ("data.tokenizer_sample_sentences", 1, None, True, True),
+    ("data.character_coverage", 0, 1, False, True),
+    ("objective.gen_weight", 0, None, True, True),
+    ("objective.disc_weight", 0, None, True, True),
+    ("train.weight_decay", 0, None, True, True),
+    ("train.clip_norm", 0, None, False, True),
+    ("train.adam_b1", 0, 1, True, False),
+    ("train.adam_b2", 0, 1, True, False),
+    ("train.adam_eps", 0, None, False, True),
+    ("log.peak_flops", 0, None, True, True),
+)
+
+
+def _interval(lo, hi, lo_in, hi_in) -> str:
+    if hi is None:
+        return f">= {lo}" if lo_in else f"> {lo}"
+    return f"in {'[' if lo_in else '('}{lo}, {hi}{']' if hi_in else ')'}"
+
+
+def _check_ranges(config: Any) -> None:
+    """Every number finite; every bounded setting within its bounds."""
+    for key, value in flatten(config.to_dict()).items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{key}={value} must be a finite number")
+    for key, lo, hi, lo_in, hi_in in _RANGES:
+        value = _get(config, key)
+        if value is None or isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        ok = (value >= lo if lo_in else value > lo) and (
+            hi is None or (value <= hi if hi_in else value < hi)
+        )
+        _require(ok, f"{key}={value} must be {_interval(lo, hi, lo_in, hi_in)}")
+    seed = config.get("seed", 0)
+    # jax's keys and Grain's shuffle take 32 bits: 2**32 would repeat seed 0's run, -1 2**32-1's.
+    _require(0 <= seed < 2**32, f"seed={seed} must be in [0, 2**32)")
+    fsdp = _get(config, "mesh.fsdp")
+    _require(
+        fsdp is None or fsdp == -1 or fsdp >= 1,
+        f"mesh.fsdp={fsdp} must be >= 1, or -1 for all devices",
+    )
+
+
+# Settings that name one of a few choices; the first is the default.
+_CHOICES = (
+    ("model.attention", ("einsum", "xla", "cudnn")),
+    ("train.remat", ("none", "full", "dots")),
+    ("objective.sampler", ("inverse_cdf", "gumbel")),
+)
+
+
+def _check_choices(config: Any) -> None:
+    for key, choices in _CHOICES:
+        value = _get(config, key)
+        _require(
+            value is None or value in choices,
+            f"{key}={value!r} is not a choice; use one of {', '.join(map(repr, choices))}",
+        )
+    m = config.model
+    attention = m.get("attention", "einsum")
+    if attention in ("xla", "cudnn"):
+        _require(
+            m.attention_dropout_rate == 0,
+            f"model.attention={attention!r} has no dropout on the attention probabilities, but "
+            f"model.attention_dropout_rate={m.attention_dropout_rate}; set it to 0 or use "
+            "model.attention='einsum'",
+        )
+    if attention == "cudnn":
+        import jax
+
+        backend = jax.default_backend()
+        _require(
+            backend == "gpu",
+            f"model.attention='cudnn' needs an NVIDIA GPU, and this machine's backend is "
+            f"{backend}; use model.attention='einsum' (or 'xla')",
+        )
+
+
+def _check_source(source: str) -> None:
+    """The form of data.source (whether its files exist is checked when the data is read)."""
+    kind, _, arg = str(source).partition(":")
+    _require(
+        (kind == "builtin" and not arg) or (kind in ("text", "tfds") and bool(arg)),
+        f"data.source={source!r} is not a known source; use 'builtin', 'text:GLOB' (e.g. "
+        "text:corpus/**/*.txt) or 'tfds:NAME[:SPLIT]' (e.g. tfds:wikipedia/20230601.en)",
+    )
+
+
+def warmup_warning(train_cfg: Any) -> str | None:
+    """A line when the warm-up is so long against the run that the peak learning rate is never
+    reached: the paper configs keep 10,000 warm-up steps, so a 3,500-step run of configs/small.py
+    would train at 9% of its learning rate at most, without a word."""
+    warmup, num_steps = train_cfg.warmup_steps, train_cfg.num_steps
+    if warmup < num_steps / 2:
+        return None
+    # Warm-up multiplies into the linear decay: lr(t) = peak * t / w * (1 - t / N), whose largest
+    # value for w >= N / 2 is peak * N / (4 w), at t = N / 2.
+    return (
+        f"train.warmup_steps={warmup} is at least half of train.num_steps={num_steps}, so the "
+        f"learning rate peaks at {num_steps / (4 * warmup):.0%} of train.learning_rate; lower "
+        "train.warmup_steps for a run this short"
+    )
 
 
 def check_batch(
@@ -169,11 +318,12 @@ _NOT_MODEL = ("model.dtype",)
 _ADDED_DEFAULTS = {"model.embedding_sharing": "electra"}
 
 
-def _flatten(tree: dict, prefix: str = "") -> dict:
+def flatten(tree: dict, prefix: str = "") -> dict:
+    """{"a.b": value} for a nested dict {"a": {"b": value}}."""
     out = {}
     for k, v in tree.items():
         if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
+            out.update(flatten(v, f"{prefix}{k}."))
         else:
             out[f"{prefix}{k}"] = v
     return out
@@ -187,8 +337,8 @@ def check_same_model(stored: dict, config: Any, config_path: str) -> None:
     instead of as a shape error deep inside the restore.
     """
     # Keys added since a run was stored mean their default there.
-    old = {**_ADDED_DEFAULTS, **_flatten(stored)}
-    new = _flatten(config.to_dict())
+    old = {**_ADDED_DEFAULTS, **flatten(stored)}
+    new = flatten(config.to_dict())
 
     def is_model_key(key: str) -> bool:
         return (key.split(".", 1)[0] in _MODEL_SECTIONS or key in _MODEL_KEYS) and (
@@ -204,3 +354,53 @@ def check_same_model(stored: dict, config: Any, config_path: str) -> None:
             f"{config_path} describes a different model than the one asked for: {shown}{more}; "
             "to resume, run with the same settings; to train this model, use a new --workdir"
         )
+
+
+# Settings a resumed run may change without saying so: how long it runs, how the same numbers are
+# computed and laid out, where files go and how often they are written. Every other setting
+# (data, schedule, optimizer, objective, seed) shapes what the run learns, so a resume that
+# changes one would no longer continue the run it resumes; it needs train's --allow_change.
+FREE_ON_RESUME = (
+    "train.num_steps",
+    "train.steps_per_call",
+    "train.remat",
+    "train.grad_accum_steps",
+    "train.nan_policy",
+    "train.debug_nan_at_step",
+    "train.init_from",  # read only by a fresh run
+    "data.cache_dir",
+    "data.tokenizer",  # a resumed run keeps its own; a different file is refused by fingerprint
+    "data.examples_per_shard",
+    "data.tfds_data_dir",
+    "mesh.",
+    "checkpoint.",
+    "log.",
+)
+
+
+def _is_free(key: str) -> bool:
+    return any(key == k or (k.endswith(".") and key.startswith(k)) for k in FREE_ON_RESUME)
+
+
+def check_same_run(
+    stored: dict, config: Any, config_path: str, allowed: tuple[str, ...] = ()
+) -> dict[str, tuple[Any, Any]]:
+    """Raises ConfigError when `config` changes a setting of the stored run that a resume must
+    keep (see FREE_ON_RESUME), unless the key is in `allowed`.
+
+    Keys the stored config lacks (added to the framework since) are not compared. Returns the
+    allowed changes, {key: (stored value, new value)}, for the caller to record.
+    """
+    old, new = flatten(stored), flatten(config.to_dict())
+    differ = sorted(k for k in set(old) & set(new) if old[k] != new[k] and not _is_free(k))
+    refused = [k for k in differ if k not in allowed]
+    if refused:
+        shown = ", ".join(f"{k}={old[k]!r} there vs {new[k]!r} now" for k in refused[:4])
+        more = f" (and {len(refused) - 4} more)" if len(refused) > 4 else ""
+        raise ConfigError(
+            f"resuming with other settings than {config_path}: {shown}{more}; run with the "
+            "stored settings to continue exactly, or pass --allow_change="
+            f"{','.join(refused)} to change them from this step on (recorded in "
+            "config_changes.jsonl), or use a new --workdir"
+        )
+    return {k: (old[k], new[k]) for k in differ}

@@ -3,12 +3,29 @@
 import os
 import pathlib
 import runpy
+import tempfile
 
-import jax
-import pytest
+# One persistent compilation cache for the whole suite, its workers and the commands it starts
+# (subprocess_env passes these on): the tests compile the same few micro programs over and over,
+# in-process and in subprocesses, and loading one takes a fraction of compiling it. A loaded
+# executable is the compiled one, so the numbers are the same.
+os.environ.setdefault(
+    "JAX_COMPILATION_CACHE_DIR",
+    os.path.join(tempfile.gettempdir(), f"electra_jax-tests-jax-cache-{os.getuid()}"),
+)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+from tests.micro import micro_config  # noqa: E402, F401  (tests import it from here)
 
 # Compile time dominates these tiny models; XLA's heavy passes buy nothing here.
 jax.config.update("jax_disable_most_optimizations", True)
+jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
@@ -16,25 +33,6 @@ SHARED = ROOT.parent / "shared"
 
 def load_config(name: str):
     return runpy.run_path(str(ROOT / "configs" / f"{name}.py"))["get_config"]()
-
-
-def micro_config():
-    """The tiny config shrunk further: 2 layers, 64 wide, 32 tokens, vocab 300."""
-    config = load_config("tiny")
-    config.data.vocab_size = 300
-    config.data.seq_length = 32
-    config.data.tokenizer_sample_sentences = 20_000
-    config.model.hidden_size = 64
-    config.model.num_layers = 2
-    config.model.num_heads = 2
-    config.model.intermediate_size = 128
-    config.model.embedding_size = 32
-    config.train.batch_size = 8
-    config.train.num_steps = 6
-    config.train.warmup_steps = 2
-    config.checkpoint.every_steps = 3
-    config.log.every_steps = 1
-    return config
 
 
 @pytest.fixture

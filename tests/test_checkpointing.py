@@ -133,3 +133,59 @@ def test_empty_workdir_restores_nothing(tmp_path):
     state, _, lines = _restore(str(tmp_path))
     assert state is None and lines == []
     assert os.listdir(tmp_path / "checkpoints") == []
+
+
+def _restore_as(workdir, abstract):
+    manager = checkpointing.make_manager(workdir, _cfg())
+    try:
+        return checkpointing.restore_latest(manager, abstract, _iterator(), log=print)
+    finally:
+        manager.close()
+
+
+def _other_state(step):
+    return {**_state(step), "w": jnp.zeros((32, 64), jnp.float32), "extra": jnp.zeros(3)}
+
+
+def test_a_checkpoint_of_another_state_is_a_mismatch_and_nothing_is_moved(tmp_path):
+    _write(str(tmp_path), [2, 5])
+    shapes = jax.eval_shape(lambda: _other_state(0))
+    sh = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    abstract = checkpointing.abstract_with_shardings(
+        shapes, jax.tree_util.tree_map(lambda _: sh, shapes)
+    )
+    with pytest.raises(checkpointing.CheckpointMismatch) as e:
+        _restore_as(str(tmp_path), abstract)
+    assert e.value.step == 5
+    assert e.value.differences == [
+        "w: (64, 64) saved, (32, 64) now",
+        "extra: in the config's state only",
+    ]
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["2", "5"]
+    # The right state still restores the newest.
+    assert int(_restore(str(tmp_path))[0]["step"]) == 5
+
+
+def test_a_machine_error_moves_nothing(tmp_path, monkeypatch):
+    """Permission denied, a full disk, no memory: the files are fine, the machine is not."""
+    _write(str(tmp_path), [2, 5])
+
+    def denied(self, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", "state/d/abc")
+
+    monkeypatch.setattr(checkpointing.ocp.CheckpointManager, "restore", denied)
+    with pytest.raises(checkpointing.CheckpointError, match="cannot be read on this machine"):
+        _restore(str(tmp_path))
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["2", "5"]
+
+
+def test_a_workdir_whose_checkpoints_were_all_set_aside_does_not_start_over(tmp_path):
+    _write(str(tmp_path), [2, 5])
+    for step in ("2", "5"):
+        os.remove(tmp_path / "checkpoints" / step / "state" / "manifest.ocdbt")
+    with pytest.raises(checkpointing.CheckpointError):
+        _restore(str(tmp_path))
+    # The next run finds no step, only what was set aside: it says so instead of starting over.
+    assert checkpointing.set_aside(str(tmp_path)) == ["2.corrupt", "5.corrupt"]
+    with pytest.raises(checkpointing.CheckpointError, match="set aside as damaged"):
+        _restore(str(tmp_path))

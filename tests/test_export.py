@@ -211,13 +211,15 @@ def test_export_refuses_bad_input_and_replaces_a_previous_export(run, exported, 
     with pytest.raises(pretrained.PretrainedError, match="not an electra_jax export"):
         export.export(run["path"], str(taken))
     assert os.listdir(taken) == ["notes.txt"]
-    # A previous export is replaced, leaving no temporary directories behind.
+    # A previous export is replaced, leaving no temporary directories behind; a file the user
+    # put beside the export's own files is theirs and stays.
     again = tmp_path / "again"
     export.export(run["path"], str(again))
-    (again / "generator" / "stale.txt").write_text("old")
+    (again / "generator" / "notes.txt").write_text("mine")
     export.export(run["path"], str(again))
-    assert not (again / "generator" / "stale.txt").exists()
+    assert (again / "generator" / "notes.txt").read_text() == "mine"
     assert sorted(os.listdir(tmp_path)) == ["again", "empty", "taken"]
+    assert sorted(os.listdir(again)) == ["discriminator", "export.json", "generator"]
 
 
 def test_cli_bad_workdir_is_one_line(tmp_path):
@@ -243,3 +245,193 @@ def test_export_refuses_a_run_with_gdes_or_separate_embeddings(run, tmp_path):
         with pytest.raises(pretrained.PretrainedError, match=f"embedding_sharing='{sharing}'"):
             export.write_export(pre, str(tmp_path / sharing))
         assert not (tmp_path / sharing).exists()  # nothing written
+
+
+def _as_pretrained(run) -> pretrained.Pretrained:
+    """The workdir's newest parameters as plain data, without a checkpoint restore."""
+    return pretrained.Pretrained(run["spec"], run["params"], run["tokenizer"], "a run")
+
+
+def _snapshot(root) -> dict:
+    """Every file (with its bytes) and folder under root, by relative path."""
+    found = {}
+    for folder, dirs, files in os.walk(root):
+        rel = os.path.relpath(folder, root)
+        for name in dirs:
+            found[os.path.normpath(os.path.join(rel, name))] = "<dir>"
+        for name in files:
+            with open(os.path.join(folder, name), "rb") as f:
+                found[os.path.normpath(os.path.join(rel, name))] = f.read()
+    return found
+
+
+def _manifest(out) -> dict:
+    with open(os.path.join(out, "export.json")) as f:
+        return json.load(f)
+
+
+def test_reexport_replaces_only_the_files_an_export_wrote(run, exported, tmp_path):
+    out = tmp_path / "hf"
+    shutil.copytree(exported, out)
+    manifest = _manifest(out)
+    assert manifest["format"] == "electra_jax.export" and manifest["version"] == 2
+    written = sorted(
+        os.path.relpath(os.path.join(folder, name), out).replace(os.sep, "/")
+        for folder, _, names in os.walk(out)
+        for name in names
+        if name != "export.json"
+    )
+    assert manifest["files"] == written and "discriminator/model.safetensors" in written
+    # The user's files, at the top, in a folder of their own and beside the export's files.
+    (out / "important.txt").write_text("keep me")
+    (out / "sub").mkdir()
+    (out / "sub" / "file").write_text("mine too")
+    (out / "discriminator" / "notes.md").write_text("and this")
+    (out / "discriminator" / "config.json").write_text("damaged")  # the export's: replaced
+    export.write_export(_as_pretrained(run), str(out))
+    assert (out / "important.txt").read_text() == "keep me"
+    assert (out / "sub" / "file").read_text() == "mine too"
+    assert (out / "discriminator" / "notes.md").read_text() == "and this"
+    with open(out / "discriminator" / "config.json") as f:
+        assert json.load(f)["model_type"] == "electra"
+    assert _manifest(out)["files"] == written
+    assert sorted(os.listdir(out)) == [
+        "discriminator",
+        "export.json",
+        "generator",
+        "important.txt",
+        "sub",
+    ]
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_reexport_deletes_the_previous_exports_files_it_no_longer_writes(
+    run, exported, tmp_path, version
+):
+    out = tmp_path / "hf"
+    shutil.copytree(exported, out)
+    # As if the previous export had a WordPiece tokenizer: its vocab.txt is not written now.
+    (out / "generator" / "vocab.txt").write_text("[PAD]\n")
+    (out / "generator" / "user.txt").write_text("mine")
+    (out / "extra").mkdir()
+    (out / "extra" / "old.bin").write_text("old")
+    manifest = _manifest(out)
+    if version == 1:  # exports of version 1 list no files: their known layout is theirs
+        del manifest["files"]
+        manifest["version"] = 1
+    else:
+        manifest["files"] += ["generator/vocab.txt", "extra/old.bin"]
+    (out / "export.json").write_text(json.dumps(manifest))
+    export.write_export(_as_pretrained(run), str(out))
+    assert not (out / "generator" / "vocab.txt").exists()
+    assert (out / "generator" / "user.txt").read_text() == "mine"
+    # A folder that held only a file of the previous export goes with it; a version-1 export
+    # never wrote extra/, so there it is the user's.
+    assert (out / "extra").exists() == (version == 1)
+    assert _manifest(out)["version"] == 2
+
+
+def _in_the_way(out):
+    os.remove(out / "discriminator" / "config.json")
+    (out / "discriminator" / "config.json").mkdir()
+
+
+@pytest.mark.parametrize(
+    "manifest, match",
+    [
+        ("{not json", "not JSON"),
+        ("[1, 2]", "not written by electra_jax \\(a JSON list\\)"),
+        ('"electra_jax.export"', "not written by electra_jax \\(a JSON string\\)"),
+        (
+            '{"format": "someone.else"}',
+            "not written by electra_jax \\(a JSON format 'someone.else'\\)",
+        ),
+        ('{"files": []}', "not written by electra_jax \\(a JSON format None\\)"),
+        ('{"format": "electra_jax.export", "files": ["../outside.txt"]}', "not a path inside"),
+        ('{"format": "electra_jax.export", "files": ["/etc/passwd"]}', "not a path inside"),
+        ('{"format": "electra_jax.export", "files": ["generator/../../x"]}', "not a path inside"),
+        ('{"format": "electra_jax.export", "files": "important.txt"}', "not a list of paths"),
+        ('{"format": "electra_jax.export", "files": [3]}', "not a path inside"),
+        (_in_the_way, "discriminator/config.json cannot be written"),
+    ],
+)
+def test_export_refuses_a_foreign_export_json_and_touches_nothing(
+    run, exported, tmp_path, manifest, match
+):
+    out = tmp_path / "hf"
+    shutil.copytree(exported, out)
+    (out / "important.txt").write_text("keep me")
+    (tmp_path / "outside.txt").write_text("outside")
+    if callable(manifest):
+        manifest(out)
+    else:
+        (out / "export.json").write_text(manifest)
+    before = _snapshot(tmp_path)
+    with pytest.raises(pretrained.PretrainedError, match=match) as e:
+        export.write_export(_as_pretrained(run), str(out))
+    assert "\n" not in str(e.value) and "nothing was changed" in str(e.value)
+    assert _snapshot(tmp_path) == before
+
+
+def test_an_interrupted_export_is_recognised_and_finished(run, exported, tmp_path, monkeypatch):
+    out = tmp_path / "hf"
+    shutil.copytree(exported, out)
+    (out / "important.txt").write_text("keep me")
+    (out / "discriminator" / "stale.txt").write_text("old")  # listed: the previous export's
+    manifest = _manifest(out)
+    manifest["files"].append("discriminator/stale.txt")
+    (out / "export.json").write_text(json.dumps(manifest))
+    replace, calls = os.replace, []
+
+    def crash_on_the_fourth(src, dst):
+        calls.append(dst)
+        if len(calls) == 4:
+            raise OSError(28, "No space left on device")
+        replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", crash_on_the_fourth)
+    with pytest.raises(pretrained.PretrainedError, match="No space left on device"):
+        export.write_export(_as_pretrained(run), str(out))
+    monkeypatch.undo()
+    # Half replaced: no export.json, but the hidden list of both exports' files.
+    assert not (out / "export.json").exists()
+    assert (out / ".export.json.partial").exists()
+    assert "discriminator/stale.txt" in export._check_out(str(out))
+    # A crash while writing also leaves the hidden working folder; the next export removes it.
+    (out / ".electra_jax-export-crashed").mkdir()
+    export.write_export(_as_pretrained(run), str(out))
+    assert sorted(os.listdir(out)) == ["discriminator", "export.json", "generator", "important.txt"]
+    assert not (out / "discriminator" / "stale.txt").exists()
+    assert (out / "important.txt").read_text() == "keep me"
+    assert pretrained.load_pretrained(str(out)).spec == run["spec"]
+
+
+def test_an_empty_out_or_one_holding_only_an_interrupted_export_is_written(run, tmp_path):
+    empty = tmp_path / "empty"
+    (empty / ".electra_jax-export-crashed" / "discriminator").mkdir(parents=True)
+    export.write_export(_as_pretrained(run), str(empty))
+    assert sorted(os.listdir(empty)) == ["discriminator", "export.json", "generator"]
+    nested = tmp_path / "a" / "b"
+    export.write_export(_as_pretrained(run), str(nested))
+    assert sorted(os.listdir(nested)) == ["discriminator", "export.json", "generator"]
+
+
+def test_cli_refuses_a_foreign_export_json(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "export.json").write_text('{"format": "someone.else"}')
+    (out / "important.txt").write_text("keep me")
+    result = subprocess.run(
+        [sys.executable, "-m", "electra_jax.export", "--workdir=runs/x", f"--out={out}"],
+        cwd=ROOT,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"error: --out {out}: its export.json was not written by electra_jax (a JSON format "
+        "'someone.else'); choose another --out (nothing was changed)"
+    ], result.stderr
+    assert sorted(os.listdir(out)) == ["export.json", "important.txt"]

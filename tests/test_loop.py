@@ -313,3 +313,50 @@ def test_steps_per_call_must_be_positive(micro, tmp_path):
     micro.train.steps_per_call = 0
     with pytest.raises(loop.validate.ConfigError, match=r"train.steps_per_call=0 must be >= 1"):
         loop.train(micro, str(tmp_path / "w"))
+
+
+def test_a_workdir_held_by_another_run_is_refused_before_any_work(shared_data, tmp_path):
+    from electra_jax import workdir as workdir_lib
+
+    path = tmp_path / "w"
+    with workdir_lib.claimed(str(path), workdir_lib.PRETRAIN, command="electra_jax.train"):
+        with pytest.raises(loop.validate.ConfigError, match="is in use by electra_jax.train"):
+            loop.train(config_with(shared_data), str(path))
+        assert sorted(os.listdir(path)) == [".electra_jax", ".lock"]  # nothing else written
+
+
+@pytest.mark.slow
+def test_resume_checks_settings_and_shapes_and_records_allowed_changes(shared_data, tmp_path):
+    cfg = config_with(shared_data)
+    workdir = tmp_path / "w"
+    loop.train(cfg, str(workdir), stop_after=3)
+    stored = (workdir / "config.json").read_text()
+
+    # Another learning rate is refused by name, before any work; allowed, it is recorded.
+    other = config_with(shared_data)
+    other.train.learning_rate = 5e-4
+    with pytest.raises(loop.validate.ConfigError, match=r"train.learning_rate=0.001 there vs"):
+        loop.train(other, str(workdir))
+    assert (workdir / "config.json").read_text() == stored
+
+    # Without config.json, another model is found in the checkpoint's shapes: one error,
+    # nothing moved aside (the data loss: both checkpoints renamed .corrupt).
+    os.remove(workdir / "config.json")
+    deeper = config_with(shared_data)
+    deeper.model.num_layers = 3
+    with pytest.raises(loop.validate.ConfigError) as e:
+        loop.train(deeper, str(workdir))
+    assert "holds another state than this config describes, in the model" in str(e.value)
+    assert "nothing was moved aside" in str(e.value)
+    assert sorted(os.listdir(workdir / "checkpoints")) == ["3"]
+
+    # The right model resumes and writes config.json back; then the allowed change is recorded.
+    loop.train(cfg, str(workdir), stop_after=4)
+    assert (workdir / "config.json").read_text() == stored
+    loop.train(other, str(workdir), stop_after=5, allow_changes=("train.learning_rate",))
+    assert json.loads((workdir / "config.json").read_text())["train"]["learning_rate"] == 5e-4
+    text = (workdir / "config_changes.jsonl").read_text()
+    rows = [json.loads(line) for line in text.splitlines()]
+    assert rows == [{"changes": {"train.learning_rate": {"from": 1e-3, "to": 5e-4}}, "step": 4}]
+    steps = [r["step"] for r in metrics.read_rows(str(workdir / "metrics.jsonl"))]
+    assert steps == [1, 2, 3, 4, 5]

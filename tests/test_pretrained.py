@@ -1,5 +1,6 @@
 """electra_jax.load / load_pretrained: workdirs, exports, transformers checkpoints, bad paths."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -195,3 +196,314 @@ def test_import_electra_jax_does_not_import_jax():
         timeout=60,
     )
     assert out.stdout.strip() == "[]", out.stderr
+
+
+@pytest.fixture(scope="module")
+def micro_model(run):
+    """A Model of the micro workdir's parameters (nothing compiles until it is called)."""
+    return pretrained.Model(
+        pretrained.Pretrained(run["spec"], run["params"], run["tokenizer"], "a run")
+    )
+
+
+def _batch(**changes):
+    batch = {
+        "input_ids": np.array([[2, 10, 11, 3], [2, 12, 3, 0]]),
+        "segment_ids": np.array([[0, 0, 0, 0], [0, 0, 1, 0]]),
+        "input_mask": np.array([[1, 1, 1, 1], [1, 1, 1, 0]]),
+    }
+    for key, (where, value) in changes.items():
+        batch[key] = batch[key].copy()
+        batch[key][where] = value
+    return batch
+
+
+# The micro model has vocab_size 300 and type_vocab_size 2.
+@pytest.mark.parametrize(
+    "ids, match",
+    [
+        (
+            _batch(input_ids=((0, 1), 300)),
+            r"input_ids holds 300 at \[0, 1\]; token ids must be in "
+            r"\[0, 300\) \(the model's vocab_size\)",
+        ),
+        (
+            _batch(input_ids=((1, 2), -1)),
+            r"input_ids holds -1 at \[1, 2\]; token ids must be in "
+            r"\[0, 300\)",
+        ),
+        (np.array([[2, 10**6, 3]]), r"input_ids holds 1000000 at \[0, 1\]; token ids must be"),
+        (
+            _batch(segment_ids=((1, 2), 2)),
+            r"segment_ids holds 2 at \[1, 2\]; segment ids must be "
+            r"in \[0, 2\) \(the model's type_vocab_size\)",
+        ),
+        (_batch(segment_ids=((0, 0), -3)), r"segment_ids holds -3 at \[0, 0\]"),
+        (
+            _batch(input_mask=((0, 3), 2)),
+            r"input_mask holds 2 at \[0, 3\]; it must be 1 for "
+            "tokens and 0 for padding",
+        ),
+        (_batch(input_mask=((1, 3), -1)), r"input_mask holds -1 at \[1, 3\]"),
+        (
+            {**_batch(), "segment_ids": np.zeros((2, 3), int)},
+            r"segment_ids has shape \(2, 3\) "
+            r"but input_ids has \(2, 4\)",
+        ),
+        ({**_batch(), "input_mask": np.ones((1, 4), int)}, r"input_mask has shape \(1, 4\)"),
+        (
+            {**_batch(), "input_ids": np.full((2, 4), 2.5)},
+            "input_ids must hold integers, got dtype float64",
+        ),
+        ([[2, 10, 3], [2, 3]], "input_ids is not a rectangular array"),
+        (
+            {"segment_ids": np.zeros((1, 3), int)},
+            r"the batch has no input_ids \(its keys: "
+            r"\['segment_ids'\]\)",
+        ),
+    ],
+)
+@pytest.mark.parametrize("method", ["replaced_token_logits", "encode"])
+def test_model_refuses_inputs_outside_its_tables(micro_model, method, ids, match):
+    with pytest.raises(ValueError, match=match) as e:
+        getattr(micro_model, method)(ids)
+    assert "\n" not in str(e.value)
+
+
+def _write_json(path, value):
+    with open(path, "w") as f:
+        json.dump(value, f)
+
+
+def _edit_config(**changes):
+    def edit(folder):
+        path = folder / "discriminator" / "config.json"
+        with open(path) as f:
+            config = json.load(f)
+        for key, value in changes.items():
+            if value is _DROP:
+                del config[key]
+            else:
+                config[key] = value
+        _write_json(path, config)
+
+    return edit
+
+
+_DROP = object()
+
+
+def _index(weight_map=None, index=None):
+    """discriminator/model.safetensors moved one folder up and named by a sharded index."""
+
+    def edit(folder):
+        disc = folder / "discriminator"
+        os.replace(disc / "model.safetensors", folder / "model.safetensors")
+        data = index if index is not None else {"metadata": {}, "weight_map": weight_map}
+        _write_json(disc / "model.safetensors.index.json", data)
+
+    return edit
+
+
+def _damaged_weights(content):
+    def edit(folder):
+        (folder / "discriminator" / "model.safetensors").write_bytes(content)
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    "edit, match",
+    [
+        (
+            _edit_config(vocab_size=1e12),
+            "vocab_size is 1000000000000.0; it must be a whole number from 1 to 2097152",
+        ),
+        (_edit_config(vocab_size=10**12), "vocab_size is 1000000000000; it must be"),
+        (_edit_config(vocab_size="300"), "vocab_size is '300'; it must be"),
+        (_edit_config(vocab_size=-5), "vocab_size is -5; it must be"),
+        (_edit_config(hidden_size=64.5), "hidden_size is 64.5; it must be"),
+        (_edit_config(num_attention_heads=0), "num_attention_heads is 0; it must be"),
+        (
+            _edit_config(num_attention_heads=3),
+            "hidden_size 64 is not a multiple of num_attention_heads 3",
+        ),
+        (_edit_config(num_hidden_layers=10**9), "num_hidden_layers is 1000000000; it must be"),
+        (_edit_config(intermediate_size=None), "intermediate_size is None; it must be"),
+        (_edit_config(max_position_embeddings=True), "max_position_embeddings is True"),
+        (_edit_config(type_vocab_size=_DROP), "lacks the ElectraConfig field 'type_vocab_size'"),
+        (_edit_config(hidden_dropout_prob="x"), "hidden_dropout_prob is 'x'; it must be a number"),
+        (_edit_config(layer_norm_eps=-1), "layer_norm_eps is -1; it must be a number"),
+        (
+            lambda f: _write_json(f / "discriminator" / "config.json", [1, 2]),
+            r"discriminator/config.json holds a JSON list, not an object",
+        ),
+        (
+            _index(weight_map={"w": "../model.safetensors"}),
+            r"weight_map\['w'\] is "
+            r"'../model.safetensors', not the name of a file beside the index",
+        ),
+        (_index(weight_map={"w": "../../etc/passwd"}), "'../../etc/passwd', not the name of"),
+        (_index(weight_map={"w": "/etc/passwd"}), "'/etc/passwd', not the name of"),
+        (_index(weight_map={"w": "sub/model.safetensors"}), "'sub/model.safetensors', not the"),
+        (_index(weight_map={"w": 3}), "is 3, not the name of a file"),
+        (_index(weight_map=["model.safetensors"]), "weight_map is a JSON list, not an object"),
+        (_index(weight_map={}), "weight_map is empty"),
+        (_index(index=["model.safetensors"]), "index.json holds a JSON list, not an object"),
+        (_damaged_weights(b"\xff" * 8 + b"junk"), "model.safetensors cannot be read"),
+        (_damaged_weights(b"{}"), "model.safetensors cannot be read"),
+    ],
+)
+def test_malformed_transformers_files_are_one_line_errors(exported, tmp_path, edit, match):
+    folder = tmp_path / "model"
+    shutil.copytree(exported, folder)
+    edit(folder)
+    with pytest.raises(pretrained.PretrainedError, match=match) as e:
+        pretrained.load_pretrained(f"hf:{folder}")
+    assert "\n" not in str(e.value)
+
+
+def _wordpiece_folder(folder, tokenizer_config):
+    folder.mkdir()
+    (folder / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nthe\n##s\n")
+    if tokenizer_config is not None:
+        (folder / "tokenizer_config.json").write_text(tokenizer_config)
+    return folder
+
+
+@pytest.mark.parametrize(
+    "tokenizer_config, match",
+    [
+        ('["do_lower_case"]', "tokenizer_config.json holds a JSON list, not an object"),
+        ('"uncased"', "tokenizer_config.json holds a JSON string, not an object"),
+        ("{oops", "tokenizer_config.json cannot be read"),
+        ('{"do_lower_case": "yes"}', "do_lower_case is 'yes'; it must be one of true or false"),
+        ('{"strip_accents": 1}', "strip_accents is 1; it must be one of null or true or false"),
+        ('{"tokenize_chinese_chars": []}', "tokenize_chinese_chars is \\[\\]"),
+    ],
+)
+def test_malformed_tokenizer_files_are_one_line_errors(tmp_path, tokenizer_config, match):
+    folder = _wordpiece_folder(tmp_path / "tok", tokenizer_config)
+    with pytest.raises(pretrained.PretrainedError, match=match) as e:
+        export.read_hf_tokenizer(str(folder))
+    assert "\n" not in str(e.value)
+
+
+def test_a_wordpiece_folder_with_valid_options_loads(tmp_path):
+    folder = _wordpiece_folder(tmp_path / "tok", '{"do_lower_case": false, "strip_accents": null}')
+    tok = export.read_hf_tokenizer(str(folder))
+    assert tok.vocab_size == 7 and tok.bert_options["do_lower_case"] is False
+    assert export.read_hf_tokenizer(str(_wordpiece_folder(tmp_path / "bare", None))).vocab_size
+
+
+@pytest.mark.parametrize(
+    "state, match",
+    [
+        ({"w": 1, "b": 2}, "entry 'w' holds a int, not a tensor"),
+        ({"w": np.zeros(2), "nested": {"b": np.zeros(2)}}, "entry 'nested' holds a dict"),
+        ({3: np.zeros(2)}, "has a key 3 that is not a tensor name"),
+        ([np.zeros(2)], "holds a list, not a state dict"),
+        ({}, "holds no tensors"),
+    ],
+)
+def test_a_pickled_state_dict_must_map_names_to_tensors(state, match):
+    with pytest.raises(pretrained.PretrainedError, match=match) as e:
+        export.check_state_dict(state, "m/pytorch_model.bin", np.ndarray)
+    assert str(e.value).startswith("m/pytorch_model.bin") and "\n" not in str(e.value)
+    export.check_state_dict({"w": np.zeros(2)}, "m/pytorch_model.bin", np.ndarray)
+
+
+@pytest.mark.parametrize(
+    "content, match",
+    [
+        (
+            "fraction",
+            "holds objects other than tensors, which are not loaded; convert it to "
+            r"model.safetensors where the source is trusted \(transformers' "
+            r"save_pretrained\(dir, safe_serialization=True\)\)",
+        ),
+        ("nested", "entry 'w' holds a dict, not a tensor"),
+        ("garbage", "is damaged or holds objects other than tensors"),
+        ("truncated", r"is damaged or not a PyTorch checkpoint \(torch.load raised"),
+    ],
+)
+def test_a_pytorch_model_bin_that_is_not_plain_tensors_is_one_line(
+    exported, tmp_path, content, match
+):
+    torch = pytest.importorskip("torch", reason="reading pytorch_model.bin needs torch")
+    import fractions
+
+    folder = tmp_path / "model"
+    shutil.copytree(os.path.join(exported, "discriminator"), folder)
+    os.remove(folder / "model.safetensors")
+    path = folder / "pytorch_model.bin"
+    if content == "fraction":
+        torch.save({"w": torch.zeros(2), "f": fractions.Fraction(1, 3)}, path)
+    elif content == "nested":
+        torch.save({"w": {"b": 1}}, path)
+    elif content == "garbage":
+        path.write_bytes(b"not a pickle at all")
+    else:
+        torch.save({"w": torch.zeros(100)}, path)
+        path.write_bytes(path.read_bytes()[:200])
+    with pytest.raises(pretrained.PretrainedError, match=match) as e:
+        pretrained.load_pretrained(f"hf:{folder}")
+    message = str(e.value)
+    assert "\n" not in message and "weights_only" not in message and len(message) < 400
+
+
+def _run_config(edit):
+    def apply(workdir):
+        path = workdir / "config.json"
+        with open(path) as f:
+            config = json.load(f)
+        edit(config)
+        _write_json(path, config)
+
+    return apply
+
+
+def _set(section, key, value):
+    return _run_config(lambda c: c[section].__setitem__(key, value))
+
+
+@pytest.mark.parametrize(
+    "edit, match",
+    [
+        (
+            lambda w: _write_json(w / "config.json", [1, 2]),
+            "config.json holds a JSON list, not an object",
+        ),
+        (lambda w: (w / "config.json").write_text("{oops"), "config.json cannot be read"),
+        (_run_config(lambda c: c.pop("generator")), "config.json has no generator section"),
+        (_run_config(lambda c: c.pop("model")), "config.json has no model section"),
+        (_run_config(lambda c: c.__setitem__("model", [])), "the model section is a JSON list"),
+        (
+            _run_config(lambda c: c.__setitem__("objective", "mlm")),
+            "the objective section is a JSON string",
+        ),
+        (_set("model", "num_heads", 0), "model.num_heads is 0; it must be a whole number"),
+        (_set("model", "num_heads", 3), "hidden size 64 is not a multiple of its 3 heads"),
+        (_set("model", "hidden_size", 10**9), "model.hidden_size is 1000000000; it must be"),
+        (_set("model", "num_layers", "2"), "model.num_layers is '2'; it must be"),
+        (_set("model", "dropout_rate", "high"), "model.dropout_rate is 'high', not a usable"),
+        (
+            _set("generator", "hidden_fraction", 1e9),
+            "the generator's hidden_size is 64000000000; it must be",
+        ),
+        (
+            lambda w: (w / "tokenizer" / "spm.model").write_bytes(b"garbage"),
+            "not a SentencePiece model",
+        ),
+        (lambda w: os.remove(w / "tokenizer" / "spm.model"), "spm.model cannot be read"),
+    ],
+)
+def test_damaged_workdirs_are_one_line_errors(run, tmp_path, edit, match):
+    workdir = tmp_path / "run"
+    (workdir / "checkpoints").mkdir(parents=True)  # empty: every error comes before a restore
+    shutil.copy(os.path.join(run["path"], "config.json"), workdir / "config.json")
+    shutil.copytree(os.path.join(run["path"], "tokenizer"), workdir / "tokenizer")
+    edit(workdir)
+    with pytest.raises(pretrained.PretrainedError, match=match) as e:
+        pretrained.load_pretrained(str(workdir))
+    assert "\n" not in str(e.value)

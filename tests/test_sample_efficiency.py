@@ -140,3 +140,59 @@ def test_micro_preset_end_to_end_and_a_rerun_skips_finished_work(tmp_path, monke
     monkeypatch.setattr(finetune_loop, "finetune", fail)
     again = se.run(MICRO, out, **kw)
     assert again["table"] == results["table"]
+
+
+def test_in_domain_corpus_sweep_and_summary(tmp_path, monkeypatch):
+    """The small-data preset's machinery, with pre-training and fine-tuning stubbed out: the
+    corpus holds the general text and the tasks' training sentences only; the sweep picks each
+    model's best rate on seed 0 and uses it for the other seeds; summary.json has the headline."""
+    corpus, glue_dir = _write_inputs(tmp_path)
+    (tmp_path / "glue" / "SST-2" / "dev.tsv").write_text("sentence\tlabel\nonly in dev\t1\n")
+    best = {"electra": 3e-3, "mlm": 1e-3, se.RANDOM: 3e-3}
+    calls = []
+
+    def fake_finetune(config, workdir):
+        name = workdir.split(os.sep)[-2].split("-")[0]
+        name = se.RANDOM if name == "random_init" else name
+        calls.append((name, config.seed, config.learning_rate))
+        score = {"electra": 0.8, "mlm": 0.7, se.RANDOM: 0.6}[name] + 0.01 * config.seed
+        score -= 0.1 * (config.learning_rate != best[name])
+        return {
+            "score": score,
+            "score_metric": "dev/accuracy",
+            "elapsed_sec": 0.0,
+            "learning_rate": config.learning_rate,
+        }
+
+    from electra_jax.data import prepare
+
+    monkeypatch.setattr(se, "pretrain", lambda config, workdir, steps, log: 1.0)
+    monkeypatch.setattr(se, "finetune", fake_finetune)
+    monkeypatch.setattr(prepare, "ensure_tokenizer", lambda *a, **k: None)
+    preset = dict(MICRO, in_domain=True, fractions=(1.0,), seeds=3, learning_rates=(1e-3, 3e-3))
+    out = tmp_path / "out"
+    results = se.run(
+        preset,
+        str(out),
+        objectives=["electra", "mlm"],
+        corpus=corpus,
+        glue_dir=glue_dir,
+        log=lambda m: None,
+    )
+
+    texts = {p.name: p.read_text() for p in (out / "corpus").iterdir()}
+    assert sorted(texts) == ["general-000-a.txt", "task-SST-2.txt"]
+    assert (out / "corpus" / "general-000-a.txt").is_symlink()
+    assert "a fine and moving film" in texts["task-SST-2.txt"]
+    assert "only in dev" not in texts["task-SST-2.txt"] and "\t" not in texts["task-SST-2.txt"]
+    assert results["pretrain"][0]["config"]["data"]["source"] == f"text:{out}/corpus/*.txt"
+
+    # Per model: seed 0 at both rates, then seeds 1 and 2 at the better one.
+    for name, lr in best.items():
+        mine = [c for c in calls if c[0] == name]
+        assert mine == [(name, 0, 1e-3), (name, 0, 3e-3), (name, 1, lr), (name, 2, lr)]
+    assert sum(r["chosen"] for r in results["sweep"]) == 3
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["average"] == {"electra": 81.0, "mlm": 71.0, se.RANDOM: 61.0}
+    assert summary["std"]["electra"] == 1.0
+    assert summary["pretrain_flops"] == MICRO["budget_flops"] and summary["wall_seconds"] >= 0

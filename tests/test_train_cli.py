@@ -114,7 +114,14 @@ def test_workdir_of_another_model_fails_before_restoring(tmp_path):
     line = _one_line_exit_2(out, f"{tmp_path}/config.json describes a different model")
     assert "data.seq_length=32 there vs 128 now" in line and "model.hidden_size" in line
     assert "new --workdir" in line
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoints", "config.json"]
+    # Nothing but the marker and the lock of a workdir (one made before the marker existed).
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        ".electra_jax",
+        ".lock",
+        "checkpoints",
+        "config.json",
+    ]
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["3"]
 
 
 @pytest.mark.slow
@@ -149,3 +156,47 @@ def test_dry_run_compiles_large_width_with_fsdp_on_eight_devices():
     assert expected <= s["memory_state_bytes"] < 1.02 * expected + 2 * 2048 * 512 * 4
     assert s["memory_per_device_bytes"] > s["memory_state_bytes"] + s["memory_temp_bytes"] * 0.9
     assert s["xla_flops_per_step"] is None  # not counted under accumulation
+
+
+@pytest.mark.parametrize(
+    "args,expected",
+    [
+        (["--coordinator_address=garbage"], "--coordinator_address=garbage is not host:port"),
+        (["--coordinator_address=host:99999"], "is not host:port"),
+        (["--coordinator_address=127.0.0.1:1234"], "needs --num_processes and --process_id"),
+        (["--num_processes=0", "--process_id=0"], "--num_processes=0 must be >= 1"),
+        (["--num_processes=2", "--process_id=2"], "--process_id=2 must be in [0, --num_processes"),
+        (["--peer_timeout_seconds=0"], "--peer_timeout_seconds=0 must be >= 1"),
+    ],
+)
+def test_multihost_flags_that_cannot_work_are_one_line(tmp_path, args, expected):
+    out = _run("--config=configs/tiny.py", f"--workdir={tmp_path / 'w'}", *args)
+    _one_line_exit_2(out, expected)
+    assert not (tmp_path / "w").exists()
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("x = 1\n", "has no get_config() function"),
+        ("def get_config():\n    return 5\n", "get_config() returned int, not an ml_collections"),
+        ("def get_config(:\n", "is not valid Python (invalid syntax, line 1)"),
+    ],
+)
+def test_config_files_that_give_no_config_are_one_line(tmp_path, text, expected):
+    path = tmp_path / "my_config.py"
+    path.write_text(text)
+    for extra in ([], ["--config.train.num_steps=3"]):  # an override must not take the blame
+        out = _run(f"--config={path}", f"--workdir={tmp_path / 'w'}", *extra)
+        line = _one_line_exit_2(out, expected)
+        assert str(path) in line
+
+
+def test_a_folder_that_is_not_a_workdir_is_refused_untouched(tmp_path):
+    hf = tmp_path / "hf_model"
+    hf.mkdir()
+    (hf / "config.json").write_text('{"model_type": "electra"}')
+    out = _run("--config=configs/tiny.py", f"--workdir={hf}")
+    _one_line_exit_2(out, "is a Hugging Face model folder")
+    assert sorted(p.name for p in hf.iterdir()) == ["config.json"]
+    assert (hf / "config.json").read_text() == '{"model_type": "electra"}'

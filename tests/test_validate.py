@@ -70,3 +70,97 @@ def test_objective_and_embedding_sharing_are_checked_in_one_line():
         config = micro_config()
         config.objective.name = name
         validate.check_config(config)
+
+
+def test_a_resume_keeps_the_runs_settings_unless_a_change_is_allowed():
+    stored = _stored(micro_config())
+    config = micro_config()
+    # Free on resume: how long, how laid out, how often written.
+    config.train.num_steps, config.train.steps_per_call = 1000, 1
+    config.checkpoint.every_steps, config.log.every_steps, config.mesh.fsdp = 50, 7, -1
+    assert validate.check_same_run(stored, config, "w/config.json") == {}
+    # The data, the schedule and the optimizer are the run: refused, naming the keys and the way.
+    config.data.source = "text:other/*.txt"
+    config.train.adam_bias_correction = False
+    with pytest.raises(validate.ConfigError) as e:
+        validate.check_same_run(stored, config, "w/config.json")
+    message = str(e.value)
+    assert "data.source='builtin' there vs 'text:other/*.txt' now" in message
+    assert "train.adam_bias_correction=True there vs False now" in message
+    assert "--allow_change=data.source,train.adam_bias_correction" in message
+    assert "\n" not in message
+    # Allowed: returned for the caller to record.
+    changes = validate.check_same_run(
+        stored, config, "w/config.json", ("data.source", "train.adam_bias_correction")
+    )
+    assert changes == {
+        "data.source": ("builtin", "text:other/*.txt"),
+        "train.adam_bias_correction": (True, False),
+    }
+    # A key the stored config lacks (added to the framework later) is not compared.
+    del stored["train"]["steps_per_call"]
+    validate.check_same_run(stored, micro_config(), "w/config.json")
+
+
+@pytest.mark.parametrize(
+    "key,value,expected",
+    [
+        ("data.single_segment_prob", 2.0, "data.single_segment_prob=2.0 must be in [0, 1]"),
+        ("data.short_seq_prob", -1.0, "data.short_seq_prob=-1.0 must be in [0, 1]"),
+        ("generator.layers_fraction", 0.0, "generator.layers_fraction=0.0 must be in (0, 1]"),
+        ("model.type_vocab_size", 0, "model.type_vocab_size=0 must be >= 1"),
+        ("model.intermediate_size", 0, "model.intermediate_size=0 must be >= 1"),
+        ("model.dropout_rate", 1.0, "model.dropout_rate=1.0 must be in [0, 1)"),
+        ("train.adam_b2", 1.0, "train.adam_b2=1.0 must be in [0, 1)"),
+        ("train.adam_eps", 0.0, "train.adam_eps=0.0 must be > 0"),
+        ("train.weight_decay", float("nan"), "train.weight_decay=nan must be a finite number"),
+        ("objective.disc_weight", float("inf"), "objective.disc_weight=inf must be a finite"),
+        ("data.examples_per_shard", 0, "data.examples_per_shard=0 must be >= 1"),
+        ("mesh.fsdp", 0, "mesh.fsdp=0 must be >= 1, or -1"),
+        ("seed", -1, "seed=-1 must be in [0, 2**32)"),
+        ("train.remat", "some", "train.remat='some' is not a choice"),
+        ("model.attention", "flash", "model.attention='flash' is not a choice"),
+        ("objective.sampler", "top_k", "objective.sampler='top_k' is not a choice"),
+        ("model.attention", "xla", "model.attention='xla' has no dropout on the attention"),
+        ("data.source", "wikipedia", "data.source='wikipedia' is not a known source"),
+        ("data.source", "text:", "data.source='text:' is not a known source"),
+    ],
+)
+def test_bad_settings_are_one_line_naming_the_key(key, value, expected):
+    config = micro_config()
+    *section, field = key.split(".")
+    (config[section[0]] if section else config)[field] = value
+    with pytest.raises(validate.ConfigError) as e:
+        validate.check_config(config)
+    assert expected in str(e.value) and "\n" not in str(e.value)
+
+
+def test_cudnn_attention_needs_a_gpu_and_fused_attention_no_attention_dropout():
+    import jax
+
+    config = micro_config()
+    config.model.attention, config.model.attention_dropout_rate = "xla", 0.0
+    validate.check_config(config)
+    config.model.attention = "cudnn"
+    if jax.default_backend() == "gpu":
+        validate.check_config(config)
+    else:
+        with pytest.raises(validate.ConfigError, match="model.attention='cudnn' needs an NVIDIA"):
+            validate.check_config(config)
+
+
+def test_a_cache_dir_that_is_a_file_is_refused(tmp_path):
+    config = micro_config()
+    config.data.cache_dir = str(tmp_path / "f")
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(validate.ConfigError, match="data.cache_dir=.* is a file, not a folder"):
+        validate.check_config(config)
+
+
+def test_a_warmup_longer_than_half_the_run_is_named_with_the_peak_it_allows():
+    config = micro_config()
+    config.train.num_steps, config.train.warmup_steps = 3500, 10_000  # small.py's, cut short
+    warning = validate.warmup_warning(config.train)
+    assert "train.warmup_steps=10000" in warning and "peaks at 9% of" in warning
+    config.train.num_steps, config.train.warmup_steps = 1000, 100
+    assert validate.warmup_warning(config.train) is None

@@ -9,6 +9,10 @@ counter (Grain's ``next_index``), small enough to save in every checkpoint.
 
 from __future__ import annotations
 
+import bisect
+import dataclasses
+import itertools
+
 import grain
 import numpy as np
 
@@ -17,18 +21,70 @@ from electra_jax.data.prepare import ROW_DTYPE, PreparedData
 from electra_jax.data.tokenizer import PAD_ID
 
 
+@dataclasses.dataclass(frozen=True)
+class _Shard:
+    """A shard with its record count known from the manifest (ArrayRecord's FileInstruction
+    protocol), so that the data source does not open every shard again to count."""
+
+    filename: str
+    skip: int
+    take: int
+    examples_in_shard: int
+
+
+class _ShardSource:
+    """The prepared shards as one random-access source; a record that cannot be read (a shard
+    damaged after it was checked) raises one DataError line naming the shard, in whichever
+    thread reads it: Grain hands it on to the caller of ``next``."""
+
+    def __init__(self, prepared: PreparedData):
+        self._paths = list(prepared.shard_paths)
+        self._directory = prepared.directory
+        counts = prepared.manifest.get("shard_examples")
+        if isinstance(counts, list) and len(counts) == len(self._paths):
+            shards = [_Shard(p, 0, n, n) for p, n in zip(self._paths, counts, strict=True)]
+            self._source = grain.sources.ArrayRecordDataSource(shards)
+            self._ends = list(itertools.accumulate(counts))
+        else:  # Built by hand, without counts: the source counts the records itself.
+            self._source = grain.sources.ArrayRecordDataSource(self._paths)
+            self._ends = None
+
+    def __len__(self) -> int:
+        return len(self._source)
+
+    def __getitem__(self, index):
+        try:
+            return self._source[index]
+        except (RuntimeError, OSError) as e:
+            if self._ends is not None and 0 <= int(index) < self._ends[-1]:
+                path = self._paths[bisect.bisect_right(self._ends, int(index))]
+                shard = f"prepared shard {path}"
+            else:
+                shard = f"a prepared shard in {self._directory}"
+            reason = " ".join(str(e).split())
+            raise DataError(
+                f"{shard} cannot be read ({reason}); delete {self._directory} so that the next "
+                "run prepares it again"
+            ) from None
+
+    def __repr__(self) -> str:
+        return f"_ShardSource({self._directory}, {len(self._paths)} shards)"
+
+
 class _ParseRow(grain.transforms.Map):
     """Record bytes -> int32 [2, seq_length] (input ids, segment ids)."""
 
-    def __init__(self, seq_length: int):
+    def __init__(self, seq_length: int, directory: str):
         self._seq_length = seq_length
+        self._directory = directory
 
     def map(self, record: bytes) -> np.ndarray:
         row = np.frombuffer(record, dtype=ROW_DTYPE)
         if row.size != 2 * self._seq_length:
             raise DataError(
-                f"a prepared record has {row.size} ints, expected 2 x seq_length="
-                f"{2 * self._seq_length}; delete the prepared directory to rebuild it"
+                f"a prepared record in {self._directory} has {row.size} ints, expected 2 x "
+                f"seq_length={2 * self._seq_length}; delete {self._directory} so that the next "
+                "run prepares it again"
             )
         # A no-op view on little-endian hosts; the batch stacks rows into a fresh array anyway.
         return row.reshape(2, self._seq_length).astype(np.int32, copy=False)
@@ -67,11 +123,11 @@ def make_dataset(
             f"{global_batch_size}); add text or lower train.batch_size / data.seq_length"
         )
     local_batch = global_batch_size // process_count
-    ds = grain.MapDataset.source(grain.sources.ArrayRecordDataSource(prepared.shard_paths))
+    ds = grain.MapDataset.source(_ShardSource(prepared))
     # Shuffle, then repeat: Grain's shuffle reseeds with seed + epoch for indices past the first
     # epoch, so each epoch has its own order. Shuffle seeds must fit in 32 bits.
     ds = ds.shuffle(seed=seed % 2**32).repeat(None)
-    ds = ds.map(_ParseRow(prepared.seq_length))
+    ds = ds.map(_ParseRow(prepared.seq_length, prepared.directory))
     ds = ds.batch(local_batch, drop_remainder=True)
     # Local batch k of the stream belongs to global step k // P and to process k % P.
     ds = ds[process_index::process_count]

@@ -18,6 +18,7 @@ import json
 import multiprocessing
 import os
 import shutil
+import signal
 import socket
 import tempfile
 from collections.abc import Iterable, Iterator
@@ -27,11 +28,12 @@ from array_record.python.array_record_module import ArrayRecordWriter
 
 from electra_jax.data import DataError, sources
 from electra_jax.data import tokenizer as tokenizer_lib
-from electra_jax.data.packing import iter_packed
+from electra_jax.data.packing import SentenceEnds, iter_packed
 
 MANIFEST = "manifest.json"
-# Bumped when the row format or packing changes, so old caches are not reused.
-_FORMAT = "electra_jax-prepared-v1"
+# Bumped when the row format or packing changes, so old caches are not reused (v2: the rest of a
+# sentence that does not fit an example is carried into the next ones instead of dropped).
+_FORMAT = "electra_jax-prepared-v2"
 # Rows are little-endian int32 whatever the machine, so shards are portable between hosts.
 ROW_DTYPE = np.dtype("<i4")
 # Sentences per encode_batch call (and per task sent to a worker): large enough to keep
@@ -101,15 +103,19 @@ def ensure_tokenizer(data_cfg, tokenizer_dir: str, seed: int) -> tokenizer_lib.T
       seed: fixes the training sample.
 
     Raises:
-      DataError: data.tokenizer missing or unreadable; a tokenizer_dir model that differs from
-        data.tokenizer; vocab size different from data.vocab_size; training failures.
+      DataError: data.tokenizer missing or unreadable; a tokenizer_dir model that is damaged
+        (the message says how to recover) or differs from data.tokenizer; vocab size different
+        from data.vocab_size; training failures; tokenizer_dir not writable or its disk full.
+      KeyboardInterrupt: promptly, also while SentencePiece trains; nothing is left half
+        written (the model is written to a temporary directory and renamed into place).
     """
     _require_local(tokenizer_dir, "the tokenizer directory (in --workdir)")
     model_path = os.path.join(tokenizer_dir, tokenizer_lib.MODEL_FILENAME)
     if data_cfg.tokenizer:
         given = tokenizer_lib.Tokenizer.load(data_cfg.tokenizer)
         if os.path.exists(model_path):
-            existing = tokenizer_lib.Tokenizer.load(model_path)
+            # The run's own copy: a damaged one is reported as such, not as data.tokenizer's.
+            existing = tokenizer_lib.load_saved(tokenizer_dir)
             if existing.fingerprint != given.fingerprint:
                 raise DataError(
                     f"{model_path} differs from data.tokenizer={data_cfg.tokenizer}; a run keeps "
@@ -117,7 +123,7 @@ def ensure_tokenizer(data_cfg, tokenizer_dir: str, seed: int) -> tokenizer_lib.T
                 )
         else:
             given.save(tokenizer_dir)
-        tok = tokenizer_lib.Tokenizer.load(model_path)
+        tok = tokenizer_lib.load_saved(tokenizer_dir)
     elif os.path.exists(model_path) or os.path.exists(
         os.path.join(tokenizer_dir, tokenizer_lib.WORDPIECE_VOCAB)
     ):
@@ -199,6 +205,9 @@ _worker_tokenizer: tokenizer_lib.Tokenizer | None = None
 
 def _init_worker(model_proto: bytes) -> None:
     global _worker_tokenizer
+    # Ctrl-C reaches the whole process group: the parent stops the pool and says so in one line;
+    # the workers stay quiet rather than each printing a KeyboardInterrupt traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _worker_tokenizer = tokenizer_lib.Tokenizer(model_proto, "<worker>")
 
 
@@ -284,9 +293,108 @@ def _clean_stale_tmp_dirs(cache_dir: str, key16: str) -> None:
             shutil.rmtree(os.path.join(cache_dir, name), ignore_errors=True)
 
 
+def _rebuild(directory: str, problem: str) -> DataError:
+    """A DataError for prepared data that cannot be used as it is: ``problem``, then the fix."""
+    return DataError(f"{problem}; delete {directory} so that the next run prepares it again")
+
+
+def _is_count(value: object, least: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def _is_shard_name(name: object) -> bool:
+    """A plain file name (as the writer makes: ``shard-00000.array_record``): no separator, no
+    parent reference, nothing absolute, so that a manifest cannot point outside its folder."""
+    return (
+        isinstance(name, str)
+        and name not in ("", ".", "..")
+        and not set(name) & {"/", "\\", os.sep, os.altsep or "/"}
+        and name.isprintable()
+    )
+
+
+def _read_manifest(directory: str) -> dict:
+    """The manifest of a prepared directory, checked for the fields the loader uses.
+
+    Raises:
+      DataError: unreadable, not JSON, not an object, or ``shards``, ``examples``,
+        ``seq_length``, ``shard_examples`` missing, of the wrong type, or not adding up.
+    """
+    path = os.path.join(directory, MANIFEST)
+    try:
+        with open(path, "rb") as f:
+            manifest = json.loads(f.read())
+    except OSError as e:
+        raise _rebuild(directory, f"{path} cannot be read ({e.strerror or e})") from None
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError
+        reason = " ".join(str(e).split())
+        raise _rebuild(directory, f"{path} is damaged: not JSON ({reason})") from None
+    if not isinstance(manifest, dict):
+        raise _rebuild(directory, f"{path} is damaged: not a JSON object")
+    shards = manifest.get("shards")
+    if not isinstance(shards, list) or not shards:
+        raise _rebuild(directory, f"{path} is damaged: 'shards' is not a list of file names")
+    for name in shards:
+        if not _is_shard_name(name):
+            raise _rebuild(
+                directory,
+                f"{path} names shard {name!r}, which is not a file name inside {directory}",
+            )
+    for field in ("examples", "seq_length"):
+        if not _is_count(manifest.get(field), 1):
+            raise _rebuild(directory, f"{path} is damaged: '{field}' is not a positive integer")
+    counts = manifest.get("shard_examples")
+    if (
+        not isinstance(counts, list)
+        or len(counts) != len(shards)
+        or not all(_is_count(n, 0) for n in counts)
+    ):
+        raise _rebuild(
+            directory,
+            f"{path} is damaged: 'shard_examples' is not a list of {len(shards)} counts, one "
+            "per shard",
+        )
+    if sum(counts) != manifest["examples"]:
+        raise _rebuild(
+            directory,
+            f"{path} is damaged: 'shard_examples' add up to {sum(counts)}, but 'examples' is "
+            f"{manifest['examples']}",
+        )
+    return manifest
+
+
+def _check_shard(directory: str, path: str, expected: int) -> None:
+    """Opens a shard's reader (its index only, no records) and compares its record count with
+    the manifest's: a file cut short or overwritten fails here, before training starts, rather
+    than in a read thread mid-run."""
+    import contextlib
+
+    from array_record.python.array_record_module import ArrayRecordReader
+
+    try:
+        reader = ArrayRecordReader(path, options="readahead_buffer_size:0")
+    except Exception as e:  # The reader's own errors (RuntimeError, ValueError, OSError).
+        reason = " ".join(str(e).split())
+        raise _rebuild(directory, f"prepared shard {path} cannot be opened ({reason})") from None
+    found = reader.num_records() if reader.ok() else None
+    with contextlib.suppress(Exception):  # A reader that failed to open fails to close, too.
+        reader.close()
+    if found != expected:
+        holds = "no readable index" if found is None else f"{found} records"
+        raise _rebuild(
+            directory,
+            f"prepared shard {path} is damaged: it holds {holds}, its manifest says {expected}",
+        )
+
+
 def _load(directory: str) -> PreparedData:
-    with open(os.path.join(directory, MANIFEST)) as f:
-        manifest = json.load(f)
+    """A complete prepared directory, checked: its manifest (see ``_read_manifest``) and each
+    shard named there (present, readable, holding the manifest's number of records).
+
+    Raises:
+      DataError: naming the manifest or shard at fault and the directory to delete.
+    """
+    manifest = _read_manifest(directory)
     paths = [os.path.join(directory, name) for name in manifest["shards"]]
     for path in paths:
         if not os.path.isfile(path):
@@ -294,11 +402,13 @@ def _load(directory: str) -> PreparedData:
                 f"prepared data in {directory} is missing {os.path.basename(path)}; delete "
                 f"{directory} to prepare it again"
             )
+    for path, expected in zip(paths, manifest["shard_examples"], strict=True):
+        _check_shard(directory, path, expected)
     return PreparedData(
         directory=directory,
         shard_paths=paths,
-        num_examples=int(manifest["examples"]),
-        seq_length=int(manifest["seq_length"]),
+        num_examples=manifest["examples"],
+        seq_length=manifest["seq_length"],
         manifest=manifest,
     )
 
@@ -320,8 +430,16 @@ def _write_shards(
     docs = sources.iter_documents(
         data_cfg.source, source_stats, sources.SourceOptions.from_config(data_cfg)
     )
+    tokens_read = 0
+
+    def counted(token_docs: Iterable[list[list[int]]]) -> Iterator[list[list[int]]]:
+        nonlocal tokens_read
+        for doc in token_docs:
+            tokens_read += sum(map(len, doc))
+            yield doc
+
     examples = iter_packed(
-        _tokenized_documents(docs, tokenizer, num_workers),
+        counted(_tokenized_documents(docs, tokenizer, num_workers)),
         seq_length,
         _stream_seed(seed, _PACKING_STREAM),
         float(data_cfg.single_segment_prob),
@@ -329,10 +447,11 @@ def _write_shards(
         tokenizer.cls_id,
         tokenizer.sep_id,
         tokenizer.pad_id,
+        SentenceEnds.from_tokenizer(tokenizer),
     )
     shards: list[str] = []
     shard_examples: list[int] = []
-    count = tokens = single = forced_single = short = 0
+    count = tokens = kept = single = forced_single = short = 0
     writer = None
     try:
         for example in examples:
@@ -347,8 +466,11 @@ def _write_shards(
             writer.write(np.ascontiguousarray(row, dtype=ROW_DTYPE).tobytes())
             shard_examples[-1] += 1
             count += 1
-            tokens += int(np.count_nonzero(row[0] != tokenizer.pad_id))
-            single += int(not row[1].any())
+            # [CLS] and one [SEP], a second [SEP] after a segment B: the row's real tokens.
+            two_segments = example.has_second_segment
+            kept += example.content_tokens
+            tokens += example.content_tokens + 2 + two_segments
+            single += not two_segments
             forced_single += int(example.forced_single_segment)
             short += int(example.target_length < seq_length)
     finally:
@@ -371,6 +493,10 @@ def _write_shards(
         "files_skipped": source_stats.skipped,
         "examples": count,
         "tokens": tokens,
+        # Tokens the tokenizer produced for the source, and those written into rows ([CLS] and
+        # [SEP] not counted): packing drops nothing, so the two are equal.
+        "tokens_read": tokens_read,
+        "tokens_kept": kept,
         "real_token_fraction": tokens / (count * seq_length),
         "single_segment_fraction": single / count,
         "forced_single_segment_fraction": forced_single / count,
@@ -406,8 +532,13 @@ def prepare(
       PreparedData for ``cache_dir/<key[:16]>``. Rows are in corpus order: the loader shuffles.
 
     Raises:
-      DataError: bad source, or a source that yields no examples. A failed or killed prepare
-        leaves only a ``.<key>.tmp-*`` directory, which later runs never mistake for data.
+      DataError: bad source, or a source that yields no examples; a cache_dir that is a file or
+        cannot be created; a full disk or an unwritable cache_dir (the temporary directory is
+        removed, other prepared data is left as it was); cached data whose manifest or shards
+        are damaged (the message names the file and the directory to delete).
+      KeyboardInterrupt: the temporary directory is removed first. A prepare killed outright
+        leaves only a ``.<key>.tmp-*`` directory, which later runs never mistake for data and
+        remove once its process is gone.
     """
     if not cache_dir:
         raise DataError("no cache directory for prepared data; set data.cache_dir")
@@ -417,8 +548,20 @@ def prepare(
     key = _hash(fields)
     key16 = key[:16]
     target = os.path.join(os.path.abspath(cache_dir), key16)
+    if os.path.exists(cache_dir) and not os.path.isdir(cache_dir):
+        raise DataError(
+            f"data.cache_dir {cache_dir} is a file, not a directory; set data.cache_dir to a "
+            "directory (by default prepared data goes to --workdir/data)"
+        )
     if os.path.isfile(os.path.join(target, MANIFEST)):
         prepared = _load(target)
+        seq_length = int(data_cfg.seq_length)
+        if prepared.manifest.get("key", key) != key or prepared.seq_length != seq_length:
+            raise _rebuild(
+                target,
+                f"{os.path.join(target, MANIFEST)} is damaged: its key or seq_length is not "
+                "those of the data it is named after",
+            )
         if prepared.num_examples < min_examples:
             raise DataError(
                 f"data.source '{data_cfg.source}' gave {prepared.num_examples} examples, fewer "
@@ -427,15 +570,23 @@ def prepare(
             )
         return prepared
 
-    os.makedirs(cache_dir, exist_ok=True)
-    _clean_stale_tmp_dirs(os.path.dirname(target), key16)
-    tmp = tempfile.mkdtemp(
-        prefix=f"{_tmp_prefix(key16)}{os.getpid()}-", dir=os.path.dirname(target)
-    )
-    # mkdtemp makes the directory private (0700); prepared data is shared with other hosts'
-    # and users' runs reading the same cache.
-    os.chmod(tmp, 0o755)
     try:
+        os.makedirs(cache_dir, exist_ok=True)
+    except OSError as e:
+        raise DataError(
+            f"data.cache_dir {cache_dir} cannot be created ({e.strerror or e}); set "
+            "data.cache_dir to a directory this user can create or write (by default prepared "
+            "data goes to --workdir/data)"
+        ) from None
+    tmp = None
+    try:
+        _clean_stale_tmp_dirs(os.path.dirname(target), key16)
+        tmp = tempfile.mkdtemp(
+            prefix=f"{_tmp_prefix(key16)}{os.getpid()}-", dir=os.path.dirname(target)
+        )
+        # mkdtemp makes the directory private (0700); prepared data is shared with other hosts'
+        # and users' runs reading the same cache.
+        os.chmod(tmp, 0o755)
         stats = _write_shards(data_cfg, tokenizer, tmp, seed, num_workers, min_examples)
         manifest = {
             **fields,
@@ -459,6 +610,50 @@ def prepare(
                 os.path.join(target, MANIFEST)
             ):
                 raise
+    except (OSError, RuntimeError) as e:
+        error = _write_failure(e, os.path.dirname(target))
+        if error is None:
+            raise
+        raise tokenizer_lib.write_error(
+            f"prepared data into {os.path.dirname(target)}",
+            os.path.dirname(target),
+            error,
+            elsewhere="set data.cache_dir to a directory elsewhere",
+        ) from None
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        # Also on KeyboardInterrupt: a half-written directory never outlives its prepare.
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
     return _load(target)
+
+
+# Errors that can only come from writing (a full disk, a read-only file system), whatever file
+# they name; others count as write errors when they name a file in the cache directory.
+_WRITE_ONLY_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)
+_WRITE_ERRNOS = (*_WRITE_ONLY_ERRNOS, errno.EACCES, errno.EPERM)
+
+
+def _write_failure(error: Exception, cache_dir: str) -> OSError | None:
+    """The OSError behind a failure to write prepared data into cache_dir, or None when
+    ``error`` is something else (a read error of the source, a bug).
+
+    ArrayRecord's writer reports its file errors as RuntimeError whose message holds the
+    system's error text and the file ("write() failed: No space left on device; writing ...").
+    """
+    if isinstance(error, OSError):
+        if error.errno is None:
+            return None
+        names = [
+            os.path.abspath(os.fsdecode(n))
+            for n in (error.filename, error.filename2)
+            if isinstance(n, str | bytes | os.PathLike)
+        ]
+        inside = any(n == cache_dir or n.startswith(os.path.join(cache_dir, "")) for n in names)
+        return error if error.errno in _WRITE_ONLY_ERRNOS or inside else None
+    message = str(error)
+    for code in _WRITE_ERRNOS:
+        if os.strerror(code) in message and (
+            code in _WRITE_ONLY_ERRNOS or os.path.join(cache_dir, "") in message
+        ):
+            return OSError(code, os.strerror(code))
+    return None

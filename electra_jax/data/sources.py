@@ -10,7 +10,9 @@ Sources:
   ``text:GLOB``   plain-text files (``**`` recurses), one sentence per line, a blank line ends a
                   document. Files are streamed in chunks, never read whole; gzip files (by their
                   magic bytes) are decompressed on the fly; invalid UTF-8 bytes become U+FFFD and
-                  are counted; binary and unreadable files are skipped with a warning. The glob
+                  are counted; binary and unreadable files are skipped with a warning. Links
+                  are followed, but a link loop ends the walk there, and a file reached by
+                  several paths is read once (see ``_local_glob``). The glob
                   may be remote (``gs://bucket/wiki/**/*.txt``; also ``s3://``, ``az://``,
                   ``hf://``): it is then listed, stat'ed and read through ``etils.epath``, with
                   the same matching rules as a local glob.
@@ -31,7 +33,6 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import fnmatch
-import glob
 import gzip
 import hashlib
 import json
@@ -230,14 +231,81 @@ def _builtin_documents() -> Iterator[list[str]]:
 def _text_files(pattern: str) -> list[str]:
     if _URI_RE.match(pattern):
         return _remote_text_files(pattern)
-    expanded = os.path.expanduser(pattern)
-    paths = sorted(p for p in glob.glob(expanded, recursive=True) if os.path.isfile(p))
+    paths = _local_glob(os.path.expanduser(pattern))
     if not paths:
         raise DataError(
             f"data.source 'text:{pattern}' matches no files; check the glob (use ** for "
             "subdirectories) and that the files exist"
         )
     return paths
+
+
+def _local_glob(pattern: str) -> list[str]:
+    """The files a local glob matches, sorted, each real file once.
+
+    Matching is glob.glob's with ``recursive=True`` (``**`` spans directories; wildcards skip
+    names that start with a dot), but the walk is bounded whatever links the tree holds: links to
+    files are followed, and so are links to directories, except that a real directory is listed
+    at most once per position in the pattern, so a link back to a parent (a loop) ends there
+    instead of recursing forever. Directory links are followed after the real tree is walked, so
+    files keep their own paths where they have one.
+
+    A file reached by several paths (a link to it, a linked directory, a hard link) is read once,
+    under the first of those paths, preferring one without links, in sorted order.
+    """
+    if not _MAGIC_RE.search(pattern):
+        return [pattern] if os.path.isfile(pattern) else []
+    if pattern.endswith(os.sep):
+        return []  # glob matches only directories then, which hold no text themselves.
+    parts = pattern.split(os.sep)
+    first = next(i for i, p in enumerate(parts) if _MAGIC_RE.search(p))
+    top = os.sep.join(parts[:first]) or (os.sep if pattern.startswith(os.sep) else "")
+    rest = [p for p in parts[first:] if p]
+    # Directories to list: (path, whether a link led there, pattern states). Real directories
+    # are taken first (a stack, in sorted order); linked ones wait in `linked` until then.
+    start = _glob_closure(rest, {0})
+    stack = [(top, False, frozenset(start))]
+    linked: list[tuple[str, bool, frozenset[int]]] = []
+    listed: set[tuple[int, int, frozenset[int]]] = set()
+    found: dict[tuple[int, int], tuple[bool, str]] = {}
+    while stack or linked:
+        if not stack:
+            linked.sort(key=lambda item: item[0])
+            stack = linked[::-1]
+            linked = []
+        directory, via_link, states = stack.pop()
+        try:
+            st = os.stat(directory or os.curdir)
+            key = (st.st_dev, st.st_ino, states)
+            if key in listed:
+                continue
+            listed.add(key)
+            with os.scandir(directory or os.curdir) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError:
+            continue  # Unreadable or vanished: glob skips it too.
+        subdirs = []
+        for entry in entries:
+            after = _glob_step(rest, states, entry.name)
+            if not after:
+                continue
+            path = os.path.join(directory, entry.name) if directory else entry.name
+            try:
+                is_link = entry.is_symlink()
+                is_dir = entry.is_dir()  # Follows links, as glob does.
+                if not is_dir and len(rest) in after and entry.is_file():
+                    fst = entry.stat()
+                    candidate = (via_link or is_link, path)
+                    file_key = (fst.st_dev, fst.st_ino)
+                    if file_key not in found or candidate < found[file_key]:
+                        found[file_key] = candidate
+            except OSError:
+                continue  # A dangling link, or a file removed while listing.
+            if is_dir and any(i < len(rest) for i in after):
+                item = (path, via_link or is_link, frozenset(after))
+                (linked if is_link else subdirs).append(item)
+        stack.extend(reversed(subdirs))
+    return sorted(path for _, path in found.values())
 
 
 _sniffed_invalid = [0]

@@ -9,12 +9,17 @@ tokenized as ordinary characters and cannot forge a mask position.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import math
 import os
+import pickle
 import re
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterable, Sequence
 
@@ -243,9 +248,10 @@ def _write_files_atomically(out_dir: str, files: dict[str, bytes]) -> None:
     """
     out_dir = os.path.abspath(out_dir)
     parent = os.path.dirname(out_dir)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.tmp-", dir=parent)
+    tmp = None
     try:
+        os.makedirs(parent, exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.tmp-", dir=parent)
         for name, data in files.items():
             with open(os.path.join(tmp, name), "wb") as f:
                 f.write(data)
@@ -259,8 +265,39 @@ def _write_files_atomically(out_dir: str, files: dict[str, bytes]) -> None:
                 raise
         for name in files:
             os.replace(os.path.join(tmp, name), os.path.join(out_dir, name))
+    except OSError as e:
+        if e.errno is None:
+            raise
+        raise write_error(f"the tokenizer into {out_dir}", out_dir, e) from None
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+# Errors that mean "this disk is full" and "this place is not writable".
+_NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+_NOT_WRITABLE = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
+
+
+def write_error(what: str, directory: str, error: OSError, elsewhere: str = "") -> DataError:
+    """One DataError line for an OSError met writing ``what`` into ``directory``.
+
+    Args:
+      what: e.g. ``"the tokenizer into runs/x/tokenizer"``.
+      directory: the directory the user can act on (free space there, or move elsewhere).
+      error: the OSError.
+      elsewhere: how to write somewhere else, e.g. ``"set data.cache_dir to another disk"``;
+        defaults to using another --workdir.
+    """
+    elsewhere = elsewhere or "use a --workdir elsewhere"
+    reason = error.strerror or str(error)
+    if error.errno in _NO_SPACE:
+        advice = f"free space on the disk of {directory}, or {elsewhere}"
+    elif error.errno in _NOT_WRITABLE:
+        advice = f"make {directory} writable, or {elsewhere}"
+    else:
+        advice = f"check {directory}, or {elsewhere}"
+    return DataError(f"cannot write {what} ({reason}); {advice}")
 
 
 _MAX_VOCAB_RE = re.compile(r"value <= (\d+)")
@@ -289,7 +326,9 @@ def train_tokenizer(
 
     Raises:
       DataError: the corpus is empty, or too small for vocab_size (the message says the maximum
-        it supports when SentencePiece reports one).
+        it supports when SentencePiece reports one); out_dir cannot be written (disk full,
+        read-only).
+      KeyboardInterrupt: promptly, also during SentencePiece's training; nothing is written.
     """
     sample = _reservoir_sample(sentences, sample_sentences, np.random.default_rng(seed))
     if not sample:
@@ -297,11 +336,9 @@ def train_tokenizer(
             f"cannot train a tokenizer into {out_dir}: the corpus has no sentences; "
             "check data.source"
         )
-    writer = io.BytesIO()
     try:
-        spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(sample),
-            model_writer=writer,
+        proto = _train_model(
+            sample,
             model_type="unigram",
             vocab_size=vocab_size,
             character_coverage=character_coverage,
@@ -332,8 +369,78 @@ def train_tokenizer(
             f"SentencePiece training with data.vocab_size={vocab_size} failed on "
             f"{len(sample)} sentences: {message}"
         ) from None
-    Tokenizer(writer.getvalue(), os.path.join(out_dir, MODEL_FILENAME)).save(out_dir)
+    Tokenizer(proto, os.path.join(out_dir, MODEL_FILENAME)).save(out_dir)
     return Tokenizer.load(os.path.join(out_dir, MODEL_FILENAME))
+
+
+# SentencePiece's trainer is one C++ call that returns to Python only when training is done, so
+# Python cannot raise KeyboardInterrupt during it: a Ctrl-C would wait for the whole training
+# (minutes for a large vocabulary). Training in a child interpreter keeps this process free to
+# take the interrupt and end the child at once. The child ignores SIGINT: a Ctrl-C at a terminal
+# reaches both, and this process decides.
+_TRAIN_IN_CHILD = """\
+import io, pickle, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+import sentencepiece as spm
+sentences, options = pickle.load(sys.stdin.buffer)
+writer = io.BytesIO()
+try:
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(sentences), model_writer=writer, **options
+    )
+except RuntimeError as e:
+    sys.stderr.write(str(e))
+    sys.exit(3)
+sys.stdout.buffer.write(writer.getvalue())
+"""
+_TRAIN_ERROR_STATUS = 3
+
+
+def _train_model(sample: list[str], **options) -> bytes:
+    """SentencePiece training of ``sample`` with ``options``, in a child process.
+
+    Returns:
+      the serialized model proto.
+
+    Raises:
+      RuntimeError: SentencePiece's error (its message), or the child failed.
+      KeyboardInterrupt: at once; the child is ended first.
+    """
+    payload = pickle.dumps((sample, options), protocol=pickle.HIGHEST_PROTOCOL)
+    # -P: the current directory is not put on the child's path (a stray pickle.py there).
+    safe_path = ["-P"] if sys.version_info >= (3, 11) else []
+    try:
+        if not sys.executable:
+            raise OSError("no interpreter to start")
+        proc = subprocess.Popen(
+            [sys.executable, *safe_path, "-c", _TRAIN_IN_CHILD],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+    except OSError:  # An embedded interpreter, or no process to spare: train here.
+        writer = io.BytesIO()
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(sample), model_writer=writer, **options
+        )
+        return writer.getvalue()
+    try:
+        model, err = proc.communicate(payload)
+    finally:
+        if proc.returncode is None:  # Interrupted (or failed) while the child trains.
+            proc.kill()
+            proc.wait()
+    if proc.returncode == _TRAIN_ERROR_STATUS:
+        raise RuntimeError(err.decode("utf-8", errors="replace"))
+    if proc.returncode != 0:
+        lines = err.decode("utf-8", errors="replace").strip().splitlines()
+        how = (
+            f"was killed by {signal.Signals(-proc.returncode).name}"
+            if proc.returncode < 0
+            else f"exited with status {proc.returncode}"
+        )
+        raise RuntimeError(f"the training process {how}" + (f": {lines[-1]}" if lines else ""))
+    return model
 
 
 WORDPIECE_VOCAB = "vocab.txt"
@@ -342,9 +449,15 @@ WORDPIECE_VOCAB = "vocab.txt"
 def load_saved(tokenizer_dir: str):
     """A run's tokenizer from its folder: ``spm.model`` (ours), else a BERT ``vocab.txt`` (a run
     continued from a WordPiece checkpoint such as Google's; `export.WordPieceTokenizer`, with
-    this class's interface). Raises DataError when neither is there or readable."""
-    from electra_jax.data import DataError
+    this class's interface).
 
+    The folder's ``spm.model`` is the run's own (its checkpoints' ids mean its pieces), so a file
+    that does not load, or whose pieces differ from the ``spm.vocab`` written beside it, is
+    reported as damaged, with how to recover, not as a data.tokenizer to change.
+
+    Raises:
+      DataError: neither file is there or readable, or spm.model is damaged.
+    """
     if not os.path.exists(os.path.join(tokenizer_dir, MODEL_FILENAME)) and os.path.exists(
         os.path.join(tokenizer_dir, WORDPIECE_VOCAB)
     ):
@@ -354,4 +467,52 @@ def load_saved(tokenizer_dir: str):
             return export.WordPieceTokenizer.load(tokenizer_dir)
         except export.PretrainedError as e:
             raise DataError(str(e)) from None
-    return Tokenizer.load(os.path.join(tokenizer_dir, MODEL_FILENAME))
+    model_path = os.path.join(tokenizer_dir, MODEL_FILENAME)
+    if sources.uri_scheme(tokenizer_dir):
+        return Tokenizer.load(model_path)
+    recover = (
+        "the run's checkpoints depend on it: restore it from a copy, or, if the run has no "
+        f"checkpoints yet, delete {tokenizer_dir} so that the next run trains a new one"
+    )
+    try:
+        with open(model_path, "rb") as f:
+            proto = f.read()
+    except OSError as e:
+        raise DataError(
+            f"the run's tokenizer {model_path} cannot be read ({e.strerror or e}); {recover}"
+        ) from None
+    try:
+        if not proto:
+            raise DataError("empty")
+        tok = Tokenizer(proto, model_path)
+        damage = _vocab_mismatch(tok, os.path.join(tokenizer_dir, VOCAB_FILENAME))
+    except RuntimeError:  # SentencePiece's parse error.
+        damage = "not a SentencePiece model"
+    except DataError:  # Empty, or ids 0-4 are not the special pieces this package writes.
+        damage = "the file is empty" if not proto else "ids 0-4 are not the special pieces"
+    if damage:
+        raise DataError(f"the run's tokenizer {model_path} is damaged ({damage}); {recover}")
+    return tok
+
+
+def _vocab_mismatch(tok: Tokenizer, vocab_path: str) -> str:
+    """Why ``tok`` differs from the ``spm.vocab`` file saved with it ('' if it does not, or if
+    there is no such file to compare with): a model cut short can still parse, with fewer
+    pieces."""
+    try:
+        with open(vocab_path, encoding="utf-8", newline="") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError):
+        return ""
+    if text == _vocab_text(tok.model_proto):
+        return ""
+    # Compared piece by piece, so that a file written with other score formatting still agrees.
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    if len(lines) != tok.vocab_size:
+        return f"{tok.vocab_size} pieces, but {VOCAB_FILENAME} beside it lists {len(lines)}"
+    for i, line in enumerate(lines):
+        if line.rsplit("\t", 1)[0] != tok.id_to_piece(i):
+            return f"piece {i} differs from {VOCAB_FILENAME} beside it"
+    return ""

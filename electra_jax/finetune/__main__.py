@@ -3,7 +3,8 @@
 
 Flags only: parse the config and the workdir, then hand over to finetune.loop.finetune(). Bad
 input (an unknown task or config key, missing or malformed data, an unreadable init_from) ends
-with one line on stderr and exit code 2; --verbose shows the traceback instead.
+with one line on stderr and exit code 2; a diverged run (a NaN/Inf training loss) with one line
+and exit code 1; --verbose shows the traceback instead.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
-from electra_jax.cli import fail, parse_flags
+from electra_jax.cli import fail, loaded_config, parse_flags
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "configs/glue.py, with --config.task=... and friends.", lock_config=True
@@ -40,15 +41,22 @@ def main(argv) -> None:
 
     try:
         config = _CONFIG.value
-        config.to_dict()  # the file is loaded lazily: fail here, not after reading the data
     except OSError:
         fail(f"config file {flags.FLAGS['config'].config_filename} cannot be read; check --config")
+    # The file is loaded lazily: fail here, not in the middle of a run.
+    config = loaded_config(config, flags.FLAGS["config"].config_filename)
     try:
         loop.finetune(config, _WORKDIR.value)
     except (ConfigError, DataError, CheckpointError) as e:
         if _VERBOSE.value:
             raise
         fail(str(e))
+    except loop.NonFiniteError as e:
+        if _VERBOSE.value:
+            raise
+        # Not bad input (exit 2) but a diverged run: exit 1, still one line.
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
     except KeyboardInterrupt:
         if _VERBOSE.value:
             raise

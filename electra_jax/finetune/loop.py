@@ -23,6 +23,7 @@ import numpy as np
 import optax
 
 from electra_jax import sharding
+from electra_jax import workdir as workdir_lib
 from electra_jax.data import DataError
 from electra_jax.finetune import features, heads, tasks
 from electra_jax.finetune import metrics as glue_metrics
@@ -35,7 +36,7 @@ from electra_jax.model import (
 )
 from electra_jax.optim import layerwise_lr_multipliers, make_finetune_optimizer
 from electra_jax.train_step import TrainState
-from electra_jax.validate import ConfigError, check_workdir
+from electra_jax.validate import ConfigError
 
 RESULTS_FILE = "eval_results.json"
 PREDICTIONS_FILE = "dev_predictions.jsonl"
@@ -45,9 +46,85 @@ PREDICTIONS_FILE = "dev_predictions.jsonl"
 _SUBSET_STREAM, _ORDER_STREAM = 1, 2
 
 
+# The ELECTRA paper's fine-tuning learning rate and layer-wise decay by model size (its Table 7),
+# keyed by the discriminator's hidden size. (The released code's default learning rate is 1e-4
+# for Small and Base alike; the table gives Small 3e-4.)
+PAPER_HYPERPARAMETERS = (
+    # name, hidden size, learning rate, layer decay
+    ("Small", 256, 3e-4, 0.8),
+    ("Base", 768, 1e-4, 0.8),
+    ("Large", 1024, 5e-5, 0.9),
+)
+LAYER_DECAY_EXPONENTS = ("electra_jax", "original")
+
+
+class NonFiniteError(RuntimeError):
+    """The training loss or gradient norm became NaN/Inf: the run diverged."""
+
+
 def _require(ok: bool, message: str) -> None:
     if not ok:
         raise ConfigError(message)
+
+
+def _number(config, key: str, rule: str, note: str = "") -> None:
+    """ConfigError unless config[key] (dotted for config.model) is a finite number obeying `rule`:
+    '> 0', '>= 0', '>= 1', '(0, 1]', '[0, 1)', with a trailing 'int' for whole numbers."""
+    section, _, name = key.rpartition(".")
+    value = (config[section] if section else config)[name]
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    ok = ok and math.isfinite(value)
+    whole = rule.endswith(" int")
+    bound = rule.removesuffix(" int")
+    if ok and whole:
+        ok = float(value).is_integer()
+    if ok:
+        if bound.startswith(("(", "[")):
+            low, high = (float(x) for x in bound[1:-1].split(","))
+            ok = (low < value if bound[0] == "(" else low <= value) and (
+                value < high if bound[-1] == ")" else value <= high
+            )
+        else:
+            op, limit = bound.split()
+            ok = value > float(limit) if op == ">" else value >= float(limit)
+    if not ok:
+        what = f"in {bound}" if bound.startswith(("(", "[")) else f"finite and {bound}"
+        kind = "a whole number " if whole else ""
+        raise ConfigError(
+            f"config.{key}={value!r} must be {kind}{what}" + (f" ({note})" if note else "")
+        )
+
+
+# Every numeric field of configs/glue.py and the values it may take; a NaN or Inf never passes.
+_NUMBERS = (
+    ("learning_rate", ">= 0", "0: the paper's for the model's size"),
+    ("layer_decay", "[0, 1]", "0: the paper's for the model's size; 1: no decay"),
+    ("warmup_fraction", "[0, 1)", ""),
+    ("weight_decay", ">= 0", ""),
+    ("adam_eps", "> 0", ""),
+    ("clip_norm", "> 0", ""),
+    ("batch_size", ">= 1 int", ""),
+    ("eval_batch_size", ">= 1 int", ""),
+    ("num_epochs", ">= 0", "0: the task's"),
+    ("seq_length", ">= 8 int", ""),
+    ("max_train_examples", ">= 0 int", "0: all"),
+    ("dropout_rate", "[0, 1)", ""),
+    ("log_every_steps", ">= 1 int", ""),
+    ("seed", f"[0, {2**32}) int", "the random key takes 32 bits"),
+)
+# Random init only: the tokenizer trained on the task and the network's shape.
+_RANDOM_INIT_NUMBERS = (
+    ("vocab_size", ">= 6 int", "the 5 special pieces and at least one more"),
+    ("model.hidden_size", ">= 1 int", ""),
+    ("model.num_layers", ">= 1 int", ""),
+    ("model.num_heads", ">= 1 int", ""),
+    ("model.intermediate_size", ">= 1 int", ""),
+    ("model.embedding_size", ">= 1 int", ""),
+    ("model.max_position_embeddings", ">= 8 int", ""),
+    ("model.type_vocab_size", ">= 2 int", "segments A and B"),
+    ("model.initializer_range", "> 0", ""),
+    ("model.layer_norm_eps", "> 0", ""),
+)
 
 
 def check_config(config: ml_collections.ConfigDict) -> tasks.Task:
@@ -57,38 +134,66 @@ def check_config(config: ml_collections.ConfigDict) -> tasks.Task:
         task = tasks.get_task(c.task)
     except DataError as e:
         raise ConfigError(str(e)) from None
-    _require(c.learning_rate > 0, f"config.learning_rate={c.learning_rate} must be > 0")
-    _require(0 < c.layer_decay <= 1, f"config.layer_decay={c.layer_decay} must be in (0, 1]")
-    _require(
-        0 <= c.warmup_fraction < 1, f"config.warmup_fraction={c.warmup_fraction} must be in [0, 1)"
-    )
-    _require(c.batch_size > 0, f"config.batch_size={c.batch_size} must be >= 1")
-    _require(c.eval_batch_size > 0, f"config.eval_batch_size={c.eval_batch_size} must be >= 1")
-    _require(c.num_epochs >= 0, f"config.num_epochs={c.num_epochs} must be >= 0 (0: the task's)")
-    _require(c.seq_length >= 8, f"config.seq_length={c.seq_length} must be >= 8")
-    _require(
-        c.max_train_examples >= 0,
-        f"config.max_train_examples={c.max_train_examples} must be >= 0 (0: all)",
-    )
-    _require(0 <= c.dropout_rate < 1, f"config.dropout_rate={c.dropout_rate} must be in [0, 1)")
+    for key, rule, note in _NUMBERS:
+        _number(c, key, rule, note)
     _require(
         c.dtype in ("float32", "bfloat16"),
         f"config.dtype={c.dtype!r} is not supported; use 'float32' or 'bfloat16'",
     )
-    _require(c.log_every_steps > 0, f"config.log_every_steps={c.log_every_steps} must be >= 1")
+    _require(
+        c.layer_decay_exponents in LAYER_DECAY_EXPONENTS,
+        f"config.layer_decay_exponents={c.layer_decay_exponents!r} is not a choice; use "
+        + " or ".join(repr(x) for x in LAYER_DECAY_EXPONENTS),
+    )
     _require(
         not (c.init_from and c.tokenizer),
         f"config.tokenizer={c.tokenizer!r} is for random init only; a pre-trained model "
         f"(config.init_from={c.init_from!r}) brings its own tokenizer: unset one of them",
     )
-    m = c.model
-    _require(
-        m.hidden_size > 0 and m.num_heads > 0 and m.hidden_size % m.num_heads == 0,
-        f"config.model.hidden_size={m.hidden_size} must be a positive multiple of "
-        f"config.model.num_heads={m.num_heads}",
-    )
-    _require(m.num_layers > 0, f"config.model.num_layers={m.num_layers} must be >= 1")
+    if not c.init_from:  # a pre-trained model brings its own shape (and checks it)
+        for key, rule, note in _RANDOM_INIT_NUMBERS:
+            _number(c, key, rule, note)
+        m = c.model
+        _require(
+            m.hidden_size % m.num_heads == 0,
+            f"config.model.hidden_size={m.hidden_size} must be a multiple of "
+            f"config.model.num_heads={m.num_heads}",
+        )
     return task
+
+
+def paper_hyperparameters(hidden_size: int) -> tuple[str, int, float, float]:
+    """(size name, its hidden size, learning rate, layer decay) of the paper's model size nearest
+    to hidden_size, by ratio (128 -> Small, 512 -> Base): the ELECTRA paper's Table 7."""
+    return min(PAPER_HYPERPARAMETERS, key=lambda row: abs(math.log(hidden_size / row[1])))
+
+
+def resolve_hyperparameters(config, hidden_size: int) -> dict:
+    """The learning rate and layer decay a run uses: the config's, or where it says 0 the
+    paper's for the model's size; each with its source ('config', or 'paper: ELECTRA-Small' and
+    the like, noting when the model's width is not one of the paper's)."""
+    name, size, lr, decay = paper_hyperparameters(hidden_size)
+    paper = f"paper: ELECTRA-{name}"
+    if size != hidden_size:
+        paper += f", the nearest size to hidden {hidden_size}"
+    out = {}
+    for key, default in (("learning_rate", lr), ("layer_decay", decay)):
+        given = float(config[key])
+        out[key] = given or default
+        out[f"{key}_source"] = "config" if given else paper
+    return out
+
+
+def regression_targets(task: tasks.Task, scaled: bool) -> tuple[float, float]:
+    """(low, width): the model trains on (score - low) / width and reports low + width x output.
+
+    With `scaled`, a task's scores become [0, 1] targets, as the original ELECTRA trains STS-B
+    (its classification_tasks.py divides the 0-5 score by 5); otherwise the raw scores.
+    """
+    if not (scaled and task.is_regression):
+        return 0.0, 1.0
+    low, high = task.score_range
+    return low, high - low
 
 
 # ------------------------------------------------------------------------------------------ data
@@ -259,25 +364,32 @@ def train_step(state: TrainState, batch: dict, *, model, tx, schedule, regressio
 
 
 def predict_step(params, batch: dict, *, model, regression: bool):
-    """[B, L] inputs -> [B] predicted classes or scores, without dropout."""
+    """[B, L] inputs -> ([B] predicted classes or scores, [B] whether every output is finite),
+    without dropout."""
     outputs = model.apply(
         {"params": params}, batch["input_ids"], batch["segment_ids"], batch["input_mask"], True
     )
-    return heads.predictions(outputs, regression)
+    finite = jnp.all(jnp.isfinite(outputs), axis=-1)
+    return heads.predictions(outputs, regression), finite
 
 
-def predict(predict_fn, params, arrays: dict, batch_size: int) -> np.ndarray:
-    """Predictions [N] for encoded examples, in fixed-size batches (the last one padded)."""
+def predict(predict_fn, params, arrays: dict, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Predictions [N] for encoded examples, in fixed-size batches (the last one padded), and
+    [N] bool: whether the model's outputs for the example were finite."""
     n = len(arrays["labels"])
     inputs = {k: arrays[k] for k in ("input_ids", "segment_ids", "input_mask")}
-    out = []
+    preds, finite = [], []
     for start in range(0, n, batch_size):
         chunk = {k: v[start : start + batch_size] for k, v in inputs.items()}
         short = batch_size - len(chunk["input_ids"])
         if short:  # pad with empty rows so that one compiled shape serves every batch
             chunk = {k: np.pad(v, ((0, short), (0, 0))) for k, v in chunk.items()}
-        out.append(np.asarray(jax.device_get(predict_fn(params, chunk)))[: batch_size - short])
-    return np.concatenate(out) if out else np.zeros((0,), np.float32)
+        p, f = jax.device_get(predict_fn(params, chunk))
+        preds.append(np.asarray(p)[: batch_size - short])
+        finite.append(np.asarray(f)[: batch_size - short])
+    if not preds:
+        return np.zeros((0,), np.float32), np.ones((0,), bool)
+    return np.concatenate(preds), np.concatenate(finite)
 
 
 # ------------------------------------------------------------------------------------------ run
@@ -290,6 +402,22 @@ def _write_atomic(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
+def _check_finite(values: np.ndarray, first_step: int, learning_rate: float) -> None:
+    """NonFiniteError naming the first step whose loss or gradient norm is NaN/Inf.
+
+    values: [steps, 2] (loss, gradient norm) of the steps first_step, first_step + 1, ... (1-based
+    counts of updates done).
+    """
+    bad = np.flatnonzero(~np.all(np.isfinite(values), axis=1))
+    if bad.size:
+        last = first_step + len(values) - 1
+        raise NonFiniteError(
+            f"fine-tuning diverged: the training loss or gradient norm is not finite at step "
+            f"{first_step + int(bad[0])} (checking steps {first_step}-{last}); no results were "
+            f"written; lower config.learning_rate (peak {learning_rate:g})"
+        )
+
+
 def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
     """Fine-tunes on config.task, evaluates on its dev set(s), writes the results; returns them.
 
@@ -298,10 +426,18 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
     Raises:
       ConfigError / DataError: bad config values, data files or init_from (one-line messages).
+      NonFiniteError: the training loss or gradient norm became NaN/Inf (checked as the losses
+        are read for each log line), or the final model's dev outputs are; nothing is written.
     """
     started = time.time()
     task = check_config(config)
-    check_workdir(workdir)
+    # Locked for the run; a pre-training workdir (or any folder not ours) is refused, since
+    # fine-tuning writes its own config.json and tokenizer/ there.
+    with workdir_lib.claimed(workdir, workdir_lib.FINETUNE, command="electra_jax.finetune"):
+        return _finetune(config, workdir, task, started)
+
+
+def _finetune(config: ml_collections.ConfigDict, workdir: str, task, started: float) -> dict:
 
     # ---------------------------------------------------------------- mesh
     _require(
@@ -352,6 +488,11 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
     )
     train_arrays = encode(train)
     dev_arrays = {name: encode(ex) for name, ex in devs.items()}
+    # Regression trains on targets in [0, 1] (by default, as the original); dev labels, metrics
+    # and predictions stay on the task's own scale.
+    low, width = regression_targets(task, config.scale_regression_targets)
+    if task.is_regression:
+        train_arrays["labels"] = ((train_arrays["labels"] - low) / width).astype(np.float32)
 
     # ---------------------------------------------------------------- state
     epochs = config.num_epochs or task.num_epochs
@@ -365,11 +506,13 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
             params = heads.with_pretrained(params, init.encoder_params)
         except ValueError as e:
             raise ConfigError(f"config.init_from={config.init_from!r}: {e}") from None
+    hyper = resolve_hyperparameters(config, spec.discriminator.hidden_size)
+    learning_rate, layer_decay = hyper["learning_rate"], hyper["layer_decay"]
     multipliers = layerwise_lr_multipliers(
-        params, spec.discriminator.num_layers, config.layer_decay
+        params, spec.discriminator.num_layers, layer_decay, config.layer_decay_exponents
     )
     tx, schedule = make_finetune_optimizer(
-        config.learning_rate,
+        learning_rate,
         num_steps,
         int(config.warmup_fraction * num_steps),
         multipliers,
@@ -398,24 +541,29 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
     # ---------------------------------------------------------------- steps
     order = batch_order(len(train), config.batch_size, num_steps, config.seed)
+    sources = {hyper["learning_rate_source"], hyper["layer_decay_source"]} - {"config"}
     log(
         f"fine-tuning {num_steps} steps ({epochs:g} epochs of {len(train)} examples, "
-        f"batch {config.batch_size}, peak lr {config.learning_rate:g}, "
-        f"layer decay {config.layer_decay:g})"
+        f"batch {config.batch_size}, peak lr {learning_rate:g}, layer decay {layer_decay:g}"
+        + "".join(f"; {s}" for s in sorted(sources))  # where the defaults came from
+        + ")"
     )
     take = lambda step: {k: v[order[step]] for k, v in train_arrays.items()}
     t0 = time.time()
     step_fn = step_fn.lower(state, take(0)).compile()
     log(f"compiled the train step in {time.time() - t0:.1f}s")
-    pending: list[Any] = []  # device losses since the last line: read only when logging
+    pending: list[Any] = []  # device (loss, grad norm) since the last line: read when logging
     train_loss = float("nan")
     last_time = steps_started = time.time()
     for step in range(num_steps):
         state, step_metrics = step_fn(state, take(step))
-        pending.append(step_metrics["loss"])
+        pending.append((step_metrics["loss"], step_metrics["grad_norm"]))
         done = step + 1
+        # The last step always logs: the run ends only after its losses were checked.
         if done % config.log_every_steps == 0 or done == num_steps:
-            train_loss = float(np.mean(jax.device_get(pending)))
+            values = np.asarray(jax.device_get(pending), np.float64)  # [steps, 2]
+            _check_finite(values, done - len(pending) + 1, learning_rate)
+            train_loss = float(np.mean(values[:, 0]))
             now = time.time()
             rate = len(pending) * config.batch_size / max(now - last_time, 1e-9)
             left = (num_steps - done) * (now - steps_started) / done
@@ -429,7 +577,15 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
     # ---------------------------------------------------------------- evaluate
     results_metrics, rows = {}, []
     for name, arrays in dev_arrays.items():
-        preds = predict(predict_fn, state.params, arrays, config.eval_batch_size)
+        preds, finite = predict(predict_fn, state.params, arrays, config.eval_batch_size)
+        if not finite.all():  # the last update shows in no training loss: check its outputs
+            raise NonFiniteError(
+                f"fine-tuning diverged: after the last step ({num_steps}) the model's outputs "
+                f"are not finite for {int((~finite).sum())} of the {len(finite)} {name} examples; "
+                f"no results were written; lower config.learning_rate (peak {learning_rate:g})"
+            )
+        if task.is_regression:  # back on the task's scale
+            preds = (low + width * preds.astype(np.float64)).astype(np.float32)
         results_metrics[name] = glue_metrics.task_metrics(task, preds, arrays["labels"])
         shown = "  ".join(f"{k} {v:.4f}" for k, v in results_metrics[name].items())
         log(f"{task.name} {name}: {shown}")
@@ -457,8 +613,9 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
         "steps": num_steps,
         "epochs": epochs,
         "batch_size": config.batch_size,
-        "learning_rate": config.learning_rate,
-        "layer_decay": config.layer_decay,
+        **hyper,
+        "layer_decay_exponents": config.layer_decay_exponents,
+        "scale_regression_targets": bool(task.is_regression and config.scale_regression_targets),
         "seed": config.seed,
         "init_from": config.init_from,
         "init_source": init.source,

@@ -7,7 +7,9 @@ four columns (source, label, original label, sentence). Fields are separated by 
 quoted: sentences contain lone double quotes, so the files must be read with quoting disabled.
 
 Labels become integer classes in the order of `Task.labels`; TFDS stores the same labels as
-integers in its own order, which `Task.tfds_labels` maps back to the TSV spelling.
+integers in its own order, which `Task.tfds_labels` maps back to the TSV spelling. A score (STS-B)
+must be a finite number within `Task.score_range`; either reader rejects any other label, naming
+the file and line (or the TFDS example).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import logging
+import math
 import os
 from collections.abc import Sequence
 
@@ -51,6 +54,7 @@ class Task:
     num_epochs: float = 3.0  # the original ELECTRA's fine-tuning epochs
     double_unordered: bool = False  # train on (a, b) and (b, a): a symmetric relation
     score: str = "accuracy"  # the headline metric the ELECTRA paper reports
+    score_range: tuple[float, float] = (0.0, 0.0)  # regression only: the scores' valid range
 
     @property
     def is_regression(self) -> bool:
@@ -99,6 +103,7 @@ TASKS: dict[str, Task] = {
             num_epochs=10.0,
             double_unordered=True,
             score="spearman",
+            score_range=(0.0, 5.0),  # GLUE's similarity scale
         ),
         Task(
             "QQP",
@@ -181,15 +186,28 @@ class Example:
     source: str  # 'FILE:LINE' or 'tfds:NAME/SPLIT[i]', for the predictions file and errors
 
 
+def _score(task: Task, raw, where: str) -> float:
+    """A regression label: a finite number within the task's range, else DataError."""
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        raise DataError(
+            f"{where}: label {raw!r} is not a number ({task.name} scores are floats); "
+            "fix or remove that line"
+        ) from None
+    low, high = task.score_range
+    if not (math.isfinite(value) and low <= value <= high):
+        shown = repr(raw) if isinstance(raw, str) else f"{value:g}"  # TFDS gives numbers
+        raise DataError(
+            f"{where}: score {shown} is outside {task.name}'s range [{low:g}, {high:g}]; "
+            "fix or remove that line"
+        )
+    return value
+
+
 def _label(task: Task, raw: str, where: str) -> int | float:
     if task.is_regression:
-        try:
-            return float(raw)
-        except ValueError:
-            raise DataError(
-                f"{where}: label {raw!r} is not a number ({task.name} scores are floats); "
-                "fix or remove that line"
-            ) from None
+        return _score(task, raw, where)
     try:
         return task.labels.index(raw)
     except ValueError:
@@ -197,6 +215,19 @@ def _label(task: Task, raw: str, where: str) -> int | float:
             f"{where}: label {raw!r} is not one of {list(task.labels)} for {task.name}; "
             "fix or remove that line, or check that the file is the task's"
         ) from None
+
+
+def _tfds_label(task: Task, raw, where: str) -> int | float:
+    """A TFDS label (a score, or a class index in TFDS's order) -> the task's label."""
+    if task.is_regression:
+        return _score(task, raw, where)
+    index = int(raw)
+    if not 0 <= index < len(task.tfds_labels):  # GLUE's test splits store -1: no label
+        raise DataError(
+            f"{where}: label {index} is not a class of {task.name} (0 to "
+            f"{len(task.tfds_labels) - 1}); is this a split with labels?"
+        )
+    return task.labels.index(task.tfds_labels[index])
 
 
 def read_tsv(path: str) -> list[list[str]]:
@@ -310,7 +341,8 @@ def read_tfds_split(task: Task, split: Split, tfds_data_dir: str = "") -> list[E
 
     Raises:
       DataError: tensorflow-datasets is missing or the dataset is not prepared (the message
-        gives the `tfds build` command).
+        gives the `tfds build` command), or a label is not one of the task's (named by its
+        example, tfds:NAME/SPLIT[i]).
     """
     tfds = _import_tfds(task)
     where = tfds_data_dir or "~/tensorflow_datasets"
@@ -353,12 +385,10 @@ def read_tfds_split(task: Task, split: Split, tfds_data_dir: str = "") -> list[E
     for i in range(len(source)):
         row = source[i]
         texts = [_text(row[f]) for f in task.tfds_text]
-        raw = row["label"]
-        label = float(raw) if task.is_regression else task.labels.index(task.tfds_labels[int(raw)])
+        where = f"tfds:{task.tfds_name}/{split.tfds_split}[{i}]"
+        label = _tfds_label(task, row["label"], where)
         b = texts[1] if len(texts) > 1 else None
-        examples.append(
-            Example(texts[0], b, label, f"tfds:{task.tfds_name}/{split.tfds_split}[{i}]")
-        )
+        examples.append(Example(texts[0], b, label, where))
     return examples
 
 

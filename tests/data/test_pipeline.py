@@ -1,6 +1,8 @@
 """Tests of electra_jax.data.pipeline: batches, per-process slices, resume, epochs."""
 
 import dataclasses
+import os
+import shutil
 
 import grain
 import numpy as np
@@ -131,3 +133,26 @@ def test_too_few_examples_names_the_source(prepared):
     small = dataclasses.replace(prepared, num_examples=3)
     with pytest.raises(DataError, match=r"text:.*\*\.txt"):
         make_iterator(small, BATCH, seed=0)
+
+
+def test_shard_damaged_after_loading_raises_one_line_naming_it(prepared, tmp_path):
+    # The index (at the end) is intact, so the shard opens and counts right; the first records'
+    # chunks (at the start) are not, so a read thread meets them mid-epoch.
+    directory = tmp_path / "prepared"
+    shutil.copytree(prepared.directory, directory)
+    copy = dataclasses.replace(
+        prepared,
+        directory=str(directory),
+        shard_paths=[str(directory / os.path.basename(p)) for p in prepared.shard_paths],
+    )
+    shard = copy.shard_paths[1]
+    with open(shard, "r+b") as f:
+        f.seek(100)
+        f.write(bytes(range(256)) * 4)
+    it = make_iterator(copy, BATCH, seed=0, num_threads=2)
+    with pytest.raises(DataError) as info:
+        _take(it, prepared.num_examples // BATCH + 2)  # A whole epoch reads every record.
+    message = str(info.value)
+    assert message.startswith(f"prepared shard {shard} cannot be read (")
+    assert message.endswith(f"delete {directory} so that the next run prepares it again")
+    assert "\n" not in message

@@ -1,5 +1,6 @@
 """Tests of electra_jax.data.prepare: tokenizer setup, cached shards, atomicity."""
 
+import errno
 import json
 import os
 import shutil
@@ -13,9 +14,10 @@ import numpy as np
 import pytest
 from array_record.python.array_record_module import ArrayRecordReader
 
-from electra_jax.data import DataError
+from electra_jax.data import DataError, sources
 from electra_jax.data import prepare as prepare_lib
 from electra_jax.data.tokenizer import Tokenizer
+from tests.conftest import ROOT, SHARED, subprocess_env
 
 SEQ = 64
 
@@ -302,3 +304,321 @@ def test_fewer_examples_than_a_batch_raises(corpus, tokenizer, prepared, tmp_pat
     with pytest.raises(DataError, match="fewer than one batch"):
         prepare_lib.prepare(make_cfg(corpus), tokenizer, cache, 0, min_examples=n + 1)
     assert prepare_lib.prepare(make_cfg(corpus), tokenizer, cache, 0, min_examples=n).num_examples
+
+
+# ---- damaged prepared data, damaged tokenizer, full or read-only disks -----------------------
+
+
+def _cached_copy(prepared, cache):
+    """A copy of a prepared directory under the cache dir ``cache``; returns its path."""
+    directory = os.path.join(cache, os.path.basename(prepared.directory))
+    shutil.copytree(prepared.directory, directory)
+    return directory
+
+
+def _edit_manifest(directory, change):
+    path = os.path.join(directory, "manifest.json")
+    with open(path) as f:
+        manifest = json.load(f)
+    with open(path, "wb") as f:
+        f.write(change(manifest))
+
+
+def _with(**fields):
+    return lambda m: json.dumps({**m, **fields}).encode()
+
+
+def _without(field):
+    return lambda m: json.dumps({k: v for k, v in m.items() if k != field}).encode()
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        (lambda m: b'{"shards": [', "is damaged: not JSON"),
+        (lambda m: b"\xff\xfe\x00", "is damaged: not JSON"),
+        (lambda m: b"", "is damaged: not JSON"),
+        (lambda m: b"[1, 2]", "is damaged: not a JSON object"),
+        (_without("shards"), "'shards' is not a list"),
+        (_with(shards="shard-00000.array_record"), "'shards' is not a list"),
+        (_with(shards=["../outside.array_record"]), "not a file name inside"),
+        (_with(shards=["/etc/passwd"]), "not a file name inside"),
+        (_with(shards=["../../../etc/passwd"]), "not a file name inside"),
+        (_with(shards=["sub/shard-00000.array_record"]), "not a file name inside"),
+        (_with(shards=[".."]), "not a file name inside"),
+        (_with(shards=[7]), "not a file name inside"),
+        (_without("examples"), "'examples' is not a positive integer"),
+        (_with(examples="1004"), "'examples' is not a positive integer"),
+        (_with(examples=True), "'examples' is not a positive integer"),
+        (_with(seq_length=0), "'seq_length' is not a positive integer"),
+        (_without("shard_examples"), "'shard_examples' is not a list"),
+        (_with(shard_examples=[400]), "'shard_examples' is not a list"),
+        (lambda m: _with(examples=m["examples"] + 1)(m), "'shard_examples' add up to"),
+    ],
+)
+def test_damaged_manifest_names_it_and_the_directory_to_delete(
+    corpus, tokenizer, prepared, tmp_path, change, problem
+):
+    cache = str(tmp_path / "cache")
+    directory = _cached_copy(prepared, cache)
+    # A valid shard beside the prepared directory: a manifest must not reach it with "../".
+    shutil.copy(prepared.shard_paths[0], os.path.join(cache, "outside.array_record"))
+    _edit_manifest(directory, change)
+    with pytest.raises(DataError) as info:
+        prepare_lib.prepare(make_cfg(corpus), tokenizer, cache, seed=0)
+    message = str(info.value)
+    assert problem in message
+    assert os.path.join(directory, "manifest.json") in message
+    assert message.endswith(f"delete {directory} so that the next run prepares it again")
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda data, other: b"",
+        lambda data, other: data[: len(data) // 2],
+        lambda data, other: data[:-1],
+        lambda data, other: bytes(len(data)),
+        lambda data, other: other,  # Another shard's bytes: a whole file, other records.
+    ],
+    ids=["empty", "half", "last byte cut", "zeros", "another shard"],
+)
+def test_damaged_shard_fails_at_load_not_mid_training(
+    corpus, tokenizer, prepared, tmp_path, damage
+):
+    directory = _cached_copy(prepared, str(tmp_path))
+    shard = os.path.join(directory, os.path.basename(prepared.shard_paths[0]))
+    with open(shard, "rb") as f:
+        data = f.read()
+    with open(prepared.shard_paths[-1], "rb") as f:
+        last = f.read()  # Fewer records than the first.
+    with open(shard, "wb") as f:
+        f.write(damage(data, last))
+    with pytest.raises(DataError) as info:
+        prepare_lib.prepare(make_cfg(corpus), tokenizer, str(tmp_path), seed=0)
+    message = str(info.value)
+    assert f"prepared shard {shard} " in message and "\n" not in message
+    assert message.endswith(f"delete {directory} so that the next run prepares it again")
+
+
+def test_manifest_of_other_data_is_refused(corpus, tokenizer, prepared, tmp_path):
+    directory = _cached_copy(prepared, str(tmp_path))
+    _edit_manifest(directory, _with(key="0" * 64))
+    with pytest.raises(DataError, match=f"its key or seq_length .*delete {directory}"):
+        prepare_lib.prepare(make_cfg(corpus), tokenizer, str(tmp_path), seed=0)
+
+
+class _FullDiskWriter:
+    """ArrayRecordWriter stand-in that fails like a full (or read-only) disk after n records."""
+
+    def __init__(self, real, error, after):
+        self._real, self._error, self._after = real, error, after
+
+    def __call__(self, path, options):
+        self._path = path
+        self._writer = self._real(path, options)
+        return self
+
+    def write(self, record):
+        self._after -= 1
+        if self._after < 0:
+            raise self._error(self._path)
+        self._writer.write(record)
+
+    def close(self):
+        self._writer.close()
+
+
+def _os_error(code):
+    return lambda path: OSError(code, os.strerror(code), path)
+
+
+def _array_record_error(code):
+    # What ArrayRecord's writer raises: a RuntimeError holding the system's message.
+    return lambda path: RuntimeError(f"write() failed: {os.strerror(code)}; writing {path}")
+
+
+@pytest.mark.parametrize(
+    ("error", "advice"),
+    [
+        (_os_error(errno.ENOSPC), "No space left on device); free space on the disk of"),
+        (_array_record_error(errno.ENOSPC), "No space left on device); free space on the disk"),
+        (_os_error(errno.EDQUOT), "quota exceeded); free space on the disk of"),
+        (_os_error(errno.EACCES), "Permission denied); make"),
+        (_array_record_error(errno.EACCES), "Permission denied); make"),
+        (_os_error(errno.EROFS), "Read-only file system); make"),
+    ],
+)
+def test_full_or_read_only_disk_raises_one_line_and_keeps_old_data(
+    corpus, tokenizer, prepared, tmp_path, monkeypatch, error, advice
+):
+    cache = str(tmp_path / "cache")
+    kept = _cached_copy(prepared, cache)  # Data prepared earlier (seed 0).
+    before = {name: os.stat(os.path.join(kept, name)).st_mtime_ns for name in os.listdir(kept)}
+    # Fails after the first shard is complete.
+    writer = _FullDiskWriter(prepare_lib.ArrayRecordWriter, error, after=450)
+    monkeypatch.setattr(prepare_lib, "ArrayRecordWriter", writer)
+    with pytest.raises(DataError) as info:
+        prepare_lib.prepare(make_cfg(corpus), tokenizer, cache, seed=1)
+    message = str(info.value)
+    assert message.startswith(f"cannot write prepared data into {cache} (")
+    assert advice in message and "data.cache_dir" in message and "\n" not in message
+    assert os.listdir(cache) == [os.path.basename(kept)]  # The temp dir is gone.
+    after = {name: os.stat(os.path.join(kept, name)).st_mtime_ns for name in os.listdir(kept)}
+    assert after == before
+    assert prepare_lib.prepare(make_cfg(corpus), tokenizer, cache, seed=0).directory == kept
+
+
+def test_full_disk_writing_the_manifest_raises_one_line(corpus, tokenizer, tmp_path, monkeypatch):
+    real_open = open
+
+    def failing_open(path, mode="r", *args, **kwargs):
+        if str(path).endswith("manifest.json") and "w" in mode:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        return real_open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(prepare_lib, "open", failing_open, raising=False)
+    with pytest.raises(DataError, match=r"No space left on device\); free space"):
+        prepare_lib.prepare(make_cfg(corpus, examples_per_shard=10**6), tokenizer, str(tmp_path), 0)
+    assert os.listdir(tmp_path) == []
+
+
+def _a_file(tmp):
+    (tmp / "file").write_text("x")
+    return tmp / "file"
+
+
+def _under_a_file(tmp):
+    return _a_file(tmp) / "cache"
+
+
+@pytest.mark.parametrize(
+    ("make", "problem"),
+    [(_a_file, "is a file, not a directory"), (_under_a_file, "cannot be created (Not a")],
+    ids=["a file", "under a file"],
+)
+def test_cache_dir_that_cannot_be_a_directory_raises_one_line(
+    corpus, tokenizer, tmp_path, make, problem
+):
+    cache_dir = str(make(tmp_path))
+    with pytest.raises(DataError) as info:
+        prepare_lib.prepare(make_cfg(corpus), tokenizer, cache_dir, seed=0)
+    message = str(info.value)
+    assert message.startswith(f"data.cache_dir {cache_dir} {problem}")
+    assert "set data.cache_dir" in message and "\n" not in message
+
+
+def test_cache_dir_without_permission_raises_one_line(corpus, tokenizer, tmp_path, monkeypatch):
+    # chmod cannot deny root, so the denial is simulated at the makedirs call.
+    def denied(path, *args, **kwargs):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
+
+    monkeypatch.setattr(prepare_lib.os, "makedirs", denied)
+    with pytest.raises(DataError, match=r"cannot be created \(Permission denied\); set data"):
+        prepare_lib.prepare(make_cfg(corpus), tokenizer, str(tmp_path / "cache"), seed=0)
+
+
+def test_read_only_cache_with_prepared_data_is_used(corpus, tokenizer, prepared, monkeypatch):
+    # Complete data in a cache this process cannot write: used as it is, nothing written.
+    def no_writes(*args, **kwargs):
+        raise AssertionError("wrote into the cache")
+
+    monkeypatch.setattr(prepare_lib.tempfile, "mkdtemp", no_writes)
+    cache = os.path.dirname(prepared.directory)
+    again = prepare_lib.prepare(make_cfg(corpus), tokenizer, cache, 0)
+    assert again.directory == prepared.directory
+
+
+@pytest.mark.parametrize("configured", [False, True], ids=["resumed", "data.tokenizer set"])
+def test_damaged_workdir_tokenizer_is_not_blamed_on_data_tokenizer(
+    corpus, tokenizer, tmp_path, configured
+):
+    tok_dir = tmp_path / "run" / "tokenizer"
+    shutil.copytree(os.path.dirname(tokenizer.model_path), tok_dir)
+    with open(tok_dir / "spm.model", "r+b") as f:
+        f.truncate(os.path.getsize(tok_dir / "spm.model") // 2)
+    cfg = make_cfg(corpus, tokenizer=tokenizer.model_path if configured else "")
+    with pytest.raises(DataError) as info:
+        prepare_lib.ensure_tokenizer(cfg, str(tok_dir), seed=0)
+    message = str(info.value)
+    assert message.startswith(f"the run's tokenizer {tok_dir / 'spm.model'} is damaged")
+    assert "checkpoints depend on it: restore it from a copy" in message
+    assert f"delete {tok_dir} so that the next run trains a new one" in message
+    assert "data.tokenizer" not in message and "\n" not in message
+
+
+def test_bad_data_tokenizer_still_names_data_tokenizer(corpus, tmp_path):
+    bad = tmp_path / "given.model"
+    bad.write_bytes(b"garbage" * 100)
+    with pytest.raises(
+        DataError, match=rf"tokenizer {bad} is not a SentencePiece .*data\.tokenizer"
+    ):
+        prepare_lib.ensure_tokenizer(make_cfg(corpus, tokenizer=str(bad)), str(tmp_path / "t"), 0)
+
+
+# ---- tokens read and kept -------------------------------------------------------------------
+
+
+def _count_read(source, tokenizer):
+    """(tokens, longest sentence) the tokenizer gives the source, counted apart from prepare."""
+    lengths = [
+        len(ids) for doc in sources.iter_documents(source) for ids in tokenizer.encode_batch(doc)
+    ]
+    return sum(lengths), max(lengths)
+
+
+def _count_kept(rows, tokenizer):
+    ids = np.stack([r[0] for r in rows])
+    specials = [tokenizer.pad_id, tokenizer.cls_id, tokenizer.sep_id]
+    return int(np.count_nonzero(~np.isin(ids, specials)))
+
+
+def test_manifest_counts_tokens_read_and_kept(corpus, tokenizer, prepared):
+    read, longest = _count_read(corpus, tokenizer)
+    assert longest > SEQ  # Lines longer than a row: their rest is carried, not dropped.
+    m = prepared.manifest
+    assert m["tokens_read"] == read
+    assert m["tokens_kept"] == _count_kept(_read_rows(prepared.shard_paths), tokenizer) == read
+    assert m["format"] == "electra_jax-prepared-v2"
+
+
+def test_prepare_cli_prints_tokens_read_and_kept(corpus, tokenizer, tmp_path):
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "electra_jax.prepare",
+            f"--config={ROOT / 'configs' / 'tiny.py'}",
+            f"--workdir={tmp_path}",
+            f"--config.data.source={corpus}",
+            f"--config.data.tokenizer={tokenizer.model_path}",
+            "--config.data.vocab_size=300",
+            f"--config.data.seq_length={SEQ}",
+        ],
+        cwd=ROOT,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    read, _ = _count_read(corpus, tokenizer)
+    assert summary["tokens_read"] == summary["tokens_kept"] == read
+
+
+INAUGURAL = SHARED / "data" / "corpus" / "nltk-inaugural"
+
+
+@pytest.mark.skipif(not INAUGURAL.is_dir(), reason=f"{INAUGURAL} absent (the shared corpus)")
+def test_inaugural_corpus_keeps_its_tokens(tmp_path):
+    # A paragraph per line, most longer than a row of 64: the original packing kept about 40%.
+    source = f"text:{INAUGURAL}/*.txt"
+    cfg = make_cfg(source, vocab_size=2000)
+    tok = prepare_lib.ensure_tokenizer(cfg, str(tmp_path / "tokenizer"), seed=0)
+    prep = prepare_lib.prepare(cfg, tok, str(tmp_path / "cache"), seed=0)
+    m = prep.manifest
+    assert m["tokens_read"] == _count_read(source, tok)[0]
+    assert m["tokens_kept"] == _count_kept(_read_rows(prep.shard_paths), tok)
+    assert m["tokens_kept"] >= 0.8 * m["tokens_read"], m

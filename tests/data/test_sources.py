@@ -1,7 +1,9 @@
 """Tests of electra_jax.data.sources: the builtin corpus and text globs."""
 
+import glob
 import gzip
 import hashlib
+import json
 import logging
 import os
 import subprocess
@@ -260,3 +262,81 @@ def test_long_lines_are_cut_after_sentence_ends_when_there_are_some():
     # Without sentence ends, words still stay whole.
     words = " ".join(f"w{i}" for i in range(400))
     assert " ".join(sources.cut_line(words, 100)).split() == words.split()
+
+
+# ---- links in local globs -------------------------------------------------------------------
+
+
+def test_text_glob_follows_links_but_not_loops(tmp_path):
+    # corpus/sub/up and corpus/sub/top point back up the tree: glob.glob's ** follows both,
+    # forever (each nests inside the other). Links to files and to a directory outside are read.
+    root = tmp_path / "corpus"
+    (root / "sub").mkdir(parents=True)
+    (tmp_path / "outside").mkdir()
+    (root / "a.txt").write_text("alpha\n")
+    (root / "sub" / "b.txt").write_text("beta\n")
+    (tmp_path / "outside" / "o.txt").write_text("omega\n")
+    (tmp_path / "far.txt").write_text("far\n")
+    os.symlink("..", root / "sub" / "up")
+    os.symlink(os.path.join("..", ".."), root / "sub" / "top")
+    os.symlink(os.path.join("..", "outside"), root / "out")
+    os.symlink(os.path.join("sub", "b.txt"), root / "c.txt")  # The same file as sub/b.txt.
+    os.symlink(os.path.join("..", "far.txt"), root / "far.txt")
+    code = (
+        "import json, sys\n"
+        "from electra_jax.data import sources\n"
+        "source = 'text:' + sys.argv[1]\n"
+        "docs = list(sources.iter_documents(source))\n"
+        "print(json.dumps([sources._text_files(sys.argv[1]), docs,\n"
+        "                  sources.source_fingerprint(source)]))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, f"{root}/**/*.txt"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    paths, docs, fingerprint = json.loads(out.stdout)
+    # Each real file once, under its own path where it has one (sub/b.txt, not c.txt).
+    assert paths == [str(root / n) for n in ("a.txt", "far.txt", "out/o.txt", "sub/b.txt")]
+    assert docs == [["alpha"], ["far"], ["omega"], ["beta"]]
+    assert len(fingerprint) == 64
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        "*.txt",
+        "**/*.txt",
+        "**",
+        "*/*.txt",
+        "**/.h*",
+        ".hd/*",
+        "*d/**/x*",
+        "[ab]*",
+        "x?.txt",
+        "**/*d/*.md",
+        "nothing/**/*.txt",
+        "a.txt",
+        "*d/",
+    ],
+)
+def test_local_glob_matches_like_glob_without_links(tmp_path, pattern):
+    for rel in (
+        "a.txt",
+        "b.md",
+        ".h.txt",
+        "x1.txt",
+        "ad/x2.txt",
+        "ad/.h3",
+        "ad/bd/x4.md",
+        ".hd/a.txt",
+        ".hd/xd/a.txt",
+        "bd/b.txt",
+    ):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("t\n")
+    full = os.path.join(str(tmp_path), pattern)
+    expected = sorted(p for p in glob.glob(full, recursive=True) if os.path.isfile(p))
+    assert sources._local_glob(full) == expected

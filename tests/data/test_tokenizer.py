@@ -1,9 +1,13 @@
 """Tests of electra_jax.data.tokenizer: special ids, exact vocab, determinism, atomic files."""
 
+import errno
 import os
 import pickle
+import shutil
+import signal
 import subprocess
 import sys
+import time
 from pydoc_data.topics import topics
 
 import numpy as np
@@ -177,3 +181,122 @@ def test_load_rejects_model_without_special_pieces(tmp_path):
     )
     with pytest.raises(DataError, match=r"expected \['\[PAD\]'"):
         Tokenizer.load(str(tmp_path / "plain.model"))
+
+
+# ---- interrupts and write failures ----------------------------------------------------------
+
+
+_INTERRUPTED_TRAINING = """
+import os, sys, time
+import numpy as np
+from electra_jax.data.tokenizer import train_tokenizer
+
+rng = np.random.default_rng(0)
+letters = rng.integers(0, 26, size=(20000, 8)) + ord("a")
+words = ["".join(map(chr, row[: 3 + i % 6])) for i, row in enumerate(letters)]
+sentences = [" ".join(words[j] for j in row) for row in rng.integers(0, 20000, (50000, 12))]
+print("training", flush=True)
+start = time.monotonic()
+try:
+    # Takes several seconds: far longer than the interrupt is allowed to take.
+    train_tokenizer(sentences, sys.argv[1], 8000, 1.0, seed=0, sample_sentences=10**6)
+    print("finished", flush=True)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+"""
+
+
+def test_ctrl_c_during_training_returns_at_once_and_writes_nothing(tmp_path):
+    # SentencePiece trains in one C++ call; run in this process, it delays KeyboardInterrupt
+    # until the whole training is done.
+    out = tmp_path / "run" / "tokenizer"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _INTERRUPTED_TRAINING, str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout.readline().strip() == "training"
+        time.sleep(1.0)  # Sampling is done; SentencePiece is training.
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        proc.kill()
+    assert stdout.strip() == "interrupted", stderr
+    assert took < 3.0
+    assert not (tmp_path / "run").exists() or os.listdir(tmp_path / "run") == []
+
+
+@pytest.mark.parametrize(
+    ("code", "advice"),
+    [
+        (errno.ENOSPC, r"No space left on device\); free space on the disk of .*tok"),
+        (errno.EACCES, r"Permission denied\); make .*tok writable"),
+        (errno.EROFS, r"Read-only file system\); make .*tok writable"),
+    ],
+)
+def test_unwritable_out_dir_raises_one_line(
+    tmp_path, monkeypatch, small_tokenizer_dir, code, advice
+):
+    tok = Tokenizer.load(str(small_tokenizer_dir))
+    real_open = open
+
+    def failing_open(path, mode="r", *args, **kwargs):
+        if "w" in mode:
+            raise OSError(code, os.strerror(code), str(path))
+        return real_open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(tokenizer_lib, "open", failing_open, raising=False)
+    with pytest.raises(DataError, match=rf"cannot write the tokenizer into .*{advice}") as info:
+        tok.save(str(tmp_path / "tok"))  # What train_tokenizer does once trained.
+    assert "\n" not in str(info.value) and "--workdir" in str(info.value)
+    assert os.listdir(tmp_path) == []  # Neither out_dir nor the temp dir beside it.
+
+
+def _damage(model: str, how: str) -> None:
+    with open(model, "rb") as f:
+        proto = f.read()
+    if how == "empty":
+        proto = b""
+    elif how == "half":
+        proto = proto[: len(proto) // 2]
+    elif how == "garbage":
+        proto = bytes(range(256)) * 8
+    elif how == "fewer pieces":
+        # Cut at a piece boundary: still a valid model, with fewer pieces than spm.vocab lists.
+        cut = next(n for n in range(len(proto)) if _parses(proto[:n]))
+        proto = proto[:cut]
+    with open(model, "wb") as f:
+        f.write(proto)
+
+
+def _parses(proto: bytes) -> bool:
+    try:
+        Tokenizer(proto, "x")
+    except (RuntimeError, DataError):
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def small_tokenizer_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("small") / "tokenizer"
+    train_tokenizer(_small_corpus(), str(out), 300, 0.9995, seed=0, sample_sentences=10**6)
+    return out
+
+
+@pytest.mark.parametrize("how", ["empty", "half", "garbage", "fewer pieces"])
+def test_damaged_saved_tokenizer_says_how_to_recover(tmp_path, small_tokenizer_dir, how):
+    tok_dir = tmp_path / "run" / "tokenizer"
+    shutil.copytree(small_tokenizer_dir, tok_dir)
+    assert tokenizer_lib.load_saved(str(tok_dir)).vocab_size == 300
+    _damage(str(tok_dir / "spm.model"), how)
+    with pytest.raises(DataError) as info:
+        tokenizer_lib.load_saved(str(tok_dir))
+    message = str(info.value)
+    assert f"{tok_dir / 'spm.model'} is damaged" in message
+    assert "checkpoints depend on it" in message and f"delete {tok_dir}" in message
+    assert "data.tokenizer" not in message and "\n" not in message

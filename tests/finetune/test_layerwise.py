@@ -12,8 +12,8 @@ from electra_jax.model import ElectraSpec, EncoderSpec
 from electra_jax.optim import layerwise_lr_multipliers, make_finetune_optimizer
 
 
-def _spec(embedding_size=16):
-    enc = EncoderSpec(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
+def _spec(num_layers=2, embedding_size=16):
+    enc = EncoderSpec(hidden_size=32, num_layers=num_layers, num_heads=2, intermediate_size=64)
     return ElectraSpec(
         vocab_size=50,
         embedding_size=embedding_size,
@@ -24,10 +24,22 @@ def _spec(embedding_size=16):
     )
 
 
-def test_multipliers_for_two_layers():
-    model = heads.Classifier(_spec(), 3)
+# Hand-computed multipliers, top layer first: ours give the top layer `decay` and the embeddings
+# decay^(N+1); the original code's (depth 0 embeddings, i + 1 layer i, N + 2 head, each scaled
+# by decay^(N + 2 - depth)) one factor more below the head.
+@pytest.mark.parametrize(
+    "num_layers,decay,exponents,layers_top_down,embeddings",
+    [
+        (2, 0.8, "electra_jax", [0.8, 0.64], 0.512),
+        (2, 0.8, "original", [0.64, 0.512], 0.4096),
+        (3, 0.5, "electra_jax", [0.5, 0.25, 0.125], 0.0625),
+        (3, 0.5, "original", [0.25, 0.125, 0.0625], 0.03125),
+    ],
+)
+def test_multipliers(num_layers, decay, exponents, layers_top_down, embeddings):
+    model = heads.Classifier(_spec(num_layers), 3)
     params = jax.eval_shape(functools.partial(heads.init_params, model), jax.random.PRNGKey(0))
-    m = layerwise_lr_multipliers(params, num_layers=2, decay=0.8)
+    m = layerwise_lr_multipliers(params, num_layers, decay, exponents)
     flat = {jax.tree_util.keystr(p): v for p, v in jax.tree_util.tree_leaves_with_path(m)}
 
     def values(prefix):
@@ -35,13 +47,18 @@ def test_multipliers_for_two_layers():
         assert found, prefix
         return found
 
-    assert values("['classifier']") == [1.0, 1.0]
-    assert values("['discriminator']['layer_1']") == pytest.approx([0.8] * 12)
-    assert values("['discriminator']['layer_0']") == pytest.approx([0.8**2] * 12)
-    assert values("['embeddings']") == pytest.approx([0.8**3] * 5)
+    assert values("['classifier']") == [1.0, 1.0]  # the task head learns at the full rate
+    for i, expected in enumerate(reversed(layers_top_down)):
+        assert values(f"['discriminator']['layer_{i}']") == pytest.approx([expected] * 12)
+    assert values("['embeddings']") == pytest.approx([embeddings] * 5)
     # E != H: the projection to the hidden width belongs with the embeddings.
-    assert values("['discriminator']['embeddings_project']") == pytest.approx([0.8**3] * 2)
-    assert len(flat) == 2 + 24 + 5 + 2
+    assert values("['discriminator']['embeddings_project']") == pytest.approx([embeddings] * 2)
+    assert len(flat) == 2 + 12 * num_layers + 5 + 2
+
+
+def test_unknown_exponents_are_refused():
+    with pytest.raises(ValueError, match=r"exponents='bert'; use 'electra_jax' or 'original'"):
+        layerwise_lr_multipliers({"classifier": {"bias": 0.0}}, 2, 0.8, "bert")
 
 
 def test_update_is_scaled_per_parameter():

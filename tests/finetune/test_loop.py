@@ -3,7 +3,9 @@ itself under one seed, starts from a pre-trained model, and rejects bad input in
 
 import functools
 import json
+import math
 import random
+import re
 import runpy
 
 import jax
@@ -87,7 +89,8 @@ def _config(data, **overrides):
     config.model.intermediate_size = 64
     config.model.embedding_size = 32
     for key, value in overrides.items():
-        config[key] = value
+        section, _, name = key.rpartition(".")
+        (config[section] if section else config)[name] = value
     return config
 
 
@@ -116,6 +119,10 @@ def test_finetune_learns_writes_results_and_repeats(tmp_path):
     written = json.loads((tmp_path / "a" / "eval_results.json").read_text())
     assert written["task"] == "SST-2" and written["metrics"] == first["metrics"]
     assert written["score_metric"] == "dev/accuracy" and written["steps"] == 48
+    # The values used: an explicit learning rate, and the paper's layer decay for the size.
+    assert (written["learning_rate"], written["learning_rate_source"]) == (1e-3, "config")
+    assert written["layer_decay"] == 0.8
+    assert written["layer_decay_source"] == "paper: ELECTRA-Small, the nearest size to hidden 32"
     rows = [
         json.loads(x) for x in (tmp_path / "a" / "dev_predictions.jsonl").read_text().splitlines()
     ]
@@ -186,8 +193,12 @@ def test_finetune_from_pretrained_regression(tmp_path, monkeypatch):
     "overrides,error,expected",
     [
         ({"task": "SST3"}, ConfigError, r"config.task='SST3' is not a GLUE task"),
-        ({"learning_rate": 0.0}, ConfigError, r"config.learning_rate=0.0 must be > 0"),
-        ({"layer_decay": 1.5}, ConfigError, r"config.layer_decay=1.5 must be in \(0, 1\]"),
+        ({"learning_rate": -1e-4}, ConfigError, r"config.learning_rate=-0.0001 must be finite"),
+        ({"layer_decay": 1.5}, ConfigError, r"config.layer_decay=1.5 must be in \[0, 1\]"),
+        ({"num_epochs": math.inf}, ConfigError, r"config.num_epochs=inf must be finite and >= 0"),
+        ({"warmup_fraction": math.nan}, ConfigError, r"config.warmup_fraction=nan must be in"),
+        ({"model.type_vocab_size": 1}, ConfigError, r"config.model.type_vocab_size=1 must be"),
+        ({"layer_decay_exponents": "bert"}, ConfigError, r"config.layer_decay_exponents='bert'"),
         ({"data_dir": "/nonexistent/glue"}, DataError, r"'/nonexistent/glue' is not a directory"),
         ({"task": "RTE"}, DataError, r"train.tsv line 1: the header has no column 'sentence1'"),
         ({"vocab_size": 5000}, DataError, r"config.vocab_size=5000 is too large"),
@@ -197,6 +208,119 @@ def test_bad_input_is_one_clear_error(tmp_path, overrides, error, expected):
     data = _sst2(tmp_path / "SST-2", n_train=20, n_dev=4)
     with pytest.raises(error, match=expected):
         loop.finetune(_config(data, **overrides), str(tmp_path / "w"))
+
+
+def _numeric_fields(tree, prefix=""):
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            yield from _numeric_fields(value, f"{prefix}{key}.")
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            yield f"{prefix}{key}", value
+
+
+def test_every_numeric_field_is_checked_before_any_work():
+    """NaN or Inf in any float field, a negative number in any whole-number field: one
+    ConfigError naming the field, from check_config (before data, model or compilation)."""
+    fields = dict(_numeric_fields(_config("unused").to_dict()))
+    assert {"num_epochs", "learning_rate", "layer_decay", "model.initializer_range"} <= set(fields)
+    for key, default in fields.items():
+        for bad in (math.nan, math.inf, -math.inf) if isinstance(default, float) else (-1,):
+            with pytest.raises(ConfigError, match=rf"^config\.{re.escape(key)}={bad!r} must be"):
+                loop.check_config(_config("unused", **{key: bad}))
+
+
+NEAREST = ", the nearest size to hidden "
+
+
+@pytest.mark.parametrize(
+    "hidden,learning_rate,layer_decay,expected_lr,expected_decay,paper",
+    [
+        # The paper's Table 7 by size, read from the discriminator's width.
+        (256, 0.0, 0.0, 3e-4, 0.8, "paper: ELECTRA-Small"),
+        (768, 0.0, 0.0, 1e-4, 0.8, "paper: ELECTRA-Base"),
+        (1024, 0.0, 0.0, 5e-5, 0.9, "paper: ELECTRA-Large"),
+        # Other widths take the nearest size's, by ratio, and say so.
+        (128, 0.0, 0.0, 3e-4, 0.8, "paper: ELECTRA-Small" + NEAREST + "128"),
+        (512, 0.0, 0.0, 1e-4, 0.8, "paper: ELECTRA-Base" + NEAREST + "512"),
+        # An explicit value overrides the paper's.
+        (1024, 2e-5, 0.0, 2e-5, 0.9, "paper: ELECTRA-Large"),
+        (256, 0.0, 1.0, 3e-4, 1.0, "paper: ELECTRA-Small"),
+    ],
+)
+def test_learning_rate_and_layer_decay_follow_the_model_size(
+    hidden, learning_rate, layer_decay, expected_lr, expected_decay, paper
+):
+    config = _config("unused", learning_rate=learning_rate, layer_decay=layer_decay)
+    assert loop.resolve_hyperparameters(config, hidden) == {
+        "learning_rate": expected_lr,
+        "learning_rate_source": "config" if learning_rate else paper,
+        "layer_decay": expected_decay,
+        "layer_decay_source": "config" if layer_decay else paper,
+    }
+
+
+@pytest.mark.parametrize(
+    "max_train_examples,log_every_steps,expected",
+    [
+        # Two updates: the second step's loss is NaN, read at its log line.
+        (32, 1, r"the training loss or gradient norm is not finite at step 2 \(checking steps 2-2"),
+        # One update: no loss shows its result; the model's dev outputs do.
+        (16, 100, r"after the last step \(1\) the model's outputs are not finite for 8 of the 8"),
+    ],
+)
+def test_a_diverged_run_stops_and_writes_no_results(
+    tmp_path, max_train_examples, log_every_steps, expected
+):
+    data = _sst2(tmp_path / "SST-2", n_train=32, n_dev=8)
+    config = _config(
+        data,
+        learning_rate=1e10,  # the first update throws the weights to ~1e10: NaN activations
+        num_epochs=1.0,
+        max_train_examples=max_train_examples,
+        log_every_steps=log_every_steps,
+    )
+    with pytest.raises(loop.NonFiniteError, match=expected) as raised:
+        loop.finetune(config, str(tmp_path / "w"))
+    assert "\n" not in str(raised.value) and "lower config.learning_rate" in str(raised.value)
+    for name in (loop.RESULTS_FILE, loop.PREDICTIONS_FILE):
+        assert not (tmp_path / "w" / name).exists()
+
+
+@pytest.mark.parametrize("scaled", [True, False])
+def test_stsb_trains_on_scores_over_5_and_reports_them_on_0_to_5(tmp_path, monkeypatch, scaled):
+    """As the original: STS-B's targets are score / 5; predictions come back x 5."""
+    data = _stsb(tmp_path / "STS-B", n_train=16, n_dev=8)
+    scores = sorted(
+        float(row.split("\t")[-1]) for row in (data / "train.tsv").read_text().splitlines()[1:]
+    )
+    trained_on, outputs = [], []
+
+    def spy_train_step(state, batch, **kwargs):
+        jax.debug.callback(lambda y: trained_on.extend(np.asarray(y).tolist()), batch["labels"])
+        return loop_train_step(state, batch, **kwargs)
+
+    def spy_predict_step(params, batch, **kwargs):
+        preds, finite = loop_predict_step(params, batch, **kwargs)
+        jax.debug.callback(lambda p: outputs.extend(np.asarray(p).tolist()), preds)
+        return preds, finite
+
+    loop_train_step, loop_predict_step = loop.train_step, loop.predict_step
+    monkeypatch.setattr(loop, "train_step", spy_train_step)
+    monkeypatch.setattr(loop, "predict_step", spy_predict_step)
+    config = _config(data, task="STS-B", num_epochs=1.0, scale_regression_targets=scaled)
+    out = loop.finetune(config, str(tmp_path / "w"))
+
+    width = 5.0 if scaled else 1.0
+    # 16 pairs both ways round, 2 steps of 16: each score once or twice, over `width`.
+    assert set(np.round(trained_on, 5)) <= set(np.round(np.array(scores) / width, 5))
+    assert len(trained_on) == 32 and max(trained_on) > 0.5 * max(scores) / width
+    rows = [
+        json.loads(x) for x in (tmp_path / "w" / "dev_predictions.jsonl").read_text().splitlines()
+    ]
+    reported = [r["prediction"] for r in rows]
+    # One prediction batch: the 8 dev rows, then padding.
+    np.testing.assert_allclose(reported, width * np.array(outputs[: len(rows)]), rtol=1e-6)
+    assert out["scale_regression_targets"] is scaled
 
 
 def test_a_gdes_run_is_fine_tuned_from_its_discriminators_own_embeddings(tmp_path, monkeypatch):
@@ -219,3 +343,24 @@ def test_a_gdes_run_is_fine_tuned_from_its_discriminators_own_embeddings(tmp_pat
     )
     np.testing.assert_array_equal(got["LayerNorm"]["scale"], delta["LayerNorm"]["scale"])
     assert initial.spec.embedding_sharing == "electra" and not initial.spec.mlm_head
+
+
+def test_a_pretraining_workdir_is_refused_and_left_as_it_was(tmp_path):
+    from electra_jax import workdir
+
+    data = _sst2(tmp_path / "SST-2", 20, 10)
+    run = tmp_path / "pretraining-run"
+    workdir.claim(str(run), workdir.PRETRAIN).release()
+    (run / "config.json").write_text('{"model": {}, "generator": {}, "train": {}}')
+    (run / "tokenizer").mkdir()
+    (run / "tokenizer" / "spm.model").write_bytes(b"the run's tokenizer")
+    with pytest.raises(ConfigError, match="is a pre-training workdir; a fine-tuning run would"):
+        loop.finetune(_config(data), str(run))
+    assert (run / "config.json").read_text() == '{"model": {}, "generator": {}, "train": {}}'
+    assert (run / "tokenizer" / "spm.model").read_bytes() == b"the run's tokenizer"
+    assert sorted(p.name for p in run.iterdir()) == [
+        ".electra_jax",
+        ".lock",
+        "config.json",
+        "tokenizer",
+    ]

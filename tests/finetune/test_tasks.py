@@ -1,6 +1,9 @@
 """GLUE readers: every TSV layout (header, BOM, headerless CoLA, MNLI's two dev sets), bad rows,
 the TFDS path, and the real files in /work/shared/data/glue when they are there."""
 
+import types
+
+import numpy as np
 import pytest
 
 from electra_jax.data import DataError
@@ -116,6 +119,15 @@ def test_header_formats(tmp_path, name, lines, expected):
             ["sentence1\tsentence2\tscore", "A\tB\thigh"],
             r"line 2: label 'high' is not a number",
         ),
+        # Scores are finite and on GLUE's 0-5 scale.
+        *(
+            (
+                "STS-B",
+                ["sentence1\tsentence2\tscore", "A\tB\t2.5", f"A\tB\t{bad}"],
+                rf"train.tsv line 3: score '{bad}' is outside STS-B's range \[0, 5\]",
+            )
+            for bad in ("5.2", "-0.1", "nan", "inf", "-inf")
+        ),
         ("RTE", [], r"train.tsv is empty"),
     ],
 )
@@ -157,6 +169,33 @@ def test_shared_glue_files():
     assert mrpc[0].text_a.startswith("Amrozi accused his brother")  # the BOM is gone
     qnli = tasks.get_task("QNLI")
     assert len(tasks.read_tsv_split(qnli, str(GLUE), qnli.dev_splits[0])) == 5463
+
+
+@pytest.mark.parametrize(
+    "name,labels,expected",
+    [
+        ("STS-B", [4.5, 0.0, 5.0], [4.5, 0.0, 5.0]),
+        ("MNLI", [0, 2], [1, 0]),  # TFDS's entailment, contradiction
+        ("STS-B", [4.5, 5.5], r"stsb/train\[1\]: score 5.5 is outside STS-B's range \[0, 5\]"),
+        ("STS-B", [float("nan")], r"stsb/train\[0\]: score nan is outside STS-B's range"),
+        ("STS-B", [1.0, float("inf")], r"stsb/train\[1\]: score inf is outside"),
+        ("STS-B", [-1.0], r"stsb/train\[0\]: score -1 is outside"),
+        ("SST-2", [1, -1], r"sst2/train\[1\]: label -1 is not a class of SST-2 \(0 to 1\)"),
+        ("MNLI", [3], r"mnli/train\[0\]: label 3 is not a class of MNLI \(0 to 2\)"),
+    ],
+)
+def test_tfds_labels_are_checked(monkeypatch, name, labels, expected):
+    """TFDS rows go through the same checks as TSV rows, named by their example."""
+    task = tasks.get_task(name)
+    as_stored = np.float32 if task.is_regression else np.int64  # TFDS's label dtypes
+    rows = [{**{f: b"A text." for f in task.tfds_text}, "label": as_stored(y)} for y in labels]
+    fake = types.SimpleNamespace(data_source=lambda *args, **kwargs: rows)
+    monkeypatch.setattr(tasks, "_import_tfds", lambda task: fake)
+    if isinstance(expected, str):
+        with pytest.raises(DataError, match=expected):
+            tasks.read_tfds_split(task, tasks.TRAIN)
+    else:
+        assert [e.label for e in tasks.read_tfds_split(task, tasks.TRAIN)] == expected
 
 
 def test_tfds_examples_and_unprepared_dataset(tmp_path):

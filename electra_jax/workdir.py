@@ -1,0 +1,243 @@
+"""Who owns a folder: the marker that makes it a workdir, and the lock that gives it to one run.
+
+A workdir is a folder that is missing, empty, or ours. Ours means it holds the marker
+`.electra_jax` (JSON: the kind of run, pre-training or fine-tuning) or, for folders written before
+the marker existed, only what our commands write there. Anything else (a Hugging Face model
+folder, a home directory) is refused, so a run never writes its config.json over somebody else's
+file. A pre-training workdir is never taken for a fine-tuning one, nor the reverse: fine-tuning
+writes a config.json of its own, which would leave a pre-training run unloadable.
+
+The lock is WORKDIR/.lock, held with flock(2) by one process for the whole run (process 0 of a
+multi-host run; the others write nothing that process 0 writes). The kernel releases it when the
+process ends, however it ends (SIGKILL, the OOM killer), so a rerun resumes at once and no stale
+lock is ever left to clean up. The file names the holder (host, pid, command, start time) for the
+error a second run gets. flock works on local disks and on NFSv4; on storage without working
+locks, run one command per workdir yourself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import json
+import os
+import socket
+import sys
+import time
+
+from electra_jax.validate import ConfigError, check_workdir
+
+MARKER = ".electra_jax"
+LOCK = ".lock"
+PRETRAIN, FINETUNE = "pre-training", "fine-tuning"
+KINDS = (PRETRAIN, FINETUNE)
+
+# What our commands write into a workdir, for folders made before the marker existed.
+_PRETRAIN_ENTRIES = frozenset(
+    {
+        "config.json",
+        "checkpoints",
+        "tokenizer",
+        "data",
+        "metrics.jsonl",
+        "tensorboard",
+        "hf",
+        "hf_reference_metrics.jsonl",
+        "config_changes.jsonl",
+    }
+)
+_FINETUNE_ENTRIES = frozenset(
+    {"config.json", "tokenizer", "eval_results.json", "dev_predictions.jsonl"}
+)
+
+
+@dataclasses.dataclass
+class Claim:
+    """A workdir held by this process: the lock stays held until `release()` (or the with-block
+    ends, or the process ends)."""
+
+    path: str
+    kind: str
+    _fd: int | None = None
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the only descriptor releases the flock
+            self._fd = None
+
+    def __enter__(self) -> Claim:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _our_by_product(name: str) -> bool:
+    """Files our tools put in a workdir beside a run's own: the write probe, and the logs of
+    launch/local_multiprocess.sh (process_<i>.log, written before the processes start)."""
+    if name.startswith(".write_test"):
+        return True
+    return name.startswith("process_") and name.endswith(".log") and name[8:-4].isdigit()
+
+
+def _read_json(path: str):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def kind_of(path: str) -> str | None:
+    """PRETRAIN or FINETUNE for a folder of ours, '' for a missing or empty one, None otherwise."""
+    if not os.path.isdir(path):
+        return ""
+    names = {n for n in os.listdir(path) if n != LOCK and not _our_by_product(n)}
+    if not names:
+        return ""
+    marker = _read_json(os.path.join(path, MARKER))
+    if isinstance(marker, dict) and marker.get("kind") in KINDS:
+        return marker["kind"]
+    # A folder from before the marker (or whose marker was damaged): recognised by its
+    # config.json and what sits beside it. Hidden files (temporary files of an atomic write, the
+    # marker) are ignored.
+    visible = {n for n in names if not n.startswith(".")}
+    config = _read_json(os.path.join(path, "config.json"))
+    if isinstance(config, dict) and "task" in config and visible <= _FINETUNE_ENTRIES:
+        return FINETUNE
+    if isinstance(config, dict) and {"model", "generator", "train"} <= set(config):
+        return PRETRAIN
+    if visible <= _PRETRAIN_ENTRIES and ({"checkpoints", "tokenizer"} & visible):
+        return PRETRAIN
+    return None
+
+
+def _what_it_is(path: str) -> str:
+    """A few words on a folder that is not ours, for the refusal."""
+    config = _read_json(os.path.join(path, "config.json"))
+    if isinstance(config, dict) and "model_type" in config:
+        return "a Hugging Face model folder (its config.json has model_type)"
+    if os.path.isfile(os.path.join(path, "export.json")):
+        return "an electra_jax export"
+    if os.path.isfile(os.path.join(path, MARKER)):
+        return f"a folder whose {MARKER} marker is damaged and whose files are not a run's"
+    shown = sorted(os.listdir(path))[:3]
+    return f"a non-empty folder that is not an electra_jax workdir (it holds {', '.join(shown)})"
+
+
+def _holder(lock_path: str) -> str:
+    info = _read_json(lock_path)
+    if not isinstance(info, dict):
+        return "another process"
+    return (
+        f"{info.get('command', 'a run')} (pid {info.get('pid', '?')} on host "
+        f"{info.get('host', '?')}, since {info.get('started', '?')})"
+    )
+
+
+def _take_lock(path: str, kind: str, flag: str, command: str) -> int:
+    import fcntl
+
+    lock_path = os.path.join(path, LOCK)
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise ConfigError(
+            f"{flag} {path} is not writable ({e.strerror}); choose another {flag}"
+        ) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        os.close(fd)
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise ConfigError(
+                f"{flag} {path} is in use by {_holder(lock_path)}; wait for it to end (or stop "
+                f"it), or use another {flag}"
+            ) from None
+        raise ConfigError(
+            f"{flag} {path} cannot be locked ({e.strerror}); put the workdir on storage with "
+            "working file locks (a local disk, NFSv4)"
+        ) from None
+    holder = {
+        "command": command,
+        "kind": kind,
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    }
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(holder).encode(), 0)
+    except OSError as e:
+        os.close(fd)
+        raise ConfigError(
+            f"{flag} {path} is not writable ({e.strerror}); free space or choose another {flag}"
+        ) from None
+    return fd
+
+
+def _write_marker(path: str, kind: str) -> None:
+    marker = os.path.join(path, MARKER)
+    found = _read_json(marker)
+    if isinstance(found, dict) and found.get("kind") == kind:
+        return
+    tmp = f"{marker}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump({"kind": kind, "format": 1}, f)
+        f.write("\n")
+    os.replace(tmp, marker)
+
+
+def claim(
+    path: str,
+    kind: str,
+    *,
+    lock: bool = True,
+    flag: str = "--workdir",
+    command: str | None = None,
+) -> Claim:
+    """Makes `path` a workdir of `kind` (PRETRAIN or FINETUNE) held by this process.
+
+    Creates the folder if needed; refuses (ConfigError, one line) a file, a URI, a folder that is
+    not ours, a workdir of the other kind, or one that another process holds. With `lock` False
+    (the other processes of a multi-host run) only the checks run: nothing is written.
+
+    Returns:
+      a Claim; its lock is held until `release()`.
+    """
+    path = os.fspath(path)
+    check_workdir(path, flag, create=False)
+    found = kind_of(path)
+    if found is None:
+        raise ConfigError(
+            f"{flag} {path} is {_what_it_is(path)}; a run writes config.json and more there, so "
+            f"it takes only an empty or new folder, or one of its own: choose another {flag}"
+        )
+    if found and found != kind:
+        raise ConfigError(
+            f"{flag} {path} is a {found} workdir; a {kind} run would overwrite its files: "
+            f"choose a new {flag}"
+        )
+    if not lock:
+        return Claim(path, kind)
+    check_workdir(path, flag)
+    fd = _take_lock(path, kind, flag, command or os.path.basename(sys.argv[0]) or "python")
+    try:
+        _write_marker(path, kind)
+    except OSError as e:
+        os.close(fd)
+        raise ConfigError(
+            f"{flag} {path} is not writable ({e.strerror}); choose another {flag}"
+        ) from None
+    return Claim(path, kind, fd)
+
+
+@contextlib.contextmanager
+def claimed(path: str, kind: str, **kwargs):
+    """`claim` as a with-block: the lock is released when the block ends."""
+    c = claim(path, kind, **kwargs)
+    try:
+        yield c
+    finally:
+        c.release()

@@ -1,0 +1,774 @@
+"""python tests/hostile_inputs.py [--keep=DIR]: bad input, tried as a hostile new user would.
+
+Trains a micro run once, then tries 40-odd hostile inputs against the command-line tools (train,
+prepare, finetune, export) and the Python API (electra_jax.load), two at a time, and prints a table:
+the case, the exit code, the last line of stderr, and the verdict. A case passes when the command
+ends as it should (one `error: ...` line and exit 2 for bad input; one line and exit 1 for a
+diverged run; exit 0 where the input is legitimate), never with a traceback, within its timeout,
+and when everything it was given (checkpoints, config.json, a user's files) is left as it was.
+Exit status 1 when any case fails. tests/test_hostile_inputs.py runs it (a slow test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import dataclasses
+import hashlib
+import itertools
+import json
+import os
+import pathlib
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+_TEXT = (
+    "the a of and to in is was for on that with as it by at from his her they this which be are "
+    "have had not one all were we when there can an their who would been more will so if river "
+    "house tree city king ship road garden letter winter summer morning evening people walked "
+    "spoke wrote built carried found opened closed watched followed remembered"
+)
+WORDS = tuple(_TEXT.split())
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    env.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")  # tiny models: compile time dominates
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def _run(argv: list, timeout: float = 240) -> tuple[int, str, float]:
+    """(exit code, stderr, seconds); exit code 124 when the timeout ran out."""
+    started = time.time()
+    try:
+        out = subprocess.run(
+            argv, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout
+        )
+        return out.returncode, out.stderr, time.time() - started
+    except subprocess.TimeoutExpired as e:
+        err = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
+        return 124, err, time.time() - started
+
+
+def _snapshot(path: pathlib.Path) -> dict:
+    """{relative path: sha256 of a file, or 'dir'} under path (a file: itself)."""
+    if path.is_file():
+        return {".": hashlib.sha256(path.read_bytes()).hexdigest()}
+    out = {}
+    for p in sorted(path.rglob("*")):
+        if p.name == ".lock":  # names each run that held the workdir: rewritten by every run
+            continue
+        rel = str(p.relative_to(path))
+        out[rel] = "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+# ------------------------------------------------------------------------------------- fixtures
+
+
+@dataclasses.dataclass
+class Context:
+    """What the cases start from: a corpus, a micro config, a trained workdir, GLUE files."""
+
+    root: pathlib.Path
+    corpus: pathlib.Path
+    config: pathlib.Path
+    workdir: pathlib.Path  # trained: checkpoints 3 and 6, never modified by a case
+    export: pathlib.Path  # its Hugging Face export
+    sst2: pathlib.Path
+    _count: itertools.count = dataclasses.field(default_factory=itertools.count)
+
+    def copy(self, name: str) -> pathlib.Path:
+        """A private copy of the trained workdir for a case that damages it."""
+        dst = self.fresh(name)
+        shutil.copytree(self.workdir, dst, symlinks=True)
+        return dst
+
+    def fresh(self, name: str) -> pathlib.Path:
+        """A new path of its own (the cases run on threads: next() of a count is atomic)."""
+        return self.root / f"{name}-{next(self._count)}"
+
+
+SYLLABLES = ("ka", "lo", "mi", "ter", "san", "vo", "ble", "dra", "pen", "qui", "ros", "tal", "un")
+
+
+def _write_corpus(path: pathlib.Path) -> None:
+    """Common words and made-up ones: enough distinct text for a 300-piece vocabulary."""
+    rng = random.Random(0)
+    made_up = ["".join(rng.choices(SYLLABLES, k=rng.randint(2, 4))) for _ in range(3000)]
+    lines = []
+    for i in range(6000):
+        words = [rng.choice(WORDS if rng.random() < 0.6 else made_up) for _ in range(12)]
+        lines.append(" ".join(words).capitalize() + ".")
+        if i % 9 == 8:
+            lines.append("")  # a blank line ends a document
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _write_glue(root: pathlib.Path) -> pathlib.Path:
+    rng = random.Random(1)
+    sst2 = root / "SST-2"
+    sst2.mkdir(parents=True)
+    for name, n in (("train.tsv", 24), ("dev.tsv", 8)):
+        rows = [f"{' '.join(rng.choice(WORDS) for _ in range(6))}\t{i % 2}" for i in range(n)]
+        (sst2 / name).write_text("sentence\tlabel\n" + "\n".join(rows) + "\n")
+    return sst2
+
+
+def _stsb(root: pathlib.Path, score: str) -> pathlib.Path:
+    """STS-B files whose third training row has `score`."""
+    d = pathlib.Path(tempfile.mkdtemp(prefix="STS-B-", dir=root))
+    header = (
+        "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore"
+    )
+    for name in ("train.tsv", "dev.tsv"):
+        rows = [
+            f"{i}\tg\tf\t2012\t{i}\tnone\tnone\tthe river ran\tthe king spoke\t"
+            f"{score if (name == 'train.tsv' and i == 2) else '2.5'}"
+            for i in range(6)
+        ]
+        (d / name).write_text(header + "\n" + "\n".join(rows) + "\n")
+    return d
+
+
+MICRO = """import sys
+
+sys.path.insert(0, {root!r})
+from tests.micro import micro_config  # noqa: E402
+
+
+def get_config():
+    config = micro_config()
+    config.data.source = {source!r}
+    config.log.every_steps = 3
+    return config
+"""
+
+
+def make_context(root: pathlib.Path) -> Context:
+    corpus = root / "corpus.txt"
+    _write_corpus(corpus)
+    config = root / "micro.py"
+    config.write_text(MICRO.format(root=str(ROOT), source=f"text:{corpus}"))
+    workdir = root / "trained"
+    code, err, _ = _run(TRAIN + [f"--config={config}", f"--workdir={workdir}"], timeout=600)
+    if code != 0:
+        raise RuntimeError(f"training the micro run failed:\n{err[-3000:]}")
+    code, err, _ = _run(EXPORT + [f"--workdir={workdir}", f"--out={root / 'export'}"])
+    if code != 0:
+        raise RuntimeError(f"exporting the micro run failed:\n{err[-3000:]}")
+    return Context(root, corpus, config, workdir, root / "export", _write_glue(root))
+
+
+# ---------------------------------------------------------------------------------------- cases
+
+PY = [sys.executable]
+TRAIN = PY + ["-m", "electra_jax.train"]
+PREPARE = PY + ["-m", "electra_jax.prepare"]
+FINETUNE = PY + ["-m", "electra_jax.finetune"]
+EXPORT = PY + ["-m", "electra_jax.export"]
+
+
+@dataclasses.dataclass
+class Case:
+    """argv(ctx) -> (argv, paths that must not change); expect 'error', 'diverged' or 'ok'."""
+
+    name: str
+    argv: Callable[[Context], tuple[list, list]]
+    expect: str = "error"
+    contains: str = ""  # a phrase the last line must hold
+    timeout: float = 240
+    after: Callable[[Context, list], str] | None = None  # extra check: '' or what went wrong
+
+
+def _train(ctx: Context, workdir, *overrides) -> list:
+    return TRAIN + [f"--config={ctx.config}", f"--workdir={workdir}", *overrides]
+
+
+def train_setting(name: str, override: str, contains: str) -> Case:
+    return Case(
+        name,
+        lambda ctx: (_train(ctx, ctx.fresh("w"), override), []),
+        contains=contains,
+    )
+
+
+def _hf_folder(ctx: Context) -> pathlib.Path:
+    path = ctx.fresh("hf-model")
+    shutil.copytree(ctx.export / "discriminator", path)
+    return path
+
+
+def _foreign_folder(ctx: Context) -> pathlib.Path:
+    path = ctx.fresh("mine")
+    (path / "sub").mkdir(parents=True)
+    (path / "important.txt").write_text("a user's file")
+    (path / "sub" / "notes.txt").write_text("more")
+    return path
+
+
+def _resume_other_setting(ctx: Context):
+    w = ctx.copy("resume")
+    return _train(ctx, w, "--config.train.adam_bias_correction=False"), [w]
+
+
+def _resume_without_config_other_model(ctx: Context):
+    w = ctx.copy("noconfig")
+    (w / "config.json").unlink()
+    return _train(ctx, w, "--config.model.num_layers=3"), [w]
+
+
+def _resume_other_source(ctx: Context):
+    w = ctx.copy("source")
+    other = ctx.root / "other.txt"
+    if not other.exists():
+        shutil.copy(ctx.corpus, other)
+    return _train(ctx, w, f"--config.data.source=text:{other}"), [w]
+
+
+def _config_json_list(ctx: Context):
+    w = ctx.copy("jsonlist")
+    (w / "config.json").write_text("[1, 2, 3]")
+    return _train(ctx, w), [w]
+
+
+def _checkpoints_a_file(ctx: Context):
+    w = ctx.copy("ckptfile")
+    shutil.rmtree(w / "checkpoints")
+    (w / "checkpoints").write_text("not a folder")
+    return _train(ctx, w), [w]
+
+
+def _cache_dir_a_file(ctx: Context):
+    f = ctx.fresh("cachefile")
+    f.write_text("x")
+    return _train(ctx, ctx.fresh("w"), f"--config.data.cache_dir={f}"), [f]
+
+
+def _held(ctx: Context):
+    """The trained run's copy, held by a process that claimed it (as a running train does)."""
+    w = ctx.copy("held")
+    code = (
+        "import sys, time\nfrom electra_jax import workdir\n"
+        f"workdir.claim({str(w)!r}, workdir.PRETRAIN, command='electra_jax.train')\n"
+        "print('held', flush=True)\ntime.sleep(300)\n"
+    )
+    holder = subprocess.Popen(PY + ["-c", code], cwd=ROOT, env=_env(), stdout=subprocess.PIPE)
+    holder.stdout.readline()
+    _HOLDERS.append(holder)
+    return w
+
+
+_HOLDERS: list[subprocess.Popen] = []
+
+
+def _train_while_held(ctx: Context):
+    w = _held(ctx)
+    return _train(ctx, w), [w / "checkpoints", w / "config.json", w / "metrics.jsonl"]
+
+
+def _prepare_while_held(ctx: Context):
+    w = _held(ctx)
+    return PREPARE + [f"--config={ctx.config}", f"--workdir={w}"], [w / "tokenizer", w / "data"]
+
+
+def _with_config_file(ctx: Context, text: str) -> list:
+    """train with a config file holding `text`."""
+    path = ctx.fresh("config").with_suffix(".py")
+    path.write_text(text)
+    return TRAIN + [f"--config={path}", f"--workdir={ctx.fresh('w')}"]
+
+
+def _shard_of(w: pathlib.Path) -> pathlib.Path:
+    (shard,) = w.glob("data/*/shard-00000.array_record")
+    return shard
+
+
+def _truncated_shard(ctx: Context):
+    w = ctx.copy("shard")
+    shard = _shard_of(w)
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    return _train(ctx, w, "--config.train.num_steps=9"), [w / "checkpoints"]
+
+
+def _escaping_manifest(ctx: Context):
+    w = ctx.copy("manifest")
+    manifest = _shard_of(w).parent / "manifest.json"
+    data = json.loads(manifest.read_text())
+    data["shards"] = ["../../../../../../etc/passwd"]
+    manifest.write_text(json.dumps(data))
+    return _train(ctx, w, "--config.train.num_steps=9"), [w / "checkpoints"]
+
+
+def _damaged_tokenizer(ctx: Context):
+    w = ctx.copy("tok")
+    (w / "tokenizer" / "spm.model").write_bytes(b"\x00garbage" * 10)
+    return _train(ctx, w, "--config.train.num_steps=9"), [w / "checkpoints"]
+
+
+def _all_checkpoints_damaged(ctx: Context):
+    w = ctx.copy("damaged")
+    for manifest in w.glob("checkpoints/*/state/manifest.ocdbt"):
+        manifest.unlink()
+    return _train(ctx, w), [w / "config.json", w / "metrics.jsonl", w / "tokenizer"]
+
+
+def _no_restart_after_damage(ctx: Context, argv: list) -> str:
+    """After the run set both damaged checkpoints aside, a rerun still does not start over."""
+    w = pathlib.Path(str(argv[-1]).split("=", 1)[1])
+    aside = sorted(p.name for p in (w / "checkpoints").iterdir())
+    if aside != ["3.corrupt", "6.corrupt"]:
+        return f"checkpoints/ holds {aside}"
+    code, err, _ = _run(argv)
+    if code != 2 or "set aside as damaged" not in err:
+        return f"the rerun exited {code}: {err.strip().splitlines()[-1:]}"
+    return ""
+
+
+def _symlink_loop_corpus(ctx: Context):
+    d = ctx.fresh("loopcorpus")
+    (d / "sub").mkdir(parents=True)
+    shutil.copy(ctx.corpus, d / "sub" / "a.txt")
+    os.symlink(d, d / "sub" / "up")  # a link to a parent folder: a loop for a naive glob
+    os.symlink(d / "sub" / "a.txt", d / "b.txt")  # a link to a file: followed
+    return PREPARE + [
+        f"--config={ctx.config}",
+        f"--workdir={ctx.fresh('w')}",
+        f"--config.data.source=text:{d}/**/*.txt",
+    ], [d]
+
+
+def _hf_damaged(edit: Callable[[pathlib.Path], None]):
+    def argv(ctx: Context):
+        export = ctx.fresh("export")
+        shutil.copytree(ctx.export, export)
+        edit(export)
+        return _finetune(ctx, ctx.fresh("ft"), f"--config.init_from={export}"), [export]
+
+    return argv
+
+
+def _edit_config(key: str, value) -> Callable[[pathlib.Path], None]:
+    def edit(export: pathlib.Path) -> None:
+        path = export / "discriminator" / "config.json"
+        config = json.loads(path.read_text())
+        config[key] = value
+        path.write_text(json.dumps(config))
+
+    return edit
+
+
+def _escaping_weight_map(export: pathlib.Path) -> None:
+    d = export / "discriminator"
+    (d / "model.safetensors").rename(d / "model-00001-of-00001.safetensors")
+    index = {"metadata": {}, "weight_map": {"electra.embeddings.word_embeddings.weight": "../../x"}}
+    (d / "model.safetensors.index.json").write_text(json.dumps(index))
+
+
+def _config_list(export: pathlib.Path) -> None:
+    (export / "discriminator" / "config.json").write_text("[]")
+
+
+def _finetune(ctx: Context, workdir, *overrides, data=None) -> list:
+    return FINETUNE + [
+        "--config=configs/glue.py",
+        f"--workdir={workdir}",
+        f"--config.data_dir={data or ctx.sst2}",
+        *overrides,
+    ]
+
+
+TINY_FINETUNE = (
+    "--config.model.hidden_size=32",
+    "--config.model.num_layers=1",
+    "--config.model.num_heads=1",
+    "--config.model.intermediate_size=64",
+    "--config.model.embedding_size=32",
+    "--config.vocab_size=60",
+    "--config.seq_length=16",
+    "--config.batch_size=8",
+    "--config.eval_batch_size=8",
+)
+
+
+def _stsb_case(score: str) -> Callable[[Context], tuple[list, list]]:
+    def argv(ctx: Context):
+        data = _stsb(ctx.root, score)
+        return _finetune(ctx, ctx.fresh("ft"), "--config.task=STS-B", data=data), [data]
+
+    return argv
+
+
+def _no_results(ctx: Context, argv: list) -> str:
+    w = pathlib.Path(next(a for a in argv if str(a).startswith("--workdir=")).split("=", 1)[1])
+    return "eval_results.json was written" if (w / "eval_results.json").exists() else ""
+
+
+def _api(snippet: str) -> Callable[[Context], tuple[list, list]]:
+    """A Python API call in a subprocess: a ValueError becomes `error: ...`, exit 2."""
+
+    def argv(ctx: Context):
+        code = (
+            "import sys\nimport numpy as np\nimport electra_jax\n"
+            f"W = {str(ctx.workdir)!r}\n"
+            "try:\n"
+            + "".join(f"    {line}\n" for line in snippet.splitlines())
+            + "except ValueError as e:\n"
+            "    print(f'error: {type(e).__name__}: {e}', file=sys.stderr)\n"
+            "    sys.exit(2)\n"
+        )
+        return PY + ["-c", code], [ctx.workdir]
+
+    return argv
+
+
+def _export_over_foreign_manifest(ctx: Context):
+    out = _foreign_folder(ctx)
+    (out / "export.json").write_text(json.dumps({"format": "somebody-else", "files": ["sub"]}))
+    return EXPORT + [f"--workdir={ctx.workdir}", f"--out={out}"], [out]
+
+
+def _export_over_our_export(ctx: Context):
+    out = ctx.fresh("export")
+    shutil.copytree(ctx.export, out)
+    (out / "important.txt").write_text("a user's file beside an export")
+    (out / "discriminator" / "notes.md").write_text("and one inside it")
+    return EXPORT + [f"--workdir={ctx.workdir}", f"--out={out}"], []
+
+
+def _kept_users_files(ctx: Context, argv: list) -> str:
+    out = pathlib.Path(argv[-1].split("=", 1)[1])
+    ok = (out / "important.txt").exists() and (out / "discriminator" / "notes.md").exists()
+    return "" if ok else "the user's files beside the export were deleted"
+
+
+def _nonutf8_workdir(ctx: Context):
+    path = os.fsencode(str(ctx.root)) + b"/w\xff\xfe"
+    argv = [os.fsencode(a) for a in _train(ctx, "X")]
+    argv[-1] = b"--workdir=" + path
+    return argv, []
+
+
+def cases() -> list[Case]:
+    return [
+        # ---- train: settings, each one line before any work
+        train_setting("remat choice", "--config.train.remat=some", "train.remat='some'"),
+        train_setting("xla attention, dropout", "--config.model.attention=xla", "no dropout"),
+        Case(
+            "cudnn without a GPU",
+            lambda ctx: (
+                _train(ctx, ctx.fresh("w"), "--config.model.attention=cudnn")
+                + ["--config.model.attention_dropout_rate=0"],
+                [],
+            ),
+            contains="needs an NVIDIA GPU",
+        ),
+        train_setting(
+            "single_segment_prob 2", "--config.data.single_segment_prob=2", "single_segment_prob"
+        ),
+        train_setting("short_seq_prob -1", "--config.data.short_seq_prob=-1", "short_seq_prob"),
+        train_setting(
+            "layers_fraction 0", "--config.generator.layers_fraction=0", "layers_fraction"
+        ),
+        train_setting("type_vocab_size 0", "--config.model.type_vocab_size=0", "type_vocab_size"),
+        train_setting("learning_rate nan", "--config.train.learning_rate=nan", "learning_rate"),
+        train_setting("sampler choice", "--config.objective.sampler=top_k", "objective.sampler"),
+        train_setting("unknown source", "--config.data.source=wikipedia", "data.source"),
+        train_setting(
+            "source matching nothing", "--config.data.source=text:/nonexistent/*.txt", "/nonexist"
+        ),
+        train_setting("seed -1", "--config.seed=-1", "seed=-1"),
+        # ---- train: workdirs that are not ours, or not ours to take now
+        Case(
+            "workdir is a file",
+            lambda ctx: (_train(ctx, ctx.corpus), [ctx.corpus]),
+            contains="is a file",
+        ),
+        Case(
+            "workdir is a HF model",
+            lambda ctx: (lambda p: (_train(ctx, p), [p]))(_hf_folder(ctx)),
+            contains="Hugging Face model folder",
+        ),
+        Case(
+            "workdir of a user's files",
+            lambda ctx: (lambda p: (_train(ctx, p), [p]))(_foreign_folder(ctx)),
+            contains="not an electra_jax workdir",
+        ),
+        Case("workdir held by a run", _train_while_held, contains="is in use by electra_jax.train"),
+        Case("non-UTF-8 workdir path", _nonutf8_workdir, contains="not valid UTF-8"),
+        # ---- train: resumes that must not lose the run
+        Case("resume, other optimizer", _resume_other_setting, contains="adam_bias_correction"),
+        Case(
+            "resume, no config.json, other depth",
+            _resume_without_config_other_model,
+            contains="nothing was moved aside",
+        ),
+        Case("resume, other data.source", _resume_other_source, contains="--allow_change"),
+        Case("config.json a JSON list", _config_json_list, contains="config.json"),
+        Case("checkpoints/ a file", _checkpoints_a_file, contains="checkpoints is a file"),
+        Case("cache_dir a file", _cache_dir_a_file, contains="data.cache_dir"),
+        Case(
+            "all checkpoints damaged",
+            _all_checkpoints_damaged,
+            contains="can be restored",
+            after=_no_restart_after_damage,
+        ),
+        Case("truncated shard", _truncated_shard, contains="shard-00000.array_record"),
+        Case("manifest escapes its folder", _escaping_manifest, contains="manifest.json"),
+        Case("damaged workdir tokenizer", _damaged_tokenizer, contains="tokenizer"),
+        # ---- train: multi-host flags
+        Case(
+            "coordinator garbage",
+            lambda ctx: (
+                _train(ctx, ctx.fresh("w"), "--coordinator_address=garbage")
+                + ["--num_processes=2", "--process_id=0"],
+                [],
+            ),
+            contains="not host:port",
+        ),
+        Case(
+            "num_processes 0",
+            lambda ctx: (_train(ctx, ctx.fresh("w"), "--num_processes=0", "--process_id=0"), []),
+            contains="--num_processes=0",
+        ),
+        Case(
+            "process_id out of range",
+            lambda ctx: (_train(ctx, ctx.fresh("w"), "--num_processes=2", "--process_id=5"), []),
+            contains="--process_id=5",
+        ),
+        Case(
+            "unreachable coordinator",
+            lambda ctx: (
+                _train(
+                    ctx,
+                    ctx.fresh("w"),
+                    "--coordinator_address=127.0.0.1:1",
+                    "--num_processes=2",
+                    "--process_id=1",
+                    "--peer_timeout_seconds=1",
+                ),
+                [],
+            ),
+            contains="did not all join",
+            timeout=60,
+        ),
+        # ---- config files
+        Case(
+            "config without get_config",
+            lambda ctx: (_with_config_file(ctx, "x = 1\n"), []),
+            contains="has no get_config()",
+        ),
+        Case(
+            "config giving a list, with an override",
+            lambda ctx: (
+                _with_config_file(ctx, "def get_config():\n    return [1]\n")
+                + ["--config.train.num_steps=3"],
+                [],
+            ),
+            contains="get_config() returned list",
+        ),
+        # ---- prepare
+        Case(
+            "prepare into a HF model",
+            lambda ctx: (lambda p: (PREPARE + [f"--config={ctx.config}", f"--workdir={p}"], [p]))(
+                _hf_folder(ctx)
+            ),
+            contains="Hugging Face model folder",
+        ),
+        Case("prepare while held", _prepare_while_held, contains="is in use"),
+        Case(
+            "prepare, bad setting",
+            lambda ctx: (
+                PREPARE
+                + [f"--config={ctx.config}", f"--workdir={ctx.fresh('w')}"]
+                + ["--config.data.short_seq_prob=1.5"],
+                [],
+            ),
+            contains="short_seq_prob",
+        ),
+        Case("prepare, symlink loop", _symlink_loop_corpus, expect="ok", timeout=180),
+        # ---- export
+        Case(
+            "export over a foreign export.json",
+            _export_over_foreign_manifest,
+            contains="export.json",
+        ),
+        Case(
+            "export over our export",
+            _export_over_our_export,
+            expect="ok",
+            after=_kept_users_files,
+        ),
+        Case(
+            "export --out a file",
+            lambda ctx: (EXPORT + [f"--workdir={ctx.workdir}", f"--out={ctx.corpus}"], []),
+            contains="is a file",
+        ),
+        Case(
+            "export a folder not a workdir",
+            lambda ctx: (lambda p: (EXPORT + [f"--workdir={p}", f"--out={ctx.fresh('o')}"], [p]))(
+                _foreign_folder(ctx)
+            ),
+        ),
+        # ---- finetune
+        Case(
+            "finetune into a pre-training workdir",
+            lambda ctx: (lambda w: (_finetune(ctx, w), [w]))(ctx.copy("pre")),
+            contains="is a pre-training workdir",
+        ),
+        Case("STS-B score 7", _stsb_case("7"), contains="line 4"),
+        Case("STS-B score nan", _stsb_case("nan"), contains="line 4"),
+        Case(
+            "num_epochs inf",
+            lambda ctx: (_finetune(ctx, ctx.fresh("ft"), "--config.num_epochs=inf"), []),
+            contains="num_epochs",
+        ),
+        Case(
+            "HF weight_map escapes",
+            _hf_damaged(_escaping_weight_map),
+            contains="weight_map",
+        ),
+        Case(
+            "HF vocab_size 1e12",
+            _hf_damaged(_edit_config("vocab_size", 10**12)),
+            contains="vocab_size",
+        ),
+        Case(
+            "HF num_attention_heads 0",
+            _hf_damaged(_edit_config("num_attention_heads", 0)),
+            contains="num_attention_heads",
+        ),
+        Case("HF config.json a list", _hf_damaged(_config_list), contains="config.json"),
+        Case(
+            "finetune diverges",
+            lambda ctx: (
+                _finetune(ctx, ctx.fresh("ft"), "--config.learning_rate=1e10", *TINY_FINETUNE),
+                [],
+            ),
+            expect="diverged",
+            after=_no_results,
+        ),
+        # ---- Python API
+        Case(
+            "token id past the vocabulary",
+            _api(
+                "m = electra_jax.load(W)\nids = dict(m.tokenize(['The river ran.']))\n"
+                "ids['input_ids'] = np.array(ids['input_ids']); ids['input_ids'][0, 1] = 10**6\n"
+                "m.replaced_token_logits(ids)"
+            ),
+            contains="input_ids",
+        ),
+        Case(
+            "segment id 2",
+            _api(
+                "m = electra_jax.load(W)\nids = dict(m.tokenize(['The river ran.']))\n"
+                "ids['segment_ids'] = np.full_like(ids['input_ids'], 2)\nm.encode(ids)"
+            ),
+            contains="segment_ids",
+        ),
+        Case("load a missing path", _api("electra_jax.load(W + '-missing')"), contains="missing"),
+    ]
+
+
+# ----------------------------------------------------------------------------------------- run
+
+
+@dataclasses.dataclass
+class Row:
+    name: str
+    code: int
+    last: str
+    seconds: float
+    problem: str  # '' when the case passed
+
+    @property
+    def passed(self) -> bool:
+        return not self.problem
+
+
+def run_case(case: Case, ctx: Context) -> Row:
+    argv, kept = case.argv(ctx)
+    before = {str(p): _snapshot(p) for p in kept}
+    code, err, seconds = _run(argv, case.timeout)
+    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+    last = lines[-1] if lines else ""
+    problem = ""
+    if code == 124:
+        problem = f"no answer within {case.timeout:.0f}s"
+    elif "Traceback" in err:
+        problem = "traceback"
+    elif case.expect == "error" and (code != 2 or not last.startswith("error: ")):
+        problem = "not one error line with exit 2"
+    elif case.expect == "error" and [ln for ln in lines if ln.startswith("error")] != [last]:
+        problem = "more than one error line"
+    elif case.expect == "diverged" and (code != 1 or not last.startswith("error: ")):
+        problem = "not one line with exit 1"
+    elif case.expect == "ok" and code != 0:
+        problem = f"failed where it should succeed (exit {code})"
+    elif case.contains and case.contains not in last:
+        problem = f"the line does not say {case.contains!r}"
+    if not problem:
+        changed = [p for p, snap in before.items() if _snapshot(pathlib.Path(p)) != snap]
+        if changed:
+            problem = f"changed: {', '.join(changed)}"
+    if not problem and case.after is not None:
+        problem = case.after(ctx, argv)
+    return Row(case.name, code, last, seconds, problem)
+
+
+def run_all(root: pathlib.Path, workers: int = 2, log=print) -> list[Row]:
+    started = time.time()
+    ctx = make_context(root)
+    log(f"trained and exported the micro run in {time.time() - started:.0f}s")
+    rows = []
+    try:
+        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+            futures = [pool.submit(run_case, case, ctx) for case in cases()]
+            for future in futures:
+                rows.append(future.result())
+    finally:
+        for holder in _HOLDERS:
+            holder.send_signal(signal.SIGKILL)
+            holder.wait()
+    return rows
+
+
+def table(rows: list[Row]) -> str:
+    out = ["| case | exit | last line | s | verdict |", "|---|---|---|---|---|"]
+    for r in rows:
+        last = r.last.replace("|", "\\|")
+        last = last if len(last) <= 150 else last[:147] + "..."
+        verdict = "ok" if r.passed else f"FAIL: {r.problem}"
+        out.append(f"| {r.name} | {r.code} | {last} | {r.seconds:.1f} | {verdict} |")
+    passed = sum(r.passed for r in rows)
+    out.append(f"\n{passed} of {len(rows)} cases end cleanly and lose nothing.")
+    return "\n".join(out)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--keep", help="work in this folder and keep it (default: a temp folder)")
+    parser.add_argument("--workers", type=int, default=2)
+    args = parser.parse_args()
+    if args.keep:
+        root = pathlib.Path(args.keep).resolve()
+        root.mkdir(parents=True, exist_ok=False)
+        rows = run_all(root, args.workers)
+    else:
+        with tempfile.TemporaryDirectory(prefix="hostile-") as tmp:
+            rows = run_all(pathlib.Path(tmp), args.workers)
+    print(table(rows))
+    return 0 if all(r.passed for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
