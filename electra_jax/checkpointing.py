@@ -74,14 +74,45 @@ def has_checkpoints(workdir: str) -> bool:
 
 
 def save(manager: ocp.CheckpointManager, step: int, state: Any, data_iter: Any) -> bool:
-    """Starts an asynchronous save of `state` and the iterator's position at `step`."""
-    return manager.save(
-        step,
-        args=ocp.args.Composite(
-            state=ocp.args.StandardSave(state),
-            data=grain.checkpoint.CheckpointSave(data_iter),
-        ),
-        force=True,
+    """Starts an asynchronous save of `state` and the iterator's position at `step`.
+
+    A full disk, a lost permission or an I/O error (here, or from the previous save still being
+    written, which orbax reports now) is a CheckpointError of one line. The checkpoint being
+    written stays a temporary folder, which the next run removes, so the previous ones are
+    untouched.
+    """
+    try:
+        return manager.save(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardSave(state),
+                data=grain.checkpoint.CheckpointSave(data_iter),
+            ),
+            force=True,
+        )
+    except Exception as e:
+        if _is_environment_error(e):
+            raise CheckpointError(_write_message(manager, e)) from e
+        raise
+
+
+def wait(manager: ocp.CheckpointManager) -> None:
+    """Waits for the asynchronous save in flight; its failure as in `save`."""
+    try:
+        manager.wait_until_finished()
+    except Exception as e:
+        if _is_environment_error(e):
+            raise CheckpointError(_write_message(manager, e)) from e
+        raise
+
+
+def _write_message(manager: ocp.CheckpointManager, e: BaseException) -> str:
+    reason = " ".join(f"{type(e).__name__}: {e}".split())[:200]
+    done = manager.all_steps()
+    kept = f"checkpoint {max(done)} is intact" if done else "no earlier checkpoint was made"
+    return (
+        f"a checkpoint could not be written to {manager.directory} ({reason}); {kept}: free "
+        "space (or fix the permissions) and run the same command to resume"
     )
 
 

@@ -570,7 +570,7 @@ def _train(config, workdir, stop_after, watcher, changes) -> dict:
                 if last_saved is not None
                 else "none (a rerun starts from step 0)"
             )
-            manager.wait_until_finished()
+            checkpointing.wait(manager)
             raise NonFiniteError(
                 f"non-finite loss or gradient norm at step {bad[0]} (found checking steps "
                 f"{first}-{last}; nothing from them was saved); last good checkpoint: {good}; "
@@ -635,12 +635,12 @@ def _train(config, workdir, stop_after, watcher, changes) -> dict:
     if preempted_at is not None:
         if last_saved != preempted_at:
             save(preempted_at)
-        manager.wait_until_finished()
+        checkpointing.wait(manager)
         metrics.log(
             f"preempted at step {preempted_at}; checkpoint saved; run the same command to resume"
         )
         row = dict(row, preempted_at=preempted_at)
-    manager.wait_until_finished()
+    checkpointing.wait(manager)
     manager.close()
     writer.close()
     if save_seconds and programs:

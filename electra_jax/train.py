@@ -189,6 +189,14 @@ def main(argv) -> None:
         # Not bad input (exit 2) but a diverged run: exit 1, still one line.
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
+    except OSError as e:  # a full disk or a lost mount while writing metrics, config.json, ...
+        if _VERBOSE.value:
+            raise
+        where = f" {e.filename}" if e.filename else ""
+        fail(
+            f"cannot write{where} ({e.strerror or e}); free space or fix the storage, then run "
+            "the same command to resume from the last checkpoint"
+        )
     except Preempted as e:
         # A signal during startup: no step ran since the last checkpoint, so nothing is lost.
         print(

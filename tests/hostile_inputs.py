@@ -1,6 +1,6 @@
 """python tests/hostile_inputs.py [--keep=DIR]: bad input, tried as a hostile new user would.
 
-Trains a micro run once, then tries 40-odd hostile inputs against the command-line tools (train,
+Trains a micro run once, then tries about 50 hostile inputs against the command-line tools (train,
 prepare, finetune, export) and the Python API (electra_jax.load), two at a time, and prints a table:
 the case, the exit code, the last line of stderr, and the verdict. A case passes when the command
 ends as it should (one `error: ...` line and exit 2 for bad input; one line and exit 1 for a

@@ -189,3 +189,24 @@ def test_a_workdir_whose_checkpoints_were_all_set_aside_does_not_start_over(tmp_
     assert checkpointing.set_aside(str(tmp_path)) == ["2.corrupt", "5.corrupt"]
     with pytest.raises(checkpointing.CheckpointError, match="set aside as damaged"):
         _restore(str(tmp_path))
+
+
+def test_a_full_disk_during_a_save_is_one_line_and_the_previous_checkpoint_stays(tmp_path):
+    _write(str(tmp_path), [2])
+    manager = checkpointing.make_manager(str(tmp_path), _cfg())
+    real_save = checkpointing.ocp.CheckpointManager.save
+
+    def full(self, *args, **kwargs):
+        raise OSError(28, "No space left on device", str(tmp_path / "checkpoints"))
+
+    try:
+        checkpointing.ocp.CheckpointManager.save = full
+        with pytest.raises(checkpointing.CheckpointError) as e:
+            checkpointing.save(manager, 5, _state(5), _iterator())
+    finally:
+        checkpointing.ocp.CheckpointManager.save = real_save
+        manager.close()
+    message = str(e.value)
+    assert "could not be written" in message and "No space left on device" in message
+    assert "checkpoint 2 is intact" in message and "\n" not in message
+    assert int(_restore(str(tmp_path))[0]["step"]) == 2

@@ -1,0 +1,50 @@
+"""benchmarks/learning_curves.py: curves of both sides over seeds, the prior, the summary line."""
+
+import json
+import math
+
+from benchmarks import learning_curves as lc
+
+
+def _write(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_curves_bands_prior_and_summary(tmp_path):
+    workdirs = []
+    for seed in range(2):
+        w = tmp_path / f"s{seed}"
+        w.mkdir()
+        for side, name in lc.SIDES.items():
+            offset = 0.1 * seed + (0.5 if side == "reference" else 0.0)
+            rows = [
+                {
+                    "step": step,
+                    "gen_loss": 7.0 - step / 100 + offset,
+                    "disc_loss": 0.4 - step / 1000,
+                    "disc_recall": step / 1000,
+                    "gen_accuracy": step / 500,
+                    "replaced_fraction": 0.125,
+                }
+                for step in range(10, 110, 10)
+            ]
+            rows.append({"step": 5, "loss": 1.0})  # a row without the curves' keys is skipped
+            _write(w / name, rows)
+        workdirs.append(str(w))
+    data = lc.curves(workdirs, smooth_rows=1)
+    assert data["electra_jax"]["gen_loss"]["steps"] == list(range(10, 110, 10))
+    assert math.isclose(data["reference"]["gen_loss"]["runs"][1][0], 7.0 - 0.1 + 0.1 + 0.5)
+    expected_prior = -(0.125 * math.log(0.125) + 0.875 * math.log(0.875))
+    assert math.isclose(data["electra_jax"]["prior"]["runs"][0][0], expected_prior)
+    summary = lc.tail_summary(data, tail=1)
+    assert summary["electra_jax"]["gen_loss"] == {
+        "mean": 6.05,
+        "spread": 0.1,
+        "runs": 2,
+        "last_step": 100,
+    }
+    assert summary["reference"]["gen_loss"]["mean"] == 6.55
+    assert lc.smooth([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]
+    out = tmp_path / "curves.png"
+    lc.plot(data, str(out), "test")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
