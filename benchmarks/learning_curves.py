@@ -13,8 +13,9 @@ reads), and plots gen_loss, disc_loss, disc_recall and gen_accuracy against the 
 the mean over the workdirs (seeds) and a band from their minimum to their maximum, each curve
 smoothed by a running mean over --smooth logged rows (each row is one batch's value). The
 discriminator's loss is drawn with the entropy of the replaced fraction beside it: the loss of
-a discriminator that only knows how many tokens are replaced (the prior). Prints one JSON line:
-per side and metric, the mean over seeds of the last --tail rows, and the seeds' spread.
+a discriminator that only knows how many tokens are replaced (the prior). With --each, one
+curve per workdir instead (runs that differ in a setting). Prints one JSON line: per side and
+metric, the mean over seeds of the last --tail rows, and the seeds' spread.
 """
 
 from __future__ import annotations
@@ -100,22 +101,22 @@ def plot(data: dict, path: str, title: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(2, 2, figsize=(11, 7))
-    colors = {"electra_jax": "tab:blue", "reference": "tab:orange"}
     for ax, key in zip(axes.flat, METRICS, strict=True):
-        for side, side_curves in data.items():
+        for i, (name, side_curves) in enumerate(data.items()):
+            color = f"C{i}"  # electra_jax blue, the reference orange
             c = side_curves[key]
             runs = c["runs"]
             mean = [statistics.mean(v) for v in zip(*runs, strict=True)]
             lo = [min(v) for v in zip(*runs, strict=True)]
             hi = [max(v) for v in zip(*runs, strict=True)]
-            label = f"{side} ({len(runs)} seed{'s' if len(runs) > 1 else ''})"
-            ax.plot(c["steps"], mean, color=colors[side], label=label)
-            ax.fill_between(c["steps"], lo, hi, color=colors[side], alpha=0.2)
+            label = f"{name} ({len(runs)} seed{'s' if len(runs) > 1 else ''})"
+            ax.plot(c["steps"], mean, color=color, label=label)
+            ax.fill_between(c["steps"], lo, hi, color=color, alpha=0.2)
             if key == "disc_loss":
                 prior = [
                     statistics.mean(v) for v in zip(*side_curves["prior"]["runs"], strict=True)
                 ]
-                ax.plot(c["steps"], prior, color=colors[side], linestyle=":", linewidth=1)
+                ax.plot(c["steps"], prior, color=color, linestyle=":", linewidth=1)
         ax.set_title(key + (" (dotted: the prior's entropy)" if key == "disc_loss" else ""))
         ax.set_xlabel("step")
         ax.grid(True, alpha=0.3)
@@ -133,8 +134,21 @@ def main(argv=None) -> None:
     ap.add_argument("--smooth", type=int, default=5, help="rows in the running mean")
     ap.add_argument("--tail", type=int, default=5, help="rows averaged for the summary line")
     ap.add_argument("--title", default="electra_jax and the reference on the same batches")
+    ap.add_argument(
+        "--each",
+        action="store_true",
+        help="one curve per workdir and side, named by its folder, instead of a band over "
+        "them: for runs that differ in a setting rather than in the seed",
+    )
     args = ap.parse_args(argv)
-    data = curves(args.workdirs, args.smooth)
+    if args.each:
+        data = {}
+        for w in args.workdirs:
+            for side, side_curves in curves([w], args.smooth).items():
+                name = os.path.basename(os.path.normpath(w))
+                data[name if side == "electra_jax" else f"{name} {side}"] = side_curves
+    else:
+        data = curves(args.workdirs, args.smooth)
     plot(data, args.out, args.title)
     print(json.dumps(tail_summary(data, args.tail)))
 

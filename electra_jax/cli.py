@@ -14,6 +14,13 @@ def fail(message: str) -> None:
     sys.exit(2)
 
 
+def cannot_write(error: OSError, then: str) -> str:
+    """The one line for an environment error while writing (a full disk, a file size limit, a
+    lost mount): which file, the system's reason, what to do."""
+    where = f" {error.filename}" if error.filename else ""
+    return f"cannot write{where} ({error.strerror or error}); free space or fix the storage, {then}"
+
+
 def _flag_value(argv: list[str], name: str) -> str | None:
     """The value of `--name=VALUE` (or `--name VALUE`) in argv, or None."""
     for i, arg in enumerate(argv):

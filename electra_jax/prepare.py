@@ -23,7 +23,7 @@ import time
 from absl import app, flags
 from ml_collections import config_flags
 
-from electra_jax.cli import fail, loaded_config, parse_flags
+from electra_jax.cli import cannot_write, fail, loaded_config, parse_flags
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "A get_config() file such as configs/tiny.py.", lock_config=True
@@ -116,6 +116,10 @@ def main(argv) -> None:
         if _VERBOSE.value:
             raise
         fail(str(e))
+    except OSError as e:  # a full disk or a file size limit while writing the tokenizer or shards
+        if _VERBOSE.value:
+            raise
+        fail(cannot_write(e, "then run the same command: nothing half-written was kept"))
     except KeyboardInterrupt:
         if _VERBOSE.value:
             raise

@@ -18,7 +18,7 @@ from absl import app, flags
 from absl import logging as absl_logging
 from ml_collections import config_flags
 
-from electra_jax.cli import fail, loaded_config, parse_flags
+from electra_jax.cli import cannot_write, fail, loaded_config, parse_flags
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "A get_config() file such as configs/tiny.py.", lock_config=True
@@ -192,11 +192,7 @@ def main(argv) -> None:
     except OSError as e:  # a full disk or a lost mount while writing metrics, config.json, ...
         if _VERBOSE.value:
             raise
-        where = f" {e.filename}" if e.filename else ""
-        fail(
-            f"cannot write{where} ({e.strerror or e}); free space or fix the storage, then run "
-            "the same command to resume from the last checkpoint"
-        )
+        fail(cannot_write(e, "then run the same command to resume from the last checkpoint"))
     except Preempted as e:
         # A signal during startup: no step ran since the last checkpoint, so nothing is lost.
         print(

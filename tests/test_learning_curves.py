@@ -10,7 +10,7 @@ def _write(path, rows):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def test_curves_bands_prior_and_summary(tmp_path):
+def _two_seeds(tmp_path):
     workdirs = []
     for seed in range(2):
         w = tmp_path / f"s{seed}"
@@ -31,6 +31,11 @@ def test_curves_bands_prior_and_summary(tmp_path):
             rows.append({"step": 5, "loss": 1.0})  # a row without the curves' keys is skipped
             _write(w / name, rows)
         workdirs.append(str(w))
+    return workdirs
+
+
+def test_curves_bands_prior_and_summary(tmp_path):
+    workdirs = _two_seeds(tmp_path)
     data = lc.curves(workdirs, smooth_rows=1)
     assert data["electra_jax"]["gen_loss"]["steps"] == list(range(10, 110, 10))
     assert math.isclose(data["reference"]["gen_loss"]["runs"][1][0], 7.0 - 0.1 + 0.1 + 0.5)
@@ -47,4 +52,14 @@ def test_curves_bands_prior_and_summary(tmp_path):
     assert lc.smooth([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]
     out = tmp_path / "curves.png"
     lc.plot(data, str(out), "test")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_each_draws_one_curve_per_workdir_and_side(tmp_path, capsys):
+    workdirs = _two_seeds(tmp_path)
+    out = tmp_path / "each.png"
+    lc.main([*workdirs, "--out", str(out), "--each", "--smooth", "1", "--tail", "1"])
+    summary = json.loads(capsys.readouterr().out)
+    assert sorted(summary) == ["s0", "s0 reference", "s1", "s1 reference"]
+    assert summary["s1"]["gen_loss"] == {"mean": 6.1, "spread": 0.0, "runs": 1, "last_step": 100}
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

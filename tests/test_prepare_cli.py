@@ -14,7 +14,7 @@ from tests.conftest import ROOT, SHARED, subprocess_env
 FAST = ["--config.data.vocab_size=300", "--config.data.seq_length=64"]
 
 
-def _prepare(workdir, source, *extra, timeout=300):
+def _prepare(workdir, source, *extra, timeout=300, **run_kwargs):
     cmd = [
         sys.executable,
         "-m",
@@ -26,7 +26,13 @@ def _prepare(workdir, source, *extra, timeout=300):
         *extra,
     ]
     return subprocess.run(
-        cmd, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=timeout
+        cmd,
+        cwd=ROOT,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        **run_kwargs,
     )
 
 
@@ -115,3 +121,28 @@ def test_shared_corpus_latin1_bytes_are_counted(tmp_path):
     for _ in sources.iter_documents(f"text:{SHARED}/data/corpus/*/*.txt", stats):
         pass
     assert stats.bytes_replaced > 0 and stats.skipped == []
+
+
+def test_a_full_disk_while_packing_is_one_line_and_keeps_nothing_half_written(tmp_path):
+    """A file size limit stands in for a full disk (both are OSErrors on write; Python ignores
+    SIGXFSZ): the tokenizer (~240 KB) fits under it, the shard (~460 KB) does not."""
+    import resource
+
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "a.txt").write_text(_english(40))
+    source = f"text:{tmp_path}/c/*.txt"
+
+    def limit_file_size():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (350_000, 350_000))
+
+    out = _prepare(tmp_path / "w", source, preexec_fn=limit_file_size)
+    _one_error_line(out, "cannot write prepared data", "File too large")
+    assert (tmp_path / "w" / "tokenizer" / "spm.model").is_file()
+    data = tmp_path / "w" / "data"
+    assert not data.exists() or not [p for p in data.rglob("*") if p.is_file()]
+    # With room again, the same command finishes and keeps the tokenizer it had written.
+    model_bytes = (tmp_path / "w" / "tokenizer" / "spm.model").read_bytes()
+    out = _prepare(tmp_path / "w", source)
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "w" / "tokenizer" / "spm.model").read_bytes() == model_bytes
+    assert json.loads(out.stdout.strip().splitlines()[-1])["examples"] > 0

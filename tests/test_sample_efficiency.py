@@ -160,7 +160,7 @@ def test_in_domain_corpus_sweep_and_summary(tmp_path, monkeypatch):
         return {
             "score": score,
             "score_metric": "dev/accuracy",
-            "elapsed_sec": 0.0,
+            "elapsed_sec": 10.0,
             "learning_rate": config.learning_rate,
         }
 
@@ -195,4 +195,6 @@ def test_in_domain_corpus_sweep_and_summary(tmp_path, monkeypatch):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["average"] == {"electra": 81.0, "mlm": 71.0, se.RANDOM: 61.0}
     assert summary["std"]["electra"] == 1.0
-    assert summary["pretrain_flops"] == MICRO["budget_flops"] and summary["wall_seconds"] >= 0
+    assert summary["pretrain_flops"] == MICRO["budget_flops"]
+    # Two pre-trainings of 1 s, twelve fine-tunings of 10 s (the chosen sweep runs counted once).
+    assert summary["wall_seconds"] == 2 * 1.0 + 12 * 10.0
