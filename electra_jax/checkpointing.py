@@ -12,11 +12,12 @@ still cannot be restored (a truncated or deleted file) is renamed `<step>.corrup
 does not take for a step, and the previous one is used: nothing unreadable is ever deleted.
 
 Preemption: `PreemptionWatcher` turns SIGTERM / SIGINT into a request that the loop honours after
-the current step (save, then exit 0); on multi-host runs every process stops at the same step.
+the call in flight (save, then exit 0); on multi-host runs every process stops at the same step.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import signal
@@ -323,8 +324,10 @@ class PreemptionWatcher:
     """SIGTERM / SIGINT -> "save after this step and exit", agreed by every process.
 
     Before `arm()` (data preparation, compilation) a signal raises `Preempted` at once: there is
-    no new work to save and startup can take minutes. After `arm()` the first signal only sets a
-    flag that `requested(step)` reports after the step in flight; a second one interrupts at once
+    no new work to save and startup can take minutes. ("At once" is as soon as the main thread
+    runs Python again: a handler cannot run inside a C++ call such as XLA's compiler; and inside
+    a `deferred()` block, at its end.) After `arm()` the first signal only sets a flag that
+    `requested(step)` reports after the call in flight; a second one interrupts at once
     (KeyboardInterrupt) for users who really mean it. Multi-host runs ask jax's preemption sync
     point instead, which the coordination service triggers on SIGTERM and which returns True on
     every process at the same step; Python handlers are then left out, as they would replace the
@@ -336,6 +339,8 @@ class PreemptionWatcher:
     def __init__(self):
         self._flag = False
         self._armed = False
+        self._deferring = False
+        self._pending: int | None = None  # a signal held by `deferred()`
         self._previous: dict[int, Any] = {}
         self.multihost = jax.process_count() > 1
         if self.multihost or threading.current_thread() is not threading.main_thread():
@@ -344,11 +349,37 @@ class PreemptionWatcher:
             self._previous[sig] = signal.signal(sig, self._handle)
 
     def _handle(self, signum, frame) -> None:
+        name = signal.Signals(signum).name
         if not self._armed:
-            raise Preempted(f"{signal.Signals(signum).name} before training started")
+            if self._deferring and self._pending is None:
+                self._pending = signum
+                return
+            if self._pending is not None:
+                raise KeyboardInterrupt(f"second {name}")
+            raise Preempted(f"{name} before training started")
         if self._flag:
-            raise KeyboardInterrupt(f"second {signal.Signals(signum).name}")
+            raise KeyboardInterrupt(f"second {name}")
         self._flag = True
+
+    @contextlib.contextmanager
+    def deferred(self):
+        """Before `arm()`, holds a signal that arrives inside the block until the block has
+        ended, then raises `Preempted` (a second signal still interrupts at once).
+
+        For jax's tracing, lowering and compiling and for orbax's restore: an exception raised
+        from the handler in the middle of them (they run Python between their C++ calls) leaves
+        their native state half-built, and the process then died of a segmentation fault at
+        exit instead of exiting 0.
+        """
+        self._deferring = True
+        try:
+            yield
+        finally:
+            self._deferring = False
+        # Not reached when the block raised: its own error is the one to report.
+        if self._pending is not None and not self._armed:
+            signum, self._pending = self._pending, None
+            raise Preempted(f"{signal.Signals(signum).name} before training started")
 
     def arm(self) -> None:
         """From now on a signal is honoured after the current step rather than at once."""

@@ -399,10 +399,12 @@ def train(
     `stop_after` ends the run early at that step (with a checkpoint), as an interruption would,
     without changing the schedule: a later call resumes and finishes the same run.
 
-    SIGTERM / SIGINT during the steps end the run after the current step with a checkpoint of
-    it (the returned row then has "preempted_at"); before the steps they raise
-    checkpointing.Preempted. A NaN/Inf loss or gradient norm raises NonFiniteError under
-    train.nan_policy='stop' (nothing non-finite is saved) and is skipped under 'skip'.
+    SIGTERM / SIGINT during the steps end the run after the call in flight (at most
+    train.steps_per_call steps: the host never runs further ahead of the device) with a metrics
+    row and a checkpoint of its last step (the returned row then has "preempted_at"); before the
+    steps, compilation of the first call included, they raise checkpointing.Preempted. A
+    NaN/Inf loss or gradient norm raises NonFiniteError under train.nan_policy='stop' (nothing
+    non-finite is saved) and is skipped under 'skip'.
 
     The workdir is locked for the whole call (workdir.claim): a second run on it gets a
     ConfigError naming this one. A resume must keep the stored settings but for those in
@@ -443,7 +445,9 @@ def _train(config, workdir, stop_after, watcher, changes) -> dict:
         config.data, os.path.join(workdir, "tokenizer"), config.seed
     )
     cache_dir = config.data.cache_dir or os.path.join(workdir, "data")
-    prepared = prepare.prepare(config.data, tokenizer, cache_dir, config.seed)
+    # As many tokenizing processes as the corpus's size warrants on this host (the same rule as
+    # `python -m electra_jax.prepare`); the shards are the same bytes for any number.
+    prepared = prepare.prepare(config.data, tokenizer, cache_dir, config.seed, num_workers=None)
     if is_main:
         _barrier("electra_jax_prepared")
     data_iter = pipeline.make_iterator(
@@ -455,18 +459,22 @@ def _train(config, workdir, stop_after, watcher, changes) -> dict:
     )
 
     # ---------------------------------------------------------------- state
-    setup = setup_step(config, tokenizer.vocab_size, mesh, special_tokens_of(tokenizer))
+    # From here to the first compiled call, jax and orbax work in `watcher.deferred()` blocks: a
+    # signal ends the run at the end of the block it arrives in, never inside their C++ state.
+    with watcher.deferred():
+        setup = setup_step(config, tokenizer.vocab_size, mesh, special_tokens_of(tokenizer))
     spec, num_slots = setup.spec, setup.num_slots
 
     # ---------------------------------------------------------------- restore
     manager = checkpointing.make_manager(workdir, config.checkpoint)
     try:
-        state = checkpointing.restore_latest(
-            manager,
-            checkpointing.abstract_with_shardings(setup.abstract_state, setup.state_sharding),
-            data_iter,
-            log=metrics.log,
-        )
+        with watcher.deferred():
+            state = checkpointing.restore_latest(
+                manager,
+                checkpointing.abstract_with_shardings(setup.abstract_state, setup.state_sharding),
+                data_iter,
+                log=metrics.log,
+            )
     except checkpointing.CheckpointMismatch as e:
         manager.close()
         raise validate.ConfigError(_mismatch_message(e, workdir)) from None
@@ -474,9 +482,15 @@ def _train(config, workdir, stop_after, watcher, changes) -> dict:
         manager.close()
         raise
     if state is None:
-        state = init_on_mesh(setup)
+        try:
+            with watcher.deferred():
+                state = init_on_mesh(setup)
+                if start_from is not None:
+                    state = _with_params(state, start_from, setup)
+        except BaseException:
+            manager.close()
+            raise
         if start_from is not None:
-            state = _with_params(state, start_from, setup)
             metrics.log(f"starting from the weights of {start_from.source}")
         if is_main:
             _write_json_atomic(os.path.join(workdir, "config.json"), config.to_dict())
@@ -492,7 +506,6 @@ def _train(config, workdir, stop_after, watcher, changes) -> dict:
                 "warning: config.json was missing; wrote this run's settings (the checkpoint's "
                 "shapes matched them)"
             )
-    writer = metrics.MetricsWriter(workdir, is_main, resume_step=start_step)
 
     # ---------------------------------------------------------------- compile
     # Steps run in whole calls of train.steps_per_call (K) on the grid of multiples of K. A call
@@ -530,7 +543,19 @@ def _train(config, workdir, stop_after, watcher, changes) -> dict:
             metrics.log(f"compiled the {steps} in {time.time() - t0:.1f}s")
         return programs[whole]
 
-    batches = read_batches(call_size(start_step)) if start_step < last_step else None
+    try:
+        with watcher.deferred():
+            batches = read_batches(call_size(start_step)) if start_step < last_step else None
+            if batches is not None:
+                # Compiled before the watcher is armed: a signal during compilation (minutes for
+                # a large model) then ends the run once the compiler returns, with no step to
+                # save, rather than after compilation and a first call.
+                whole = isinstance(batches, dict)
+                program(whole, batches if whole else batches[0])
+    except BaseException:
+        manager.close()
+        raise
+    writer = metrics.MetricsWriter(workdir, is_main, resume_step=start_step)
 
     # ---------------------------------------------------------------- steps
     tokens_per_step = config.train.batch_size * config.data.seq_length
@@ -577,6 +602,28 @@ def _train(config, workdir, stop_after, watcher, changes) -> dict:
                 "lower train.learning_rate, or set train.nan_policy='skip' to skip such updates"
             )
 
+    def log_row(done: int, step_metrics: dict) -> None:
+        """Writes the metrics row of step `done` (the last step of `step_metrics`, a whole
+        call's being stacked [K]) and its progress line."""
+        nonlocal row, skipped, last_time, last_logged
+        check_finite()
+        row = {k: float(np.ravel(v)[-1]) for k, v in jax.device_get(step_metrics).items()}
+        row["skipped_updates"] = skipped
+        if skipped:
+            metrics.log(f"warning: skipped {skipped} non-finite update(s) up to step {done}")
+        skipped = 0
+        now = time.time()
+        steps_done = done - last_logged
+        seconds = max(now - last_time, 1e-9)
+        row["tokens_per_sec"] = tokens_per_step * steps_done / seconds
+        achieved = flops_per_step * steps_done / seconds / jax.device_count()
+        row["mfu"] = achieved / peak if peak else None
+        row["elapsed_sec"] = now - run_start
+        writer.write(done, row)
+        left = (num_steps - done) * seconds / steps_done
+        metrics.log(metrics.progress_line(done, num_steps, row, left))
+        last_time, last_logged = now, done
+
     def save(done: int) -> None:
         nonlocal last_saved, save_seconds
         check_finite()  # never save a state that a non-finite update produced
@@ -600,39 +647,43 @@ def _train(config, workdir, stop_after, watcher, changes) -> dict:
                 step += 1
                 flags.append((step, step_metrics.pop("nonfinite")))
         done = step
+        save_due = done % save_every == 0 or done == last_step
+
+        # ------------------------------------------------------------ read ahead
+        # The next call's batches are read while the device works on this one, except before a
+        # save, which records the iterator's position at step `done`; a preemption puts the
+        # position back (`position`) before it saves.
+        position = None
+        if done < last_step and not save_due:
+            position = data_iter.get_state()
+            batches = read_batches(call_size(done))
+        # At most one call in flight. Dispatch is asynchronous: unchecked, the host would run
+        # ahead to the next log step's read (up to log.every_steps steps, minutes on a slow
+        # device), and a SIGTERM would wait for all of them; its Python handler cannot even run
+        # while the main thread blocks in that read. Waiting here costs the device only the
+        # dispatch of the next call, whose batches are already on it.
+        jax.block_until_ready(flags[-1][1])
 
         # ------------------------------------------------------------ log
         if done % log_every == 0 or done == num_steps:
-            check_finite()
-            # The last step's values (a whole call's metrics are stacked [K]).
-            row = {k: float(np.ravel(v)[-1]) for k, v in jax.device_get(step_metrics).items()}
-            row["skipped_updates"] = skipped
-            if skipped:
-                metrics.log(f"warning: skipped {skipped} non-finite update(s) up to step {done}")
-            skipped = 0
-            now = time.time()
-            steps_done = done - last_logged
-            seconds = max(now - last_time, 1e-9)
-            row["tokens_per_sec"] = tokens_per_step * steps_done / seconds
-            achieved = flops_per_step * steps_done / seconds / jax.device_count()
-            row["mfu"] = achieved / peak if peak else None
-            row["elapsed_sec"] = now - run_start
-            writer.write(done, row)
-            left = (num_steps - done) * seconds / steps_done
-            metrics.log(metrics.progress_line(done, num_steps, row, left))
-            last_time, last_logged = now, done
+            log_row(done, step_metrics)
 
         # ------------------------------------------------------------ save
         if watcher.requested(done):
+            if position is not None:
+                data_iter.set_state(position)
             preempted_at = done
             break
-        if done % save_every == 0 or done == last_step:
+        if save_due:
             save(done)
-        if done < last_step:
-            # Reading the host batches overlaps the device's work on the steps just dispatched.
-            batches = read_batches(call_size(done))
+            if done < last_step:
+                batches = read_batches(call_size(done))
 
     if preempted_at is not None:
+        if last_logged != preempted_at:
+            # The row of the step the checkpoint holds, so that metrics.jsonl ends where a
+            # resumed run starts (a resume keeps rows up to its checkpoint's step).
+            log_row(preempted_at, step_metrics)
         if last_saved != preempted_at:
             save(preempted_at)
         checkpointing.wait(manager)

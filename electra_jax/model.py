@@ -540,19 +540,81 @@ class SelfAttention(nn.Module):
         return attention_core(q, k, v, attention_bias, key, rate)
 
     def _fused(self, q, k, v, attention_bias, deterministic):
+        """jax.nn.dot_product_attention ('xla' or 'cudnn') on q, k, v [B, heads, L, head_dim]
+        and attention_bias [B, 1, 1, L]; returns [B, heads, L, head_dim] in q's dtype."""
         s = self.spec
         if s.attention not in ("xla", "cudnn"):
             raise ValueError(f"model.attention={s.attention!r}: use 'einsum', 'xla' or 'cudnn'")
         if s.attention_dropout_rate and not deterministic:
+            # jax.nn.dot_product_attention has no dropout. cuDNN's kernel has one, reachable only
+            # through the private jax._src.cudnn.fused_attention_stablehlo.dot_product_attention
+            # (dropout_rate=, seed=), but its mask does not come from our PRNG keys: the seed is
+            # a Python int fixed at trace time (42 unless given), and XLA's runtime keeps one
+            # offset per compiled kernel, 0 at load and advanced on each execution. So every
+            # layer would draw the same masks, a resumed run would replay them from step 0, and
+            # the backward kernel regenerates the forward's mask only while its own counter
+            # stays in step with the forward kernel's. None of that can be checked without a
+            # GPU, so it stays off and the paper's 0.1 needs model.attention='einsum'.
             raise ValueError(
                 f"model.attention={s.attention!r} has no dropout on attention probabilities; "
                 "set model.attention_dropout_rate=0 or use model.attention='einsum'"
             )
-        # jax.nn.dot_product_attention takes [B, L, heads, head_dim] and a boolean key mask.
-        q, k, v = (jnp.swapaxes(t, 1, 2) for t in (q, k, v))
-        mask = attention_bias >= 0  # [B, 1, 1, L]: True where the key is real
-        out = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=s.attention)
+        if s.attention == "cudnn" and q.dtype not in (jnp.bfloat16, jnp.float16):
+            # jax raises NotImplementedError("Q must be fp16/bf16/...") deep inside; say which
+            # setting to change instead.
+            raise ValueError(
+                f"model.attention='cudnn' computes in 16 bits and model.dtype={s.dtype!r}; set "
+                "model.dtype='bfloat16' or use model.attention='einsum' (or 'xla')"
+            )
+        out = jax.nn.dot_product_attention(
+            **fused_attention_args(q, k, v, attention_bias, s.attention)
+        )
         return jnp.swapaxes(out, 1, 2)
+
+
+def fused_attention_args(q, k, v, attention_bias, implementation: str) -> dict[str, Any]:
+    """The keyword arguments SelfAttention._fused gives jax.nn.dot_product_attention.
+
+    A pure function so that tests can hand exactly these arrays to jax's cuDNN argument checks
+    on a CPU (tests/test_attention_fused.py).
+
+    Args:
+      q, k, v: [B, heads, L, head_dim], SelfAttention's layout, in the compute dtype.
+      attention_bias: [B, 1, 1, L] float32 from Encoder: 0 at real keys, -1e9 at padding.
+      implementation: 'xla' or 'cudnn'.
+
+    Returns:
+      query, key, value: [B, L, heads, head_dim], the layout jax.nn.dot_product_attention takes.
+      implementation: as given.
+      'xla' -> mask: bool [B, 1, 1, L], True at real keys; XLA broadcasts it over heads and
+        queries, and it is exact for any mask.
+      'cudnn' -> key_value_seq_lengths: int32 [B], the real keys of each row. cuDNN refuses a
+        mask or bias that is not [.., L, L] ("Bias must have same seq length as QKV, got 1 and
+        L"), and a [B, 1, L, L] one would be B x L x L in memory plus a gradient its backward
+        kernel writes; its padding mask takes lengths and skips the padded keys. A length
+        describes padding at the end of a row, which is where data/packing.py puts it (the only
+        rows a 'cudnn' run sees: fine-tuning and `pretrained` use 'einsum'); a row with a 0
+        before its last real token would be misread as its count of 1s followed by padding.
+        query_seq_lengths stays None: jax then uses L, so every query row is computed as the
+        einsum path computes it (cuDNN would zero the rows past a query length).
+    """
+    query, key, value = (jnp.swapaxes(t, 1, 2) for t in (q, k, v))
+    args: dict[str, Any] = {
+        "query": query,
+        "key": key,
+        "value": value,
+        "implementation": implementation,
+    }
+    real = attention_bias[:, 0, 0, :] >= 0  # [B, L]
+    if implementation == "cudnn":
+        length = real.shape[-1]
+        count = jnp.sum(real, axis=-1, dtype=jnp.int32)
+        # A row of padding only would ask cuDNN for a softmax over no keys; let it attend to
+        # every key, like an unpadded row (its outputs are ignored, as all padding's are).
+        args["key_value_seq_lengths"] = jnp.where(count > 0, count, jnp.int32(length))
+    else:
+        args["mask"] = real[:, None, None, :]
+    return args
 
 
 class TransformerLayer(nn.Module):

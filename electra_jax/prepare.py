@@ -1,10 +1,11 @@
 """python -m electra_jax.prepare --config=configs/small.py --workdir=runs/small [--num_workers=N]
 
 Prepares a run's data ahead of training: trains (or loads) the SentencePiece model into
-``WORKDIR/tokenizer/``, tokenizes and packs ``data.source`` on N worker processes, and writes the
-ArrayRecord shards and ``manifest.json`` into ``data.cache_dir`` (default ``WORKDIR/data``), then
-prints the manifest's figures as one JSON line. ``train`` with the same config and workdir finds
-the shards by their content key and starts training at once.
+``WORKDIR/tokenizer/``, tokenizes and packs ``data.source`` on N worker processes (by default as
+many as the corpus's size warrants on this host, as ``train`` does), and writes the ArrayRecord
+shards and ``manifest.json`` into ``data.cache_dir`` (default ``WORKDIR/data``), then prints the
+manifest's figures as one JSON line; progress lines go to stderr. ``train`` with the same config
+and workdir finds the shards by their content key and starts training at once.
 
 Multi-host runs: put the workdir (or ``data.cache_dir``) on storage every host mounts (NFS,
 GCSFuse, ...), run this once on one machine, then start ``train`` on every host with the same
@@ -31,8 +32,9 @@ _CONFIG = config_flags.DEFINE_config_file(
 _WORKDIR = flags.DEFINE_string("workdir", None, "The run's workdir (tokenizer/ and data/ go here).")
 _NUM_WORKERS = flags.DEFINE_integer(
     "num_workers",
-    1,
-    "Processes that tokenize; the shards are identical for any number (the parent packs).",
+    0,
+    "Processes that tokenize; 0 chooses for this host and corpus as train does (one per 32 MB "
+    "of input, at most one per core). The shards are identical for any number (the parent packs).",
 )
 _VERBOSE = flags.DEFINE_bool("verbose", False, "Show full tracebacks on errors.")
 
@@ -53,9 +55,11 @@ _REPORTED = (
 )
 
 
-def run(config, workdir: str, num_workers: int) -> dict:
-    """Prepares the tokenizer and shards of ``config`` for ``workdir``; returns a summary dict
-    (the manifest's figures, the prepared directory, whether it was reused, seconds taken)."""
+def run(config, workdir: str, num_workers: int | None) -> dict:
+    """Prepares the tokenizer and shards of ``config`` for ``workdir`` on ``num_workers``
+    tokenizing processes (None: chosen for this host, see ``prepare.auto_num_workers``); returns
+    a summary dict (the manifest's figures, the prepared directory, whether it was reused,
+    seconds taken)."""
     from electra_jax.data import prepare
 
     t0 = time.time()
@@ -92,8 +96,8 @@ def main(argv) -> None:
         fail("--config is required, e.g. --config=configs/tiny.py")
     if not _WORKDIR.value:
         fail("--workdir is required: the tokenizer and prepared data go there")
-    if _NUM_WORKERS.value < 1:
-        fail(f"--num_workers={_NUM_WORKERS.value} must be at least 1")
+    if _NUM_WORKERS.value < 0:
+        fail(f"--num_workers={_NUM_WORKERS.value} must be 0 (chosen for this host) or more")
     from electra_jax import validate
     from electra_jax import workdir as workdir_lib
     from electra_jax.data import DataError
@@ -111,7 +115,7 @@ def main(argv) -> None:
         with workdir_lib.claimed(
             _WORKDIR.value, workdir_lib.PRETRAIN, command="electra_jax.prepare"
         ):
-            summary = run(config, _WORKDIR.value, _NUM_WORKERS.value)
+            summary = run(config, _WORKDIR.value, _NUM_WORKERS.value or None)
     except (DataError, validate.ConfigError) as e:
         if _VERBOSE.value:
             raise

@@ -22,8 +22,9 @@ def shared_data(tmp_path_factory):
     return prepare_shared_data(tmp_path_factory)
 
 
-def _config_file(tmp_path, shared_data, num_steps, every):
-    """A config file for the CLI: the micro config on the shared data."""
+def _config_file(tmp_path, shared_data, num_steps, every, extra=()):
+    """A config file for the CLI: the micro config on the shared data (`extra`: more lines of
+    get_config's body, setting `c`)."""
     tokenizer, cache = shared_data
     path = tmp_path / "config.py"
     path.write_text(
@@ -33,7 +34,8 @@ def _config_file(tmp_path, shared_data, num_steps, every):
         f"    c.data.tokenizer, c.data.cache_dir = {tokenizer!r}, {cache!r}\n"
         f"    c.train.num_steps, c.checkpoint.every_steps = {num_steps}, {every}\n"
         "    c.checkpoint.keep = 100\n"
-        "    return c\n"
+        + "".join(f"    {line}\n" for line in extra)
+        + "    return c\n"
     )
     return str(path)
 
@@ -136,6 +138,98 @@ def test_sigterm_saves_the_current_step_and_exits_0(shared_data, tmp_path):
     assert _last_row_step(workdir) == step  # the step in the line is the last one done
 
 
+def _stderr_lines(proc):
+    """[(arrival time, line)] of proc's stderr, filled by a reader thread as lines come."""
+    lines: list[tuple[float, str]] = []
+
+    def read():
+        for line in proc.stderr:
+            lines.append((time.time(), line.rstrip("\n")))
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    return lines, thread
+
+
+@pytest.mark.slow
+def test_sigterm_right_after_compile_exits_0_within_a_call(shared_data, tmp_path):
+    # Whole calls of 4 steps, each slow enough (batch 128) that a host running ahead of the
+    # device shows: logs and checkpoints are far away, so before the fix the run went on
+    # dispatching calls (up to ~32 in flight on a CPU) and a SIGTERM waited for all of them.
+    per_call, far = 4, 1000
+    extra = [
+        f"c.train.steps_per_call = {per_call}",
+        "c.train.batch_size = 128",
+        f"c.log.every_steps = {far}",
+    ]
+    config_path = _config_file(tmp_path, shared_data, num_steps=100_000, every=far, extra=extra)
+    workdir = str(tmp_path / "w")
+    proc = _start(config_path, workdir)
+    try:
+        lines, reader = _stderr_lines(proc)
+        compiled = f"compiled the {per_call} train steps per call"
+        _wait_for(lambda: any(compiled in ln for _, ln in lines), proc, what="the compile line")
+        time.sleep(0.5)  # into the first calls (a signal before them ends with nothing to save)
+        sent = time.time()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
+        took = time.time() - sent
+        reader.join(timeout=10)
+    finally:
+        proc.kill()
+    err = "\n".join(ln for _, ln in lines)
+    assert proc.returncode == 0, err[-2000:]
+    assert took < 120
+    if "preempted before training started" in err:  # the signal beat the arming: nothing ran
+        assert not checkpointing.has_checkpoints(workdir), err[-2000:]
+        return
+    done = [(t, ln) for t, ln in lines if ln.startswith("preempted at step")]
+    assert len(done) == 1, err[-2000:]
+    at, line = done[0]
+    step = int(line.split()[3].rstrip(";"))
+    assert line == LINE.format(step) and step % per_call == 0 and step < far
+    assert os.listdir(os.path.join(workdir, "checkpoints")) == [str(step)]
+    rows = metrics.read_rows(os.path.join(workdir, "metrics.jsonl"))
+    assert [r["step"] for r in rows] == [step]  # the checkpoint's step has its row
+    # Bounded: the call in flight, perhaps the one queued behind it, then the save. Counted in
+    # calls, as the row timed them on this machine (the first call, slower, included), so that
+    # a loaded machine slows the bound as much as the run.
+    call_seconds = rows[0]["elapsed_sec"] / (step // per_call)
+    assert at - sent < 10 + 3 * call_seconds, (at - sent, call_seconds, step)
+
+
+@pytest.mark.slow
+def test_preempted_between_logs_resumes_exactly(shared_data, tmp_path, monkeypatch):
+    # A preemption after step 6 finds the batches of steps 7-8 already read (they are read while
+    # the device runs 5-6): the checkpoint must hold the position of step 6, or the resumed run
+    # would skip them and log other losses than the uninterrupted one.
+    def run(workdir):
+        cfg = config_with(shared_data)
+        cfg.train.num_steps, cfg.train.steps_per_call = 12, 2
+        cfg.log.every_steps, cfg.checkpoint.every_steps = 4, 100
+        row = loop.train(cfg, str(tmp_path / workdir))
+        return row, {
+            r["step"]: r for r in metrics.read_rows(str(tmp_path / workdir / "metrics.jsonl"))
+        }
+
+    _, straight = run("straight")
+
+    class PreemptedAfter6(checkpointing.PreemptionWatcher):
+        def requested(self, step):
+            return step >= 6
+
+    with monkeypatch.context() as m:
+        m.setattr(checkpointing, "PreemptionWatcher", PreemptedAfter6)
+        row, rows = run("preempted")
+    assert row["preempted_at"] == 6 and sorted(rows) == [4, 6]
+    assert os.listdir(tmp_path / "preempted" / "checkpoints") == ["6"]
+    _, resumed = run("preempted")
+    assert sorted(straight) == [4, 8, 12] and sorted(resumed) == [4, 6, 8, 12]
+    for step, expected in straight.items():
+        for k in ("loss", "gen_loss", "disc_loss", "grad_norm", "gen_accuracy"):
+            assert resumed[step][k] == expected[k], (step, k)
+
+
 @pytest.mark.slow
 def test_sigint_in_process_returns_after_saving_and_restores_handlers(shared_data, tmp_path):
     cfg = config_with(shared_data)
@@ -176,3 +270,27 @@ def test_watcher_before_and_after_arming():
     finally:
         watcher.close()
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_watcher_holds_a_signal_inside_deferred_until_the_block_ends():
+    # jax's tracing and orbax's restore must not be cut by an exception half-way (the process
+    # then crashed at exit): the signal waits for the block's end.
+    watcher = checkpointing.PreemptionWatcher()
+    try:
+        finished = False
+        preempted = pytest.raises(checkpointing.Preempted, match="SIGTERM before training started")
+        with preempted, watcher.deferred():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.2)
+            finished = True
+        assert finished
+        with watcher.deferred():  # nothing pending: the block ends quietly
+            pass
+        # A second signal still means "now".
+        with pytest.raises(KeyboardInterrupt), watcher.deferred():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.2)
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)
+    finally:
+        watcher.close()

@@ -56,7 +56,12 @@ def test_prepare_prints_figures_then_reuses(tmp_path):
     source = f"text:{tmp_path}/c/*.txt"
     out = _prepare(tmp_path / "w", source, "--num_workers=2")
     assert out.returncode == 0, out.stderr
+    assert len(out.stdout.strip().splitlines()) == 1  # the figures; progress goes to stderr
     summary = json.loads(out.stdout.strip().splitlines()[-1])
+    progress = [ln for ln in out.stderr.splitlines() if ln.startswith(("tokenizer:", "packing:"))]
+    assert progress[0].startswith("tokenizer: training SentencePiece (300 pieces) on ")
+    assert progress[1].startswith("tokenizer: trained in ")
+    assert progress[-1].startswith("packing: done in ") and "on 2 worker processes" in progress[-1]
     assert summary["source"] == source and not summary["reused"]
     assert summary["tokens"] > 10_000 and summary["examples"] >= 32
     for key in ("real_token_fraction", "single_segment_fraction", "short_fraction"):
@@ -71,6 +76,7 @@ def test_prepare_prints_figures_then_reuses(tmp_path):
     assert again.returncode == 0, again.stderr
     second = json.loads(again.stdout.strip().splitlines()[-1])
     assert second["reused"] and second["directory"] == summary["directory"]
+    assert "tokenizer:" not in again.stderr and "packing:" not in again.stderr  # nothing done
 
 
 def test_bad_inputs_get_one_line_each(tmp_path):

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 from array_record.python.array_record_module import ArrayRecordWriter
 
-from electra_jax.data import DataError, sources
+from electra_jax.data import DataError, progress, sources
 from electra_jax.data import tokenizer as tokenizer_lib
 from electra_jax.data.packing import SentenceEnds, iter_packed
 
@@ -44,6 +44,12 @@ _ENCODE_CHUNK_CHARS = 4 << 20
 # Chunks queued per worker: enough to keep workers busy while the parent packs, few enough that
 # memory stays bounded whatever the corpus size.
 _CHUNKS_IN_FLIGHT_PER_WORKER = 2
+# Input bytes per tokenizing worker when the count is chosen for the host (auto_num_workers). A
+# worker costs about a second to start (a fresh interpreter importing numpy and SentencePiece) and
+# the parent's in-order packing bounds what workers gain, while one process already encodes on
+# SentencePiece's thread per core: on a small corpus it is faster (benchmarks/RESULTS.md: 10 MB on
+# 2 cores, 1.4 s in one process, 3.1 s with two workers).
+_BYTES_PER_WORKER = 32 << 20
 # Tokenizer training reads at most this many times data.tokenizer_sample_sentences sentences and
 # samples uniformly among them: a spread-out sample without reading a huge corpus twice.
 _TOKENIZER_SCAN_FACTOR = 10
@@ -130,10 +136,12 @@ def ensure_tokenizer(data_cfg, tokenizer_dir: str, seed: int) -> tokenizer_lib.T
         tok = tokenizer_lib.load_saved(tokenizer_dir)
     else:
         n = int(data_cfg.tokenizer_sample_sentences)
+        stats = sources.SourceStats()
         docs = sources.iter_documents(
-            data_cfg.source, options=sources.SourceOptions.from_config(data_cfg)
+            data_cfg.source, stats, sources.SourceOptions.from_config(data_cfg)
         )
-        sentences = itertools.chain.from_iterable(docs)
+        report = progress.Progress("tokenizer")
+        sentences = _reported_sentences(docs, stats, report, _TOKENIZER_SCAN_FACTOR * n)
         tok = tokenizer_lib.train_tokenizer(
             itertools.islice(sentences, _TOKENIZER_SCAN_FACTOR * n),
             tokenizer_dir,
@@ -141,6 +149,7 @@ def ensure_tokenizer(data_cfg, tokenizer_dir: str, seed: int) -> tokenizer_lib.T
             character_coverage=float(data_cfg.character_coverage),
             seed=int(_stream_seed(seed, _TOKENIZER_STREAM).integers(2**63)),
             sample_sentences=n,
+            log=report.line,
         )
     if tok.vocab_size != data_cfg.vocab_size:
         raise DataError(
@@ -148,6 +157,35 @@ def ensure_tokenizer(data_cfg, tokenizer_dir: str, seed: int) -> tokenizer_lib.T
             f"{data_cfg.vocab_size}; set data.vocab_size={tok.vocab_size} or use another tokenizer"
         )
     return tok
+
+
+def _reported_sentences(
+    docs: Iterable[list[str]], stats: sources.SourceStats, report: progress.Progress, cap: int
+) -> Iterator[str]:
+    """The sentences of ``docs``, with a progress line now and then while the tokenizer's sample
+    is drawn from the first ``cap`` of them."""
+    read = 0
+
+    def status() -> str:
+        # Sampling ends at the cap or at the end of the input, whichever comes first.
+        return f"sampling sentences: {_files_read(stats)}{read:,} read (of at most {cap:,})" + (
+            progress.share_and_eta(
+                stats.bytes_read(), stats.bytes_total, report.elapsed(), at_least=read / cap
+            )
+        )
+
+    for doc in docs:
+        for sentence in doc:
+            read += 1
+            yield sentence
+        report.maybe(status)
+
+
+def _files_read(stats: sources.SourceStats) -> str:
+    """'3 of 12 files, ' (text sources), '1,234 examples, ' (TFDS), or '' (builtin)."""
+    if stats.files_total is not None:
+        return f"{stats.files + len(stats.skipped):,} of {stats.files_total:,} files, "
+    return f"{stats.files:,} examples, " if stats.files else ""
 
 
 def _key_fields(data_cfg, tokenizer: tokenizer_lib.Tokenizer, seed: int) -> dict:
@@ -261,6 +299,25 @@ def _tokenized_documents(
         while pending:
             done, result = pending.popleft()
             yield from _split_chunk(done, _unflatten(*result.get()))
+
+
+def auto_num_workers(source: str, cpus: int | None = None) -> int:
+    """Tokenizing processes for ``source`` on this host: one per ``_BYTES_PER_WORKER`` of input,
+    at most one per core (``cpus``, default ``os.cpu_count()``), at least one.
+
+    ``builtin`` (a few MB) gets one; sources of unknown size (TFDS, remote globs), usually large,
+    one per core. The shards are the same bytes for any count (``_tokenized_documents``).
+
+    Raises:
+      DataError: a bad source or a glob that matches no file (as reading it would).
+    """
+    cpus = max(1, cpus or os.cpu_count() or 1)
+    if source == "builtin":
+        return 1
+    size = sources.input_bytes(source)
+    if size is None:
+        return cpus
+    return max(1, min(cpus, size // _BYTES_PER_WORKER))
 
 
 def _tmp_prefix(key16: str) -> str:
@@ -430,13 +487,28 @@ def _write_shards(
     docs = sources.iter_documents(
         data_cfg.source, source_stats, sources.SourceOptions.from_config(data_cfg)
     )
-    tokens_read = 0
+    tokens_read = documents = 0
 
     def counted(token_docs: Iterable[list[list[int]]]) -> Iterator[list[list[int]]]:
-        nonlocal tokens_read
+        nonlocal tokens_read, documents
         for doc in token_docs:
             tokens_read += sum(map(len, doc))
+            documents += 1
             yield doc
+
+    report = progress.Progress("packing")
+
+    def status(final: bool = False) -> str:
+        seconds = report.elapsed()
+        text = (
+            f"{_files_read(source_stats)}{documents:,} documents, "
+            f"{progress.count(tokens_read)} tokens ({progress.count(tokens_read / seconds)} "
+            f"tokens/s), {count:,} examples written"
+        )
+        if final:
+            return text
+        bytes_read = source_stats.bytes_read()
+        return text + progress.share_and_eta(bytes_read, source_stats.bytes_total, seconds)
 
     examples = iter_packed(
         counted(_tokenized_documents(docs, tokenizer, num_workers)),
@@ -473,6 +545,7 @@ def _write_shards(
             single += not two_segments
             forced_single += int(example.forced_single_segment)
             short += int(example.target_length < seq_length)
+            report.maybe(status)
     finally:
         if writer is not None:
             writer.close()
@@ -487,6 +560,8 @@ def _write_shards(
             f"fewer than one batch (train.batch_size={min_examples}); add text or lower "
             "train.batch_size / data.seq_length"
         )
+    workers = f"{num_workers} worker processes" if num_workers > 1 else "one process"
+    report.line(f"done in {report.elapsed():.1f}s on {workers}: {status(final=True)}")
     return {
         "files_read": source_stats.files,  # TFDS: examples read
         "bytes_replaced": source_stats.bytes_replaced,
@@ -512,7 +587,7 @@ def prepare(
     cache_dir: str,
     seed: int,
     *,
-    num_workers: int = 1,
+    num_workers: int | None = 1,
     min_examples: int = 1,
 ) -> PreparedData:
     """Tokenizes and packs ``data_cfg.source`` into ArrayRecord shards, or reuses a cached copy.
@@ -523,8 +598,9 @@ def prepare(
       tokenizer: from ``ensure_tokenizer``.
       cache_dir: parent of the prepared directories (created if missing).
       seed: fixes the packing coins.
-      num_workers: processes that tokenize (1: this process); the shards are the same bytes for
-        any number, so it is not part of the key.
+      num_workers: processes that tokenize (1: this process; None: ``auto_num_workers``, as many
+        as the corpus's size warrants on this host); the shards are the same bytes for any
+        number, so it is not part of the key.
       min_examples: fewer examples than this (e.g. one global batch) is an error, raised before
         anything is renamed into place.
 
@@ -587,6 +663,8 @@ def prepare(
         # mkdtemp makes the directory private (0700); prepared data is shared with other hosts'
         # and users' runs reading the same cache.
         os.chmod(tmp, 0o755)
+        if num_workers is None:
+            num_workers = auto_num_workers(data_cfg.source)
         stats = _write_shards(data_cfg, tokenizer, tmp, seed, num_workers, min_examples)
         manifest = {
             **fields,

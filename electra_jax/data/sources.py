@@ -98,12 +98,28 @@ class SourceStats:
     bytes_replaced: invalid UTF-8 bytes replaced by U+FFFD.
     skipped: ``path: reason`` for each file skipped (binary, unreadable, corrupt gzip).
     empty_files: files with no non-blank line.
+    files_total, bytes_total: the matched files and their size on disk (text sources; bytes
+      only for local files), for progress lines; None where unknown.
     """
 
     files: int = 0
     bytes_replaced: int = 0
     skipped: list[str] = dataclasses.field(default_factory=list)
     empty_files: int = 0
+    files_total: int | None = None
+    bytes_total: int | None = None
+    # Bytes of the files done with, and the file being read (its position counts too).
+    _bytes_done: int = dataclasses.field(default=0, repr=False)
+    _reading: object = dataclasses.field(default=None, repr=False, compare=False)
+
+    def bytes_read(self) -> int:
+        """Bytes of the source's files read so far, as on disk (a gzip file's compressed bytes,
+        like ``bytes_total``), read ahead by up to one chunk."""
+        position = 0
+        if self._reading is not None:
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                position = self._reading.tell()
+        return self._bytes_done + position
 
 
 @dataclasses.dataclass(frozen=True)
@@ -384,16 +400,27 @@ def _file_lines(f, first: bytes, max_line_chars: int) -> Iterator[str]:
         yield pending
 
 
+def _local_size(path: str) -> int | None:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return None
+
+
 def _text_documents(paths: list[str], stats: SourceStats, opts: SourceOptions):
     for path in paths:
+        size = 0 if _URI_RE.match(path) else _local_size(path) or 0
         try:
             stream, raw = _open_binary(path)
         except OSError as e:
             stats.skipped.append(f"{path}: {e.strerror or e}")
             _warn_once(f"skipping {path}: cannot be read ({e.strerror or e})")
+            stats._bytes_done += size
             continue
         before = _replaced[0]
         found = False
+        # The file on disk under a gzip stream: its position is in the units of bytes_total.
+        stats._reading = getattr(stream, "fileobj", stream)
         try:
             with raw, stream:
                 head = stream.read(_SNIFF_BYTES)
@@ -413,6 +440,8 @@ def _text_documents(paths: list[str], stats: SourceStats, opts: SourceOptions):
             _warn_once(f"stopped reading {path} early: {e}")
         finally:
             stats.bytes_replaced += _replaced[0] - before
+            stats._reading = None
+            stats._bytes_done += size
         if not found:
             stats.empty_files += 1
 
@@ -434,6 +463,9 @@ def _nothing_usable(source: str, paths: list[str], stats: SourceStats) -> DataEr
 
 def _text_source(source: str, pattern: str, stats: SourceStats, opts: SourceOptions):
     paths = _text_files(pattern)
+    stats.files_total = len(paths)
+    if not _URI_RE.match(pattern):  # a remote store's sizes would cost a round trip per file
+        stats.bytes_total = sum(_local_size(p) or 0 for p in paths)
 
     def generate():
         found = False
@@ -795,6 +827,19 @@ def iter_documents(
     if kind == "text":
         return _text_source(source, arg, stats, options)
     return _tfds_source(source, arg, stats, options)
+
+
+def input_bytes(source: str) -> int | None:
+    """The size on disk of a ``text:`` source's local files; None for other sources (builtin,
+    TFDS, remote globs), whose size is not known without reading or a round trip per file.
+
+    Raises:
+      DataError: as ``iter_documents`` for a bad source or a glob that matches no file.
+    """
+    kind, arg = _parse(source)
+    if kind != "text" or _URI_RE.match(arg):
+        return None
+    return sum(_local_size(p) or 0 for p in _text_files(arg))
 
 
 def source_fingerprint(source: str, options: SourceOptions | None = None) -> str:

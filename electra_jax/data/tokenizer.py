@@ -21,7 +21,8 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 import sentencepiece as spm
@@ -301,6 +302,12 @@ def write_error(what: str, directory: str, error: OSError, elsewhere: str = "") 
 
 
 _MAX_VOCAB_RE = re.compile(r"value <= (\d+)")
+# SentencePiece's training threads. Its EM and pruning steps split the sentences into one share
+# per thread and add the shares' sums in thread order, so the model is a deterministic function
+# of the sample *and this count*: 1, 2 and 16 threads give three different models. A fixed count
+# (SentencePiece's own default) keeps "same config and seed, same tokenizer" true on every host;
+# it uses up to 16 cores, and more threads than cores only costs a little switching.
+TRAIN_THREADS = 16
 
 
 def train_tokenizer(
@@ -310,6 +317,7 @@ def train_tokenizer(
     character_coverage: float,
     seed: int,
     sample_sentences: int,
+    log: Callable[[str], None] | None = None,
 ) -> Tokenizer:
     """Trains a SentencePiece unigram model and writes ``out_dir/spm.model`` and ``spm.vocab``.
 
@@ -320,6 +328,8 @@ def train_tokenizer(
       character_coverage: fraction of characters the alphabet covers (rarer ones become [UNK]).
       seed: the sample of sentences is a pure function of (sentences, seed).
       sample_sentences: train on a uniform sample of at most this many sentences.
+      log: given, gets a line when SentencePiece starts (the sample's size) and one when it is
+        done (its seconds); training is one long call that prints nothing itself.
 
     Returns:
       the trained tokenizer, loaded from ``out_dir/spm.model``.
@@ -330,12 +340,21 @@ def train_tokenizer(
         read-only).
       KeyboardInterrupt: promptly, also during SentencePiece's training; nothing is written.
     """
+    started = time.monotonic()
     sample = _reservoir_sample(sentences, sample_sentences, np.random.default_rng(seed))
     if not sample:
         raise DataError(
             f"cannot train a tokenizer into {out_dir}: the corpus has no sentences; "
             "check data.source"
         )
+    if log is not None:
+        chars = sum(map(len, sample))
+        log(
+            f"training SentencePiece ({vocab_size:,} pieces) on {len(sample):,} sentences "
+            f"({chars:,} characters, drawn in {time.monotonic() - started:.1f}s), "
+            f"{TRAIN_THREADS} threads"
+        )
+    started = time.monotonic()
     try:
         proto = _train_model(
             sample,
@@ -353,7 +372,7 @@ def train_tokenizer(
             input_sentence_size=0,
             shuffle_input_sentence=False,
             hard_vocab_limit=True,
-            num_threads=1,
+            num_threads=TRAIN_THREADS,
             minloglevel=2,
         )
     except RuntimeError as e:
@@ -370,6 +389,10 @@ def train_tokenizer(
             f"{len(sample)} sentences: {message}"
         ) from None
     Tokenizer(proto, os.path.join(out_dir, MODEL_FILENAME)).save(out_dir)
+    if log is not None:
+        log(
+            f"trained in {time.monotonic() - started:.1f}s: {os.path.join(out_dir, MODEL_FILENAME)}"
+        )
     return Tokenizer.load(os.path.join(out_dir, MODEL_FILENAME))
 
 

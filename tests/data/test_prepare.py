@@ -270,13 +270,77 @@ def test_empty_cache_dir_raises(corpus, tokenizer):
 # ---- parallel tokenization, source statistics, minimum size ---------------------------------
 
 
-def test_two_workers_write_the_same_shards(corpus, tokenizer, prepared, tmp_path, monkeypatch):
+def test_two_workers_write_the_same_shards(
+    corpus, tokenizer, prepared, tmp_path, monkeypatch, capsys
+):
     # Small chunks, so that several are in flight on both workers at once.
     monkeypatch.setattr(prepare_lib, "_ENCODE_CHUNK_SENTENCES", 300)
-    two = prepare_lib.prepare(make_cfg(corpus), tokenizer, str(tmp_path), seed=0, num_workers=2)
+    # The count train chooses (num_workers=None), on a host of 2 cores and a corpus worth one
+    # worker per byte: both cores.
+    monkeypatch.setattr(prepare_lib, "_BYTES_PER_WORKER", 1)
+    monkeypatch.setattr(prepare_lib.os, "cpu_count", lambda: 2)
+    two = prepare_lib.prepare(make_cfg(corpus), tokenizer, str(tmp_path), seed=0, num_workers=None)
+    assert "on 2 worker processes" in capsys.readouterr().err
     assert os.path.basename(two.directory) == os.path.basename(prepared.directory)
     assert _shard_bytes(two) == _shard_bytes(prepared)
     assert two.manifest["tokens"] == prepared.manifest["tokens"]
+
+
+def test_auto_num_workers_follows_input_size_and_cores(corpus, monkeypatch):
+    size = sources.input_bytes(corpus)
+    assert size == sum(os.path.getsize(p) for p in sources._text_files(corpus[len("text:") :]))
+    assert prepare_lib.auto_num_workers(corpus, cpus=8) == 1  # ~150 KB: one process
+    monkeypatch.setattr(prepare_lib, "_BYTES_PER_WORKER", size // 3)
+    assert prepare_lib.auto_num_workers(corpus, cpus=8) == 3
+    assert prepare_lib.auto_num_workers(corpus, cpus=2) == 2  # no more than the cores
+    assert prepare_lib.auto_num_workers("builtin", cpus=8) == 1
+    assert prepare_lib.auto_num_workers("tfds:wikipedia", cpus=8) == 8  # size unknown: large
+    with pytest.raises(DataError, match="matches no files"):
+        prepare_lib.auto_num_workers(f"{corpus}.none", cpus=8)
+
+
+def test_progress_lines_go_to_stderr(corpus, tmp_path, monkeypatch, capsys):
+    from electra_jax.data import progress
+
+    monkeypatch.setattr(progress, "INTERVAL_SECONDS", 0.0)  # every chance to print, taken
+    tok = prepare_lib.ensure_tokenizer(make_cfg(corpus), str(tmp_path / "tokenizer"), seed=0)
+    prepare_lib.prepare(make_cfg(corpus), tok, str(tmp_path / "cache"), seed=0)
+    out, err = capsys.readouterr()
+    assert out == ""
+    lines = err.splitlines()
+    sampling = [ln for ln in lines if ln.startswith("tokenizer: sampling sentences: ")]
+    assert sampling and "of 3 files" in sampling[-1] and "% of 1" in sampling[-1]
+    assert any(ln.startswith("tokenizer: training SentencePiece (300 pieces) on ") for ln in lines)
+    assert any(ln.startswith("tokenizer: trained in ") for ln in lines)
+    packing = [ln for ln in lines if ln.startswith("packing: ")]
+    assert len(packing) > 2, err[-2000:]
+    for line in packing[:-1]:
+        assert "tokens/s), " in line and " examples written, " in line and ", eta " in line
+    assert (
+        packing[-1].startswith("packing: done in ")
+        and "on one process: 3 of 3 files" in packing[-1]
+    )
+    # A second prepare finds the data made: nothing to say.
+    prepare_lib.prepare(make_cfg(corpus), tok, str(tmp_path / "cache"), seed=0)
+    assert capsys.readouterr().err == ""
+
+
+def test_progress_lines_are_throttled():
+    from electra_jax.data import progress
+
+    now = [0.0]
+    report = progress.Progress("phase", interval=5.0, clock=lambda: now[0])
+    printed = []
+    for t in range(0, 31):
+        now[0] = float(t)
+        printed += [t] if report.maybe(lambda: "x") else []
+    assert printed == [5, 10, 15, 20, 25, 30]
+    assert progress.share_and_eta(0, 100, 3.0) == ""
+    assert progress.share_and_eta(250, 1000, 10.0) == ", 25% of 1.0 KB read, eta 30s"
+    # Half done by another measure (a cap on what is read): the ETA follows the larger share.
+    assert progress.share_and_eta(250, 1000, 10.0, at_least=0.5) == ", 25% of 1.0 KB read, eta 10s"
+    assert progress.share_and_eta(5, None, 3.0) == ""
+    assert [progress.duration(s) for s in (4.4, 65, 7260)] == ["4s", "1m05s", "2h01m"]
 
 
 def test_manifest_counts_replaced_bytes_and_skipped_files(corpus, tokenizer, tmp_path):
