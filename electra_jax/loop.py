@@ -428,16 +428,44 @@ def train(
 
 
 def _train(config, workdir, stop_after, watcher, changes) -> dict:
+    """The run, top to bottom: mesh -> data -> state -> restore -> compile -> steps."""
+    mesh = checked_mesh(config, jax.process_count())
+    start_from, tokenizer, data_iter = _data(config, workdir)
+    # From here to the first compiled call, jax and orbax work in `watcher.deferred()` blocks: a
+    # signal ends the run at the end of the block it arrives in, never inside their C++ state.
+    with watcher.deferred():
+        setup = setup_step(config, tokenizer.vocab_size, mesh, special_tokens_of(tokenizer))
+    manager = checkpointing.make_manager(workdir, config.checkpoint)
+    try:
+        state, start_step = _restore(
+            config, workdir, setup, manager, data_iter, start_from, changes, watcher
+        )
+        calls = _Calls(config, setup, mesh, data_iter, stop_after)
+        with watcher.deferred():
+            # Compiled before the watcher is armed: a signal during compilation (minutes for a
+            # large model) then ends the run once the compiler returns, with no step to save,
+            # rather than after compilation and a first call.
+            batches = calls.first_batches(state, start_step)
+    except BaseException:
+        manager.close()
+        raise
+    ledger = _Ledger.start(config, workdir, setup, manager, data_iter, start_step)
+    return _steps(calls, ledger, state, start_step, batches, watcher)
+
+
+# -------------------------------------------------------------------------------------- data
+
+
+def _data(config, workdir: str):
+    """(init_from's weights or None, the run's tokenizer, the iterator over its batches).
+
+    Process 0 trains the tokenizer and prepares the shards while the others wait; they then find
+    both in the workdir (shared storage: NFS or a gcsfuse-mounted bucket, not gs://, since it is
+    written with os calls) instead of making their own.
+    """
     from electra_jax.data import pipeline, prepare
 
-    # ---------------------------------------------------------------- mesh
-    mesh = checked_mesh(config, jax.process_count())
     is_main = jax.process_index() == 0
-
-    # ---------------------------------------------------------------- data
-    # Process 0 trains the tokenizer and prepares the shards while the others wait; they then
-    # find both in the workdir (shared storage: NFS or a gcsfuse-mounted bucket, not gs://, since
-    # it is written with os calls) instead of making their own.
     if not is_main:
         _barrier("electra_jax_prepared")
     start_from = _load_init_from(config, workdir) if config.train.init_from else None
@@ -457,16 +485,16 @@ def _train(config, workdir, stop_after, watcher, changes) -> dict:
         process_index=jax.process_index(),
         process_count=jax.process_count(),
     )
+    return start_from, tokenizer, data_iter
 
-    # ---------------------------------------------------------------- state
-    # From here to the first compiled call, jax and orbax work in `watcher.deferred()` blocks: a
-    # signal ends the run at the end of the block it arrives in, never inside their C++ state.
-    with watcher.deferred():
-        setup = setup_step(config, tokenizer.vocab_size, mesh, special_tokens_of(tokenizer))
-    spec, num_slots = setup.spec, setup.num_slots
 
-    # ---------------------------------------------------------------- restore
-    manager = checkpointing.make_manager(workdir, config.checkpoint)
+# ---------------------------------------------------------------------------- state, restore
+
+
+def _restore(config, workdir, setup, manager, data_iter, start_from, changes, watcher):
+    """(state, its step): the newest checkpoint's (the iterator put back to its position), else
+    a new state (with init_from's weights), whose config.json is written."""
+    is_main = jax.process_index() == 0
     try:
         with watcher.deferred():
             state = checkpointing.restore_latest(
@@ -476,224 +504,264 @@ def _train(config, workdir, stop_after, watcher, changes) -> dict:
                 log=metrics.log,
             )
     except checkpointing.CheckpointMismatch as e:
-        manager.close()
         raise validate.ConfigError(_mismatch_message(e, workdir)) from None
-    except BaseException:
-        manager.close()
-        raise
+    config_path = os.path.join(workdir, "config.json")
     if state is None:
-        try:
-            with watcher.deferred():
-                state = init_on_mesh(setup)
-                if start_from is not None:
-                    state = _with_params(state, start_from, setup)
-        except BaseException:
-            manager.close()
-            raise
+        with watcher.deferred():
+            state = init_on_mesh(setup)
+            if start_from is not None:
+                state = _with_params(state, start_from, setup)
         if start_from is not None:
             metrics.log(f"starting from the weights of {start_from.source}")
         if is_main:
-            _write_json_atomic(os.path.join(workdir, "config.json"), config.to_dict())
-        start_step = 0
-    else:
-        start_step = int(jax.device_get(state.step))
-        metrics.log(f"resumed from checkpoint {start_step} in {workdir}")
-        if changes:
-            _record_changes(workdir, start_step, changes, config)
-        elif is_main and not os.path.exists(os.path.join(workdir, "config.json")):
-            _write_json_atomic(os.path.join(workdir, "config.json"), config.to_dict())
-            metrics.log(
-                "warning: config.json was missing; wrote this run's settings (the checkpoint's "
-                "shapes matched them)"
-            )
+            _write_json_atomic(config_path, config.to_dict())
+        return state, 0
+    start_step = int(jax.device_get(state.step))
+    metrics.log(f"resumed from checkpoint {start_step} in {workdir}")
+    if changes:
+        _record_changes(workdir, start_step, changes, config)
+    elif is_main and not os.path.exists(config_path):
+        _write_json_atomic(config_path, config.to_dict())
+        metrics.log(
+            "warning: config.json was missing; wrote this run's settings (the checkpoint's "
+            "shapes matched them)"
+        )
+    return state, start_step
 
-    # ---------------------------------------------------------------- compile
-    # Steps run in whole calls of train.steps_per_call (K) on the grid of multiples of K. A call
-    # ends early at a log or checkpoint step, or at the last step; such a short call, and one
-    # that starts off the grid (a resume after stop_after), runs its steps one at a time. A
-    # whole call computes what K single steps do, bit for bit (tests/test_loop.py).
-    num_steps = config.train.num_steps
-    last_step = num_steps if stop_after is None else min(num_steps, stop_after)
-    per_call = config.train.get("steps_per_call", 1)
-    log_every, save_every = config.log.every_steps, config.checkpoint.every_steps
 
-    def call_size(step: int) -> int:
+# ------------------------------------------------------------------------------------ compile
+
+
+class _Calls:
+    """How the steps are grouped into compiled calls, their batches and their programs.
+
+    Steps run in whole calls of train.steps_per_call (K) on the grid of multiples of K. A call
+    ends early at a log or checkpoint step, or at the last step; such a short call, and one that
+    starts off the grid (a resume after stop_after), runs its steps one at a time. A whole call
+    computes what K single steps do, bit for bit (tests/test_loop.py).
+    """
+
+    def __init__(self, config, setup: StepSetup, mesh, data_iter, stop_after: int | None):
+        self.setup, self.mesh, self.data_iter = setup, mesh, data_iter
+        self.num_steps = config.train.num_steps
+        self.last_step = self.num_steps if stop_after is None else min(self.num_steps, stop_after)
+        self.per_call = config.train.get("steps_per_call", 1)
+        self.log_every, self.save_every = config.log.every_steps, config.checkpoint.every_steps
+        self.programs: dict[bool, Any] = {}  # whole call of K (True) or one step (False)
+
+    def size(self, step: int) -> int:
+        """The number of steps of the call that starts after `step`."""
         return min(
-            per_call - step % per_call,
-            log_every - step % log_every,
-            save_every - step % save_every,
-            last_step - step,
+            self.per_call - step % self.per_call,
+            self.log_every - step % self.log_every,
+            self.save_every - step % self.save_every,
+            self.last_step - step,
         )
 
-    def read_batches(n: int):
-        """The next n steps' batches: [K, B, L] for a whole call, else a list of [B, L]."""
-        local = [next(data_iter) for _ in range(n)]
-        if n == per_call > 1:
-            return sharding.global_batches(local, mesh)
-        return [sharding.global_batch(b, mesh) for b in local]
+    def read(self, step: int):
+        """The batches of the call after `step`: [K, B, L] for a whole call, else a list of
+        [B, L]."""
+        n = self.size(step)
+        local = [next(self.data_iter) for _ in range(n)]
+        if n == self.per_call > 1:
+            return sharding.global_batches(local, self.mesh)
+        return [sharding.global_batch(b, self.mesh) for b in local]
 
-    programs: dict[bool, Any] = {}  # whole call of K (True) or one step (False) -> compiled
-
-    def program(whole: bool, batches):
-        if whole not in programs:
+    def program(self, whole: bool, state, batches):
+        """The compiled whole call or single step (compiled at its first use)."""
+        if whole not in self.programs:
             t0 = time.time()
-            fn = setup.multi_step_fn if whole else setup.step_fn
-            programs[whole] = fn.lower(state, batches).compile()
-            steps = f"{per_call} train steps per call" if whole else "train step"
+            fn = self.setup.multi_step_fn if whole else self.setup.step_fn
+            self.programs[whole] = fn.lower(state, batches).compile()
+            steps = f"{self.per_call} train steps per call" if whole else "train step"
             metrics.log(f"compiled the {steps} in {time.time() - t0:.1f}s")
-        return programs[whole]
+        return self.programs[whole]
 
-    try:
-        with watcher.deferred():
-            batches = read_batches(call_size(start_step)) if start_step < last_step else None
-            if batches is not None:
-                # Compiled before the watcher is armed: a signal during compilation (minutes for
-                # a large model) then ends the run once the compiler returns, with no step to
-                # save, rather than after compilation and a first call.
-                whole = isinstance(batches, dict)
-                program(whole, batches if whole else batches[0])
-    except BaseException:
-        manager.close()
-        raise
-    writer = metrics.MetricsWriter(workdir, is_main, resume_step=start_step)
+    def first_batches(self, state, start_step: int):
+        """The first call's batches (None when no step is left), its program compiled."""
+        if start_step >= self.last_step:
+            return None
+        batches = self.read(start_step)
+        whole = isinstance(batches, dict)
+        self.program(whole, state, batches if whole else batches[0])
+        return batches
 
-    # ---------------------------------------------------------------- steps
-    tokens_per_step = config.train.batch_size * config.data.seq_length
-    flops_per_step = metrics.count_flops(
-        spec, config.train.batch_size, config.data.seq_length, num_slots, config.objective.name
-    )["total"]
-    peak = metrics.peak_flops_per_device(jax.devices()[0].device_kind, config.log.peak_flops)
-    skip = config.train.nan_policy == "skip"
-    run_start = last_time = time.time()
-    last_logged = start_step
-    last_saved = start_step if start_step > 0 else None
+    def run(self, state, step: int, batches, flags: list):
+        """One call from `step`: (state, the step it reaches, its metrics). Appends the call's
+        non-finite flags, with the first step each covers, to `flags`."""
+        if isinstance(batches, dict):  # a whole call: K steps, metrics stacked [K]
+            state, step_metrics = self.program(True, state, batches)(state, batches)
+            flags.append((step + 1, step_metrics.pop("nonfinite")))
+            return state, step + self.per_call, step_metrics
+        for batch in batches:
+            state, step_metrics = self.program(False, state, batch)(state, batch)
+            step += 1
+            flags.append((step, step_metrics.pop("nonfinite")))
+        return state, step, step_metrics
+
+
+# -------------------------------------------------------------------------------------- steps
+
+
+def _steps(calls: _Calls, ledger: _Ledger, state, start_step: int, batches, watcher) -> dict:
+    """Runs the calls until the last step or a preemption; returns the last metrics row."""
+    watcher.arm()
+    preempted_at = start_step if watcher.requested(start_step) else None
+    step = start_step
+    while step < calls.last_step and preempted_at is None:
+        state, done, step_metrics = calls.run(state, step, batches, ledger.flags)
+        step = done
+        save_due = done % calls.save_every == 0 or done == calls.last_step
+        # The next call's batches are read while the device works on this one, except before a
+        # save, which records the iterator's position at step `done`; a preemption puts the
+        # position back (`position`) before it saves.
+        position = None
+        if done < calls.last_step and not save_due:
+            position = calls.data_iter.get_state()
+            batches = calls.read(done)
+        # At most one call in flight. Dispatch is asynchronous: unchecked, the host would run
+        # ahead to the next log step's read (up to log.every_steps steps, minutes on a slow
+        # device), and a SIGTERM would wait for all of them; its Python handler cannot even run
+        # while the main thread blocks in that read. Waiting here costs the device only the
+        # dispatch of the next call, whose batches are already on it.
+        jax.block_until_ready(ledger.flags[-1][1])
+        if done % calls.log_every == 0 or done == calls.num_steps:
+            ledger.log_row(done, step_metrics)
+        if watcher.requested(done):
+            if position is not None:
+                calls.data_iter.set_state(position)
+            preempted_at = done
+            break
+        if save_due:
+            ledger.save(done, state)
+            if done < calls.last_step:
+                batches = calls.read(done)
+    if preempted_at is not None:
+        if ledger.last_logged != preempted_at:
+            # The row of the step the checkpoint holds, so that metrics.jsonl ends where a
+            # resumed run starts (a resume keeps rows up to its checkpoint's step).
+            ledger.log_row(preempted_at, step_metrics)
+        if ledger.last_saved != preempted_at:
+            ledger.save(preempted_at, state)
+        checkpointing.wait(ledger.manager)
+        metrics.log(
+            f"preempted at step {preempted_at}; checkpoint saved; run the same command to resume"
+        )
+        ledger.row = dict(ledger.row, preempted_at=preempted_at)
+    ledger.close(compiled=bool(calls.programs))
+    return ledger.row
+
+
+# -------------------------------------------------------------------------------- log, save
+
+
+@dataclasses.dataclass
+class _Ledger:
+    """What the steps keep between calls: the non-finite flags not yet read, the timing of the
+    rows, the last saved step; and the writer, the checkpoint manager and the iterator they
+    record."""
+
+    workdir: str
+    manager: Any
+    writer: metrics.MetricsWriter
+    data_iter: Any
+    skip: bool  # train.nan_policy == 'skip'
+    num_steps: int
+    tokens_per_step: int
+    flops_per_step: float
+    peak: float | None
+    run_start: float
+    last_time: float
+    last_logged: int
+    last_saved: int | None
     # Non-finite flags (device arrays) since the last check, each with the first step it covers
     # (one step's scalar, or a whole call's [K]); read only when logging or saving, so that the
     # host never waits on the device every step.
-    flags: list[tuple[int, Any]] = []
-    save_seconds = 0.0
-    row: dict = {}
+    flags: list = dataclasses.field(default_factory=list)
+    skipped: int = 0  # non-finite updates skipped since the previous row
+    save_seconds: float = 0.0
+    row: dict = dataclasses.field(default_factory=dict)
 
-    skipped = 0  # non-finite updates skipped since the previous row
+    @classmethod
+    def start(cls, config, workdir, setup: StepSetup, manager, data_iter, start_step: int):
+        batch, length = config.train.batch_size, config.data.seq_length
+        flops = metrics.count_flops(
+            setup.spec, batch, length, setup.num_slots, config.objective.name
+        )["total"]
+        now = time.time()
+        return cls(
+            workdir=workdir,
+            manager=manager,
+            writer=metrics.MetricsWriter(workdir, jax.process_index() == 0, resume_step=start_step),
+            data_iter=data_iter,
+            skip=config.train.nan_policy == "skip",
+            num_steps=config.train.num_steps,
+            tokens_per_step=batch * length,
+            flops_per_step=flops,
+            peak=metrics.peak_flops_per_device(jax.devices()[0].device_kind, config.log.peak_flops),
+            run_start=now,
+            last_time=now,
+            last_logged=start_step,
+            last_saved=start_step if start_step > 0 else None,
+        )
 
-    def check_finite() -> None:
+    def check_finite(self) -> None:
         """Reads the flags gathered since the last check: counts skips, or stops the run."""
-        nonlocal skipped
-        values = jax.device_get([f for _, f in flags])
+        values = jax.device_get([f for _, f in self.flags])
         per_step = [
             (s + i, v)
-            for (s, _), vs in zip(flags, values, strict=True)
+            for (s, _), vs in zip(self.flags, values, strict=True)
             for i, v in enumerate(np.ravel(vs))
         ]
         bad = [s for s, v in per_step if v > 0]
         first, last = (per_step[0][0], per_step[-1][0]) if per_step else (None, None)
-        flags.clear()
-        skipped += len(bad)
-        if bad and not skip:
+        self.flags.clear()
+        self.skipped += len(bad)
+        if bad and not self.skip:
             good = (
-                f"{checkpointing.checkpoint_dir(workdir)}/{last_saved}"
-                if last_saved is not None
+                f"{checkpointing.checkpoint_dir(self.workdir)}/{self.last_saved}"
+                if self.last_saved is not None
                 else "none (a rerun starts from step 0)"
             )
-            checkpointing.wait(manager)
+            checkpointing.wait(self.manager)
             raise NonFiniteError(
                 f"non-finite loss or gradient norm at step {bad[0]} (found checking steps "
                 f"{first}-{last}; nothing from them was saved); last good checkpoint: {good}; "
                 "lower train.learning_rate, or set train.nan_policy='skip' to skip such updates"
             )
 
-    def log_row(done: int, step_metrics: dict) -> None:
+    def log_row(self, done: int, step_metrics: dict) -> None:
         """Writes the metrics row of step `done` (the last step of `step_metrics`, a whole
         call's being stacked [K]) and its progress line."""
-        nonlocal row, skipped, last_time, last_logged
-        check_finite()
+        self.check_finite()
         row = {k: float(np.ravel(v)[-1]) for k, v in jax.device_get(step_metrics).items()}
-        row["skipped_updates"] = skipped
-        if skipped:
-            metrics.log(f"warning: skipped {skipped} non-finite update(s) up to step {done}")
-        skipped = 0
+        row["skipped_updates"] = self.skipped
+        if self.skipped:
+            metrics.log(f"warning: skipped {self.skipped} non-finite update(s) up to step {done}")
+        self.skipped = 0
         now = time.time()
-        steps_done = done - last_logged
-        seconds = max(now - last_time, 1e-9)
-        row["tokens_per_sec"] = tokens_per_step * steps_done / seconds
-        achieved = flops_per_step * steps_done / seconds / jax.device_count()
-        row["mfu"] = achieved / peak if peak else None
-        row["elapsed_sec"] = now - run_start
-        writer.write(done, row)
-        left = (num_steps - done) * seconds / steps_done
-        metrics.log(metrics.progress_line(done, num_steps, row, left))
-        last_time, last_logged = now, done
+        steps_done = done - self.last_logged
+        seconds = max(now - self.last_time, 1e-9)
+        row["tokens_per_sec"] = self.tokens_per_step * steps_done / seconds
+        achieved = self.flops_per_step * steps_done / seconds / jax.device_count()
+        row["mfu"] = achieved / self.peak if self.peak else None
+        row["elapsed_sec"] = now - self.run_start
+        self.writer.write(done, row)
+        left = (self.num_steps - done) * seconds / steps_done
+        metrics.log(metrics.progress_line(done, self.num_steps, row, left))
+        self.row, self.last_time, self.last_logged = row, now, done
 
-    def save(done: int) -> None:
-        nonlocal last_saved, save_seconds
-        check_finite()  # never save a state that a non-finite update produced
+    def save(self, done: int, state) -> None:
+        self.check_finite()  # never save a state that a non-finite update produced
         t = time.time()
         # Before the next batch is read, so the saved position is that of step `done`.
-        checkpointing.save(manager, done, state, data_iter)
-        save_seconds += time.time() - t
-        last_saved = done
+        checkpointing.save(self.manager, done, state, self.data_iter)
+        self.save_seconds += time.time() - t
+        self.last_saved = done
 
-    watcher.arm()
-    preempted_at = start_step if watcher.requested(start_step) else None
-    step = start_step
-    while step < last_step and preempted_at is None:
-        if isinstance(batches, dict):  # a whole call: K steps, metrics stacked [K]
-            state, step_metrics = program(True, batches)(state, batches)
-            flags.append((step + 1, step_metrics.pop("nonfinite")))
-            step += per_call
-        else:
-            for batch in batches:
-                state, step_metrics = program(False, batch)(state, batch)
-                step += 1
-                flags.append((step, step_metrics.pop("nonfinite")))
-        done = step
-        save_due = done % save_every == 0 or done == last_step
-
-        # ------------------------------------------------------------ read ahead
-        # The next call's batches are read while the device works on this one, except before a
-        # save, which records the iterator's position at step `done`; a preemption puts the
-        # position back (`position`) before it saves.
-        position = None
-        if done < last_step and not save_due:
-            position = data_iter.get_state()
-            batches = read_batches(call_size(done))
-        # At most one call in flight. Dispatch is asynchronous: unchecked, the host would run
-        # ahead to the next log step's read (up to log.every_steps steps, minutes on a slow
-        # device), and a SIGTERM would wait for all of them; its Python handler cannot even run
-        # while the main thread blocks in that read. Waiting here costs the device only the
-        # dispatch of the next call, whose batches are already on it.
-        jax.block_until_ready(flags[-1][1])
-
-        # ------------------------------------------------------------ log
-        if done % log_every == 0 or done == num_steps:
-            log_row(done, step_metrics)
-
-        # ------------------------------------------------------------ save
-        if watcher.requested(done):
-            if position is not None:
-                data_iter.set_state(position)
-            preempted_at = done
-            break
-        if save_due:
-            save(done)
-            if done < last_step:
-                batches = read_batches(call_size(done))
-
-    if preempted_at is not None:
-        if last_logged != preempted_at:
-            # The row of the step the checkpoint holds, so that metrics.jsonl ends where a
-            # resumed run starts (a resume keeps rows up to its checkpoint's step).
-            log_row(preempted_at, step_metrics)
-        if last_saved != preempted_at:
-            save(preempted_at)
-        checkpointing.wait(manager)
-        metrics.log(
-            f"preempted at step {preempted_at}; checkpoint saved; run the same command to resume"
-        )
-        row = dict(row, preempted_at=preempted_at)
-    checkpointing.wait(manager)
-    manager.close()
-    writer.close()
-    if save_seconds and programs:
-        metrics.log(f"checkpoint saves blocked the loop for {save_seconds:.2f}s in total")
-    return row
+    def close(self, compiled: bool) -> None:
+        checkpointing.wait(self.manager)
+        self.manager.close()
+        self.writer.close()
+        if self.save_seconds and compiled:
+            metrics.log(f"checkpoint saves blocked the loop for {self.save_seconds:.2f}s in total")

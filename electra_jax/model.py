@@ -17,14 +17,14 @@ plain arrays (`init_params` unboxes them) and `param_logical_axes` reads the nam
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Callable
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
+
+from electra_jax import kernels
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,6 +127,9 @@ def spec_from_config(
 # Rematerialisation policies: 'full' keeps only each layer's input and recomputes the rest in the
 # backward pass; 'dots' keeps the matmul outputs (the expensive part) and recomputes the cheap
 # element-wise work (GELU, LayerNorm, softmax, dropout masks) that dominates activation memory.
+# Rematerialisation policies: 'full' keeps only each layer's input and recomputes the rest in the
+# backward pass; 'dots' keeps the matmul outputs (the expensive part) and recomputes the cheap
+# element-wise work (GELU, LayerNorm, softmax, dropout masks) that dominates activation memory.
 _REMAT_POLICIES = {
     "full": None,
     "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
@@ -140,43 +143,13 @@ def _init(spec: ElectraSpec, axes: tuple[str | None, ...]):
     )
 
 
-def _column_sums(x):
-    """[..., N] -> [N]: the sum over every leading axis, as a matrix-vector product.
-
-    XLA:CPU sums a [tokens, N] array over its rows (a column reduction) ~30x slower than the
-    equivalent [tokens] x [tokens, N] product; for the generator's [B*N, V] logit gradient that
-    was ~3% of a step.
-    """
-    rows = x.reshape(-1, x.shape[-1])
-    # HIGHEST: a sum must not round its terms to bfloat16 / TF32 (TPU and GPU default matmuls).
-    ones = jnp.ones((rows.shape[0],), x.dtype)
-    return jnp.matmul(ones, rows, precision=jax.lax.Precision.HIGHEST)
-
-
-@jax.custom_vjp
-def add_bias(x, bias):
-    """x [..., N] + bias [N], whose bias gradient is `_column_sums`, not a reduction."""
-    return x + bias
-
-
-def _add_bias_fwd(x, bias):
-    return x + bias, None
-
-
-def _add_bias_bwd(_, g):
-    return g, _column_sums(g)
-
-
-add_bias.defvjp(_add_bias_fwd, _add_bias_bwd)
-
-
 class _TokenDense(nn.Module):
     """nn.Dense's parameters ('kernel' [K, N], 'bias' [N]) over a 2-D [tokens, K] matrix.
 
     On XLA:CPU a contraction over two leading dims (the weight gradient of a dense applied to
     [B, L, K]) copies its operand through a transposing loop fusion that runs ~10x slower than a
     plain transpose; over [B * L, K] the same gradient is one matmul with no copy.
-    With `gelu_input`, the layer computes gelu(inputs) @ kernel + bias (see `gelu_dense`).
+    With `gelu_input`, the layer computes gelu(inputs) @ kernel + bias (see `kernels.gelu_dense`).
     """
 
     features: int
@@ -191,7 +164,10 @@ class _TokenDense(nn.Module):
         lead = inputs.shape[:-1]
         rows = inputs.reshape(-1, inputs.shape[-1]).astype(self.dtype)
         kernel, bias = kernel.astype(self.dtype), bias.astype(self.dtype)
-        out = gelu_dense(rows, kernel, bias) if self.gelu_input else add_bias(rows @ kernel, bias)
+        if self.gelu_input:
+            out = kernels.gelu_dense(rows, kernel, bias)
+        else:
+            out = kernels.add_bias(rows @ kernel, bias)
         return out.reshape(*lead, self.features)
 
 
@@ -201,36 +177,26 @@ def _dense(
     name: str,
     axes: tuple[str | None, ...] = ("embed", "mlp"),
     gelu_input: bool = False,
+    glorot: bool = False,
 ) -> _TokenDense:
     """A Dense layer; `axes` names its kernel's (input, output) axes. A matrix whose two axes are
     both model widths names the output `embed_out`, which is never sharded (one mesh axis cannot
-    shard two dimensions of one array)."""
+    shard two dimensions of one array). `glorot`: a Glorot-uniform kernel instead of the
+    truncated normal, for the original's two `tf.layers.dense` calls that give no initializer
+    (`embeddings_project` and the discriminator's 1-unit output) and so get TF's default."""
+    if glorot:
+        kernel_init = nn.with_logical_partitioning(nn.initializers.glorot_uniform(), axes)
+    else:
+        kernel_init = _init(spec, axes)
     return _TokenDense(
-        features, jnp.dtype(spec.dtype), _init(spec, axes), gelu_input=gelu_input, name=name
+        features, jnp.dtype(spec.dtype), kernel_init, gelu_input=gelu_input, name=name
     )
-
-
-@jax.custom_vjp
-def _scale_shift(y, scale, bias):
-    """y [..., N] x scale [N] + bias [N], with matmul gradients for scale and bias."""
-    return y * scale + bias
-
-
-def _scale_shift_fwd(y, scale, bias):
-    return y * scale + bias, (y, scale)
-
-
-def _scale_shift_bwd(residuals, g):
-    y, scale = residuals
-    return g * scale, _column_sums(g * y), _column_sums(g)
-
-
-_scale_shift.defvjp(_scale_shift_fwd, _scale_shift_bwd)
 
 
 class _LayerNorm(nn.Module):
     """nn.LayerNorm's parameters ('scale', 'bias' [N]) and numbers (statistics in float32),
-    with scale and bias gradients as matmuls rather than column reductions (see add_bias)."""
+    with scale and bias gradients as matmuls rather than column reductions
+    (`kernels.scale_shift`)."""
 
     epsilon: float
     dtype: jnp.dtype
@@ -244,59 +210,12 @@ class _LayerNorm(nn.Module):
         centered = x - jnp.mean(x, axis=-1, keepdims=True)
         variance = jnp.mean(centered * centered, axis=-1, keepdims=True)
         y = centered * jax.lax.rsqrt(variance + self.epsilon)
-        return _scale_shift(y, scale, bias).astype(self.dtype)
+        return kernels.scale_shift(y, scale, bias).astype(self.dtype)
 
 
 def _layer_norm(spec: ElectraSpec, name: str) -> _LayerNorm:
     # Statistics are computed in float32 whatever the compute type.
     return _LayerNorm(spec.layer_norm_eps, jnp.dtype(spec.dtype), name=name)
-
-
-_SQRT_HALF = np.float32(1.0 / np.sqrt(2.0))
-_INV_SQRT_2PI = np.float32(1.0 / np.sqrt(2.0 * np.pi))
-
-
-def _gelu(x):
-    """The exact (erf) GELU, as BERT, ELECTRA and transformers' "gelu": x/2 (1 + erf(x/sqrt 2)).
-
-    Written with erf rather than nn.gelu's erfc form, which XLA expands with an exp: 4.5x faster
-    on XLA:CPU, equal within 1e-6.
-    """
-    return 0.5 * x * (1.0 + jax.lax.erf(x * _SQRT_HALF).astype(x.dtype))
-
-
-@jax.custom_vjp
-def gelu_dense(h, kernel, bias):
-    """[T, F] pre-activations -> gelu(h) @ kernel [F, N] + bias [N]: the FFN's second half.
-
-    Differentiated by hand so that the backward pass keeps only `h`: it recomputes gelu(h) for
-    the kernel gradient instead of holding gelu(h) and erf(h) from the forward pass: two fewer
-    [T, F] buffers per layer, about a quarter of configs/small.py's XLA:CPU temporaries at
-    32 x 128 (1458 -> 1086 MB; there every buffer byte is a fresh page fault each step).
-    """
-    return add_bias(_gelu(h) @ kernel, bias)
-
-
-def _gelu_dense_fwd(h, kernel, bias):
-    return gelu_dense(h, kernel, bias), (h, kernel)
-
-
-def _gelu_dense_bwd(residuals, g):
-    h, kernel = residuals
-    dy = g @ kernel.T
-    # The recomputation must wait for the cotangent: XLA:CPU drops optimization barriers before
-    # CSE, and would merge it with the forward's erf and keep that alive instead. Adding dy * 0
-    # ties it to dy elementwise (local under any sharding of h) and changes nothing a finite dy
-    # can see; a non-finite dy makes the gradients non-finite regardless.
-    h = h + dy * jnp.zeros((), h.dtype)
-    erf = jax.lax.erf(h * _SQRT_HALF).astype(h.dtype)
-    density = (h * _INV_SQRT_2PI * jnp.exp(-0.5 * h * h)).astype(h.dtype)
-    slope = 0.5 * (1.0 + erf) + density
-    y = 0.5 * h * (1.0 + erf)
-    return dy * slope, y.T @ g, _column_sums(g)
-
-
-gelu_dense.defvjp(_gelu_dense_fwd, _gelu_dense_bwd)
 
 
 def _constrain(spec: ElectraSpec, x):
@@ -384,42 +303,8 @@ class Embeddings(nn.Module):
         return jnp.einsum("te,ve->tv", flat, table).reshape(*hidden.shape[:-1], -1)
 
 
-def _mix32(x):
-    """A 32-bit integer finalizer (xor-shift-multiply, "lowbias32"): a bijection whose every
-    output bit depends on every input bit."""
-    x = x ^ (x >> 16)
-    x = x * jnp.uint32(0x7FEB352D)
-    x = x ^ (x >> 15)
-    x = x * jnp.uint32(0x846CA68B)
-    return x ^ (x >> 16)
-
-
-def dropout_bits(key, shape: tuple[int, ...]):
-    """Uniform uint32 words for dropout masks: a hash of each element's index, keyed by `key`.
-
-    threefry costs ~100 integer ops per word; dropout masks (attention probabilities alone are
-    B x heads x L x L per layer) made it ~10% of a CPU step. Masks need independence between
-    elements and between keys, not cryptographic strength, so two threefry words from `key` seed
-    a hash of (row, column) instead: ~10 ops per word. The index is global, so the bits, like
-    threefry's, do not depend on how the array is sharded.
-    """
-    seed = jax.random.bits(key, (2,), jnp.uint32)
-    rows = jax.lax.broadcasted_iota(jnp.uint32, shape, 0)
-    for axis in range(1, len(shape) - 1):  # row-major index over every axis but the last
-        rows = rows * jnp.uint32(shape[axis]) + jax.lax.broadcasted_iota(jnp.uint32, shape, axis)
-    cols = jax.lax.broadcasted_iota(jnp.uint32, shape, len(shape) - 1)
-    return _mix32(_mix32(rows ^ seed[0]) ^ (cols * jnp.uint32(0x9E3779B9) + seed[1]))
-
-
-def _keep_and_scale(key, shape: tuple[int, ...], rate: float, dtype):
-    """Inverted dropout's mask and scale: (bool [shape], 1 / keep probability in `dtype`)."""
-    threshold = min(round((1.0 - rate) * 2**32), 2**32 - 1)
-    keep = dropout_bits(key, shape) < jnp.uint32(threshold)
-    return keep, jnp.asarray(2**32 / threshold, dtype)
-
-
 class Dropout(nn.Module):
-    """Inverted dropout from one hashed 32-bit word per element (`dropout_bits`).
+    """Inverted dropout from one hashed 32-bit word per element (`kernels.dropout_bits`).
 
     Keys come from the 'dropout' stream, so numbers do not depend on the sharding.
     """
@@ -430,60 +315,8 @@ class Dropout(nn.Module):
     def __call__(self, x, deterministic: bool):
         if deterministic or self.rate == 0.0:
             return x
-        keep, scale = _keep_and_scale(self.make_rng("dropout"), x.shape, self.rate, x.dtype)
+        keep, scale = kernels.keep_and_scale(self.make_rng("dropout"), x.shape, self.rate, x.dtype)
         return jnp.where(keep, x * scale, jnp.zeros((), x.dtype))
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
-def attention_core(q, k, v, bias, key, rate: float):
-    """softmax(q k^T / sqrt(d) + bias), dropped out at `rate` with `key`, times v.
-
-    q, k, v: [B, heads, L, d]; bias: [B, 1, 1, L] float32; key: a PRNG key (unused at rate 0).
-    Returns [B, heads, L, d] in q's dtype; scores and softmax are float32.
-
-    Differentiated by hand: the backward pass keeps q, k, v and the probabilities, and
-    recomputes the dropout mask from its hash (`dropout_bits`) rather than holding the dropped
-    probabilities; the 1/sqrt(d) scale is applied to the float32 scores, not to a copy of q.
-    In configs/small.py's step at 32 x 128 this cut XLA:CPU's temporaries from 1086 to 992 MB.
-    """
-    return _attention_fwd(q, k, v, bias, key, rate)[0]
-
-
-def _dropped(probs, key, rate: float):
-    """probs [B, heads, L, L] after inverted dropout, and the mask that did it (None at 0)."""
-    if rate == 0.0:
-        return probs, None
-    keep, scale = _keep_and_scale(key, probs.shape, rate, probs.dtype)
-    return jnp.where(keep, probs * scale, 0.0), (keep, scale)
-
-
-def _attention_fwd(q, k, v, bias, key, rate):
-    scale = np.float32(1.0 / np.sqrt(q.shape[-1]))
-    scores = jnp.einsum("bhqd,bhkd->bhqk", q, k, preferred_element_type=jnp.float32)
-    probs = jax.nn.softmax(scores * scale + bias, axis=-1)
-    dropped, _ = _dropped(probs, key, rate)
-    context = jnp.einsum("bhqk,bhkd->bhqd", dropped.astype(q.dtype), v)
-    return context, (q, k, v, probs, key)
-
-
-def _attention_bwd(rate, residuals, g):
-    q, k, v, probs, key = residuals
-    scale = np.float32(1.0 / np.sqrt(q.shape[-1]))
-    d_dropped = jnp.einsum("bhqd,bhkd->bhqk", g, v, preferred_element_type=jnp.float32)
-    # The recomputed dropout waits for the cotangent (see _gelu_dense_bwd): d_dropped * 0 adds
-    # nothing a finite gradient can see. Without dropout there is nothing to recompute.
-    tied = probs + d_dropped * np.float32(0.0) if rate else probs
-    dropped, mask = _dropped(tied, key, rate)
-    d_probs = d_dropped if mask is None else jnp.where(mask[0], d_dropped * mask[1], 0.0)
-    dv = jnp.einsum("bhqk,bhqd->bhkd", dropped.astype(g.dtype), g)
-    d_scores = probs * (d_probs - jnp.sum(d_probs * probs, axis=-1, keepdims=True)) * scale
-    d_scores = d_scores.astype(q.dtype)
-    dq = jnp.einsum("bhqk,bhkd->bhqd", d_scores, k)
-    dk = jnp.einsum("bhqk,bhqd->bhkd", d_scores, q)
-    return dq, dk, dv, None, None
-
-
-attention_core.defvjp(_attention_fwd, _attention_bwd)
 
 
 class SelfAttention(nn.Module):
@@ -514,7 +347,7 @@ class SelfAttention(nn.Module):
         qkv = x.reshape(b * length, width).astype(dtype) @ qkv_kernel.reshape(width, -1).astype(
             dtype
         )
-        qkv = add_bias(qkv, qkv_bias.reshape(-1).astype(dtype))
+        qkv = kernels.add_bias(qkv, qkv_bias.reshape(-1).astype(dtype))
         qkv = qkv.reshape(b, length, 3, heads, head_dim)
         # split, not indexing: its gradient is one concatenate, where three index gradients are
         # three zero-padded copies added together.
@@ -532,12 +365,12 @@ class SelfAttention(nn.Module):
         out_bias = self.param("output_bias", nn.initializers.zeros, (e.hidden_size,), jnp.float32)
         context = jnp.transpose(context, (0, 2, 1, 3)).reshape(b * length, heads * head_dim)
         out = context @ out_kernel.reshape(heads * head_dim, -1).astype(dtype)
-        return add_bias(out, out_bias.astype(dtype)).reshape(b, length, -1)
+        return kernels.add_bias(out, out_bias.astype(dtype)).reshape(b, length, -1)
 
     def _einsum(self, q, k, v, attention_bias, deterministic):
         rate = 0.0 if deterministic else self.spec.attention_dropout_rate
         key = self.make_rng("dropout") if rate else jax.random.key(0)
-        return attention_core(q, k, v, attention_bias, key, rate)
+        return kernels.attention_core(q, k, v, attention_bias, key, rate)
 
     def _fused(self, q, k, v, attention_bias, deterministic):
         """jax.nn.dot_product_attention ('xla' or 'cudnn') on q, k, v [B, heads, L, head_dim]
@@ -567,54 +400,9 @@ class SelfAttention(nn.Module):
                 "model.dtype='bfloat16' or use model.attention='einsum' (or 'xla')"
             )
         out = jax.nn.dot_product_attention(
-            **fused_attention_args(q, k, v, attention_bias, s.attention)
+            **kernels.fused_attention_args(q, k, v, attention_bias, s.attention)
         )
         return jnp.swapaxes(out, 1, 2)
-
-
-def fused_attention_args(q, k, v, attention_bias, implementation: str) -> dict[str, Any]:
-    """The keyword arguments SelfAttention._fused gives jax.nn.dot_product_attention.
-
-    A pure function so that tests can hand exactly these arrays to jax's cuDNN argument checks
-    on a CPU (tests/test_attention_fused.py).
-
-    Args:
-      q, k, v: [B, heads, L, head_dim], SelfAttention's layout, in the compute dtype.
-      attention_bias: [B, 1, 1, L] float32 from Encoder: 0 at real keys, -1e9 at padding.
-      implementation: 'xla' or 'cudnn'.
-
-    Returns:
-      query, key, value: [B, L, heads, head_dim], the layout jax.nn.dot_product_attention takes.
-      implementation: as given.
-      'xla' -> mask: bool [B, 1, 1, L], True at real keys; XLA broadcasts it over heads and
-        queries, and it is exact for any mask.
-      'cudnn' -> key_value_seq_lengths: int32 [B], the real keys of each row. cuDNN refuses a
-        mask or bias that is not [.., L, L] ("Bias must have same seq length as QKV, got 1 and
-        L"), and a [B, 1, L, L] one would be B x L x L in memory plus a gradient its backward
-        kernel writes; its padding mask takes lengths and skips the padded keys. A length
-        describes padding at the end of a row, which is where data/packing.py puts it (the only
-        rows a 'cudnn' run sees: fine-tuning and `pretrained` use 'einsum'); a row with a 0
-        before its last real token would be misread as its count of 1s followed by padding.
-        query_seq_lengths stays None: jax then uses L, so every query row is computed as the
-        einsum path computes it (cuDNN would zero the rows past a query length).
-    """
-    query, key, value = (jnp.swapaxes(t, 1, 2) for t in (q, k, v))
-    args: dict[str, Any] = {
-        "query": query,
-        "key": key,
-        "value": value,
-        "implementation": implementation,
-    }
-    real = attention_bias[:, 0, 0, :] >= 0  # [B, L]
-    if implementation == "cudnn":
-        length = real.shape[-1]
-        count = jnp.sum(real, axis=-1, dtype=jnp.int32)
-        # A row of padding only would ask cuDNN for a softmax over no keys; let it attend to
-        # every key, like an unpadded row (its outputs are ignored, as all padding's are).
-        args["key_value_seq_lengths"] = jnp.where(count > 0, count, jnp.int32(length))
-    else:
-        args["mask"] = real[:, None, None, :]
-    return args
 
 
 class TransformerLayer(nn.Module):
@@ -646,7 +434,9 @@ class Encoder(nn.Module):
         s, e = self.spec, self.encoder
         x = embedded
         if s.embedding_size != e.hidden_size:
-            x = _dense(s, e.hidden_size, "embeddings_project", ("embed_out", "embed"))(x)
+            x = _dense(s, e.hidden_size, "embeddings_project", ("embed_out", "embed"), glorot=True)(
+                x
+            )
         # Padding keys get a large negative bias; queries at padding are computed and ignored.
         bias = jnp.where(input_mask[:, None, None, :] > 0, 0.0, -1e9).astype(jnp.float32)
         layer = TransformerLayer
@@ -703,7 +493,7 @@ class Electra(nn.Module):
             ("embed", "embed_out"),
         )
         self.discriminator_out = _dense(
-            s, 1, "discriminator_predictions_dense_prediction", ("embed", None)
+            s, 1, "discriminator_predictions_dense_prediction", ("embed", None), glorot=True
         )
         if s.mlm_head:
             self.mlm_dense = _dense(
@@ -738,8 +528,8 @@ class Electra(nn.Module):
         x = embeddings(input_ids, segment_ids, deterministic)
         h = self.generator(x, input_mask, deterministic)
         h = jnp.take_along_axis(h, positions[..., None], axis=1)  # [B, N, Hg]
-        h = self.generator_layer_norm(_gelu(self.generator_dense(h)))
-        return add_bias(embeddings.attend(h).astype(jnp.float32), self.generator_bias)
+        h = self.generator_layer_norm(kernels.gelu(self.generator_dense(h)))
+        return kernels.add_bias(embeddings.attend(h).astype(jnp.float32), self.generator_bias)
 
     def discriminator_hidden(self, input_ids, segment_ids, input_mask, deterministic: bool = True):
         """Discriminator states: [B, L] -> [B, L, H]."""
@@ -748,7 +538,7 @@ class Electra(nn.Module):
         return self.discriminator(x, input_mask, deterministic)
 
     def _replaced_logits(self, h):
-        h = _gelu(self.discriminator_dense(h))
+        h = kernels.gelu(self.discriminator_dense(h))
         return self.discriminator_out(h)[..., 0].astype(jnp.float32)
 
     def discriminator_logits(self, input_ids, segment_ids, input_mask, deterministic: bool = True):
@@ -765,10 +555,10 @@ class Electra(nn.Module):
         replaced = self._replaced_logits(h)
         if positions is not None:
             h = jnp.take_along_axis(h, positions[..., None], axis=1)  # [B, N, H]
-        h = self.mlm_layer_norm(_gelu(self.mlm_dense(h)))
+        h = self.mlm_layer_norm(kernels.gelu(self.mlm_dense(h)))
         table = self._discriminator_embeddings()
         logits = table.attend(h, base=self._discriminator_base()).astype(jnp.float32)
-        return replaced, add_bias(logits, self.mlm_bias)
+        return replaced, kernels.add_bias(logits, self.mlm_bias)
 
     def __call__(self, input_ids, segment_ids, input_mask, positions, deterministic: bool = True):
         gen = self.generator_logits(input_ids, segment_ids, input_mask, positions, deterministic)

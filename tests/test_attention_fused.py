@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 from jax._src.cudnn import fused_attention_stablehlo as cudnn_fa
 
+from electra_jax import kernels
 from electra_jax import model as model_lib
 from electra_jax.model import ElectraSpec, EncoderSpec
 
@@ -154,7 +155,7 @@ def test_cudnn_arguments_pass_jax_cudnn_checks(cudnn_on_cpu, batch, length):
     after the same preparation jax.nn.dot_product_attention gives them."""
     q, k, v = _qkv(batch, length, jnp.bfloat16)
     input_mask = _input_mask(batch, length)
-    args = model_lib.fused_attention_args(q, k, v, _attention_bias(input_mask), "cudnn")
+    args = kernels.fused_attention_args(q, k, v, _attention_bias(input_mask), "cudnn")
 
     assert args["implementation"] == "cudnn"
     for name in ("query", "key", "value"):
@@ -214,7 +215,7 @@ def test_a_key_mask_of_one_query_row_is_what_cudnn_refuses(cudnn_on_cpu, batch, 
 
 def _einsum(q, k, v, bias):
     """The default path at rate 0 (deterministic): [B, heads, L, d]."""
-    return model_lib.attention_core(q, k, v, bias, jax.random.PRNGKey(0), 0.0)
+    return kernels.attention_core(q, k, v, bias, jax.random.PRNGKey(0), 0.0)
 
 
 @pytest.mark.parametrize("implementation", ["xla", "cudnn"])
@@ -228,7 +229,7 @@ def test_fused_attention_equals_einsum_on_a_padded_batch(implementation):
     bias = _attention_bias(input_mask)
 
     def fused(q, k, v):
-        args = model_lib.fused_attention_args(q, k, v, bias, implementation)
+        args = kernels.fused_attention_args(q, k, v, bias, implementation)
         args["implementation"] = "xla"
         return jnp.swapaxes(jax.nn.dot_product_attention(**args), 1, 2)
 
@@ -250,7 +251,7 @@ def test_a_row_without_real_tokens_stays_finite_for_cudnn():
     q, k, v = _qkv(batch, length, jnp.float32, seed=5)
     input_mask = np.ones((batch, length), np.int32)
     input_mask[1] = 0
-    args = model_lib.fused_attention_args(q, k, v, _attention_bias(input_mask), "cudnn")
+    args = kernels.fused_attention_args(q, k, v, _attention_bias(input_mask), "cudnn")
     np.testing.assert_array_equal(args["key_value_seq_lengths"], [length, length])
     args["implementation"] = "xla"
     out = jnp.swapaxes(jax.nn.dot_product_attention(**args), 1, 2)

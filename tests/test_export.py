@@ -19,6 +19,7 @@ import pytest
 
 from electra_jax import checkpointing, export, loop, pretrained
 from electra_jax.data.tokenizer import train_tokenizer
+from electra_jax.hf import write as hf_write
 from electra_jax.model import Electra
 from electra_jax.train_step import TrainState
 from tests.conftest import ROOT, micro_config, subprocess_env
@@ -174,8 +175,8 @@ def test_transformers_computes_our_logits(run, exported):
         theirs_disc = disc(**inputs).logits.numpy()
         theirs_gen = gen(**inputs).logits.numpy()
     assert gen.config.hidden_size == spec.generator.hidden_size
-    np.testing.assert_allclose(theirs_disc, ours_disc, atol=1e-4, rtol=0)
-    np.testing.assert_allclose(theirs_gen, ours_gen, atol=1e-4, rtol=0)
+    np.testing.assert_allclose(theirs_disc, ours_disc, atol=1e-6, rtol=0)
+    np.testing.assert_allclose(theirs_gen, ours_gen, atol=1e-6, rtol=0)
 
 
 def test_autotokenizer_gives_our_ids(run, exported):
@@ -238,13 +239,45 @@ def test_cli_bad_workdir_is_one_line(tmp_path):
     ], out.stderr
 
 
-def test_export_refuses_a_run_with_gdes_or_separate_embeddings(run, tmp_path):
-    for sharing in ("gdes", "none"):
-        spec = dataclasses.replace(run["spec"], embedding_sharing=sharing)
-        pre = pretrained.Pretrained(spec, run["params"], run["tokenizer"], "a run")
-        with pytest.raises(pretrained.PretrainedError, match=f"embedding_sharing='{sharing}'"):
-            export.write_export(pre, str(tmp_path / sharing))
-        assert not (tmp_path / sharing).exists()  # nothing written
+@pytest.mark.parametrize("sharing", ["gdes", "none"])
+def test_every_embedding_sharing_mode_exports_with_our_logits(run, tmp_path, sharing):
+    """Under 'gdes' the discriminator's export holds the base tables plus its deltas (and its own
+    LayerNorm), under 'none' its own block; the generator's holds the tables it computes with.
+    transformers then computes both networks' logits as ours do."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    spec = dataclasses.replace(run["spec"], embedding_sharing=sharing)
+    params = jax.tree_util.tree_map(np.asarray, _random_params(spec, 11))
+    extra = {"gdes": "embeddings_delta", "none": "generator_embeddings"}[sharing]
+    assert extra in params  # the mode's own block, drawn away from the shared one
+    out = tmp_path / sharing
+    manifest = hf_write.write_export(
+        pretrained.Pretrained(spec, params, run["tokenizer"], "a run"), str(out)
+    )
+    assert manifest["embedding_sharing"] == sharing
+    batch = pretrained.tokenize(run["tokenizer"], [(TEXTS[0], TEXTS[1]), TEXTS[2]], 64)
+    ours_gen, ours_disc = ours_logits(spec, params, batch)
+    inputs = {
+        "input_ids": torch.tensor(batch["input_ids"], dtype=torch.long),
+        "token_type_ids": torch.tensor(batch["segment_ids"], dtype=torch.long),
+        "attention_mask": torch.tensor(batch["input_mask"], dtype=torch.long),
+    }
+    disc = transformers.ElectraForPreTraining.from_pretrained(out / "discriminator").eval()
+    gen = transformers.ElectraForMaskedLM.from_pretrained(out / "generator").eval()
+    with torch.no_grad():
+        theirs_disc = disc(**inputs).logits.numpy()
+        theirs_gen = gen(**inputs).logits.numpy()
+    np.testing.assert_allclose(theirs_disc, ours_disc, atol=1e-6, rtol=0)
+    np.testing.assert_allclose(theirs_gen, ours_gen, atol=1e-6, rtol=0)
+    print(
+        sharing,
+        float(np.abs(theirs_disc - ours_disc).max()),
+        float(np.abs(theirs_gen - ours_gen).max()),
+    )
+    # The exported tables really are the mode's: the two networks' word embeddings differ.
+    d = disc.electra.embeddings.word_embeddings.weight.detach().numpy()
+    g = gen.electra.embeddings.word_embeddings.weight.detach().numpy()
+    assert not np.array_equal(d, g)
 
 
 def _as_pretrained(run) -> pretrained.Pretrained:
@@ -288,7 +321,7 @@ def test_reexport_replaces_only_the_files_an_export_wrote(run, exported, tmp_pat
     (out / "sub" / "file").write_text("mine too")
     (out / "discriminator" / "notes.md").write_text("and this")
     (out / "discriminator" / "config.json").write_text("damaged")  # the export's: replaced
-    export.write_export(_as_pretrained(run), str(out))
+    hf_write.write_export(_as_pretrained(run), str(out))
     assert (out / "important.txt").read_text() == "keep me"
     assert (out / "sub" / "file").read_text() == "mine too"
     assert (out / "discriminator" / "notes.md").read_text() == "and this"
@@ -322,7 +355,7 @@ def test_reexport_deletes_the_previous_exports_files_it_no_longer_writes(
     else:
         manifest["files"] += ["generator/vocab.txt", "extra/old.bin"]
     (out / "export.json").write_text(json.dumps(manifest))
-    export.write_export(_as_pretrained(run), str(out))
+    hf_write.write_export(_as_pretrained(run), str(out))
     assert not (out / "generator" / "vocab.txt").exists()
     assert (out / "generator" / "user.txt").read_text() == "mine"
     # A folder that held only a file of the previous export goes with it; a version-1 export
@@ -368,7 +401,7 @@ def test_export_refuses_a_foreign_export_json_and_touches_nothing(
         (out / "export.json").write_text(manifest)
     before = _snapshot(tmp_path)
     with pytest.raises(pretrained.PretrainedError, match=match) as e:
-        export.write_export(_as_pretrained(run), str(out))
+        hf_write.write_export(_as_pretrained(run), str(out))
     assert "\n" not in str(e.value) and "nothing was changed" in str(e.value)
     assert _snapshot(tmp_path) == before
 
@@ -391,15 +424,15 @@ def test_an_interrupted_export_is_recognised_and_finished(run, exported, tmp_pat
 
     monkeypatch.setattr(os, "replace", crash_on_the_fourth)
     with pytest.raises(pretrained.PretrainedError, match="No space left on device"):
-        export.write_export(_as_pretrained(run), str(out))
+        hf_write.write_export(_as_pretrained(run), str(out))
     monkeypatch.undo()
     # Half replaced: no export.json, but the hidden list of both exports' files.
     assert not (out / "export.json").exists()
     assert (out / ".export.json.partial").exists()
-    assert "discriminator/stale.txt" in export._check_out(str(out))
+    assert "discriminator/stale.txt" in hf_write.check_out(str(out))
     # A crash while writing also leaves the hidden working folder; the next export removes it.
     (out / ".electra_jax-export-crashed").mkdir()
-    export.write_export(_as_pretrained(run), str(out))
+    hf_write.write_export(_as_pretrained(run), str(out))
     assert sorted(os.listdir(out)) == ["discriminator", "export.json", "generator", "important.txt"]
     assert not (out / "discriminator" / "stale.txt").exists()
     assert (out / "important.txt").read_text() == "keep me"
@@ -409,10 +442,10 @@ def test_an_interrupted_export_is_recognised_and_finished(run, exported, tmp_pat
 def test_an_empty_out_or_one_holding_only_an_interrupted_export_is_written(run, tmp_path):
     empty = tmp_path / "empty"
     (empty / ".electra_jax-export-crashed" / "discriminator").mkdir(parents=True)
-    export.write_export(_as_pretrained(run), str(empty))
+    hf_write.write_export(_as_pretrained(run), str(empty))
     assert sorted(os.listdir(empty)) == ["discriminator", "export.json", "generator"]
     nested = tmp_path / "a" / "b"
-    export.write_export(_as_pretrained(run), str(nested))
+    hf_write.write_export(_as_pretrained(run), str(nested))
     assert sorted(os.listdir(nested)) == ["discriminator", "export.json", "generator"]
 
 

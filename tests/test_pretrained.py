@@ -11,7 +11,10 @@ import numpy as np
 import pytest
 
 import electra_jax
-from electra_jax import export, pretrained
+from electra_jax import pretrained
+from electra_jax.data.wordpiece import WordPieceTokenizer
+from electra_jax.hf import read as hf_read
+from electra_jax.hf import tokenizer_files
 from tests.conftest import ROOT, subprocess_env
 from tests.test_export import TEXTS, make_export, make_workdir, ours_logits
 
@@ -104,7 +107,7 @@ def test_import_of_a_transformers_pair_with_a_full_size_generator(tmp_path):
     g = pre.spec.generator
     assert (g.hidden_size, g.num_heads, g.intermediate_size) == (32, 2, 64)
     tok = pre.tokenizer
-    assert isinstance(tok, export.WordPieceTokenizer)
+    assert isinstance(tok, WordPieceTokenizer)
     assert (tok.pad_id, tok.unk_id, tok.cls_id, tok.sep_id, tok.mask_id) == (0, 100, 101, 102, 103)
 
     hf_tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "discriminator"))
@@ -132,6 +135,13 @@ def test_import_of_a_transformers_pair_with_a_full_size_generator(tmp_path):
     assert single.spec.generator.hidden_size == 8 and "initialised" in single.source
     for key in ("embeddings", "discriminator", "discriminator_predictions_dense"):
         jax.tree_util.tree_map(np.testing.assert_array_equal, single.params[key], pre.params[key])
+    # Initialised as model.Electra would: the projection Glorot-uniform, other kernels the
+    # truncated normal of std initializer_range.
+    project = single.params["generator"]["embeddings_project"]["kernel"]
+    limit = np.sqrt(6 / sum(project.shape))
+    assert 2 * single.spec.initializer_range < np.abs(project).max() <= limit
+    layer = single.params["generator"]["layer_0"]["intermediate"]["kernel"]
+    assert np.abs(layer).max() <= 2 * single.spec.initializer_range
 
 
 def test_a_chosen_checkpoint_step_loads(run, tmp_path):
@@ -385,15 +395,16 @@ def _wordpiece_folder(folder, tokenizer_config):
 def test_malformed_tokenizer_files_are_one_line_errors(tmp_path, tokenizer_config, match):
     folder = _wordpiece_folder(tmp_path / "tok", tokenizer_config)
     with pytest.raises(pretrained.PretrainedError, match=match) as e:
-        export.read_hf_tokenizer(str(folder))
+        tokenizer_files.read_hf_tokenizer(str(folder))
     assert "\n" not in str(e.value)
 
 
 def test_a_wordpiece_folder_with_valid_options_loads(tmp_path):
     folder = _wordpiece_folder(tmp_path / "tok", '{"do_lower_case": false, "strip_accents": null}')
-    tok = export.read_hf_tokenizer(str(folder))
+    tok = tokenizer_files.read_hf_tokenizer(str(folder))
     assert tok.vocab_size == 7 and tok.bert_options["do_lower_case"] is False
-    assert export.read_hf_tokenizer(str(_wordpiece_folder(tmp_path / "bare", None))).vocab_size
+    bare = _wordpiece_folder(tmp_path / "bare", None)
+    assert tokenizer_files.read_hf_tokenizer(str(bare)).vocab_size
 
 
 @pytest.mark.parametrize(
@@ -408,9 +419,9 @@ def test_a_wordpiece_folder_with_valid_options_loads(tmp_path):
 )
 def test_a_pickled_state_dict_must_map_names_to_tensors(state, match):
     with pytest.raises(pretrained.PretrainedError, match=match) as e:
-        export.check_state_dict(state, "m/pytorch_model.bin", np.ndarray)
+        hf_read.check_state_dict(state, "m/pytorch_model.bin", np.ndarray)
     assert str(e.value).startswith("m/pytorch_model.bin") and "\n" not in str(e.value)
-    export.check_state_dict({"w": np.zeros(2)}, "m/pytorch_model.bin", np.ndarray)
+    hf_read.check_state_dict({"w": np.zeros(2)}, "m/pytorch_model.bin", np.ndarray)
 
 
 @pytest.mark.parametrize(

@@ -21,16 +21,18 @@ def _batch(cfg, seed=0):
     }
 
 
-def run_steps(cfg, devices, num_steps=3, setup=None, state=None):
+def run_steps(cfg, devices, num_steps=3, setup=None, state=None, same_batch=False):
     """Metrics of `num_steps` steps of the micro model on a mesh over `devices` (through
-    `setup`'s compiled step and from `state` when given)."""
+    `setup`'s compiled step and from `state` when given); a new random batch each step, or the
+    first one again with `same_batch`."""
     mesh = sharding.make_mesh(cfg.mesh, devices)
     setup = setup or loop.setup_step(cfg, cfg.data.vocab_size, mesh)
     state = loop.init_on_mesh(setup) if state is None else state
     step = setup.step_fn
     out = []
     for i in range(num_steps):
-        state, m = step(state, sharding.global_batch(_batch(cfg, i), mesh))
+        batch = _batch(cfg, 0 if same_batch else i)
+        state, m = step(state, sharding.global_batch(batch, mesh))
         out.append({k: float(v) for k, v in m.items()})
     return out
 
@@ -38,7 +40,8 @@ def run_steps(cfg, devices, num_steps=3, setup=None, state=None):
 def test_steps_update_state_and_learn():
     cfg = micro_config()
     cfg.train.learning_rate = 3e-3
-    rows = run_steps(cfg, jax.devices()[:1], num_steps=8)
+    # Random ids leave nothing to learn but their counts, so one batch is seen again and again.
+    rows = run_steps(cfg, jax.devices()[:1], num_steps=8, same_batch=True)
     assert all(np.isfinite(r["loss"]) for r in rows)
     assert rows[0]["learning_rate"] == 0.0 and rows[2]["learning_rate"] > 0
     assert rows[0]["masked_fraction"] == 4 / 32  # N = int(0.155 x 32) = 4 caps round(4.8)

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 from array_record.python.array_record_module import ArrayRecordWriter
 
-from electra_jax.data import DataError, progress, sources
+from electra_jax.data import DataError, progress, sources, wordpiece
 from electra_jax.data import tokenizer as tokenizer_lib
 from electra_jax.data.packing import SentenceEnds, iter_packed
 
@@ -131,7 +131,7 @@ def ensure_tokenizer(data_cfg, tokenizer_dir: str, seed: int) -> tokenizer_lib.T
             given.save(tokenizer_dir)
         tok = tokenizer_lib.load_saved(tokenizer_dir)
     elif os.path.exists(model_path) or os.path.exists(
-        os.path.join(tokenizer_dir, tokenizer_lib.WORDPIECE_VOCAB)
+        os.path.join(tokenizer_dir, wordpiece.VOCAB_FILENAME)
     ):
         tok = tokenizer_lib.load_saved(tokenizer_dir)
     else:

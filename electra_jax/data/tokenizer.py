@@ -27,10 +27,9 @@ from collections.abc import Callable, Iterable, Sequence
 import numpy as np
 import sentencepiece as spm
 
-from electra_jax.data import DataError, sources
+from electra_jax.data import SPECIAL_PIECES, DataError, sources, wordpiece
 
 PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = 0, 1, 2, 3, 4
-SPECIAL_PIECES = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 MODEL_FILENAME = "spm.model"
 VOCAB_FILENAME = "spm.vocab"
 
@@ -466,12 +465,9 @@ def _train_model(sample: list[str], **options) -> bytes:
     return model
 
 
-WORDPIECE_VOCAB = "vocab.txt"
-
-
 def load_saved(tokenizer_dir: str):
     """A run's tokenizer from its folder: ``spm.model`` (ours), else a BERT ``vocab.txt`` (a run
-    continued from a WordPiece checkpoint such as Google's; `export.WordPieceTokenizer`, with
+    continued from a WordPiece checkpoint such as Google's; `wordpiece.WordPieceTokenizer`, with
     this class's interface).
 
     The folder's ``spm.model`` is the run's own (its checkpoints' ids mean its pieces), so a file
@@ -482,14 +478,9 @@ def load_saved(tokenizer_dir: str):
       DataError: neither file is there or readable, or spm.model is damaged.
     """
     if not os.path.exists(os.path.join(tokenizer_dir, MODEL_FILENAME)) and os.path.exists(
-        os.path.join(tokenizer_dir, WORDPIECE_VOCAB)
+        os.path.join(tokenizer_dir, wordpiece.VOCAB_FILENAME)
     ):
-        from electra_jax import export
-
-        try:
-            return export.WordPieceTokenizer.load(tokenizer_dir)
-        except export.PretrainedError as e:
-            raise DataError(str(e)) from None
+        return wordpiece.WordPieceTokenizer.load(tokenizer_dir)
     model_path = os.path.join(tokenizer_dir, MODEL_FILENAME)
     if sources.uri_scheme(tokenizer_dir):
         return Tokenizer.load(model_path)

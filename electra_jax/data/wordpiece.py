@@ -1,0 +1,176 @@
+"""BERT's WordPiece tokenizer (a vocab.txt), for runs built on Google's released ELECTRA models.
+
+Those checkpoints come with a BERT vocabulary, not a SentencePiece model. A run continued from
+one (train.init_from) keeps the vocab.txt in its tokenizer folder, and `tokenizer.load_saved`
+returns this class there: it has `tokenizer.Tokenizer`'s interface, so packing, fine-tuning and
+export treat both alike.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+
+from electra_jax import jsonio
+from electra_jax.data import SPECIAL_PIECES, DataError
+
+VOCAB_FILENAME = "vocab.txt"
+
+_BERT_OPTIONS = {
+    "do_lower_case": (True, False),
+    "strip_accents": (None, True, False),
+    "tokenize_chinese_chars": (True, False),
+}
+
+
+class WordPieceTokenizer:
+    """BERT's WordPiece (vocab.txt), with `data.tokenizer.Tokenizer`'s interface.
+
+    For checkpoints such as Google's released ELECTRA models ([PAD] 0, [UNK] 100, [CLS] 101,
+    [SEP] 102, [MASK] 103 in their uncased vocab). Backed by the `tokenizers` library's BERT
+    normalizer, pre-tokenizer and WordPiece model, configured from tokenizer_config.json
+    (do_lower_case, strip_accents, tokenize_chinese_chars) as transformers' BertTokenizer is, so
+    the ids are those transformers gives; as there, special tokens typed in text are matched.
+    """
+
+    def __init__(
+        self,
+        vocab: Sequence[str],
+        do_lower_case: bool = True,
+        strip_accents: bool | None = None,
+        tokenize_chinese_chars: bool = True,
+        model_path: str = "",
+    ):
+        from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers
+        from tokenizers import Tokenizer as HFTokenizer
+
+        self._vocab = list(vocab)
+        self._model_path = model_path
+        self.bert_options = {
+            "do_lower_case": bool(do_lower_case),
+            "strip_accents": strip_accents,
+            "tokenize_chinese_chars": bool(tokenize_chinese_chars),
+        }
+        self._ids: dict[str, int] = {}
+        for i, piece in enumerate(self._vocab):
+            self._ids.setdefault(piece, i)  # a duplicated line keeps its first id, as BERT's
+        missing = [p for p in SPECIAL_PIECES if p not in self._ids]
+        if missing:
+            raise DataError(
+                f"{model_path or 'vocab'} lacks the special token(s) {missing}; a BERT vocab.txt "
+                f"has {list(SPECIAL_PIECES)}"
+            )
+        self._pad, self._unk, self._cls, self._sep, self._mask = (
+            self._ids[p] for p in SPECIAL_PIECES
+        )
+        hf = HFTokenizer(
+            models.WordPiece(self._ids, unk_token="[UNK]", max_input_chars_per_word=100)
+        )
+        hf.normalizer = normalizers.BertNormalizer(
+            clean_text=True,
+            handle_chinese_chars=bool(tokenize_chinese_chars),
+            strip_accents=strip_accents,
+            lowercase=bool(do_lower_case),
+        )
+        hf.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        hf.decoder = decoders.WordPiece(prefix="##")
+        hf.add_special_tokens([AddedToken(p, special=True) for p in SPECIAL_PIECES])
+        self._hf = hf
+        digest = hashlib.sha256("\n".join(self._vocab).encode("utf-8"))
+        digest.update(json.dumps(self.bert_options, sort_keys=True).encode("utf-8"))
+        self._fingerprint = digest.hexdigest()
+
+    @classmethod
+    def load(cls, folder: str) -> WordPieceTokenizer:
+        """From folder/vocab.txt and (if present) folder/tokenizer_config.json."""
+        path = os.path.join(folder, VOCAB_FILENAME)
+        try:
+            with open(path, encoding="utf-8") as f:
+                vocab = [line.rstrip("\r\n") for line in f]
+        except (OSError, UnicodeDecodeError) as e:
+            raise DataError(f"{path} cannot be read ({e})") from None
+        config_path = os.path.join(folder, "tokenizer_config.json")
+        options = jsonio.read_json_object(
+            config_path, "a tokenizer_config.json is an object of options", DataError, default={}
+        )
+        for name, allowed in _BERT_OPTIONS.items():
+            if name in options and not any(options[name] is v for v in allowed):
+                raise DataError(
+                    f"{config_path}: {name} is {jsonio.one_line(repr(options[name]), 60)}; it "
+                    f"must be one of {' or '.join(map(json.dumps, allowed))}: correct the file"
+                )
+        return cls(
+            vocab,
+            do_lower_case=options.get("do_lower_case", True),
+            strip_accents=options.get("strip_accents"),
+            tokenize_chinese_chars=options.get("tokenize_chinese_chars", True),
+            model_path=path,
+        )
+
+    def __getstate__(self) -> dict:
+        return {"vocab": self._vocab, "model_path": self._model_path, **self.bert_options}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(**state)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self._vocab)
+
+    @property
+    def model_path(self) -> str:
+        return self._model_path
+
+    @property
+    def fingerprint(self) -> str:
+        """Hex sha256 of the vocab and the normalization options."""
+        return self._fingerprint
+
+    @property
+    def pad_id(self) -> int:
+        return self._pad
+
+    @property
+    def unk_id(self) -> int:
+        return self._unk
+
+    @property
+    def cls_id(self) -> int:
+        return self._cls
+
+    @property
+    def sep_id(self) -> int:
+        return self._sep
+
+    @property
+    def mask_id(self) -> int:
+        return self._mask
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of one text, no special tokens added: ``[num_tokens]``."""
+        return self._hf.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Sequence[str], num_threads: int | None = None) -> list[list[int]]:
+        """Token ids of many texts (`tokenizers` parallelises; num_threads is not used)."""
+        del num_threads
+        return [e.ids for e in self._hf.encode_batch(list(texts), add_special_tokens=False)]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of ids; special tokens decode to nothing."""
+        return self._hf.decode([int(i) for i in ids], skip_special_tokens=True)
+
+    def save(self, out_dir: str) -> None:
+        """Writes out_dir/vocab.txt and out_dir/tokenizer_config.json (what `load` reads)."""
+        os.makedirs(out_dir, exist_ok=True)
+        with open(os.path.join(out_dir, VOCAB_FILENAME), "w", encoding="utf-8") as f:
+            f.write("".join(f"{p}\n" for p in self._vocab))
+        config = {"tokenizer_class": "BertTokenizer", **self.bert_options}
+        jsonio.write_json(os.path.join(out_dir, "tokenizer_config.json"), config)
+
+    def id_to_piece(self, token_id: int) -> str:
+        return self._vocab[int(token_id)]
+
+    def piece_to_id(self, piece: str) -> int:
+        return self._ids.get(piece, self._unk)

@@ -1,0 +1,240 @@
+"""Export: a `Pretrained` (a workdir's newest checkpoint) as a transformers ELECTRA pair.
+
+An export D holds:
+  D/discriminator/   ElectraForPreTraining: config.json, model.safetensors, tokenizer files
+  D/generator/       ElectraForMaskedLM: the same files
+  D/export.json      what was exported (source, step, tokenizer fingerprint) and "files", the
+                     relative path of every other file the export wrote; marks D as an export
+An export into an existing D writes its own files and deletes those of the previous export (its
+manifest lists them) that it no longer writes: anything else a user keeps in D stays untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from typing import Any
+
+from electra_jax import model
+from electra_jax.data.tokenizer import MODEL_FILENAME
+from electra_jax.data.wordpiece import VOCAB_FILENAME
+from electra_jax.hf.config import hf_config
+from electra_jax.hf.names import DISCRIMINATOR, GENERATOR, NETWORKS, WEIGHTS, params_to_hf
+from electra_jax.hf.tokenizer_files import write_tokenizer_files
+from electra_jax.jsonio import json_kind, one_line, write_json
+from electra_jax.weights import Pretrained, PretrainedError
+
+MANIFEST = "export.json"
+FORMAT, VERSION = "electra_jax.export", 2
+# While one export replaces another, the union of both file lists waits here (hidden) in place of
+# export.json, so that a folder a crash leaves half replaced is still recognised as ours, with
+# every file either export wrote, and the next export finishes the job.
+PARTIAL_MANIFEST = ".export.json.partial"
+# Hidden folders in OUT where an export is written before each file is renamed into place.
+TMP_PREFIX = ".electra_jax-export-"
+# The files exports of version 1 wrote (their export.json lists none): only these are replaced.
+V1_FILES = tuple(
+    f"{network}/{name}"
+    for network in NETWORKS
+    for name in (
+        "config.json",
+        WEIGHTS,
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        MODEL_FILENAME,
+        VOCAB_FILENAME,
+    )
+)
+
+
+def _relative_file(rel: Any) -> bool:
+    """Whether a manifest entry is a path inside the export: '/'-separated parts, none empty,
+    '..' or hidden, so not absolute either."""
+    if not isinstance(rel, str) or "\\" in rel or "\0" in rel:
+        return False
+    return all(part and not part.startswith(".") for part in rel.split("/"))
+
+
+def _is_tmp(out: str, name: str) -> bool:
+    path = os.path.join(out, name)
+    return name.startswith(TMP_PREFIX) and os.path.isdir(path) and not os.path.islink(path)
+
+
+def _no_link_on_the_way(out: str, rel: str) -> bool:
+    """Whether every folder between OUT and OUT/rel is a real folder (or absent), so that writing
+    or deleting OUT/rel stays inside OUT."""
+    parent = out
+    for part in rel.split("/")[:-1]:
+        parent = os.path.join(parent, part)
+        if os.path.islink(parent) or (os.path.lexists(parent) and not os.path.isdir(parent)):
+            return False
+    return True
+
+
+def _manifest_files(out: str, name: str) -> set[str]:
+    """The files the manifest OUT/name says an export wrote; PretrainedError unless it is ours."""
+    path = os.path.join(out, name)
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        raise PretrainedError(
+            f"--out {out}: its {name} is not JSON, so the folder is not an electra_jax export; "
+            "choose another --out (nothing was changed)"
+        ) from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        what = f"format {data.get('format')!r}" if isinstance(data, dict) else json_kind(data)
+        raise PretrainedError(
+            f"--out {out}: its {name} was not written by electra_jax (a JSON "
+            f"{one_line(what, 60)}); choose another --out (nothing was changed)"
+        )
+    if "files" not in data:  # version 1: the layout it wrote, as far as it is there
+        return {rel for rel in V1_FILES if os.path.lexists(os.path.join(out, rel))}
+    files = data["files"]
+    if not isinstance(files, list):
+        raise PretrainedError(
+            f"{path}: files is a JSON {json_kind(files)}, not a list of paths inside the export; "
+            "choose another --out (nothing was changed)"
+        )
+    for rel in files:
+        if not _relative_file(rel):
+            raise PretrainedError(
+                f"{path}: files lists {one_line(repr(rel), 80)}, which is not a path inside the "
+                "export; choose another --out (nothing was changed)"
+            )
+    return set(files)
+
+
+def check_out(out: str) -> list[str]:
+    """The files of the previous export at OUT that a new export replaces or deletes ([] when
+    OUT is missing or empty): an export replaces only what an export wrote.
+
+    Raises:
+      PretrainedError: OUT is a file, or a folder that holds anything but no export.json of ours.
+    """
+    if not os.path.lexists(out):
+        return []
+    if not os.path.isdir(out):
+        raise PretrainedError(f"--out {out} is a file; choose a directory path")
+    names = [n for n in os.listdir(out) if not _is_tmp(out, n)]
+    manifests = [n for n in (MANIFEST, PARTIAL_MANIFEST) if n in names]
+    if not manifests and names:
+        raise PretrainedError(
+            f"--out {out} exists and is not an electra_jax export (no {MANIFEST}); choose "
+            "another --out or empty it"
+        )
+    files: set[str] = set()
+    for name in manifests:
+        files |= _manifest_files(out, name)
+    return sorted(files)
+
+
+def _files_below(folder: str) -> list[str]:
+    """Every file under `folder`, as sorted '/'-separated relative paths."""
+    found = []
+    for root, _, names in os.walk(folder):
+        rel = os.path.relpath(root, folder)
+        found += [name if rel == "." else f"{rel.replace(os.sep, '/')}/{name}" for name in names]
+    return sorted(found)
+
+
+def _write_networks(pretrained: Pretrained, folder: str) -> list[str]:
+    """FOLDER/discriminator and FOLDER/generator; returns the files written."""
+    from safetensors.numpy import save_file
+
+    spec, tokenizer = pretrained.spec, pretrained.tokenizer
+    tensors = params_to_hf(pretrained.params, spec)
+    for network in NETWORKS:
+        sub = os.path.join(folder, network)
+        os.makedirs(sub)
+        write_json(os.path.join(sub, "config.json"), hf_config(spec, network, tokenizer.pad_id))
+        # "pt" is what transformers expects in the metadata of a PyTorch-loadable file.
+        save_file(tensors[network], os.path.join(sub, WEIGHTS), metadata={"format": "pt"})
+        write_tokenizer_files(tokenizer, sub, spec.max_position_embeddings)
+    return _files_below(folder)
+
+
+def _move_into_place(out: str, tmp: str, previous: list[str], files: list[str]) -> None:
+    """Renames each file of TMP (a new export, its manifest included) into OUT, deletes the
+    files of the previous export that the new one does not write, and leaves all else alone.
+
+    Every file is replaced by one os.replace, so each is whole, old or new; export.json, written
+    last, says the export is complete. Until then PARTIAL_MANIFEST lists both exports' files.
+    """
+    for rel in files:
+        target = os.path.join(out, rel)
+        if not _no_link_on_the_way(out, rel) or (
+            os.path.isdir(target) and not os.path.islink(target)
+        ):
+            raise PretrainedError(
+                f"--out {out}: {rel} cannot be written (a folder, a file or a link stands in its "
+                "way); move that away or choose another --out (nothing was changed)"
+            )
+    partial = {"format": FORMAT, "version": VERSION, "files": sorted({*previous, *files})}
+    write_json(os.path.join(tmp, PARTIAL_MANIFEST), partial)
+    os.replace(os.path.join(tmp, PARTIAL_MANIFEST), os.path.join(out, PARTIAL_MANIFEST))
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(os.path.join(out, MANIFEST))
+    for rel in files:
+        target = os.path.join(out, rel)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        os.replace(os.path.join(tmp, rel), target)
+    for rel in sorted(set(previous) - set(files)):
+        target = os.path.join(out, rel)
+        if _no_link_on_the_way(out, rel) and (os.path.islink(target) or os.path.isfile(target)):
+            os.remove(target)
+            parent = os.path.dirname(target)
+            while parent != out and not os.listdir(parent):  # folders only it filled
+                os.rmdir(parent)
+                parent = os.path.dirname(parent)
+    os.replace(os.path.join(tmp, MANIFEST), os.path.join(out, MANIFEST))
+    os.remove(os.path.join(out, PARTIAL_MANIFEST))
+
+
+def write_export(pretrained: Pretrained, out: str) -> dict:
+    """Writes OUT/discriminator, OUT/generator and OUT/export.json; returns the manifest.
+
+    OUT may be missing, empty, or a previous export; anything else is refused. The export is
+    written into a hidden folder inside OUT, then each file is renamed into place, so every file
+    is whole. Of a previous export only the files it wrote (its manifest lists them) are replaced
+    or deleted: whatever else the user keeps in OUT stays as it is.
+    """
+    out = os.path.abspath(out)
+    previous = check_out(out)
+    counts = model.network_param_counts(pretrained.params)
+    manifest = {
+        "format": FORMAT,
+        "version": VERSION,
+        "source": pretrained.source,
+        "tokenizer_fingerprint": pretrained.tokenizer.fingerprint,
+        # Import reads one shared block (the discriminator's): a generator trained with its own
+        # tables ('gdes', 'none') then computes with the discriminator's, with a warning.
+        "embedding_sharing": pretrained.spec.embedding_sharing,
+        "discriminator_params": counts[DISCRIMINATOR],
+        "generator_params": counts[GENERATOR],
+    }
+    created = not os.path.isdir(out)
+    try:
+        os.makedirs(out, exist_ok=True)
+        for name in os.listdir(out):  # left by an export that was interrupted
+            if _is_tmp(out, name):
+                shutil.rmtree(os.path.join(out, name), ignore_errors=True)
+        tmp = tempfile.mkdtemp(prefix=TMP_PREFIX, dir=out)
+        try:
+            manifest["files"] = _write_networks(pretrained, tmp)
+            write_json(os.path.join(tmp, MANIFEST), manifest)
+            _move_into_place(out, tmp, previous, manifest["files"])
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if created and not os.listdir(out):
+                os.rmdir(out)
+    except OSError as e:
+        raise PretrainedError(
+            f"cannot write the export to {out} ({one_line(e, 200)}); check the folder's "
+            "permissions and free space, then export again"
+        ) from None
+    return manifest

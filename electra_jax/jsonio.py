@@ -1,0 +1,69 @@
+"""JSON files as the package reads and writes them, and the words its messages use for values.
+
+A leaf: it imports nothing of ours, so that `data/` (the lowest floor) and the Hugging Face
+readers above it read a tokenizer_config.json or a config.json the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+
+def one_line(text: object, limit: int = 300) -> str:
+    """`text` with its whitespace runs (newlines included) collapsed, cut to `limit` characters."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+def json_kind(value: Any) -> str:
+    """The JSON name of a parsed value's type, for messages ('list', 'string', ...)."""
+    if isinstance(value, dict):
+        return "object"
+    if isinstance(value, list):
+        return "list"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    return "null" if value is None else type(value).__name__
+
+
+def read_json(path: str, error: type[Exception], default: Any = None) -> Any:
+    """The parsed file; `default` when it is given and the file is absent.
+
+    Raises:
+      error: the file is missing (without a default), unreadable or not JSON; the message names
+        the file and says to fetch or export it again.
+    """
+    if default is not None and not os.path.exists(path):
+        return default
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise error(f"{path} is missing") from None
+    except (OSError, ValueError) as e:
+        message = f"{path} cannot be read ({one_line(e, 200)}); fetch or export it again"
+        raise error(message) from None
+
+
+def read_json_object(path: str, what: str, error: type[Exception], default: Any = None) -> dict:
+    """read_json, refusing a file whose top level is not an object (`what`: what it must be)."""
+    value = read_json(path, error, default)
+    if not isinstance(value, dict):
+        raise error(
+            f"{path} holds a JSON {json_kind(value)}, not an object ({what}); fetch or export it "
+            "again"
+        )
+    return value
+
+
+def write_json(path: str, obj: Any) -> None:
+    """`obj` as indented JSON with sorted keys and a final newline."""
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2, sort_keys=True)
+        f.write("\n")
