@@ -15,6 +15,11 @@ the floor, on each GLUE task x seed (benchmarks/glue.py's configs), and prints:
      mean +- std over seeds (the average is taken per seed, then over seeds);
   2. the average per objective per budget, with its steps and pre-training FLOPs.
 
+`--objectives=electra,two_stage` adds the paper's Two-Stage ELECTRA (Figure 3, right): it
+trains a generator as wide as the discriminator (so it gets fewer steps for the same FLOPs) alone
+for the first half of its steps, then the discriminator started from it. Adversarial training
+is not implemented yet.
+
 It writes OUT/results.json (every run), OUT/table.md (both tables) and OUT/sample_efficiency.png
 (average dev score against pre-training FLOPs, log x, a line per objective, random init dashed).
 Rerunning with the same --out continues: finished pre-training steps and fine-tuning runs (their
@@ -230,6 +235,11 @@ def pretrain_config(preset: dict, name: str, corpus: str, out: str):
         section, field = key.split(".")
         config[section][field] = value
     config.objective.name = name
+    if name == "two_stage":
+        # The second stage starts the discriminator from the generator: the same size. Its
+        # heads and feed-forward width must then be the generator's (hidden / 64, 4 x hidden),
+        # which validate checks.
+        config.generator.hidden_fraction, config.generator.layers_fraction = 1.0, 1.0
     config.data.source = f"text:{corpus}"
     config.data.cache_dir = os.path.join(out, "data")
     return config
@@ -245,6 +255,8 @@ def plan(config, preset: dict) -> dict:
     )["total"]
     steps = budget_steps(preset["budget_flops"], per_step, preset["fractions"])
     config.train.num_steps = steps[-1]
+    if name == "two_stage":  # the paper's two halves: the generator, then the discriminator
+        config.objective.two_stage_steps = max(1, steps[-1] // 2)
     config.train.warmup_steps = max(1, int(preset["warmup_fraction"] * steps[-1]))
     # The loop saves at every_steps multiples and at stop_after; `pretrain` stops at each budget.
     config.checkpoint.every_steps = steps[-1]

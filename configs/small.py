@@ -60,8 +60,10 @@ def get_config() -> ml_collections.ConfigDict:
     # 'electra' (replaced token detection) or the paper's ablations: 'electra_15' (RTD loss on the
     # masked 15% only), 'mlm' (BERT: 80% [MASK], 10% random, 10% kept; no generator),
     # 'replaced_mlm' (MLM on generator-replaced tokens), 'all_tokens_mlm' (predict every token,
-    # with a copy mechanism)
+    # with a copy mechanism), 'two_stage' (the generator alone, then the discriminator started
+    # from it with the generator frozen; needs generator.hidden_fraction = 1)
     config.objective.name = "electra"
+    config.objective.two_stage_steps = 0  # 'two_stage': the generator-only steps before the switch
     config.objective.mask_prob = 0.15  # share of tokens the generator fills
     config.objective.mask_token_prob = 0.85  # of those, share shown as [MASK] (the rest kept)
     config.objective.gen_weight = 1.0  # weight of the generator's MLM loss

@@ -84,7 +84,8 @@ def count_flops(
     disc = tokens * _encoder_flops_per_token(spec.discriminator, e, seq_length)
     rtd_head = 2 * hd * hd + 2 * hd  # dense, then the 1-unit output, per token
     mlm_head = 2 * hd * e + 2 * e * v  # dense to E, then the tied output over V, per position
-    if objective in ("electra", "electra_15"):
+    if objective in ("electra", "electra_15", "two_stage"):
+        # 'two_stage' runs both networks every step (the idle one's loss weighted 0).
         disc += tokens * rtd_head
     elif objective == "replaced_mlm":
         disc += slots * mlm_head

@@ -421,7 +421,10 @@ def electra_forward(
 # batch's (masked slots, real tokens), so accumulated micro-batches stay exact.
 # ---------------------------------------------------------------------------------------------
 
-OBJECTIVES = ("electra", "mlm", "electra_15", "replaced_mlm", "all_tokens_mlm")
+OBJECTIVES = ("electra", "mlm", "electra_15", "replaced_mlm", "all_tokens_mlm", "two_stage")
+# Objectives whose sums, loss and metrics are ELECTRA's: 'two_stage' (paper Section 3.2) trains
+# with ELECTRA's loss, its two weights switched by the step (train_step.two_stage_weights).
+ELECTRA_LIKE = ("electra", "two_stage")
 
 
 def needs_mlm_head(name: str) -> bool:
@@ -585,7 +588,7 @@ def objective_sums(
     """The sums of objective `name` for (part of) a batch; `mlm_fn(ids, positions or None, key)
     -> (replaced logits [B, L], MLM logits [B, N or L, V])` is needed by the MLM objectives."""
     kw = {"temperature": temperature, "sampler": sampler}
-    if name == "electra":
+    if name in ELECTRA_LIKE:
         return electra_sums(batch, corruption, generator_fn, discriminator_fn, keys, **kw)
     if name == "electra_15":
         return electra_15_sums(batch, corruption, generator_fn, discriminator_fn, keys, **kw)
@@ -604,7 +607,7 @@ def objective_loss(name: str, sums, denominators, *, gen_weight: float, disc_wei
     the RTD sum by the masked slots; 'mlm' is the MLM mean alone; 'replaced_mlm' and
     'all_tokens_mlm' are gen_weight x generator MLM + 1 x the network's MLM mean (over masked
     slots, resp. real tokens)."""
-    if name == "electra":
+    if name in ELECTRA_LIKE:
         return electra_loss(sums, denominators, gen_weight=gen_weight, disc_weight=disc_weight)
     masked, tokens = (jnp.maximum(d, 1.0) for d in denominators)
     gen = gen_weight * sums["gen_loss"] / masked
@@ -625,7 +628,7 @@ def objective_metrics(
     """The logged scalars of objective `name` from a whole batch's sums: electra_metrics' keys
     (zero where the objective has no such part) plus mlm_loss and mlm_accuracy for the MLM
     objectives."""
-    if name == "electra":
+    if name in ELECTRA_LIKE:
         return electra_metrics(sums, gen_weight=gen_weight, disc_weight=disc_weight)
     out = electra_metrics(sums, gen_weight=gen_weight, disc_weight=disc_weight)
     denominators = (sums["gen_count"], sums["tokens"])

@@ -175,6 +175,12 @@ def train_step(
     dropout, whose masks are drawn per micro-batch).
     """
     name = _name(objective_cfg)
+    params = state.params
+    weights = {"gen_weight": objective_cfg.gen_weight, "disc_weight": objective_cfg.disc_weight}
+    if name == "two_stage":
+        switch = objective_cfg.two_stage_steps
+        params = discriminator_from_generator(params, state.step == switch)
+        weights = two_stage_weights(state.step, switch, **weights)
     rng = jax.random.fold_in(state.rng, state.step)
     k_corrupt, k_gen, k_sample, k_disc = jax.random.split(rng, 4)
     mask_token_prob, random_token_prob = objective.corruption_probs(
@@ -195,7 +201,6 @@ def train_step(
         jnp.sum(corruption.masked.weights),
         jnp.sum(batch["input_mask"] > 0).astype(jnp.float32),
     )
-    weights = {"gen_weight": objective_cfg.gen_weight, "disc_weight": objective_cfg.disc_weight}
 
     def grads_and_sums(part, part_corruption, keys):
         def loss_fn(params):
@@ -213,7 +218,7 @@ def train_step(
             )
             return objective.objective_loss(name, sums, denominators, **weights), sums
 
-        return jax.grad(loss_fn, has_aux=True)(state.params)
+        return jax.grad(loss_fn, has_aux=True)(params)
 
     keys = (k_gen, k_sample, k_disc)
     if grad_accum_steps == 1:
@@ -233,13 +238,65 @@ def train_step(
         xs = (jnp.arange(grad_accum_steps), *parts)
         (grads, sums), _ = jax.lax.scan(accumulate, zeros, xs)
 
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
+    updates, opt_state = tx.update(grads, state.opt_state, params)
+    if name == "two_stage":
+        updates = frozen_generator(updates, state.step >= objective_cfg.two_stage_steps)
+    params = optax.apply_updates(params, updates)
     metrics = objective.objective_metrics(name, sums, **weights)
+    if name == "two_stage":
+        metrics["stage"] = jnp.where(state.step >= objective_cfg.two_stage_steps, 2.0, 1.0)
     metrics["grad_norm"] = optax.global_norm(grads)
     metrics["learning_rate"] = jnp.asarray(schedule(state.step), jnp.float32)
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
     return new_state, metrics
+
+
+# ------------------------------------------------------------------------ two-stage training
+# The paper's Two-Stage ELECTRA (Section 3.2): the generator alone with the MLM loss for
+# objective.two_stage_steps steps; then the discriminator, initialised from the generator's
+# weights (so the two are the same size), with the generator frozen. Both stages are one run:
+# the stage is a function of the step, inside the compiled step, so a resume on either side of
+# the switch continues exactly. The embeddings are one block shared by both networks, so in the
+# second stage they train with the discriminator.
+
+# The generator's own parameters: frozen in the second stage.
+GENERATOR_ONLY = (
+    "generator",
+    "generator_predictions_dense",
+    "generator_predictions_LayerNorm",
+    "generator_lm_head_bias",
+)
+
+
+def two_stage_weights(step, switch: int, *, gen_weight: float, disc_weight: float) -> dict:
+    """The loss weights at `step`: the generator's MLM loss alone before `switch`, the
+    discriminator's loss alone from it on (float32 scalars)."""
+    second = step >= switch
+    return {
+        "gen_weight": jnp.where(second, 0.0, gen_weight),
+        "disc_weight": jnp.where(second, disc_weight, 0.0),
+    }
+
+
+def discriminator_from_generator(params: dict, at) -> dict:
+    """`params` with the discriminator's encoder replaced by the generator's where `at` (a
+    boolean scalar) is true: the second stage's initialisation. The two encoders must have the
+    same shapes (validate.check_config refuses 'two_stage' otherwise)."""
+    copied = jax.tree_util.tree_map(
+        lambda g, d: jnp.where(at, g, d), params["generator"], params["discriminator"]
+    )
+    return {**params, "discriminator": copied}
+
+
+def frozen_generator(updates: dict, frozen) -> dict:
+    """`updates` with those of GENERATOR_ONLY zeroed where `frozen` (a boolean scalar) is true,
+    weight decay included: the generator does not move in the second stage."""
+    return {
+        k: jax.tree_util.tree_map(lambda u: jnp.where(frozen, jnp.zeros_like(u), u), v)
+        if k in GENERATOR_ONLY
+        else v
+        for k, v in updates.items()
+    }
 
 
 def guarded_train_step(

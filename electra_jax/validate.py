@@ -69,6 +69,37 @@ def check_workdir(workdir: str, flag: str = "--workdir", create: bool = True) ->
         ) from e
 
 
+def _check_two_stage(config: Any) -> None:
+    """The switch step is inside the run, and the generator has the discriminator's shape (the
+    second stage starts the discriminator from the generator's weights)."""
+    m, g, t, o = config.model, config.generator, config.train, config.objective
+    switch = o.get("two_stage_steps", 0)
+    _require(
+        isinstance(switch, int) and not isinstance(switch, bool) and 0 < switch < t.num_steps,
+        f"objective.two_stage_steps={switch!r} must be a whole number of generator-only steps "
+        f"from 1 to train.num_steps - 1 = {t.num_steps - 1} (the paper: half the steps)",
+    )
+    width = round(m.hidden_size * g.hidden_fraction)
+    same = (
+        width == m.hidden_size
+        and round(m.num_layers * g.layers_fraction) == m.num_layers
+        and max(1, width // 64) == m.num_heads
+        and 4 * width == m.intermediate_size
+    )
+    _require(
+        same,
+        "objective.name='two_stage' starts the discriminator from the generator's weights, so the "
+        "two must be the same size: set generator.hidden_fraction=1.0 and "
+        "generator.layers_fraction=1.0, with model.num_heads = hidden_size // 64 (at least 1) and "
+        "model.intermediate_size = 4 x hidden_size, as the generator's are",
+    )
+    _require(
+        m.get("embedding_sharing", "electra") == "electra",
+        f"objective.name='two_stage' needs model.embedding_sharing='electra' (one shared block), "
+        f"not {m.get('embedding_sharing')!r}",
+    )
+
+
 def check_config(config: Any) -> None:
     """Raises ConfigError for sizes and values that cannot train."""
     m, g, d, t, o = config.model, config.generator, config.data, config.train, config.objective
@@ -119,11 +150,13 @@ def check_config(config: Any) -> None:
         f"objective.mask_token_prob={o.mask_token_prob} must be in [0, 1]",
     )
     _require(o.temperature > 0, f"objective.temperature={o.temperature} must be > 0")
-    names = ("electra", "mlm", "electra_15", "replaced_mlm", "all_tokens_mlm")
+    names = ("electra", "mlm", "electra_15", "replaced_mlm", "all_tokens_mlm", "two_stage")
     _require(
         o.name in names,
         f"objective.name={o.name!r} is not an objective; use one of {', '.join(names)}",
     )
+    if o.name == "two_stage":
+        _check_two_stage(config)
     sharing = m.get("embedding_sharing", "electra")
     _require(
         sharing in ("electra", "gdes", "none"),

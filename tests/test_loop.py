@@ -360,3 +360,23 @@ def test_resume_checks_settings_and_shapes_and_records_allowed_changes(shared_da
     assert rows == [{"changes": {"train.learning_rate": {"from": 1e-3, "to": 5e-4}}, "step": 4}]
     steps = [r["step"] for r in metrics.read_rows(str(workdir / "metrics.jsonl"))]
     assert steps == [1, 2, 3, 4, 5]
+
+
+@pytest.mark.slow
+def test_two_stage_resumes_across_the_switch_exactly(shared_data, tmp_path):
+    from tests.test_train_step import two_stage_config
+
+    cfg = two_stage_config()
+    cfg.data.tokenizer, cfg.data.cache_dir = shared_data
+    cfg.objective.two_stage_steps = 4
+    straight = tmp_path / "straight"
+    loop.train(cfg, str(straight))
+    rows = metrics.read_rows(str(straight / "metrics.jsonl"))
+    assert [r["stage"] for r in rows] == [1, 1, 1, 1, 2, 2]  # the switch step is in the rows
+    resumed = tmp_path / "resumed"
+    loop.train(cfg, str(resumed), stop_after=3)  # before the switch; resumed across it
+    loop.train(cfg, str(resumed))
+    again = metrics.read_rows(str(resumed / "metrics.jsonl"))
+    assert [(r["step"], r["loss"], r["stage"]) for r in again] == [
+        (r["step"], r["loss"], r["stage"]) for r in rows
+    ]

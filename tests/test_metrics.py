@@ -53,6 +53,9 @@ def test_flops_count_matches_xla_cost_analysis(name):
     config.model.hidden_size, config.model.intermediate_size = 128, 512
     config.model.embedding_size, config.data.seq_length = 64, 64
     config.objective.name = name
+    if name == "two_stage":  # a generator of the discriminator's shape (128: 2 heads of 64)
+        config.generator.hidden_fraction, config.model.num_heads = 1.0, 2
+        config.objective.two_stage_steps = 1
     vocab = 1000
     spec, _, _, _, num_slots = loop.build(config, vocab)
     counted = metrics.count_flops(

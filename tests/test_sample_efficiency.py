@@ -37,6 +37,15 @@ def test_plan_sets_the_schedule_and_keeps_every_budget_checkpoint(tmp_path):
         assert config.data.cache_dir == os.path.join(str(tmp_path), "data")
     # No generator for MLM; an MLM head at every token for All-Tokens MLM.
     assert steps["mlm"][-1] > steps["electra"][-1] > steps["all_tokens_mlm"][-1]
+    # Two-stage: a generator as wide as the discriminator (so fewer steps), switched halfway.
+    config = se.pretrain_config(preset, "two_stage", "corpus/*.txt", str(tmp_path))
+    info = se.plan(config, preset)
+    assert config.generator.hidden_fraction == 1.0
+    assert config.objective.two_stage_steps == info["steps"][-1] // 2
+    assert info["steps"][-1] < steps["electra"][-1]
+    from electra_jax import validate
+
+    validate.check_config(config)  # the preset's 128-wide model: 2 heads of 64, as the generator
 
 
 MICRO = {

@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from electra_jax import loop, sharding
+from electra_jax import train_step as train_step_lib
 from electra_jax.train_step import eval_step, init_state
 from tests.conftest import micro_config
 
@@ -120,3 +121,45 @@ def test_accumulated_micro_batches_give_the_full_batch_gradient():
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * scale)
     for name in ("loss", "gen_loss", "disc_loss", "grad_norm", "gen_accuracy"):
         np.testing.assert_allclose(metrics[1][name], metrics[4][name], rtol=1e-5, err_msg=name)
+
+
+def two_stage_config():
+    """The micro config under 'two_stage': a generator as wide as the discriminator (64: one
+    head of 64, feed-forward 256), the switch after 3 of 6 steps."""
+    cfg = micro_config()
+    cfg.objective.name, cfg.objective.two_stage_steps = "two_stage", 3
+    cfg.generator.hidden_fraction = 1.0
+    cfg.model.num_heads, cfg.model.intermediate_size = 1, 256
+    return cfg
+
+
+def _max_difference(a, b) -> float:
+    pairs = zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
+    return max(float(np.max(np.abs(x - y))) for x, y in pairs)
+
+
+def test_two_stage_trains_the_generator_then_the_discriminator_from_it_with_the_generator_frozen():
+    cfg = two_stage_config()
+    cfg.train.learning_rate = 1e-3
+    mesh = sharding.make_mesh(cfg.mesh, jax.devices()[:1])
+    setup = loop.setup_step(cfg, cfg.data.vocab_size, mesh)
+    state = loop.init_on_mesh(setup)
+    params, rows = [jax.device_get(state.params)], []
+    for i in range(5):
+        state, m = setup.step_fn(state, sharding.global_batch(_batch(cfg, i), mesh))
+        params.append(jax.device_get(state.params))
+        rows.append({k: float(v) for k, v in m.items()})
+    assert [r["stage"] for r in rows] == [1, 1, 1, 2, 2]
+    for r in rows[:3]:  # the generator's MLM loss alone
+        np.testing.assert_allclose(r["loss"], r["gen_loss"], rtol=1e-6)
+    for r in rows[3:]:  # the discriminator's loss alone
+        np.testing.assert_allclose(r["loss"], 50.0 * r["disc_loss"], rtol=1e-6)
+    # The switch (the update from step 3) starts the discriminator from the generator: after
+    # it, the two differ by one update (|update| < 5 x lr), where before they were independent.
+    gen, disc = params[3]["generator"], params[3]["discriminator"]
+    assert _max_difference(gen, disc) > 0.02
+    assert _max_difference(gen, params[4]["discriminator"]) < 5 * cfg.train.learning_rate
+    assert _max_difference(params[4]["discriminator"], params[5]["discriminator"]) > 0
+    for key in train_step_lib.GENERATOR_ONLY:  # frozen from the switch on, weight decay too
+        assert _max_difference(params[3][key], params[5][key]) == 0, key
+    assert _max_difference(params[2]["generator"], params[3]["generator"]) > 0  # it learned

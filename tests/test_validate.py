@@ -66,7 +66,13 @@ def test_objective_and_embedding_sharing_are_checked_in_one_line():
     config.model.embedding_sharing = "tied"
     with pytest.raises(validate.ConfigError, match="model.embedding_sharing='tied' is not a mode"):
         validate.check_config(config)
-    for name in ("electra", "mlm", "electra_15", "replaced_mlm", "all_tokens_mlm"):
+    for name in (
+        "electra",
+        "mlm",
+        "electra_15",
+        "replaced_mlm",
+        "all_tokens_mlm",
+    ):  # two_stage: below
         config = micro_config()
         config.objective.name = name
         validate.check_config(config)
@@ -164,3 +170,23 @@ def test_a_warmup_longer_than_half_the_run_is_named_with_the_peak_it_allows():
     assert "train.warmup_steps=10000" in warning and "peaks at 9% of" in warning
     config.train.num_steps, config.train.warmup_steps = 1000, 100
     assert validate.warmup_warning(config.train) is None
+
+
+def test_two_stage_needs_a_switch_inside_the_run_and_a_generator_of_the_discriminators_size():
+    config = micro_config()
+    config.objective.name = "two_stage"
+    with pytest.raises(validate.ConfigError, match="two_stage_steps=0 must be .* from 1 to"):
+        validate.check_config(config)
+    config.objective.two_stage_steps = 3
+    with pytest.raises(validate.ConfigError, match="must be the same size: set generator"):
+        validate.check_config(config)  # the micro generator is 1/4 of the width
+    config.generator.hidden_fraction = 1.0
+    config.model.num_heads, config.model.intermediate_size = 1, 256  # the generator's, at 64
+    validate.check_config(config)
+    config.objective.two_stage_steps = config.train.num_steps
+    with pytest.raises(validate.ConfigError, match="two_stage_steps=6 must be"):
+        validate.check_config(config)
+    config.objective.two_stage_steps = 3
+    config.model.embedding_sharing = "gdes"
+    with pytest.raises(validate.ConfigError, match="needs model.embedding_sharing='electra'"):
+        validate.check_config(config)
