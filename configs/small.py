@@ -86,7 +86,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.train.adam_bias_correction = False  # the original optimizer has none
     # Start from pre-trained weights instead of random ones (a fresh run only; a resumed run
     # uses its checkpoint): a pre-training workdir, an export, or 'hf:DIR' (transformers ELECTRA
-    # discriminator + generator with a SentencePiece vocabulary, e.g. one of our exports). The
+    # discriminator + generator: one of our exports, or a WordPiece pair such as Google's). The
     # model and generator sections must describe the same shapes; the tokenizer comes with it.
     config.train.init_from = ""
     # Run each batch as k micro-batches whose gradients are summed: activation memory of B / k

@@ -421,7 +421,7 @@ def _check_finite(values: np.ndarray, first_step: int, learning_rate: float) -> 
 def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
     """Fine-tunes on config.task, evaluates on its dev set(s), writes the results; returns them.
 
-    Writes WORKDIR/config.json, WORKDIR/eval_results.json (see the README) and
+    Writes WORKDIR/config.json, WORKDIR/eval_results.json (see docs/finetuning.md) and
     WORKDIR/dev_predictions.jsonl (one row per dev example: split, source, label, prediction).
 
     Raises:
