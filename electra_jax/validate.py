@@ -285,6 +285,13 @@ def _check_choices(config: Any) -> None:
             "model.attention='einsum'",
         )
     if attention == "cudnn":
+        # Checked here rather than where jax raises NotImplementedError deep in tracing, after
+        # the data is prepared; and before the backend, so that a CPU can check it too.
+        _require(
+            m.dtype == "bfloat16",
+            f"model.attention='cudnn' computes in 16 bits and model.dtype={m.dtype!r}; set "
+            "model.dtype='bfloat16' or use model.attention='einsum' (or 'xla')",
+        )
         import jax
 
         backend = jax.default_backend()

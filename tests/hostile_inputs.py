@@ -464,10 +464,19 @@ def cases() -> list[Case]:
         train_setting("remat choice", "--config.train.remat=some", "train.remat='some'"),
         train_setting("xla attention, dropout", "--config.model.attention=xla", "no dropout"),
         Case(
-            "cudnn without a GPU",
+            "cudnn in float32",
             lambda ctx: (
                 _train(ctx, ctx.fresh("w"), "--config.model.attention=cudnn")
                 + ["--config.model.attention_dropout_rate=0"],
+                [],
+            ),
+            contains="computes in 16 bits",
+        ),
+        Case(
+            "cudnn without a GPU",
+            lambda ctx: (
+                _train(ctx, ctx.fresh("w"), "--config.model.attention=cudnn")
+                + ["--config.model.attention_dropout_rate=0", "--config.model.dtype=bfloat16"],
                 [],
             ),
             contains="needs an NVIDIA GPU",

@@ -148,6 +148,9 @@ def test_cudnn_attention_needs_a_gpu_and_fused_attention_no_attention_dropout():
     config.model.attention, config.model.attention_dropout_rate = "xla", 0.0
     validate.check_config(config)
     config.model.attention = "cudnn"
+    with pytest.raises(validate.ConfigError, match="computes in 16 bits and model.dtype='float32'"):
+        validate.check_config(config)
+    config.model.dtype = "bfloat16"
     if jax.default_backend() == "gpu":
         validate.check_config(config)
     else:
