@@ -177,10 +177,12 @@ def train_step(
     name = _name(objective_cfg)
     params = state.params
     weights = {"gen_weight": objective_cfg.gen_weight, "disc_weight": objective_cfg.disc_weight}
-    if name == "two_stage":
+    two_stage = name == "two_stage"
+    if two_stage:
         switch = objective_cfg.two_stage_steps
+        second = state.step >= switch  # the discriminator's stage
         params = discriminator_from_generator(params, state.step == switch)
-        weights = two_stage_weights(state.step, switch, **weights)
+        weights = two_stage_weights(second, **weights)
     rng = jax.random.fold_in(state.rng, state.step)
     k_corrupt, k_gen, k_sample, k_disc = jax.random.split(rng, 4)
     mask_token_prob, random_token_prob = objective.corruption_probs(
@@ -239,12 +241,12 @@ def train_step(
         (grads, sums), _ = jax.lax.scan(accumulate, zeros, xs)
 
     updates, opt_state = tx.update(grads, state.opt_state, params)
-    if name == "two_stage":
-        updates = frozen_generator(updates, state.step >= objective_cfg.two_stage_steps)
+    if two_stage:
+        updates = frozen_generator(updates, second)
     params = optax.apply_updates(params, updates)
     metrics = objective.objective_metrics(name, sums, **weights)
-    if name == "two_stage":
-        metrics["stage"] = jnp.where(state.step >= objective_cfg.two_stage_steps, 2.0, 1.0)
+    if two_stage:
+        metrics["stage"] = jnp.where(second, 2.0, 1.0)
     metrics["grad_norm"] = optax.global_norm(grads)
     metrics["learning_rate"] = jnp.asarray(schedule(state.step), jnp.float32)
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
@@ -268,10 +270,9 @@ GENERATOR_ONLY = (
 )
 
 
-def two_stage_weights(step, switch: int, *, gen_weight: float, disc_weight: float) -> dict:
-    """The loss weights at `step`: the generator's MLM loss alone before `switch`, the
-    discriminator's loss alone from it on (float32 scalars)."""
-    second = step >= switch
+def two_stage_weights(second, *, gen_weight: float, disc_weight: float) -> dict:
+    """The loss weights: the generator's MLM loss alone in the first stage, the discriminator's
+    loss alone in the second (`second`, a boolean scalar); float32 scalars."""
     return {
         "gen_weight": jnp.where(second, 0.0, gen_weight),
         "disc_weight": jnp.where(second, disc_weight, 0.0),
