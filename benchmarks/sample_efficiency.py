@@ -15,10 +15,12 @@ the floor, on each GLUE task x seed (benchmarks/glue.py's configs), and prints:
      mean +- std over seeds (the average is taken per seed, then over seeds);
   2. the average per objective per budget, with its steps and pre-training FLOPs.
 
-`--objectives=electra,two_stage` adds the paper's Two-Stage ELECTRA (Figure 3, right): it
-trains a generator as wide as the discriminator (so it gets fewer steps for the same FLOPs) alone
-for the first half of its steps, then the discriminator started from it. Adversarial training
-is not implemented yet.
+`--objectives=electra,adversarial,two_stage,mlm` puts the paper's Figure 3 (right) on one plot:
+Adversarial ELECTRA trains the generator to fool the discriminator by REINFORCE with a learned
+baseline (objective.name='adversarial'; the preset's generator, no maximum-likelihood warm start,
+as the paper states none); Two-Stage ELECTRA trains a generator as wide as the discriminator (so
+it gets fewer steps for the same FLOPs) alone for the first half of its steps, then the
+discriminator started from it.
 
 It writes OUT/results.json (every run), OUT/table.md (both tables) and OUT/sample_efficiency.png
 (average dev score against pre-training FLOPs, log x, a line per objective, random init dashed).

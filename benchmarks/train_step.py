@@ -56,7 +56,12 @@ def main() -> None:
         key, value = item.split("=", 1)
         section, field = key.split(".")
         current = config[section][field]
-        config[section][field] = type(current)(value) if not isinstance(current, str) else value
+        if isinstance(current, bool):  # bool("False") is True
+            if value not in ("True", "False"):
+                ap.error(f"--set {key}={value}: use True or False")
+            config[section][field] = value == "True"
+        else:
+            config[section][field] = type(current)(value) if not isinstance(current, str) else value
     mesh = sharding.make_mesh(config.mesh)
     setup = loop.setup_step(config, config.data.vocab_size, mesh)
     spec, slots, step = setup.spec, setup.num_slots, setup.step_fn
@@ -111,6 +116,7 @@ def main() -> None:
                 "dtype": config.model.dtype,
                 "attention": spec.attention,
                 "remat": spec.remat,
+                "scan_layers": spec.scan_layers,
                 "steps_per_call": per_call,
                 "batch": args.batch,
                 "seq": args.seq,

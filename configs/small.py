@@ -51,6 +51,10 @@ def get_config() -> ml_collections.ConfigDict:
     # discriminator adds its own zero-initialised deltas to the generator's tables, under
     # stop_gradient) or 'none' (separate tables)
     config.model.embedding_sharing = "electra"
+    # One layer body compiled once and scanned over parameters stacked on a leading layer axis
+    # (compiles several times faster); False unrolls the layers, the layout of runs started
+    # before this option, which resume in their own layout whatever this says
+    config.model.scan_layers = True
 
     config.generator = ml_collections.ConfigDict()
     config.generator.hidden_fraction = 0.25  # width = 1/4 of the discriminator's, same depth
@@ -61,9 +65,13 @@ def get_config() -> ml_collections.ConfigDict:
     # masked 15% only), 'mlm' (BERT: 80% [MASK], 10% random, 10% kept; no generator),
     # 'replaced_mlm' (MLM on generator-replaced tokens), 'all_tokens_mlm' (predict every token,
     # with a copy mechanism), 'two_stage' (the generator alone, then the discriminator started
-    # from it with the generator frozen; needs generator.hidden_fraction = 1)
+    # from it with the generator frozen; needs generator.hidden_fraction = 1), 'adversarial'
+    # (the generator maximises the discriminator's loss by REINFORCE with a learned baseline)
     config.objective.name = "electra"
     config.objective.two_stage_steps = 0  # 'two_stage': the generator-only steps before the switch
+    # 'adversarial': steps of maximum-likelihood training before the policy gradient takes over
+    # (the paper states no warm start: 0)
+    config.objective.mle_warmup_steps = 0
     config.objective.mask_prob = 0.15  # share of tokens the generator fills
     config.objective.mask_token_prob = 0.85  # of those, share shown as [MASK] (the rest kept)
     config.objective.gen_weight = 1.0  # weight of the generator's MLM loss

@@ -19,7 +19,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from electra_jax import checkpointing, metrics, objective, sharding, validate
+from electra_jax import checkpointing, layer_stack, metrics, objective, sharding, validate
 from electra_jax.model import (
     Electra,
     ElectraSpec,
@@ -48,12 +48,14 @@ def _write_json_atomic(path: str, obj: Any) -> None:
 def build(config: ml_collections.ConfigDict, vocab_size: int, mesh=None):
     """The model, optimizer, schedule and mask-slot count a config describes (for `mesh`, when
     given: FSDP pins activations to the batch split)."""
+    name = config.objective.get("name", "electra")
     spec = spec_from_config(
         config.model,
         config.generator,
         vocab_size,
         config.train.remat,
-        mlm_head=objective.needs_mlm_head(config.objective.get("name", "electra")),
+        mlm_head=objective.needs_mlm_head(name),
+        policy_baseline=objective.needs_policy_baseline(name),
     )
     if mesh is not None and mesh.shape["fsdp"] > 1:
         spec = dataclasses.replace(spec, activation_sharding=sharding.batch_sharding(mesh))
@@ -181,7 +183,8 @@ def compile_report(config: ml_collections.ConfigDict, vocab_size: int) -> dict:
     memory_per_device_bytes = arguments + outputs - donated aliases + temporaries: what one
     device holds at the step's peak (state, batch, activations, gradients, optimizer update).
     xla_flops_per_step is XLA's cost analysis of one device's program times the device count
-    (None with gradient accumulation: XLA counts the micro-batch loop's body once).
+    (None with gradient accumulation or scanned layers: XLA counts a loop's body once; set
+    model.scan_layers=False to have it count the unrolled layers).
     This is the one-step program; the run's calls of train.steps_per_call steps scan it and hold
     about as much (configs/small.py at 32 x 128: 963 MB of temporaries for 4 steps, 945 for 1).
     """
@@ -204,8 +207,8 @@ def compile_report(config: ml_collections.ConfigDict, vocab_size: int) -> dict:
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list | tuple) else cost
     xla_flops = float(cost.get("flops", 0.0)) * jax.device_count() if cost else None
-    if config.train.grad_accum_steps > 1:
-        xla_flops = None  # XLA counts a loop's body once, not once per micro-batch
+    if config.train.grad_accum_steps > 1 or config.model.get("scan_layers", False):
+        xla_flops = None  # XLA counts a loop's body once, not once per micro-batch or layer
     return {
         "devices": jax.device_count(),
         "mesh": dict(mesh.shape),
@@ -242,15 +245,17 @@ def _load_init_from(config: ml_collections.ConfigDict, workdir: str):
 
 def _with_params(state, loaded, setup: StepSetup):
     """The fresh state with `loaded`'s parameters, laid out as the step expects."""
+    # A model saved in the other layer layout (unrolled vs stacked) starts this run in its own.
+    loaded_params = layer_stack.to_layout(loaded.params, setup.spec.scan_layers)
     want = jax.tree_util.tree_map(lambda x: x.shape, setup.abstract_state.params)
-    have = jax.tree_util.tree_map(lambda x: tuple(x.shape), loaded.params)
+    have = jax.tree_util.tree_map(lambda x: tuple(x.shape), loaded_params)
     if want != have:
         raise validate.ConfigError(
             f"train.init_from={loaded.source} holds a model of other shapes than the config's "
             f"(discriminator {loaded.spec.discriminator}, generator {loaded.spec.generator}, "
             f"vocab {loaded.spec.vocab_size}); set model.* and generator.* to match"
         )
-    params = jax.device_put(loaded.params, setup.state_sharding.params)
+    params = jax.device_put(loaded_params, setup.state_sharding.params)
     return state.replace(params=params)
 
 
@@ -320,6 +325,31 @@ def _check_resume(config, workdir: str, allow_changes: tuple[str, ...]) -> dict:
         return {}
     validate.check_same_model(stored, config, path)
     return validate.check_same_run(stored, config, path, tuple(allow_changes))
+
+
+def _checkpoint_layout(config, workdir: str):
+    """`config`, or where the workdir's checkpoints hold their layers in the other layout (a
+    run started before model.scan_layers existed holds them unrolled) a copy that keeps theirs.
+
+    The layout is how the parameters are stored, not what they compute, so a resume keeps the
+    checkpoints' own rather than refusing or rewriting them.
+    """
+    if not checkpointing.has_checkpoints(workdir):
+        return config
+    stored = _read_stored_config(os.path.join(workdir, "config.json"))
+    if stored is None:
+        return config
+    layout = validate.stored_scan_layers(stored)
+    if bool(config.model.get("scan_layers", False)) == layout:
+        return config
+    config = config.copy_and_resolve_references()
+    with config.unlocked():
+        config.model.scan_layers = layout
+    held = "stacked (scanned)" if layout else "unrolled"
+    metrics.log(
+        f"this run's checkpoints hold their layers {held}; resuming with model.scan_layers={layout}"
+    )
+    return config
 
 
 def _record_changes(workdir: str, step: int, changes: dict, config) -> None:
@@ -414,6 +444,7 @@ def train(
     validate.check_config(config)
     held = _claim_workdir(workdir)
     try:
+        config = _checkpoint_layout(config, workdir)
         changes = _check_resume(config, workdir, tuple(allow_changes))
         warning = validate.warmup_warning(config.train)
         if warning:

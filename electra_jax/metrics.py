@@ -67,7 +67,8 @@ def count_flops(
     the discriminator-sized network with an MLM head (dense + LayerNorm + the tied embedding
     output over the vocabulary) at the slots; 'replaced_mlm' runs the generator and that MLM head
     at the slots; 'all_tokens_mlm' the generator, the MLM head at every token and the
-    replaced-token head (the copy probability) at every token. The MLM head counts with the
+    replaced-token head (the copy probability) at every token; 'adversarial' what 'electra' runs
+    plus the generator's 1-unit baseline at the slots. The MLM head counts with the
     discriminator, as in `model.network_param_counts`. Parts an objective leaves unused (the
     replaced-token head of 'mlm' and 'replaced_mlm') are left out, as XLA drops them.
 
@@ -84,7 +85,9 @@ def count_flops(
     disc = tokens * _encoder_flops_per_token(spec.discriminator, e, seq_length)
     rtd_head = 2 * hd * hd + 2 * hd  # dense, then the 1-unit output, per token
     mlm_head = 2 * hd * e + 2 * e * v  # dense to E, then the tied output over V, per position
-    if objective in ("electra", "electra_15", "two_stage"):
+    if objective == "adversarial":  # the learned baseline: one unit on the generator's states
+        gen += slots * 2 * spec.generator.hidden_size
+    if objective in ("electra", "electra_15", "two_stage", "adversarial"):
         # 'two_stage' runs both networks every step (the idle one's loss weighted 0).
         disc += tokens * rtd_head
     elif objective == "replaced_mlm":

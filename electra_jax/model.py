@@ -68,9 +68,19 @@ class ElectraSpec:
     # An MLM head on the discriminator (`mlm_predictions_*`, output tied to its word table), for
     # the objectives in which the discriminator-sized network predicts tokens.
     mlm_head: bool = False
+    # How an encoder's layers are built: True, one layer body under lax.scan over parameters
+    # stacked on a leading [num_layers] axis (`layers`), so XLA compiles the body once; False,
+    # num_layers unrolled copies (`layer_0` ...), the layout of checkpoints from before the
+    # switch. Both compute the same function; `layer_stack` converts between the layouts.
+    scan_layers: bool = True
+    # A learned baseline on the generator's states (`adversarial_baseline`, one logit per
+    # position), for the adversarial objective's policy gradient.
+    policy_baseline: bool = False
 
 
 EMBEDDING_SHARING = ("electra", "gdes", "none")
+# The name of an encoder's stacked layers (spec.scan_layers) and of their leading axis.
+LAYERS = "layers"
 
 
 def generator_spec(disc: EncoderSpec, hidden_fraction: float, layers_fraction: float = 1.0):
@@ -90,12 +100,14 @@ def spec_from_config(
     vocab_size: int,
     remat: str = "none",
     mlm_head: bool = False,
+    policy_baseline: bool = False,
 ) -> ElectraSpec:
     """Builds the spec from the `model` and `generator` config sections and the tokenizer's size.
 
     `remat` is `train.remat`: a training choice that changes memory and time, not the numbers.
     `mlm_head`: whether the objective needs the discriminator's MLM head
-    (`objective.needs_mlm_head(config.objective.name)`).
+    (`objective.needs_mlm_head(config.objective.name)`); `policy_baseline`, the generator's
+    baseline (`objective.needs_policy_baseline`).
     """
     disc = EncoderSpec(
         hidden_size=model_cfg.hidden_size,
@@ -121,12 +133,13 @@ def spec_from_config(
         attention=model_cfg.get("attention", "einsum"),
         embedding_sharing=model_cfg.get("embedding_sharing", "electra"),
         mlm_head=mlm_head,
+        policy_baseline=policy_baseline,
+        # A run config without the key was written before layers were scanned: its
+        # checkpoints hold unrolled layers.
+        scan_layers=bool(model_cfg.get("scan_layers", False)),
     )
 
 
-# Rematerialisation policies: 'full' keeps only each layer's input and recomputes the rest in the
-# backward pass; 'dots' keeps the matmul outputs (the expensive part) and recomputes the cheap
-# element-wise work (GELU, LayerNorm, softmax, dropout masks) that dominates activation memory.
 # Rematerialisation policies: 'full' keeps only each layer's input and recomputes the rest in the
 # backward pass; 'dots' keeps the matmul outputs (the expensive part) and recomputes the cheap
 # element-wise work (GELU, LayerNorm, softmax, dropout masks) that dominates activation memory.
@@ -406,10 +419,14 @@ class SelfAttention(nn.Module):
 
 
 class TransformerLayer(nn.Module):
-    """BERT's post-LayerNorm block: x = LN(x + Attn(x)); x = LN(x + FFN(x))."""
+    """BERT's post-LayerNorm block: x = LN(x + Attn(x)); x = LN(x + FFN(x)), [B, L, H] -> the same.
+
+    `scanned`: the body of `nn.scan`, which threads x as the carry and so returns (x, None).
+    """
 
     spec: ElectraSpec
     encoder: EncoderSpec
+    scanned: bool = False
 
     @nn.compact
     def __call__(self, x, attention_bias, deterministic: bool):
@@ -420,7 +437,8 @@ class TransformerLayer(nn.Module):
         h = _constrain(s, _dense(s, e.intermediate_size, "intermediate")(x))
         h = _dense(s, e.hidden_size, "output", ("mlp", "embed"), gelu_input=True)(h)
         h = Dropout(s.dropout_rate, name="output_dropout")(h, deterministic)
-        return _layer_norm(s, "output_LayerNorm")(x + h)
+        x = _constrain(s, _layer_norm(s, "output_LayerNorm")(x + h))
+        return (x, None) if self.scanned else x
 
 
 class Encoder(nn.Module):
@@ -445,8 +463,23 @@ class Encoder(nn.Module):
                 raise ValueError(f"train.remat={s.remat!r}: use 'none', 'full' or 'dots'")
             # Argument 3 of __call__ (self counts as 0) is `deterministic`, a Python bool.
             layer = nn.remat(TransformerLayer, static_argnums=(3,), policy=_REMAT_POLICIES[s.remat])
-        for i in range(e.num_layers):
-            x = _constrain(s, layer(s, e, name=f"layer_{i}")(x, bias, deterministic))
+        if not s.scan_layers:
+            for i in range(e.num_layers):
+                x = layer(s, e, name=f"layer_{i}")(x, bias, deterministic)
+            return x
+        # One layer body over parameters stacked on a leading axis: every layer's parameters
+        # (and, split per layer, its init and dropout keys) are the scan's per-step inputs; the
+        # mask bias and `deterministic` are the same for all. The stacked axis is named
+        # 'layers' for the partitioner, which never shards it.
+        stack = nn.scan(
+            layer,
+            variable_axes={"params": 0},
+            split_rngs={"params": True, "dropout": True},
+            in_axes=(nn.broadcast, nn.broadcast),
+            length=e.num_layers,
+            metadata_params={nn.PARTITION_NAME: LAYERS},
+        )
+        x, _ = stack(s, e, scanned=True, name=LAYERS)(x, bias, deterministic)
         return x
 
 
@@ -459,6 +492,8 @@ class Electra(nn.Module):
       discriminator_hidden: ids [B, L] -> [B, L, H]
       discriminator_mlm:    ids [B, L], positions [B, N] or None -> ([B, L], [B, N or L, V])
                             (spec.mlm_head only)
+      generator_policy:     masked ids [B, L], positions [B, N] -> ([B, N, V] logits,
+                            [B, N] baseline logits) (spec.policy_baseline only)
     `__call__` runs all of them, for initialisation.
     """
 
@@ -503,6 +538,8 @@ class Electra(nn.Module):
             self.mlm_bias = self.param(
                 "mlm_lm_head_bias", nn.initializers.zeros, (s.vocab_size,), jnp.float32
             )
+        if s.policy_baseline:
+            self.baseline_out = _dense(s, 1, "adversarial_baseline", ("embed", None))
 
     def _generator_embeddings(self) -> Embeddings:
         if self.spec.embedding_sharing == "none":
@@ -524,12 +561,30 @@ class Electra(nn.Module):
         self, input_ids, segment_ids, input_mask, positions, deterministic: bool = True
     ):
         """Generator logits at the masked slots only: positions [B, N] -> [B, N, V] float32."""
-        embeddings = self._generator_embeddings()
-        x = embeddings(input_ids, segment_ids, deterministic)
+        return self._generator_head(
+            self._generator_states(input_ids, segment_ids, input_mask, positions, deterministic)
+        )
+
+    def generator_policy(
+        self, input_ids, segment_ids, input_mask, positions, deterministic: bool = True
+    ):
+        """The generator as a policy: its logits [B, N, V] at the masked slots, and the logits
+        [B, N] (float32) of its learned baseline on the same encoder states."""
+        h = self._generator_states(input_ids, segment_ids, input_mask, positions, deterministic)
+        baseline = self.baseline_out(h)[..., 0].astype(jnp.float32)
+        return self._generator_head(h), baseline
+
+    def _generator_states(self, input_ids, segment_ids, input_mask, positions, deterministic):
+        """The generator encoder's outputs at the masked slots, [B, N, Hg]."""
+        x = self._generator_embeddings()(input_ids, segment_ids, deterministic)
         h = self.generator(x, input_mask, deterministic)
-        h = jnp.take_along_axis(h, positions[..., None], axis=1)  # [B, N, Hg]
+        return jnp.take_along_axis(h, positions[..., None], axis=1)
+
+    def _generator_head(self, h):
+        """[B, N, Hg] states -> [B, N, V] float32 logits against the generator's word table."""
         h = self.generator_layer_norm(kernels.gelu(self.generator_dense(h)))
-        return kernels.add_bias(embeddings.attend(h).astype(jnp.float32), self.generator_bias)
+        logits = self._generator_embeddings().attend(h).astype(jnp.float32)
+        return kernels.add_bias(logits, self.generator_bias)
 
     def discriminator_hidden(self, input_ids, segment_ids, input_mask, deterministic: bool = True):
         """Discriminator states: [B, L] -> [B, L, H]."""
@@ -565,6 +620,8 @@ class Electra(nn.Module):
         disc = self.discriminator_logits(input_ids, segment_ids, input_mask, deterministic)
         if self.spec.mlm_head:
             self.discriminator_mlm(input_ids, segment_ids, input_mask, positions, deterministic)
+        if self.spec.policy_baseline:
+            self.generator_policy(input_ids, segment_ids, input_mask, positions, deterministic)
         return gen, disc
 
 
@@ -604,6 +661,7 @@ def network_param_counts(params) -> dict[str, int]:
     gen = count_params(params["generator"]) + count_params(params["generator_lm_head_bias"])
     gen += count_params(params["generator_predictions_dense"])
     gen += count_params(params["generator_predictions_LayerNorm"])
+    gen += count_params(params.get("adversarial_baseline", {}))
     disc = count_params(params["discriminator"])
     disc += count_params(params["discriminator_predictions_dense"])
     disc += count_params(params["discriminator_predictions_dense_prediction"])

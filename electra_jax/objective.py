@@ -16,6 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from electra_jax import validate
+
 
 class LossSum(NamedTuple):
     total: jax.Array  # sum of the per-position losses
@@ -421,7 +423,7 @@ def electra_forward(
 # batch's (masked slots, real tokens), so accumulated micro-batches stay exact.
 # ---------------------------------------------------------------------------------------------
 
-OBJECTIVES = ("electra", "mlm", "electra_15", "replaced_mlm", "all_tokens_mlm", "two_stage")
+OBJECTIVES = validate.OBJECTIVES
 # Objectives whose sums, loss and metrics are ELECTRA's: 'two_stage' (paper Section 3.2) trains
 # with ELECTRA's loss, its two weights switched by the step (train_step.two_stage_weights).
 ELECTRA_LIKE = ("electra", "two_stage")
@@ -430,6 +432,11 @@ ELECTRA_LIKE = ("electra", "two_stage")
 def needs_mlm_head(name: str) -> bool:
     """Whether the objective trains an MLM head on the discriminator-sized network."""
     return name in ("mlm", "replaced_mlm", "all_tokens_mlm")
+
+
+def needs_policy_baseline(name: str) -> bool:
+    """Whether the objective trains the generator's learned baseline ('adversarial')."""
+    return name == "adversarial"
 
 
 def corruption_probs(name: str, mask_token_prob: float) -> tuple[float, float]:
@@ -573,6 +580,69 @@ def all_tokens_mlm_sums(
     }
 
 
+# Adversarial ELECTRA (the paper's Appendix F). The generator is trained to maximise the
+# discriminator's loss. Sampling is discrete, so the gradient is REINFORCE's: at a masked slot t
+# the reward of the sampled token is the discriminator's cross-entropy there,
+#   R_t = -log D(original) if the sample equals the original token, else -log D(replaced),
+# and the generator ascends sum_t (R_t - b_t) grad log p_G(sample_t | masked input), one sample
+# per slot. The baseline b_t = -log sigmoid(w . h_t) reads the generator encoder's state h_t and
+# is trained by cross-entropy towards the reward: sigmoid(w . h_t) towards exp(-R_t). As in the
+# paper, the reward is credited to its own slot only (the discriminator's decision at t is
+# assumed not to depend on the other slots' samples).
+
+
+def adversarial_sums(
+    batch,
+    corruption,
+    policy_fn,
+    discriminator_fn,
+    keys,
+    *,
+    temperature=1.0,
+    sampler="inverse_cdf",
+) -> dict[str, jax.Array]:
+    """electra_sums' keys (gen_loss is the generator's MLM loss, logged and used before the
+    policy gradient takes over) plus policy_loss (the REINFORCE surrogate, -log p x advantage),
+    baseline_loss and reward, each a sum over the masked slots.
+
+    policy_fn(masked_ids, positions, key) -> (logits [B, N, V], baseline logits [B, N]).
+    """
+    k_gen, k_sample, k_disc = keys
+    ids, mask = batch["input_ids"], batch["input_mask"]
+    m = corruption.masked
+    logits, baseline_logits = policy_fn(m.input_ids, m.positions, k_gen)
+    logits = logits.astype(jnp.float32)
+    gen, gen_correct, probs = mlm_loss_and_probs(logits, m.targets, m.weights)
+    samples = sample_replacements(k_sample, logits, temperature, sampler, corruption.uniform, probs)
+    corrupted, labels = replace_tokens(ids, mask, m.positions, m.weights, samples)
+    disc_logits = discriminator_fn(corrupted, k_disc)
+    disc = rtd_loss(disc_logits, labels, mask)
+
+    at = lambda x: jnp.take_along_axis(x, m.positions, axis=1)
+    reward = jax.lax.stop_gradient(
+        optax.sigmoid_binary_cross_entropy(at(disc_logits.astype(jnp.float32)), at(labels))
+    )
+    # The policy is the distribution sampled from: softmax(logits / T).
+    tempered = logits / temperature
+    log_p = jnp.take_along_axis(tempered, samples[..., None], axis=-1)[..., 0] - (
+        jax.nn.logsumexp(tempered, axis=-1)
+    )
+    baseline = jax.nn.softplus(-baseline_logits)  # -log sigmoid(w . h)
+    advantage = jax.lax.stop_gradient(reward - baseline)
+    baseline_xent = optax.sigmoid_binary_cross_entropy(baseline_logits, jnp.exp(-reward))
+    w = m.weights
+    return {
+        "gen_loss": gen.total,
+        "gen_correct": gen_correct.total,
+        "gen_count": gen.count,
+        "disc_loss": disc.total,
+        **rtd_counts(disc_logits, labels, mask),
+        "policy_loss": -jnp.sum(log_p * advantage * w),
+        "baseline_loss": jnp.sum(baseline_xent * w),
+        "reward": jnp.sum(reward * w),
+    }
+
+
 def objective_sums(
     name: str,
     batch,
@@ -598,18 +668,34 @@ def objective_sums(
         return replaced_mlm_sums(batch, corruption, generator_fn, mlm_fn, keys, **kw)
     if name == "all_tokens_mlm":
         return all_tokens_mlm_sums(batch, corruption, generator_fn, mlm_fn, keys, **kw)
+    if name == "adversarial":  # generator_fn is the policy (Electra.generator_policy)
+        return adversarial_sums(batch, corruption, generator_fn, discriminator_fn, keys, **kw)
     raise ValueError(f"objective.name={name!r}: use one of {', '.join(OBJECTIVES)}")
 
 
-def objective_loss(name: str, sums, denominators, *, gen_weight: float, disc_weight: float):
+def objective_loss(
+    name: str,
+    sums,
+    denominators,
+    *,
+    gen_weight: float,
+    disc_weight: float,
+    adversarial: float | jax.Array = 1.0,
+):
     """The loss of objective `name` from (part of) a batch's sums and the whole batch's
     denominators (masked slots, real tokens). 'electra' is electra_loss; 'electra_15' divides
     the RTD sum by the masked slots; 'mlm' is the MLM mean alone; 'replaced_mlm' and
     'all_tokens_mlm' are gen_weight x generator MLM + 1 x the network's MLM mean (over masked
-    slots, resp. real tokens)."""
+    slots, resp. real tokens). 'adversarial' is electra_loss with the generator's MLM term
+    replaced by its policy-gradient surrogate where `adversarial` is 1 (0: the maximum-
+    likelihood warm start), plus the baseline's cross-entropy, both means over masked slots."""
     if name in ELECTRA_LIKE:
         return electra_loss(sums, denominators, gen_weight=gen_weight, disc_weight=disc_weight)
     masked, tokens = (jnp.maximum(d, 1.0) for d in denominators)
+    if name == "adversarial":
+        mle, policy = sums["gen_loss"], sums["policy_loss"]
+        generator = adversarial * policy + (1.0 - adversarial) * mle + sums["baseline_loss"]
+        return gen_weight * generator / masked + disc_weight * sums["disc_loss"] / tokens
     gen = gen_weight * sums["gen_loss"] / masked
     if name == "electra_15":
         return gen + disc_weight * sums["disc_loss"] / masked
@@ -623,18 +709,32 @@ def objective_loss(name: str, sums, denominators, *, gen_weight: float, disc_wei
 
 
 def objective_metrics(
-    name: str, sums, *, gen_weight: float, disc_weight: float
+    name: str,
+    sums,
+    *,
+    gen_weight: float,
+    disc_weight: float,
+    adversarial: float | jax.Array = 1.0,
 ) -> dict[str, jax.Array]:
     """The logged scalars of objective `name` from a whole batch's sums: electra_metrics' keys
     (zero where the objective has no such part) plus mlm_loss and mlm_accuracy for the MLM
-    objectives."""
+    objectives, and reward, policy_loss and baseline_loss (means over masked slots) for
+    'adversarial'."""
     if name in ELECTRA_LIKE:
         return electra_metrics(sums, gen_weight=gen_weight, disc_weight=disc_weight)
     out = electra_metrics(sums, gen_weight=gen_weight, disc_weight=disc_weight)
     denominators = (sums["gen_count"], sums["tokens"])
     out["loss"] = objective_loss(
-        name, sums, denominators, gen_weight=gen_weight, disc_weight=disc_weight
+        name,
+        sums,
+        denominators,
+        gen_weight=gen_weight,
+        disc_weight=disc_weight,
+        adversarial=adversarial,
     )
+    if name == "adversarial":
+        for key in ("reward", "policy_loss", "baseline_loss"):
+            out[key] = _ratio(sums[key], sums["gen_count"])
     if name == "electra_15":
         out["disc_loss"] = _ratio(sums["disc_loss"], sums["gen_count"])
     if "mlm_loss" in sums:

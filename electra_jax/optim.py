@@ -12,7 +12,10 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
+
+from electra_jax.model import LAYERS
 
 
 def learning_rate_schedule(peak: float, warmup_steps: int, num_steps: int) -> optax.Schedule:
@@ -94,7 +97,8 @@ def layerwise_lr_multipliers(
 
     With N = num_layers and exponents 'electra_jax': the task head (anything outside the encoder)
     gets 1; discriminator layer i (0-based) gets decay^(N - i), so the top layer gets decay; the
-    embeddings and the embedding projection get decay^(N + 1).
+    embeddings and the embedding projection get decay^(N + 1). Stacked layers (a `layers`
+    subtree, leaves [N, ...]) get a float32 array [N, 1, ...] of their layers' factors.
 
     'original' reproduces the original ELECTRA code exactly (its model/optimization.py gives
     the embeddings depth 0, layer i depth i + 1 and the task head depth N + 2, each scaled by
@@ -107,10 +111,14 @@ def layerwise_lr_multipliers(
         raise ValueError(f"exponents={exponents!r}; use 'electra_jax' or 'original'")
     extra = 1 if exponents == "original" else 0
 
-    def multiplier(path, _):
+    def multiplier(path, leaf):
         keys = [getattr(k, "key", str(k)) for k in path]
         if keys[0] == "embeddings" or "embeddings_project" in keys:
             return decay ** (num_layers + 1 + extra)
+        if keys[0] == "discriminator" and LAYERS in keys:
+            # Stacked layers [N, ...]: one multiplier per layer, broadcast over the rest.
+            per_layer = decay ** (num_layers - np.arange(num_layers) + extra)
+            return per_layer.astype(np.float32).reshape(-1, *([1] * (np.ndim(leaf) - 1)))
         if keys[0] == "discriminator":
             layer = next(int(k[len("layer_") :]) for k in keys if k.startswith("layer_"))
             return decay ** (num_layers - layer + extra)

@@ -166,6 +166,7 @@ def spec_from_run_config(config: dict, vocab_size: int, where: str) -> model.Ele
             ml_collections.ConfigDict(config["generator"]),
             vocab_size,
             mlm_head=objective.needs_mlm_head(name),
+            policy_baseline=objective.needs_policy_baseline(name),
         )
     except (KeyError, AttributeError, TypeError, ValueError, OverflowError) as e:
         raise PretrainedError(

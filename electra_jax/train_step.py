@@ -55,6 +55,10 @@ def _network_fns(params, batch, *, model: Electra, train: bool):
     seg, mask = batch["segment_ids"], batch["input_mask"]
     det = not train
 
+    # With a learned baseline (the adversarial objective) the generator is a policy and also
+    # returns its baseline's logits (Electra.generator_policy).
+    generator = Electra.generator_policy if model.spec.policy_baseline else Electra.generator_logits
+
     def generator_fn(ids, positions, key):
         return model.apply(
             {"params": params},
@@ -64,7 +68,7 @@ def _network_fns(params, batch, *, model: Electra, train: bool):
             positions,
             det,
             rngs={"dropout": key},
-            method=Electra.generator_logits,
+            method=generator,
         )
 
     def discriminator_fn(ids, key):
@@ -183,6 +187,10 @@ def train_step(
         second = state.step >= switch  # the discriminator's stage
         params = discriminator_from_generator(params, state.step == switch)
         weights = two_stage_weights(second, **weights)
+    if name == "adversarial":
+        # The generator's maximum-likelihood warm start, then the policy gradient.
+        warm = objective_cfg.get("mle_warmup_steps", 0)
+        weights["adversarial"] = (state.step >= warm).astype(jnp.float32)
     rng = jax.random.fold_in(state.rng, state.step)
     k_corrupt, k_gen, k_sample, k_disc = jax.random.split(rng, 4)
     mask_token_prob, random_token_prob = objective.corruption_probs(
@@ -247,6 +255,8 @@ def train_step(
     metrics = objective.objective_metrics(name, sums, **weights)
     if two_stage:
         metrics["stage"] = jnp.where(second, 2.0, 1.0)
+    if "adversarial" in weights:
+        metrics["policy_gradient"] = weights["adversarial"]  # 0 during the warm start
     metrics["grad_norm"] = optax.global_norm(grads)
     metrics["learning_rate"] = jnp.asarray(schedule(state.step), jnp.float32)
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)

@@ -11,6 +11,19 @@ class ConfigError(ValueError):
     """A config value that cannot work; the message names the key and what to do."""
 
 
+# The pre-training objectives (objective.py computes them; named here, where jax is not yet
+# imported, so that a config is checked in moments).
+OBJECTIVES = (
+    "electra",
+    "mlm",
+    "electra_15",
+    "replaced_mlm",
+    "all_tokens_mlm",
+    "two_stage",
+    "adversarial",
+)
+
+
 def _require(ok: bool, message: str) -> None:
     if not ok:
         raise ConfigError(message)
@@ -150,13 +163,18 @@ def check_config(config: Any) -> None:
         f"objective.mask_token_prob={o.mask_token_prob} must be in [0, 1]",
     )
     _require(o.temperature > 0, f"objective.temperature={o.temperature} must be > 0")
-    names = ("electra", "mlm", "electra_15", "replaced_mlm", "all_tokens_mlm", "two_stage")
     _require(
-        o.name in names,
-        f"objective.name={o.name!r} is not an objective; use one of {', '.join(names)}",
+        o.name in OBJECTIVES,
+        f"objective.name={o.name!r} is not an objective; use one of {', '.join(OBJECTIVES)}",
     )
     if o.name == "two_stage":
         _check_two_stage(config)
+    warm = o.get("mle_warmup_steps", 0)
+    _require(
+        isinstance(warm, int) and not isinstance(warm, bool) and 0 <= warm < t.num_steps,
+        f"objective.mle_warmup_steps={warm!r} must be a whole number of steps from 0 to "
+        f"train.num_steps - 1 = {t.num_steps - 1}",
+    )
     sharing = m.get("embedding_sharing", "electra")
     _require(
         sharing in ("electra", "gdes", "none"),
@@ -265,6 +283,7 @@ _CHOICES = (
     ("model.attention", ("einsum", "xla", "cudnn")),
     ("train.remat", ("none", "full", "dots")),
     ("objective.sampler", ("inverse_cdf", "gumbel")),
+    ("model.scan_layers", (True, False)),
 )
 
 
@@ -355,7 +374,13 @@ def check_batch(
 _MODEL_SECTIONS = ("model", "generator")
 _MODEL_KEYS = ("data.vocab_size", "data.seq_length", "objective.name")  # name: the MLM head
 _NOT_MODEL = ("model.dtype",)
-_ADDED_DEFAULTS = {"model.embedding_sharing": "electra"}
+# A run config written before model.scan_layers existed holds its layers unrolled.
+_ADDED_DEFAULTS = {"model.embedding_sharing": "electra", "model.scan_layers": False}
+
+
+def stored_scan_layers(stored: dict) -> bool:
+    """The layer layout of a stored run config (config.json): model.scan_layers."""
+    return bool(flatten(stored).get("model.scan_layers", _ADDED_DEFAULTS["model.scan_layers"]))
 
 
 def flatten(tree: dict, prefix: str = "") -> dict:

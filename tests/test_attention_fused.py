@@ -136,13 +136,16 @@ def test_the_model_traces_through_jax_cudnn_checks(cudnn_on_cpu, batch, length):
 
     # deterministic=True is inference (cuDNN's forward kernel only); the gradient with
     # deterministic=False is training (forward kernel with softmax statistics, backward kernel).
-    del cudnn_on_cpu["check_is_flash_attention"][:]
+    flash = cudnn_on_cpu["check_is_flash_attention"]
+    del flash[:]
     assert jax.eval_shape(lambda p: loss(p, True), params).shape == ()
+    # Inference traces forward kernels only (the scanned layer body may be traced more than
+    # once per network); training traces the kernels with softmax statistics for the backward.
+    inference = len(flash)
+    assert inference >= 2 and not any(c["is_training"] for c in flash)
     grads = jax.eval_shape(jax.grad(lambda p: loss(p, False)), params)
     assert jax.tree_util.tree_structure(grads) == jax.tree_util.tree_structure(params)
-    # One attention layer per network, traced for inference and for training.
-    flash = cudnn_on_cpu["check_is_flash_attention"]
-    assert sorted(bool(c["is_training"]) for c in flash) == [False, False, True, True]
+    assert any(c["is_training"] for c in flash[inference:])
     for c in cudnn_on_cpu["check_layout"]:
         assert c["query"].dtype == jnp.bfloat16 and c["bias"] is None
         assert c["kv_seqlen"].shape == (c["query"].shape[0],)

@@ -9,7 +9,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from electra_jax import loop, metrics
+from electra_jax import layer_stack, loop, metrics
 from tests.conftest import micro_config
 
 FIELDS = {
@@ -142,7 +142,9 @@ def test_nan_policy_skip_keeps_the_state_and_counts_the_skip(shared_data, tmp_pa
 
 
 def test_describe_reports_the_dry_run_fields():
-    summary = loop.describe(micro_config())
+    config = micro_config()
+    config.model.scan_layers = False  # XLA's cost analysis counts a scanned layer once
+    summary = loop.describe(config)
     for key in (
         "discriminator_params",
         "generator_params",
@@ -160,6 +162,8 @@ def test_describe_reports_the_dry_run_fields():
     # count (matmuls only) leaves out.
     assert summary["memory_per_device_bytes"] > summary["memory_state_bytes"] > 0
     assert 1.0 < summary["xla_flops_per_step"] / summary["flops_per_step"] < 1.3
+    config.model.scan_layers = True
+    assert loop.compile_report(config, config.data.vocab_size)["xla_flops_per_step"] is None
 
 
 def test_init_from_starts_from_another_runs_weights(shared_data, tmp_path):
@@ -167,6 +171,7 @@ def test_init_from_starts_from_another_runs_weights(shared_data, tmp_path):
 
     first = config_with(shared_data)
     first.train.num_steps = 3
+    first.model.scan_layers = False  # a's layers unrolled, b's stacked: the weights convert
     loop.train(first, str(tmp_path / "a"))
     cfg = config_with(shared_data)
     cfg.data.tokenizer = ""  # the tokenizer comes with the weights
@@ -175,8 +180,11 @@ def test_init_from_starts_from_another_runs_weights(shared_data, tmp_path):
     loop.train(cfg, str(tmp_path / "b"))
     a = pretrained.load_pretrained(str(tmp_path / "a"))
     b = pretrained.load_pretrained(str(tmp_path / "b"))
+    assert not a.spec.scan_layers and b.spec.scan_layers
+    assert "layers" in b.params["discriminator"] and "layer_0" in a.params["discriminator"]
     # The first update's learning rate is 0 (warm-up), so b's step 1 holds a's weights exactly.
-    for x, y in zip(*(jax.tree_util.tree_leaves(m.params) for m in (a, b)), strict=True):
+    b_unrolled = layer_stack.unstack(b.params)
+    for x, y in zip(*(jax.tree_util.tree_leaves(p) for p in (a.params, b_unrolled)), strict=True):
         np.testing.assert_array_equal(x, y)
     assert b.tokenizer.fingerprint == a.tokenizer.fingerprint
 
@@ -380,3 +388,24 @@ def test_two_stage_resumes_across_the_switch_exactly(shared_data, tmp_path):
     assert [(r["step"], r["loss"], r["stage"]) for r in again] == [
         (r["step"], r["loss"], r["stage"]) for r in rows
     ]
+
+
+def test_a_run_with_unrolled_layers_resumes_in_its_own_layout(shared_data, tmp_path, capsys):
+    """A run started before model.scan_layers existed (its config.json lacks the key, its
+    checkpoints hold layer_0 ...) resumes under today's default without conversion or refusal,
+    exactly as an unrolled run that was never interrupted."""
+    cfg = config_with(shared_data)
+    cfg.model.scan_layers = False
+    straight = loop.train(cfg, str(tmp_path / "straight"))
+    old = tmp_path / "old"
+    loop.train(cfg, str(old), stop_after=3)
+    stored = json.loads((old / "config.json").read_text())
+    del stored["model"]["scan_layers"]
+    (old / "config.json").write_text(json.dumps(stored))
+    capsys.readouterr()
+    resumed = loop.train(config_with(shared_data), str(old))  # scan_layers=True
+    assert "checkpoints hold their layers unrolled; resuming with model.scan_layers=False" in (
+        capsys.readouterr().err
+    )
+    for k in ("loss", "gen_loss", "disc_loss", "grad_norm"):
+        assert resumed[k] == straight[k], k

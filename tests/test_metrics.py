@@ -39,6 +39,9 @@ def test_flops_count_by_objective_by_hand():
     assert f["all_tokens_mlm"]["discriminator"] == (
         electra["discriminator"] + 3 * b * length * mlm_head
     )
+    assert f["adversarial"]["discriminator"] == electra["discriminator"]
+    # The baseline: a 1-unit dense on the 64-wide generator states at each slot.
+    assert f["adversarial"]["generator"] == electra["generator"] + 3 * b * n * 2 * 64
     for counts in f.values():
         assert counts["total"] == counts["generator"] + counts["discriminator"]
     with pytest.raises(ValueError, match="objective="):
@@ -53,6 +56,7 @@ def test_flops_count_matches_xla_cost_analysis(name):
     config.model.hidden_size, config.model.intermediate_size = 128, 512
     config.model.embedding_size, config.data.seq_length = 64, 64
     config.objective.name = name
+    config.model.scan_layers = False  # XLA's cost analysis counts a scanned layer once
     if name == "two_stage":  # a generator of the discriminator's shape (128: 2 heads of 64)
         config.generator.hidden_fraction, config.model.num_heads = 1.0, 2
         config.objective.two_stage_steps = 1

@@ -140,7 +140,7 @@ def test_import_of_a_transformers_pair_with_a_full_size_generator(tmp_path):
     project = single.params["generator"]["embeddings_project"]["kernel"]
     limit = np.sqrt(6 / sum(project.shape))
     assert 2 * single.spec.initializer_range < np.abs(project).max() <= limit
-    layer = single.params["generator"]["layer_0"]["intermediate"]["kernel"]
+    layer = single.params["generator"]["layers"]["intermediate"]["kernel"]  # all layers, stacked
     assert np.abs(layer).max() <= 2 * single.spec.initializer_range
 
 
@@ -149,8 +149,8 @@ def test_a_chosen_checkpoint_step_loads(run, tmp_path):
     older = pretrained.load_pretrained(f"{run['path']}@3")
     assert "(checkpoint 3)" in older.source and "(checkpoint 6)" in newest.source
     assert pretrained.load_pretrained(f"{run['path']}@6").source == newest.source
-    a = older.params["discriminator"]["layer_0"]
-    b = newest.params["discriminator"]["layer_0"]
+    a = older.params["discriminator"]
+    b = newest.params["discriminator"]
     assert not all(
         np.array_equal(x, y)
         for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b), strict=True)

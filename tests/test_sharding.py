@@ -19,8 +19,8 @@ out = {"one": run_steps(cfg, jax.devices()[:1], 10)}
 cfg.mesh.fsdp = -1
 out["fsdp"] = run_steps(cfg, jax.devices(), 10)
 setup = loop.setup_step(cfg, cfg.data.vocab_size, sharding.make_mesh(cfg.mesh))
-layer = setup.state_sharding.params["discriminator"]["layer_0"]
-mu = setup.state_sharding.opt_state[1].mu["discriminator"]["layer_0"]
+layer = setup.state_sharding.params["discriminator"]["layers"]
+mu = setup.state_sharding.opt_state[1].mu["discriminator"]["layers"]
 out["specs"] = {
     "qkv_kernel": str(layer["attention"]["qkv_kernel"].spec),
     "intermediate": str(layer["intermediate"]["kernel"].spec),
@@ -49,9 +49,9 @@ def test_fsdp_on_eight_devices_matches_one_device():
             for k in ("loss", "gen_loss", "disc_loss", "grad_norm", "replaced_fraction"):
                 np.testing.assert_allclose(a[k], b[k], rtol=2e-5, err_msg=f"{other} {k}")
     # FSDP splits the model width of every matrix (and Adam's moments with it) over 8 devices;
-    # vectors stay whole.
+    # vectors stay whole, and so does the leading axis of the stacked layers.
     specs = res["specs"]
-    assert specs["qkv_kernel"] == "P('fsdp', None, None, None)"
-    assert specs["intermediate"] == specs["intermediate_mu"] == "P('fsdp', None)"
+    assert specs["qkv_kernel"] == "P(None, 'fsdp', None, None, None)"
+    assert specs["intermediate"] == specs["intermediate_mu"] == "P(None, 'fsdp', None)"
     assert specs["word_embeddings"] == "P(None, 'fsdp')"
-    assert specs["bias"] == "P(None,)"
+    assert specs["bias"] == "P(None, None)"

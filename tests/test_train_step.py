@@ -163,3 +163,35 @@ def test_two_stage_trains_the_generator_then_the_discriminator_from_it_with_the_
     for key in train_step_lib.GENERATOR_ONLY:  # frozen from the switch on, weight decay too
         assert _max_difference(params[3][key], params[5][key]) == 0, key
     assert _max_difference(params[2]["generator"], params[3]["generator"]) > 0  # it learned
+
+
+def test_adversarial_warms_up_by_maximum_likelihood_then_follows_the_policy_gradient():
+    cfg = micro_config()
+    cfg.model.num_layers = 1
+    cfg.objective.name, cfg.objective.mle_warmup_steps = "adversarial", 2
+    cfg.train.learning_rate = 1e-3
+    mesh = sharding.make_mesh(cfg.mesh, jax.devices()[:1])
+    setup = loop.setup_step(cfg, cfg.data.vocab_size, mesh)
+    state = loop.init_on_mesh(setup)
+    assert state.params["adversarial_baseline"]["kernel"].shape == (16, 1)  # generator width
+    params, rows = [jax.device_get(state.params)], []
+    for i in range(4):
+        state, m = setup.step_fn(state, sharding.global_batch(_batch(cfg, i), mesh))
+        params.append(jax.device_get(state.params))
+        rows.append({k: float(v) for k, v in m.items()})
+    assert [r["policy_gradient"] for r in rows] == [0, 0, 1, 1]
+    for r in rows:
+        assert all(np.isfinite(r[k]) for k in ("loss", "reward", "policy_loss", "baseline_loss"))
+        generator = r["policy_loss"] if r["policy_gradient"] else r["gen_loss"]
+        expected = generator + r["baseline_loss"] + 50.0 * r["disc_loss"]
+        np.testing.assert_allclose(r["loss"], expected, rtol=1e-5)
+        assert r["reward"] > 0
+    # The baseline learns from the first update with a learning rate (step 2 on).
+    baseline = [p["adversarial_baseline"] for p in params]
+    assert _max_difference(baseline[2], baseline[4]) > 0
+    # The baseline (16 weights and a bias) counts with the generator.
+    from electra_jax.model import network_param_counts
+
+    without = {k: v for k, v in params[0].items() if k != "adversarial_baseline"}
+    counts = [network_param_counts(p)["generator"] for p in (params[0], without)]
+    assert counts[0] - counts[1] == 17

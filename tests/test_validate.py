@@ -193,3 +193,18 @@ def test_two_stage_needs_a_switch_inside_the_run_and_a_generator_of_the_discrimi
     config.model.embedding_sharing = "gdes"
     with pytest.raises(validate.ConfigError, match="needs model.embedding_sharing='electra'"):
         validate.check_config(config)
+
+
+def test_adversarial_warm_start_and_the_layer_layout_are_checked():
+    config = micro_config()
+    config.objective.name = "adversarial"
+    validate.check_config(config)  # no warm start: the paper's
+    config.objective.mle_warmup_steps = config.train.num_steps
+    with pytest.raises(validate.ConfigError, match=r"mle_warmup_steps=6 .*num_steps - 1 = 5"):
+        validate.check_config(config)
+    config.objective.mle_warmup_steps = 2
+    validate.check_config(config)
+    stored = {"model": {"hidden_size": 64}, "generator": {}}
+    assert validate.stored_scan_layers(stored) is False  # written before the option existed
+    stored["model"]["scan_layers"] = True
+    assert validate.stored_scan_layers(stored) is True

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from electra_jax import model
+from electra_jax import layer_stack, model
 from electra_jax.weights import PretrainedError
 
 DISCRIMINATOR, GENERATOR = "discriminator", "generator"
@@ -162,7 +162,9 @@ def network_embeddings(params: dict, spec: model.ElectraSpec, network: str) -> d
 
 def params_to_hf(params: dict, spec: model.ElectraSpec) -> dict[str, dict[str, np.ndarray]]:
     """Our params -> {network: {transformers key: contiguous float32 array}}, each network with
-    the embeddings it computes with (`network_embeddings`), whatever the sharing mode."""
+    the embeddings it computes with (`network_embeddings`), whatever the sharing mode and the
+    layers' layout (transformers names each layer)."""
+    params = layer_stack.unstack(params)
     out: dict[str, dict[str, np.ndarray]] = {}
     for network, entries in mapping(spec).items():
         tensors = {}
@@ -178,7 +180,8 @@ def params_to_hf(params: dict, spec: model.ElectraSpec) -> dict[str, dict[str, n
 def params_from_hf(
     tensors: dict[str, dict[str, np.ndarray]], spec: model.ElectraSpec, where: dict[str, str]
 ) -> dict:
-    """{network: state dict} -> our params (generator subtrees only when tensors has one).
+    """{network: state dict} -> our params in the layout of `spec.scan_layers` (generator
+    subtrees only when tensors has one).
 
     The shared embedding block is taken from the discriminator; a generator whose embeddings
     differ gets a warning (ELECTRA trains them as one, so they should not).
@@ -228,4 +231,4 @@ def params_from_hf(
             "embeddings are used",
             where[GENERATOR],
         )
-    return params
+    return layer_stack.to_layout(params, spec.scan_layers)

@@ -7,12 +7,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from electra_jax import layer_stack
 from electra_jax.finetune import heads
 from electra_jax.model import ElectraSpec, EncoderSpec
 from electra_jax.optim import layerwise_lr_multipliers, make_finetune_optimizer
 
 
-def _spec(num_layers=2, embedding_size=16):
+def _spec(num_layers=2, embedding_size=16, scan_layers=True):
     enc = EncoderSpec(hidden_size=32, num_layers=num_layers, num_heads=2, intermediate_size=64)
     return ElectraSpec(
         vocab_size=50,
@@ -21,6 +22,7 @@ def _spec(num_layers=2, embedding_size=16):
         type_vocab_size=2,
         discriminator=enc,
         generator=enc,
+        scan_layers=scan_layers,
     )
 
 
@@ -36,11 +38,21 @@ def _spec(num_layers=2, embedding_size=16):
         (3, 0.5, "original", [0.25, 0.125, 0.0625], 0.03125),
     ],
 )
-def test_multipliers(num_layers, decay, exponents, layers_top_down, embeddings):
-    model = heads.Classifier(_spec(num_layers), 3)
+@pytest.mark.parametrize("scan_layers", [True, False])
+def test_multipliers(num_layers, decay, exponents, layers_top_down, embeddings, scan_layers):
+    model = heads.Classifier(_spec(num_layers, scan_layers=scan_layers), 3)
     params = jax.eval_shape(functools.partial(heads.init_params, model), jax.random.PRNGKey(0))
     m = layerwise_lr_multipliers(params, num_layers, decay, exponents)
-    flat = {jax.tree_util.keystr(p): v for p, v in jax.tree_util.tree_leaves_with_path(m)}
+    if scan_layers:
+        # One factor per layer on the leading axis, broadcast over the rest of the leaf.
+        stacked = jax.tree_util.tree_leaves(m["discriminator"]["layers"])
+        assert {np.shape(v)[0] for v in stacked} == {num_layers}
+        assert all(np.size(v) == num_layers for v in stacked)
+        m = {**m, "discriminator": layer_stack.unstack(m["discriminator"])}
+    flat = {
+        jax.tree_util.keystr(p): float(np.squeeze(v))
+        for p, v in jax.tree_util.tree_leaves_with_path(m)
+    }
 
     def values(prefix):
         found = [v for k, v in flat.items() if k.startswith(prefix)]
