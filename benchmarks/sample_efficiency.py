@@ -229,11 +229,23 @@ def budget_steps(budget_flops: float, flops_per_step: float, fractions) -> list[
     return steps
 
 
+def variant(preset: dict, name: str) -> tuple[str, dict]:
+    """(objective, config overrides) of the model called `name`: one of the preset's `variants`
+    (e.g. benchmarks/generator_size.py's ELECTRA with each generator width), else the objective
+    of that name with the preset's own settings."""
+    found = preset.get("variants", {}).get(name)
+    if found is None:
+        return name, {}
+    return found["objective"], found["overrides"]
+
+
 def pretrain_config(preset: dict, name: str, corpus: str, out: str):
-    """configs/<base>.py with the preset's fields, objective `name`, the shared corpus, tokenizer
-    and data cache; num_steps and the schedule are set by `plan`."""
+    """configs/<base>.py with the preset's fields, model `name` (an objective or one of the
+    preset's variants), the shared corpus, tokenizer and data cache; num_steps and the schedule
+    are set by `plan`."""
     config = runpy.run_path(os.path.join(ROOT, "configs", f"{preset['base']}.py"))["get_config"]()
-    for key, value in preset["pretrain"].items():
+    name, overrides = variant(preset, name)
+    for key, value in {**preset["pretrain"], **overrides}.items():
         section, field = key.split(".")
         config[section][field] = value
     config.objective.name = name
@@ -248,14 +260,19 @@ def pretrain_config(preset: dict, name: str, corpus: str, out: str):
 
 
 def plan(config, preset: dict) -> dict:
-    """The objective's counted FLOPs per step and its budget steps; sets config's num_steps,
-    warm-up and checkpoint cadence (a checkpoint at each budget step, all kept)."""
+    """The objective's counted FLOPs per step and its budget steps (the preset's fractions of
+    its `budget_flops`, or of its `budget_steps` where it gives those: equal steps instead of
+    equal compute); sets config's num_steps, warm-up and checkpoint cadence (a checkpoint at
+    each budget step, all kept)."""
     name = config.objective.name
     spec, _, _, _, num_slots = loop.build(config, config.data.vocab_size)
     per_step = metrics.count_flops(
         spec, config.train.batch_size, config.data.seq_length, num_slots, name
     )["total"]
-    steps = budget_steps(preset["budget_flops"], per_step, preset["fractions"])
+    if "budget_steps" in preset:
+        steps = budget_steps(preset["budget_steps"], 1, preset["fractions"])
+    else:
+        steps = budget_steps(preset["budget_flops"], per_step, preset["fractions"])
     config.train.num_steps = steps[-1]
     if name == "two_stage":  # the paper's two halves: the generator, then the discriminator
         config.objective.two_stage_steps = max(1, steps[-1] // 2)
@@ -334,9 +351,13 @@ def tables(results: dict) -> str:
     task_names = results["tasks"]
     runs = results["finetune"]
     head = "| objective | " + " | ".join(task_names) + " | average |"
+    budget = (
+        f"{results['budget_steps']} pre-training steps each"
+        if results.get("budget_steps")
+        else f"{results['budget_flops']:.3g} counted pre-training FLOPs"
+    )
     lines = [
-        f"Dev scores (x100) at the full budget of {results['budget_flops']:.3g} counted "
-        "pre-training FLOPs, mean +- std over seeds",
+        f"Dev scores (x100) at the full budget of {budget}, mean +- std over seeds",
         "",
         head,
         "|" + "---|" * (len(task_names) + 2),
@@ -425,7 +446,10 @@ def plot_bars(results: dict, path: str) -> None:
         ax.bar(xs, means, width, yerr=errs, capsize=3, label=name.replace("_", " "))
     ax.set_xticks(range(len(groups)), groups)
     ax.set_ylabel("dev score x100 (accuracy; MCC for CoLA; Spearman for STS-B)")
-    ax.set_title(f"fine-tuned after {results['budget_flops']:.2g} counted pre-training FLOPs")
+    if results.get("budget_steps"):
+        ax.set_title(f"fine-tuned after {results['budget_steps']} pre-training steps")
+    else:
+        ax.set_title(f"fine-tuned after {results['budget_flops']:.2g} counted pre-training FLOPs")
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -476,9 +500,10 @@ def run(
     log = log or (lambda m: print(m, file=sys.stderr, flush=True))
     tasks = [glue_tasks.get_task(t).name for t in (tasks or preset["tasks"])]
     seeds = seeds or preset["seeds"]
+    known = (*objective.OBJECTIVES, *preset.get("variants", {}))
     for name in objectives:
-        if name not in objective.OBJECTIVES:
-            raise ValueError(f"objective {name!r}: use some of {', '.join(objective.OBJECTIVES)}")
+        if name not in known:
+            raise ValueError(f"objective {name!r}: use some of {', '.join(known)}")
     os.makedirs(out, exist_ok=True)
     with _cached_compilations(os.path.join(out, "jax_cache")):
         results = _run(preset, out, objectives, tasks, seeds, corpus, glue_dir, log)
@@ -516,7 +541,7 @@ def work_seconds(results: dict) -> float:
 def summary(results: dict) -> dict:
     """The headline at the full budget: {"average": {model: mean over seeds of the average dev
     score over tasks, x100}, "std": {model: its std over seeds}, "pretrain_flops",
-    "wall_seconds" (work_seconds)}."""
+    "wall_seconds" (work_seconds)}, and "pretrain_steps" where the budget is in steps."""
     task_names, runs = results["tasks"], results["finetune"]
     rows = [(p["objective"], p["steps"][-1]) for p in results["pretrain"]] + [(RANDOM, 0)]
     average, std = {}, {}
@@ -527,12 +552,15 @@ def summary(results: dict) -> dict:
         if per_seed:
             average[name] = round(100 * statistics.mean(per_seed), 2)
             std[name] = round(100 * statistics.stdev(per_seed), 2) if len(per_seed) > 1 else 0.0
-    return {
+    out = {
         "average": average,
         "std": std,
         "pretrain_flops": results["budget_flops"],
         "wall_seconds": round(work_seconds(results), 1),
     }
+    if results.get("budget_steps"):
+        out["pretrain_steps"] = results["budget_steps"]
+    return out
 
 
 def _run(preset, out, objectives, tasks, seeds, corpus, glue_dir, log) -> dict:
@@ -548,7 +576,8 @@ def _run(preset, out, objectives, tasks, seeds, corpus, glue_dir, log) -> dict:
 
     results = {
         "preset": preset,
-        "budget_flops": preset["budget_flops"],
+        "budget_flops": preset.get("budget_flops"),  # equal compute, or
+        "budget_steps": preset.get("budget_steps"),  # equal steps
         "fractions": list(preset["fractions"]),
         "tasks": tasks,
         "seeds": seeds,
@@ -561,7 +590,7 @@ def _run(preset, out, objectives, tasks, seeds, corpus, glue_dir, log) -> dict:
     for name in objectives:
         config = pretrain_config(preset, name, corpus, out)
         config.data.tokenizer = tokenizer_dir
-        info = plan(config, preset)
+        info = {**plan(config, preset), "objective": name}  # a variant's name, not its objective
         workdirs[name] = os.path.join(out, "pretrain", name)
         info["seconds"] = pretrain(config, workdirs[name], info["steps"], log)
         info["config"] = config.to_dict()
