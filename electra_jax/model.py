@@ -569,9 +569,11 @@ class Electra(nn.Module):
         self, input_ids, segment_ids, input_mask, positions, deterministic: bool = True
     ):
         """The generator as a policy: its logits [B, N, V] at the masked slots, and the logits
-        [B, N] (float32) of its learned baseline on the same encoder states."""
+        [B, N] (float32) of its learned baseline on the same encoder states. The baseline reads
+        the states under stop_gradient: it learns its own weights only, so the generator learns
+        from the policy gradient alone."""
         h = self._generator_states(input_ids, segment_ids, input_mask, positions, deterministic)
-        baseline = self.baseline_out(h)[..., 0].astype(jnp.float32)
+        baseline = self.baseline_out(jax.lax.stop_gradient(h))[..., 0].astype(jnp.float32)
         return self._generator_head(h), baseline
 
     def _generator_states(self, input_ids, segment_ids, input_mask, positions, deterministic):

@@ -195,3 +195,31 @@ def test_adversarial_warms_up_by_maximum_likelihood_then_follows_the_policy_grad
     without = {k: v for k, v in params[0].items() if k != "adversarial_baseline"}
     counts = [network_param_counts(p)["generator"] for p in (params[0], without)]
     assert counts[0] - counts[1] == 17
+
+
+def test_the_adversarial_baseline_trains_its_own_weights_only():
+    """The baseline's cross-entropy reaches its 1-unit head and nothing of the generator."""
+    from electra_jax.model import Electra, init_params, spec_from_config
+
+    cfg = micro_config()
+    cfg.model.num_layers = 1
+    spec = spec_from_config(cfg.model, cfg.generator, 300, policy_baseline=True)
+    model = Electra(spec)
+    params = init_params(model, jax.random.PRNGKey(0))
+    ids = jnp.asarray(_batch(cfg)["input_ids"][:2, :16])
+    positions = jnp.array([[1, 2], [3, 4]])
+
+    def baseline_sum(p):
+        _, baseline = model.apply(
+            {"params": p},
+            ids,
+            ids * 0,
+            ids * 0 + 1,
+            positions,
+            method=Electra.generator_policy,
+        )
+        return jnp.sum(baseline)
+
+    grads = jax.grad(baseline_sum)(params)
+    moved = {k for k, g in grads.items() if any(np.any(x != 0) for x in jax.tree.leaves(g))}
+    assert moved == {"adversarial_baseline"}
