@@ -157,6 +157,15 @@ class WordPieceTokenizer:
         del num_threads
         return [e.ids for e in self._hf.encode_batch(list(texts), add_special_tokens=False)]
 
+    def encode_batch_with_offsets(
+        self, texts: Sequence[str]
+    ) -> list[tuple[list[int], list[tuple[int, int]]]]:
+        """Per text: its token ids ``[num_tokens]`` (those of `encode`) and each token's
+        (begin, end) character span in the text as given, before lower-casing and accent
+        stripping: ``text[begin:end]`` is what the token was made from. For SQuAD's answers."""
+        encodings = self._hf.encode_batch(list(texts), add_special_tokens=False)
+        return [(e.ids, [tuple(o) for o in e.offsets]) for e in encodings]
+
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ids; special tokens decode to nothing."""
         return self._hf.decode([int(i) for i in ids], skip_special_tokens=True)

@@ -1,7 +1,10 @@
 """python -m electra_jax.finetune --config=configs/glue.py --config.task=SST-2 \
     --config.data_dir=glue_data/SST-2 --config.init_from=runs/tiny --workdir=runs/tiny-sst2
+python -m electra_jax.finetune --config=configs/squad.py --config.version=2.0 \
+    --config.data_dir=squad --config.init_from=runs/tiny --workdir=runs/tiny-squad2
 
-Flags only: parse the config and the workdir, then hand over to finetune.loop.finetune(). Bad
+Flags only: parse the config and the workdir, then hand over to finetune.loop.finetune(), or for
+a SQuAD config (one with a `version` key) to finetune.squad_loop.finetune(). Bad
 input (an unknown task or config key, missing or malformed data, an unreadable init_from) ends
 with one line on stderr and exit code 2; a diverged run (a NaN/Inf training loss) with one line
 and exit code 1; --verbose shows the traceback instead.
@@ -18,7 +21,10 @@ from ml_collections import config_flags
 from electra_jax.cli import fail, loaded_config, parse_flags
 
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "configs/glue.py, with --config.task=... and friends.", lock_config=True
+    "config",
+    None,
+    "configs/glue.py with --config.task=..., or configs/squad.py with --config.version=...",
+    lock_config=True,
 )
 _WORKDIR = flags.DEFINE_string("workdir", None, "Where eval_results.json and predictions go.")
 _VERBOSE = flags.DEFINE_bool("verbose", False, "Show full tracebacks on errors.")
@@ -45,8 +51,14 @@ def main(argv) -> None:
         fail(f"config file {flags.FLAGS['config'].config_filename} cannot be read; check --config")
     # The file is loaded lazily: fail here, not in the middle of a run.
     config = loaded_config(config, flags.FLAGS["config"].config_filename)
+    if "version" in config:  # configs/squad.py
+        from electra_jax.finetune import squad_loop
+
+        run = squad_loop.finetune
+    else:
+        run = loop.finetune
     try:
-        loop.finetune(config, _WORKDIR.value)
+        run(config, _WORKDIR.value)
     except (ConfigError, DataError, CheckpointError) as e:
         if _VERBOSE.value:
             raise

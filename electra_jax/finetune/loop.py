@@ -268,13 +268,12 @@ def _random_spec(model_cfg: Any, vocab_size: int) -> ElectraSpec:
     )
 
 
-def _task_tokenizer(config, examples: list[tasks.Example], workdir: str):
-    """config.tokenizer, or a SentencePiece model trained on the task's training text."""
+def _task_tokenizer(config, texts: list[str], workdir: str):
+    """config.tokenizer, or a SentencePiece model trained on the task's training texts."""
     from electra_jax.data import tokenizer as tokenizer_lib
 
     if config.tokenizer:
         return tokenizer_lib.Tokenizer.load(config.tokenizer)
-    texts = [t for e in examples for t in (e.text_a, e.text_b) if t]
     try:
         return tokenizer_lib.train_tokenizer(
             texts,
@@ -288,12 +287,12 @@ def _task_tokenizer(config, examples: list[tasks.Example], workdir: str):
         raise DataError(str(e).replace("data.vocab_size", "config.vocab_size")) from None
 
 
-def initial_model(config, task_examples: list[tasks.Example], workdir: str) -> Initial:
+def initial_model(config, task_texts: list[str], workdir: str) -> Initial:
     """The spec, tokenizer and (pre-trained) encoder params fine-tuning starts from.
 
     With config.init_from, everything but the training choices (dropout, compute type) comes
     from the pre-trained model; otherwise config.model and config.tokenizer (or a tokenizer
-    trained on the task's training text) make a randomly initialised one.
+    trained on task_texts, the task's training text) make a randomly initialised one.
     """
     training = dict(
         dropout_rate=config.dropout_rate,
@@ -321,12 +320,37 @@ def initial_model(config, task_examples: list[tasks.Example], workdir: str) -> I
             pre.params, pre.spec.embedding_sharing
         )
         return Initial(spec, pre.tokenizer, params, pre.source)
-    tokenizer = _task_tokenizer(config, task_examples, workdir)
+    tokenizer = _task_tokenizer(config, task_texts, workdir)
     spec = dataclasses.replace(_random_spec(config.model, tokenizer.vocab_size), **training)
     return Initial(spec, tokenizer, None, "random")
 
 
 # ------------------------------------------------------------------------------------------ steps
+
+
+def optimizer_and_state(
+    config, params, spec, num_steps: int, layer_decay, learning_rate, dropout_rng, mesh
+):
+    """(optimizer, schedule, initial TrainState replicated over `mesh`) of a fine-tuning run:
+    AdamW with the layer-wise learning rates over `params`, warm-up of config.warmup_fraction
+    of `num_steps`, then linear decay (GLUE and SQuAD alike)."""
+    multipliers = layerwise_lr_multipliers(
+        params, spec.discriminator.num_layers, layer_decay, config.layer_decay_exponents
+    )
+    tx, schedule = make_finetune_optimizer(
+        learning_rate,
+        num_steps,
+        int(config.warmup_fraction * num_steps),
+        multipliers,
+        weight_decay=config.weight_decay,
+        eps=config.adam_eps,
+        clip_norm=config.clip_norm,
+        bias_correction=config.adam_bias_correction,
+    )
+    state = TrainState(
+        step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params), rng=dropout_rng
+    )
+    return tx, schedule, jax.device_put(state, sharding.replicated(mesh))
 
 
 def train_step(state: TrainState, batch: dict, *, model, tx, schedule, regression: bool):
@@ -462,7 +486,8 @@ def _finetune(config: ml_collections.ConfigDict, workdir: str, task, started: fl
         raise DataError(f"{task.name} has no training examples; check config.data_dir")
 
     # ---------------------------------------------------------------- model
-    init = initial_model(config, train_read, workdir)
+    texts = [t for e in train_read for t in (e.text_a, e.text_b) if t]
+    init = initial_model(config, texts, workdir)
     spec = init.spec
     _require(
         config.seq_length <= spec.max_position_embeddings,
@@ -508,24 +533,10 @@ def _finetune(config: ml_collections.ConfigDict, workdir: str, task, started: fl
             raise ConfigError(f"config.init_from={config.init_from!r}: {e}") from None
     hyper = resolve_hyperparameters(config, spec.discriminator.hidden_size)
     learning_rate, layer_decay = hyper["learning_rate"], hyper["layer_decay"]
-    multipliers = layerwise_lr_multipliers(
-        params, spec.discriminator.num_layers, layer_decay, config.layer_decay_exponents
-    )
-    tx, schedule = make_finetune_optimizer(
-        learning_rate,
-        num_steps,
-        int(config.warmup_fraction * num_steps),
-        multipliers,
-        weight_decay=config.weight_decay,
-        eps=config.adam_eps,
-        clip_norm=config.clip_norm,
-        bias_correction=config.adam_bias_correction,
+    tx, schedule, state = optimizer_and_state(
+        config, params, spec, num_steps, layer_decay, learning_rate, dropout_rng, mesh
     )
     replicated, split_batch = sharding.replicated(mesh), sharding.batch_sharding(mesh)
-    state = TrainState(
-        step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params), rng=dropout_rng
-    )
-    state = jax.device_put(state, replicated)
     regression = task.is_regression
     step_fn = jax.jit(
         functools.partial(train_step, model=model, tx=tx, schedule=schedule, regression=regression),
