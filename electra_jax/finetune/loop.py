@@ -426,6 +426,38 @@ def _write_atomic(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
+def run_steps(step_fn, state, take, num_steps: int, config, learning_rate: float, unit: str):
+    """Compiles `step_fn` on the first batch and runs `num_steps` updates on `take(step)`'s
+    batches, logging every config.log_every_steps (loss, lr, `unit`s/s, eta) and checking the
+    losses there for NaN/Inf (NonFiniteError). Returns (final state, the last logged mean
+    training loss). GLUE and SQuAD alike."""
+    t0 = time.time()
+    step_fn = step_fn.lower(state, take(0)).compile()
+    log(f"compiled the train step in {time.time() - t0:.1f}s")
+    pending: list[Any] = []  # device (loss, grad norm) since the last line: read when logging
+    train_loss = float("nan")
+    last_time = steps_started = time.time()
+    for step in range(num_steps):
+        state, step_metrics = step_fn(state, take(step))
+        pending.append((step_metrics["loss"], step_metrics["grad_norm"]))
+        done = step + 1
+        # The last step always logs: the run ends only after its losses were checked.
+        if done % config.log_every_steps == 0 or done == num_steps:
+            values = np.asarray(jax.device_get(pending), np.float64)  # [steps, 2]
+            _check_finite(values, done - len(pending) + 1, learning_rate)
+            train_loss = float(np.mean(values[:, 0]))
+            now = time.time()
+            rate = len(pending) * config.batch_size / max(now - last_time, 1e-9)
+            left = (num_steps - done) * (now - steps_started) / done
+            log(
+                f"step {done}/{num_steps}  loss {train_loss:.4f}  "
+                f"lr {float(step_metrics['learning_rate']):.2e}  {rate:.0f} {unit}/s  "
+                f"eta {time.strftime('%H:%M:%S', time.gmtime(left))}"
+            )
+            pending, last_time = [], now
+    return state, train_loss
+
+
 def _check_finite(values: np.ndarray, first_step: int, learning_rate: float) -> None:
     """NonFiniteError naming the first step whose loss or gradient norm is NaN/Inf.
 
@@ -560,30 +592,7 @@ def _finetune(config: ml_collections.ConfigDict, workdir: str, task, started: fl
         + ")"
     )
     take = lambda step: {k: v[order[step]] for k, v in train_arrays.items()}
-    t0 = time.time()
-    step_fn = step_fn.lower(state, take(0)).compile()
-    log(f"compiled the train step in {time.time() - t0:.1f}s")
-    pending: list[Any] = []  # device (loss, grad norm) since the last line: read when logging
-    train_loss = float("nan")
-    last_time = steps_started = time.time()
-    for step in range(num_steps):
-        state, step_metrics = step_fn(state, take(step))
-        pending.append((step_metrics["loss"], step_metrics["grad_norm"]))
-        done = step + 1
-        # The last step always logs: the run ends only after its losses were checked.
-        if done % config.log_every_steps == 0 or done == num_steps:
-            values = np.asarray(jax.device_get(pending), np.float64)  # [steps, 2]
-            _check_finite(values, done - len(pending) + 1, learning_rate)
-            train_loss = float(np.mean(values[:, 0]))
-            now = time.time()
-            rate = len(pending) * config.batch_size / max(now - last_time, 1e-9)
-            left = (num_steps - done) * (now - steps_started) / done
-            log(
-                f"step {done}/{num_steps}  loss {train_loss:.4f}  "
-                f"lr {float(step_metrics['learning_rate']):.2e}  {rate:.0f} ex/s  "
-                f"eta {time.strftime('%H:%M:%S', time.gmtime(left))}"
-            )
-            pending, last_time = [], now
+    state, train_loss = run_steps(step_fn, state, take, num_steps, config, learning_rate, unit="ex")
 
     # ---------------------------------------------------------------- evaluate
     results_metrics, rows = {}, []
