@@ -31,5 +31,6 @@ def get_config():
     config.objective.mask_prob = 0.25
     config.train.num_steps = 400_000
     config.train.batch_size = 2048
+    config.data.heldout_examples = 4096  # two held-out batches of 2048
     config.train.learning_rate = 2e-4
     return config

@@ -30,6 +30,10 @@ def get_config() -> ml_collections.ConfigDict:
     config.data.examples_per_shard = 100_000  # rows per ArrayRecord shard
     config.data.tfds_text_field = "text"  # tfds sources: the feature holding a document's text
     config.data.tfds_data_dir = ""  # tfds sources: TFDS data_dir; '' is TFDS's default
+    # Rows never trained on, read by the held-out evaluation (`eval`): blocks of 16 consecutive
+    # rows spread evenly over the corpus, the same for every seed; a multiple of the evaluation
+    # batch. 0 trains on every row (and leaves nothing to evaluate on)
+    config.data.heldout_examples = 1024
 
     config.model = ml_collections.ConfigDict()  # the discriminator
     config.model.hidden_size = 256
@@ -114,6 +118,14 @@ def get_config() -> ml_collections.ConfigDict:
     config.checkpoint = ml_collections.ConfigDict()
     config.checkpoint.every_steps = 10_000
     config.checkpoint.keep = 3  # newest checkpoints kept
+
+    # Held-out evaluation, as the original's do_eval (no dropout, no update): disc AUC (also over
+    # frequent pieces only: the reading of context), disc loss beside the prior's entropy,
+    # precision/recall, generator accuracy, and the collapse cosine of the discriminator's states.
+    # Added to the step's row in metrics.jsonl and TensorBoard under `eval/`, and at the last step.
+    config.eval = ml_collections.ConfigDict()
+    config.eval.every_steps = 10_000  # a multiple of log.every_steps; 0: no evaluation
+    config.eval.batch_size = 0  # rows per held-out batch; 0: train.batch_size
 
     config.log = ml_collections.ConfigDict()
     config.log.every_steps = 100

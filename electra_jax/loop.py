@@ -174,7 +174,25 @@ def checked_mesh(config: ml_collections.ConfigDict, process_count: int):
         process_count,
         config.train.grad_accum_steps,
     )
+    eval_batch = _eval_batch_size(config)
+    if _eval_every(config) and eval_batch != config.train.batch_size:
+        try:
+            validate.check_batch(eval_batch, sharding.data_parallel_size(mesh), process_count)
+        except validate.ConfigError as e:
+            message = str(e).replace("train.batch_size", "eval.batch_size")
+            raise validate.ConfigError(message) from None
     return mesh
+
+
+def _eval_every(config) -> int:
+    """eval.every_steps (0 for configs without an eval section, or without held-out rows)."""
+    if not config.data.get("heldout_examples", 0):
+        return 0
+    return config.get("eval", {}).get("every_steps", 0)
+
+
+def _eval_batch_size(config) -> int:
+    return config.get("eval", {}).get("batch_size", 0) or config.train.batch_size
 
 
 def compile_report(config: ml_collections.ConfigDict, vocab_size: int) -> dict:
@@ -329,7 +347,8 @@ def _check_resume(config, workdir: str, allow_changes: tuple[str, ...]) -> dict:
 
 def _checkpoint_layout(config, workdir: str):
     """`config`, or where the workdir's checkpoints hold their layers in the other layout (a
-    run started before model.scan_layers existed holds them unrolled) a copy that keeps theirs.
+    run started before model.scan_layers existed holds them unrolled) a copy that keeps theirs;
+    likewise for a run started before the held-out slice, which keeps training on every row.
 
     The layout is how the parameters are stored, not what they compute, so a resume keeps the
     checkpoints' own rather than refusing or rewriting them.
@@ -340,15 +359,25 @@ def _checkpoint_layout(config, workdir: str):
     if stored is None:
         return config
     layout = validate.stored_scan_layers(stored)
-    if bool(config.model.get("scan_layers", False)) == layout:
-        return config
-    config = config.copy_and_resolve_references()
-    with config.unlocked():
-        config.model.scan_layers = layout
-    held = "stacked (scanned)" if layout else "unrolled"
-    metrics.log(
-        f"this run's checkpoints hold their layers {held}; resuming with model.scan_layers={layout}"
-    )
+    if bool(config.model.get("scan_layers", False)) != layout:
+        config = config.copy_and_resolve_references()
+        with config.unlocked():
+            config.model.scan_layers = layout
+        held = "stacked (scanned)" if layout else "unrolled"
+        metrics.log(
+            f"this run's checkpoints hold their layers {held}; resuming with "
+            f"model.scan_layers={layout}"
+        )
+    if "heldout_examples" not in stored.get("data", {}) and config.data.get("heldout_examples"):
+        # Holding rows out now would change the rows it trains on: it keeps training on all.
+        config = config.copy_and_resolve_references()
+        with config.unlocked():
+            config.data.heldout_examples = 0
+        metrics.log(
+            "this run started before the held-out slice existed and trains on every row; "
+            "resuming with data.heldout_examples=0 (no held-out evaluation; "
+            "python -m electra_jax.evaluate reads its checkpoints on rows it has seen)"
+        )
     return config
 
 
@@ -461,11 +490,13 @@ def train(
 def _train(config, workdir, stop_after, watcher, changes) -> dict:
     """The run, top to bottom: mesh -> data -> state -> restore -> compile -> steps."""
     mesh = checked_mesh(config, jax.process_count())
-    start_from, tokenizer, data_iter = _data(config, workdir)
+    start_from, tokenizer, prepared, data_iter = _data(config, workdir)
     # From here to the first compiled call, jax and orbax work in `watcher.deferred()` blocks: a
     # signal ends the run at the end of the block it arrives in, never inside their C++ state.
     with watcher.deferred():
-        setup = setup_step(config, tokenizer.vocab_size, mesh, special_tokens_of(tokenizer))
+        special = special_tokens_of(tokenizer)
+        setup = setup_step(config, tokenizer.vocab_size, mesh, special)
+        evaluator = _evaluator(config, setup, mesh, prepared, special)
     manager = checkpointing.make_manager(workdir, config.checkpoint)
     try:
         state, start_step = _restore(
@@ -481,14 +512,45 @@ def _train(config, workdir, stop_after, watcher, changes) -> dict:
         manager.close()
         raise
     ledger = _Ledger.start(config, workdir, setup, manager, data_iter, start_step)
+    ledger.evaluator = evaluator
     return _steps(calls, ledger, state, start_step, batches, watcher)
+
+
+def _evaluator(config, setup: StepSetup, mesh, prepared, special):
+    """The compiled held-out evaluation (evaluate.py), or None when the config asks for none."""
+    every = _eval_every(config)
+    if not every:
+        return None
+    from electra_jax import evaluate
+
+    evaluator = evaluate.build(
+        model=Electra(setup.spec),
+        num_slots=setup.num_slots,
+        objective_cfg=config.objective,
+        abstract_params=setup.abstract_state.params,
+        params_sharding=setup.state_sharding.params,
+        mesh=mesh,
+        prepared=prepared,
+        heldout_examples=config.data.heldout_examples,
+        batch_size=_eval_batch_size(config),
+        every=every,
+        special=special,
+        process_index=jax.process_index(),
+        process_count=jax.process_count(),
+    )
+    metrics.log(
+        f"compiled the held-out evaluation ({config.data.heldout_examples} rows) in "
+        f"{evaluator.compile_seconds:.1f}s"
+    )
+    return evaluator
 
 
 # -------------------------------------------------------------------------------------- data
 
 
 def _data(config, workdir: str):
-    """(init_from's weights or None, the run's tokenizer, the iterator over its batches).
+    """(init_from's weights or None, the run's tokenizer, its prepared data, the iterator over
+    its training batches).
 
     Process 0 trains the tokenizer and prepares the shards while the others wait; they then find
     both in the workdir (shared storage: NFS or a gcsfuse-mounted bucket, not gs://, since it is
@@ -515,8 +577,9 @@ def _data(config, workdir: str):
         config.seed,
         process_index=jax.process_index(),
         process_count=jax.process_count(),
+        heldout_examples=config.data.get("heldout_examples", 0),
     )
-    return start_from, tokenizer, data_iter
+    return start_from, tokenizer, prepared, data_iter
 
 
 # ---------------------------------------------------------------------------- state, restore
@@ -657,7 +720,7 @@ def _steps(calls: _Calls, ledger: _Ledger, state, start_step: int, batches, watc
         # dispatch of the next call, whose batches are already on it.
         jax.block_until_ready(ledger.flags[-1][1])
         if done % calls.log_every == 0 or done == calls.num_steps:
-            ledger.log_row(done, step_metrics)
+            ledger.log_row(done, step_metrics, state)
         if watcher.requested(done):
             if position is not None:
                 calls.data_iter.set_state(position)
@@ -711,6 +774,8 @@ class _Ledger:
     flags: list = dataclasses.field(default_factory=list)
     skipped: int = 0  # non-finite updates skipped since the previous row
     save_seconds: float = 0.0
+    evaluator: Any = None  # evaluate.Evaluator, or None without held-out evaluation
+    step_seconds: float = 0.0  # the steps' seconds, evaluations left out
     row: dict = dataclasses.field(default_factory=dict)
 
     @classmethod
@@ -761,24 +826,33 @@ class _Ledger:
                 "lower train.learning_rate, or set train.nan_policy='skip' to skip such updates"
             )
 
-    def log_row(self, done: int, step_metrics: dict) -> None:
+    def log_row(self, done: int, step_metrics: dict, state=None) -> None:
         """Writes the metrics row of step `done` (the last step of `step_metrics`, a whole
-        call's being stacked [K]) and its progress line."""
+        call's being stacked [K]) and its progress line; with `state`, the held-out readings of
+        its parameters too when they are due."""
         self.check_finite()
         row = {k: float(np.ravel(v)[-1]) for k, v in jax.device_get(step_metrics).items()}
+        # Timed apart from the steps (the evaluation's own seconds are in its row), so that
+        # tokens_per_sec and mfu stay the training's.
+        step_seconds = time.time() - self.last_time
+        held_out = {}
+        if state is not None and self.evaluator and self.evaluator.due(done, self.num_steps):
+            held_out = self.evaluator.run(state.params)
+        self.step_seconds += step_seconds
         row["skipped_updates"] = self.skipped
         if self.skipped:
             metrics.log(f"warning: skipped {self.skipped} non-finite update(s) up to step {done}")
         self.skipped = 0
         now = time.time()
         steps_done = done - self.last_logged
-        seconds = max(now - self.last_time, 1e-9)
+        seconds = max(step_seconds, 1e-9)
         row["tokens_per_sec"] = self.tokens_per_step * steps_done / seconds
         achieved = self.flops_per_step * steps_done / seconds / jax.device_count()
         row["mfu"] = achieved / self.peak if self.peak else None
         row["elapsed_sec"] = now - self.run_start
+        row.update(held_out)
         self.writer.write(done, row)
-        left = (self.num_steps - done) * seconds / steps_done
+        left = (self.num_steps - done) * (now - self.last_time) / steps_done
         metrics.log(metrics.progress_line(done, self.num_steps, row, left))
         self.row, self.last_time, self.last_logged = row, now, done
 
@@ -796,3 +870,10 @@ class _Ledger:
         self.writer.close()
         if self.save_seconds and compiled:
             metrics.log(f"checkpoint saves blocked the loop for {self.save_seconds:.2f}s in total")
+        ev = self.evaluator
+        if ev is not None and ev.runs and self.step_seconds > 0:
+            metrics.log(
+                f"held-out evaluation: {ev.runs} run(s), {ev.seconds:.1f}s, "
+                f"{100 * ev.seconds / self.step_seconds:.1f}% of the steps' time (compiled "
+                f"once, in {ev.compile_seconds:.1f}s)"
+            )

@@ -175,6 +175,7 @@ def progress_line(step: int, num_steps: int, row: dict, seconds_left: float | No
         f"(acc {row['gen_accuracy']:.3f})  disc {row['disc_loss']:.4f} "
         f"(acc {row['disc_accuracy']:.3f})  replaced {row['replaced_fraction']:.3f}  "
         f"{row['tokens_per_sec']:.0f} tok/s  eta {eta}"
+        + (f"  held-out auc {row['eval/disc_auc']:.3f}" if row.get("eval/disc_auc") else "")
     )
 
 

@@ -603,6 +603,12 @@ class Electra(nn.Module):
         h = self.discriminator_hidden(input_ids, segment_ids, input_mask, deterministic)
         return self._replaced_logits(h)
 
+    def discriminator_outputs(self, input_ids, segment_ids, input_mask, deterministic: bool = True):
+        """One discriminator pass, both readings: [B, L] -> (states [B, L, H], replaced-token
+        logits [B, L] float32)."""
+        h = self.discriminator_hidden(input_ids, segment_ids, input_mask, deterministic)
+        return h, self._replaced_logits(h)
+
     def discriminator_mlm(
         self, input_ids, segment_ids, input_mask, positions=None, deterministic: bool = True
     ):

@@ -434,9 +434,47 @@ def needs_mlm_head(name: str) -> bool:
     return name in ("mlm", "replaced_mlm", "all_tokens_mlm")
 
 
+def has_generator(name: str) -> bool:
+    """Whether the objective's corruption comes from a generator ('mlm' has none)."""
+    return name != "mlm"
+
+
+def trains_rtd_head(name: str) -> bool:
+    """Whether the objective trains the replaced-token head ('all_tokens_mlm' as its copy
+    probability), so that the held-out evaluation reads the discriminator's decisions."""
+    return name in (*ELECTRA_LIKE, "electra_15", "adversarial", "all_tokens_mlm")
+
+
 def needs_policy_baseline(name: str) -> bool:
     """Whether the objective trains the generator's learned baseline ('adversarial')."""
     return name == "adversarial"
+
+
+def objective_corruption(
+    name: str,
+    rng,
+    batch,
+    *,
+    mask_prob: float,
+    num_slots: int,
+    mask_id: int,
+    special_ids: tuple[int, ...],
+    mask_token_prob: float,
+    vocab_size: int,
+) -> Corruption:
+    """`corrupt` with objective `name`'s shares of [MASK] and random tokens (corruption_probs)."""
+    p_mask, p_random = corruption_probs(name, mask_token_prob)
+    return corrupt(
+        rng,
+        batch,
+        mask_prob=mask_prob,
+        num_slots=num_slots,
+        mask_id=mask_id,
+        special_ids=special_ids,
+        mask_token_prob=p_mask,
+        random_token_prob=p_random,
+        vocab_size=vocab_size,
+    )
 
 
 def corruption_probs(name: str, mask_token_prob: float) -> tuple[float, float]:
@@ -766,16 +804,15 @@ def objective_forward(
     score (electra_forward's arguments, plus `mlm_fn` and the vocabulary size for BERT's
     random tokens). Returns (loss scalar, metrics dict)."""
     k_corrupt, k_gen, k_sample, k_disc = jax.random.split(rng, 4)
-    p_mask, p_random = corruption_probs(name, mask_token_prob)
-    c = corrupt(
+    c = objective_corruption(
+        name,
         k_corrupt,
         batch,
         mask_prob=mask_prob,
         num_slots=num_slots,
         mask_id=mask_id,
         special_ids=special_ids,
-        mask_token_prob=p_mask,
-        random_token_prob=p_random,
+        mask_token_prob=mask_token_prob,
         vocab_size=vocab_size,
     )
     sums = objective_sums(

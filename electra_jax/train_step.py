@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from electra_jax import objective
+from electra_jax import evaluation, objective
 from electra_jax.data.tokenizer import CLS_ID, MASK_ID, PAD_ID, SEP_ID
 from electra_jax.model import Electra
 
@@ -193,18 +193,15 @@ def train_step(
         weights["adversarial"] = (state.step >= warm).astype(jnp.float32)
     rng = jax.random.fold_in(state.rng, state.step)
     k_corrupt, k_gen, k_sample, k_disc = jax.random.split(rng, 4)
-    mask_token_prob, random_token_prob = objective.corruption_probs(
-        name, objective_cfg.mask_token_prob
-    )
-    corruption = objective.corrupt(
+    corruption = objective.objective_corruption(
+        name,
         k_corrupt,
         batch,
         mask_prob=objective_cfg.mask_prob,
         num_slots=num_slots,
         mask_id=special.mask,
         special_ids=tuple(special),
-        mask_token_prob=mask_token_prob,
-        random_token_prob=random_token_prob,
+        mask_token_prob=objective_cfg.mask_token_prob,
         vocab_size=model.spec.vocab_size,
     )
     denominators = (
@@ -360,15 +357,50 @@ def multi_step(state: TrainState, batches: dict[str, jax.Array], *, step_fn):
     return jax.lax.scan(step_fn, state, batches)
 
 
-def eval_step(params, batch, rng, *, model: Electra, objective_cfg: Any, num_slots: int):
-    """Loss and metrics without dropout and without an update."""
-    _, metrics = forward(
-        params,
-        batch,
-        rng,
-        model=model,
-        objective_cfg=objective_cfg,
+def eval_step(
+    params,
+    batches: dict[str, jax.Array],
+    frequent: jax.Array,
+    *,
+    model: Electra,
+    objective_cfg: Any,
+    num_slots: int,
+    special: SpecialTokens = DEFAULT_SPECIAL,
+) -> dict[str, jax.Array]:
+    """The held-out scalars of `params` (evaluation.py), without dropout or update.
+
+    batches: 'input_ids', 'segment_ids', 'input_mask', each [E, B, L] int32 (E held-out
+    batches); frequent: bool [V], the frequent pieces. Returns float32 scalars (NaN where an
+    AUC is undefined).
+    """
+    name = _name(objective_cfg)
+
+    def networks_of(batch):
+        seg, mask = batch["segment_ids"], batch["input_mask"]
+        run = lambda method, *args: model.apply({"params": params}, *args, method=method)
+        networks = {
+            "discriminator": lambda ids: run(Electra.discriminator_outputs, ids, seg, mask, True)
+        }
+        if objective.has_generator(name):
+            networks["generator"] = lambda ids, positions: run(
+                Electra.generator_logits, ids, seg, mask, positions, True
+            )
+        if model.spec.mlm_head:
+            networks["mlm"] = lambda ids, positions: run(
+                Electra.discriminator_mlm, ids, seg, mask, positions, True
+            )
+        return networks
+
+    return evaluation.evaluate_batches(
+        batches,
+        frequent,
+        networks_of,
+        name=name,
+        rtd=objective.trains_rtd_head(name),
+        mask_prob=objective_cfg.mask_prob,
         num_slots=num_slots,
-        train=False,
+        mask_id=special.mask,
+        special_ids=tuple(special),
+        mask_token_prob=objective_cfg.mask_token_prob,
+        vocab_size=model.spec.vocab_size,
     )
-    return metrics

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from typing import Any
@@ -201,6 +202,7 @@ def check_config(config: Any) -> None:
     _require(config.log.every_steps > 0, "log.every_steps must be >= 1")
     k = t.get("steps_per_call", 1)
     _require(k >= 1, f"train.steps_per_call={k} must be >= 1")
+    _check_eval(config)
     _check_ranges(config)
     _check_choices(config)
     _check_source(d.source)
@@ -209,6 +211,43 @@ def check_config(config: Any) -> None:
         not (cache_dir and os.path.exists(cache_dir) and not os.path.isdir(cache_dir)),
         f"data.cache_dir={cache_dir} is a file, not a folder; choose a folder (or '' for "
         "WORKDIR/data)",
+    )
+
+
+def _check_eval(config: Any) -> None:
+    """The held-out slice and the evaluation's cadence (configs written before they existed
+    have neither: no held-out rows, no evaluation)."""
+    held = config.data.get("heldout_examples", 0)
+    _require(
+        isinstance(held, int) and not isinstance(held, bool) and held >= 0,
+        f"data.heldout_examples={held!r} must be a whole number of rows >= 0 (0: train on all)",
+    )
+    ev = config.get("eval")
+    if ev is None:
+        return
+    every = ev.get("every_steps", 0)
+    _require(
+        isinstance(every, int) and not isinstance(every, bool) and every >= 0,
+        f"eval.every_steps={every!r} must be a whole number of steps >= 0 (0: no evaluation)",
+    )
+    batch = ev.get("batch_size", 0) or config.train.batch_size
+    _require(
+        isinstance(batch, int) and batch > 0,
+        f"eval.batch_size={ev.get('batch_size')!r} must be >= 1, or 0 for train.batch_size",
+    )
+    if not every:
+        return
+    log_every = config.log.every_steps
+    _require(
+        every % log_every == 0,
+        f"eval.every_steps={every} must be a multiple of log.every_steps={log_every} (its "
+        "readings go into that step's metrics row)",
+    )
+    _require(
+        held >= batch and held % batch == 0,
+        f"eval.every_steps={every} evaluates on the held-out rows, but data.heldout_examples="
+        f"{held} is not a positive multiple of the evaluation batch ({batch}, eval.batch_size "
+        "or train.batch_size); set data.heldout_examples to one, or eval.every_steps=0",
     )
 
 
@@ -374,8 +413,27 @@ def check_batch(
 _MODEL_SECTIONS = ("model", "generator")
 _MODEL_KEYS = ("data.vocab_size", "data.seq_length", "objective.name")  # name: the MLM head
 _NOT_MODEL = ("model.dtype",)
-# A run config written before model.scan_layers existed holds its layers unrolled.
-_ADDED_DEFAULTS = {"model.embedding_sharing": "electra", "model.scan_layers": False}
+# What a run config written before these keys existed means by their absence: a run started
+# before model.scan_layers holds its layers unrolled; one started before the held-out slice
+# trained on every row.
+_ADDED_DEFAULTS = {
+    "model.embedding_sharing": "electra",
+    "model.scan_layers": False,
+    "data.heldout_examples": 0,
+}
+
+
+def with_added_defaults(stored: dict) -> dict:
+    """A stored run config (config.json) with the keys added since filled in as `_ADDED_DEFAULTS`
+    says the run had them; a new nested dict."""
+    out = json.loads(json.dumps(stored))
+    for key, value in _ADDED_DEFAULTS.items():
+        node = out
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node.setdefault(leaf, value)
+    return out
 
 
 def stored_scan_layers(stored: dict) -> bool:
@@ -440,6 +498,7 @@ FREE_ON_RESUME = (
     "mesh.",
     "checkpoint.",
     "log.",
+    "eval.",  # what is read and how often; never what is trained (data.heldout_examples is)
 )
 
 

@@ -16,7 +16,7 @@ import itertools
 import grain
 import numpy as np
 
-from electra_jax.data import DataError
+from electra_jax.data import DataError, heldout
 from electra_jax.data.prepare import ROW_DTYPE, PreparedData
 from electra_jax.data.tokenizer import PAD_ID
 
@@ -71,6 +71,22 @@ class _ShardSource:
         return f"_ShardSource({self._directory}, {len(self._paths)} shards)"
 
 
+class _TrainSource:
+    """The rows of a source that are not held out (data/heldout.py), as a dense source."""
+
+    def __init__(self, source: _ShardSource, rows: heldout.TrainRows):
+        self._source, self._rows = source, rows
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __getitem__(self, index):
+        return self._source[self._rows.row(index)]
+
+    def __repr__(self) -> str:
+        return f"_TrainSource({self._source!r}, {len(self._rows)} rows)"
+
+
 class _ParseRow(grain.transforms.Map):
     """Record bytes -> int32 [2, seq_length] (input ids, segment ids)."""
 
@@ -106,6 +122,7 @@ def make_dataset(
     seed: int,
     process_index: int = 0,
     process_count: int = 1,
+    heldout_examples: int = 0,
 ) -> grain.MapDataset:
     """This process's infinite dataset of local batches (see ``make_iterator``)."""
     if process_count <= 0 or not 0 <= process_index < process_count:
@@ -122,8 +139,13 @@ def make_dataset(
             f"{prepared.seq_length} tokens, fewer than one batch (train.batch_size="
             f"{global_batch_size}); add text or lower train.batch_size / data.seq_length"
         )
+    heldout.check_size(prepared.num_examples, heldout_examples, global_batch_size, source_name)
     local_batch = global_batch_size // process_count
-    ds = grain.MapDataset.source(_ShardSource(prepared))
+    source = _ShardSource(prepared)
+    if heldout_examples:
+        rows = heldout.heldout_rows(prepared.num_examples, heldout_examples)
+        source = _TrainSource(source, heldout.TrainRows(prepared.num_examples, rows))
+    ds = grain.MapDataset.source(source)
     # Shuffle, then repeat: Grain's shuffle reseeds with seed + epoch for indices past the first
     # epoch, so each epoch has its own order. Shuffle seeds must fit in 32 bits.
     ds = ds.shuffle(seed=seed % 2**32).repeat(None)
@@ -142,6 +164,7 @@ def make_iterator(
     process_count: int = 1,
     num_threads: int = 2,
     prefetch: int = 8,
+    heldout_examples: int = 0,
 ) -> grain.DatasetIterator:
     """An endless, checkpointable iterator of this process's batches.
 
@@ -152,6 +175,8 @@ def make_iterator(
       process_index, process_count: this JAX process and how many there are.
       num_threads: Grain read threads (0 reads in the caller's thread).
       prefetch: batches read ahead.
+      heldout_examples: rows never read here, kept for the evaluation (data/heldout.py); the
+        shuffle runs over the other rows.
 
     Returns:
       a grain DatasetIterator (``next(it)``, ``it.get_state()``, ``it.set_state(state)``; works
@@ -161,8 +186,53 @@ def make_iterator(
       [p * L, (p + 1) * L) of the global batch s, L = global_batch_size // process_count.
 
     Raises:
-      DataError: batch size not a multiple of process_count, or fewer examples than one batch.
+      DataError: batch size not a multiple of process_count, or fewer training examples than
+        one batch.
     """
-    ds = make_dataset(prepared, global_batch_size, seed, process_index, process_count)
+    ds = make_dataset(
+        prepared, global_batch_size, seed, process_index, process_count, heldout_examples
+    )
     read_options = grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=prefetch)
     return iter(ds.to_iter_dataset(read_options))
+
+
+def read_rows(prepared: PreparedData, rows) -> dict[str, np.ndarray]:
+    """Prepared rows by index, in the given order: dict of int32 [len(rows), seq_length]
+    arrays (``input_ids``, ``segment_ids``, ``input_mask``), as the iterator's batches."""
+    source = _ShardSource(prepared)
+    parse = _ParseRow(prepared.seq_length, prepared.directory)
+    parsed = [parse.map(source[int(i)]) for i in rows]
+    if not parsed:
+        return _to_features(np.zeros((0, 2, prepared.seq_length), np.int32))
+    return _to_features(np.stack(parsed))
+
+
+def heldout_batches(
+    prepared: PreparedData,
+    heldout_examples: int,
+    batch_size: int,
+    process_index: int = 0,
+    process_count: int = 1,
+) -> list[dict[str, np.ndarray]]:
+    """The held-out rows as this process's parts of whole global batches: a list of dicts of
+    int32 [batch_size // process_count, seq_length] arrays (process p takes rows
+    [p * b, (p + 1) * b) of each global batch, as the training batches). Rows that do not fill
+    a last global batch are left out (validate.check_config keeps them whole)."""
+    rows = heldout.heldout_rows(prepared.num_examples, heldout_examples)
+    local = batch_size // process_count
+    out = []
+    for start in range(0, len(rows) - batch_size + 1, batch_size):
+        mine = rows[start + process_index * local : start + (process_index + 1) * local]
+        out.append(read_rows(prepared, mine))
+    return out
+
+
+def training_sample(
+    prepared: PreparedData, heldout_examples: int, limit: int = 4096
+) -> dict[str, np.ndarray]:
+    """Up to `limit` training rows spread evenly over the corpus order (never a held-out row):
+    the batch dict of ``read_rows``, for corpus statistics such as the frequent pieces."""
+    held = heldout.heldout_rows(prepared.num_examples, heldout_examples)
+    train = heldout.TrainRows(prepared.num_examples, held)
+    picks = heldout.spread_rows(len(train), limit)
+    return read_rows(prepared, [train.row(i) for i in picks])

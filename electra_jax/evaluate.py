@@ -1,0 +1,327 @@
+"""Held-out evaluation of a pre-training run: during training, or after it from its checkpoints.
+
+    python -m electra_jax.evaluate --workdir=runs/tiny [--steps=200,400]
+
+During training, `loop.train` evaluates every `eval.every_steps` and at the last step on the
+held-out slice of the prepared data (data/heldout.py), with one compiled program
+(train_step.eval_step, the readings in evaluation.py), and adds the readings to that step's row
+of metrics.jsonl and TensorBoard under an `eval/` prefix. After the fact, this command evaluates
+the checkpoints a workdir keeps (all of them, or `--steps`) the same way and writes the rows, the
+same keys, to WORKDIR/eval.jsonl (rewritten whole, atomically; rows of steps not evaluated again
+are kept); `read_rows(workdir)` joins both sources. A run started before the held-out slice
+existed trained on every row: its evaluation reads `--heldout_examples` rows it has seen, says so
+in a warning line, and marks its rows `eval/trained_on: 1`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import os
+import time
+from typing import Any
+
+import jax
+
+from electra_jax import evaluation, metrics, sharding
+from electra_jax.data import heldout as heldout_lib
+from electra_jax.data import pipeline
+from electra_jax.train_step import DEFAULT_SPECIAL, SpecialTokens, eval_step
+
+PREFIX = "eval/"
+EVAL_FILE = "eval.jsonl"
+
+
+@dataclasses.dataclass
+class Evaluator:
+    """The compiled held-out evaluation of one model over one set of held-out batches."""
+
+    program: Any  # compiled (params, [E, B, L] batches, frequent [V]) -> scalars
+    batches: dict  # global [E, B, L] arrays
+    frequent: jax.Array  # bool [V], replicated
+    every: int  # eval.every_steps (0: only when asked)
+    compile_seconds: float
+    runs: int = 0
+    seconds: float = 0.0
+    warned: bool = False
+
+    def due(self, step: int, last_step: int) -> bool:
+        """Whether the row of `step` gets an evaluation: every `every` steps and at the end."""
+        return self.every > 0 and (step % self.every == 0 or step == last_step)
+
+    def run(self, params) -> dict:
+        """The held-out readings of `params` as `eval/` keys (None where undefined), with
+        `eval/seconds`; logs one warning line the first time the states collapse."""
+        t0 = time.time()
+        values = jax.device_get(self.program(params, self.batches, self.frequent))
+        seconds = time.time() - t0
+        self.runs += 1
+        self.seconds += seconds
+        row = {}
+        for key, value in values.items():
+            value = float(value)
+            row[PREFIX + key] = value if math.isfinite(value) else None
+        row[PREFIX + "seconds"] = seconds
+        cosine = row.get(PREFIX + "collapse_cosine")
+        if cosine is not None and cosine > evaluation.COLLAPSE_WARNING and not self.warned:
+            self.warned = True
+            metrics.log(
+                f"warning: the discriminator's states are collapsing (mean cosine {cosine:.2f} "
+                f"between held-out tokens, above {evaluation.COLLAPSE_WARNING}): they all point "
+                "one way, which fine-tuning inherits; see docs/ablations.md for the recipe "
+                "settings that keep them apart"
+            )
+        return row
+
+
+def build(
+    *,
+    model,
+    num_slots: int,
+    objective_cfg,
+    abstract_params,
+    params_sharding,
+    mesh,
+    prepared,
+    heldout_examples: int,
+    batch_size: int,
+    every: int,
+    special: SpecialTokens = DEFAULT_SPECIAL,
+    process_index: int = 0,
+    process_count: int = 1,
+) -> Evaluator:
+    """The held-out batches on the mesh, the frequent pieces of the training rows, and the eval
+    step compiled for `params_sharding` (ahead of the first use, so its time is its own)."""
+    parts = pipeline.heldout_batches(
+        prepared, heldout_examples, batch_size, process_index, process_count
+    )
+    if not parts:
+        raise ValueError(
+            f"data.heldout_examples={heldout_examples} holds no whole batch of {batch_size}"
+        )
+    batches = sharding.global_batches(parts, mesh)
+    sample = pipeline.training_sample(prepared, heldout_examples)
+    vocab = model.spec.vocab_size
+    frequent = heldout_lib.frequent_pieces(sample["input_ids"], vocab, tuple(special))
+    frequent = jax.device_put(frequent, sharding.replicated(mesh))
+    fn = jax.jit(
+        functools.partial(
+            eval_step,
+            model=model,
+            objective_cfg=objective_cfg,
+            num_slots=num_slots,
+            special=special,
+        ),
+        in_shardings=(params_sharding, sharding.stacked_batch_sharding(mesh), None),
+        out_shardings=sharding.replicated(mesh),
+    )
+    placed = jax.tree_util.tree_map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+        abstract_params,
+        params_sharding,
+    )
+    t0 = time.time()
+    program = fn.lower(placed, batches, frequent).compile()
+    return Evaluator(program, batches, frequent, every, time.time() - t0)
+
+
+# ------------------------------------------------------------------------------ reading rows
+
+
+def eval_rows(rows: list[dict]) -> list[dict]:
+    """The rows of `rows` that hold held-out readings, as {step, eval/...} dicts."""
+    return [
+        {"step": r["step"], **{k: v for k, v in r.items() if k.startswith(PREFIX)}}
+        for r in rows
+        if any(k.startswith(PREFIX) for k in r)
+    ]
+
+
+def read_rows(workdir: str) -> list[dict]:
+    """Every held-out reading of a run, by step: those its training logged to metrics.jsonl and
+    those `python -m electra_jax.evaluate` wrote to eval.jsonl (which wins for a step both
+    hold: it is the later reading)."""
+    logged = metrics.read_rows(os.path.join(workdir, "metrics.jsonl"))
+    by_step = {r["step"]: r for r in eval_rows(logged)}
+    for r in metrics.read_rows(os.path.join(workdir, EVAL_FILE)):
+        by_step[r["step"]] = r
+    return [by_step[s] for s in sorted(by_step)]
+
+
+# --------------------------------------------------------------------------- after the fact
+
+
+def evaluate_workdir(
+    workdir: str, steps: list[int] | None = None, heldout_examples: int = 256
+) -> list[dict]:
+    """Evaluates the checkpoints a pre-training workdir keeps (or those of `steps`) on its
+    held-out slice; writes their rows to WORKDIR/eval.jsonl and returns them.
+
+    heldout_examples: for a run whose config.json predates data.heldout_examples (it trained on
+    every row), how many of its rows to read, marked `eval/trained_on: 1`.
+    Raises PretrainedError (a workdir that is not a run's, a missing step) or ConfigError.
+    """
+    import ml_collections
+    import orbax.checkpoint as ocp
+
+    from electra_jax import checkpointing, objective, pretrained, validate
+    from electra_jax import workdir as workdir_lib
+    from electra_jax.data import prepare
+    from electra_jax.data.tokenizer import load_saved
+    from electra_jax.model import Electra
+    from electra_jax.train_step import special_tokens_of
+
+    stored = pretrained.read_run_config(workdir)
+    config = ml_collections.ConfigDict(validate.with_added_defaults(stored))
+    trained_on = not config.data.get("heldout_examples", 0)
+    if trained_on:
+        metrics.log(
+            f"warning: {workdir} was trained on every row (its config.json predates "
+            f"data.heldout_examples); reading {heldout_examples} of the rows it trained on"
+        )
+        with config.unlocked():
+            config.data.heldout_examples = heldout_examples
+    with workdir_lib.claimed(workdir, workdir_lib.PRETRAIN, command="electra_jax.evaluate"):
+        tokenizer = load_saved(os.path.join(workdir, "tokenizer"))
+        prepared = prepare.prepare(
+            config.data,
+            tokenizer,
+            config.data.cache_dir or os.path.join(workdir, "data"),
+            config.seed,
+            num_workers=None,
+        )
+        mesh = sharding.make_mesh(ml_collections.ConfigDict({"fsdp": 1}))
+        where = os.path.join(workdir, "config.json")
+        spec = pretrained.spec_from_run_config(config.to_dict(), tokenizer.vocab_size, where)
+        model = Electra(spec)
+        num_slots = objective.num_mask_slots(config.data.seq_length, config.objective.mask_prob)
+        abstract = jax.eval_shape(lambda: _init_params(model))
+        params_sharding = jax.tree_util.tree_map(lambda _: sharding.replicated(mesh), abstract)
+        batch_size = config.get("eval", {}).get("batch_size", 0) or config.train.batch_size
+        evaluator = build(
+            model=model,
+            num_slots=num_slots,
+            objective_cfg=config.objective,
+            abstract_params=abstract,
+            params_sharding=params_sharding,
+            mesh=mesh,
+            prepared=prepared,
+            heldout_examples=config.data.heldout_examples,
+            batch_size=batch_size,
+            every=0,
+            special=special_tokens_of(tokenizer),
+        )
+        if steps is None:
+            manager = ocp.CheckpointManager(
+                checkpointing.checkpoint_dir(workdir),
+                options=ocp.CheckpointManagerOptions(read_only=True, create=False),
+            )
+            steps = sorted(manager.all_steps())
+            manager.close()
+        rows = []
+        for step in steps:
+            params, step = pretrained.restore_params(workdir, spec, step)
+            row = {"step": step, **evaluator.run(jax.device_put(params, params_sharding))}
+            if trained_on:
+                row[PREFIX + "trained_on"] = 1.0
+            rows.append(row)
+            metrics.log(progress(step, row))
+        kept = [r for r in metrics.read_rows(os.path.join(workdir, EVAL_FILE))]
+        done = {r["step"] for r in rows}
+        merged = sorted([r for r in kept if r["step"] not in done] + rows, key=lambda r: r["step"])
+        _write_rows(os.path.join(workdir, EVAL_FILE), merged)
+    return rows
+
+
+def _init_params(model):
+    from electra_jax.model import init_params
+
+    return init_params(model, jax.random.PRNGKey(0))
+
+
+def _write_rows(path: str, rows: list[dict]) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def progress(step: int, row: dict) -> str:
+    """One line of held-out readings: AUC (frequent pieces), loss against the prior, cosine."""
+    get = lambda k: row.get(PREFIX + k)
+    parts = [f"held-out at step {step}:"]
+    if get("disc_auc") is not None:
+        parts.append(f"auc {get('disc_auc'):.3f}")
+    if get("disc_auc_frequent") is not None:
+        parts.append(f"(frequent {get('disc_auc_frequent'):.3f})")
+    if get("disc_loss") is not None:
+        parts.append(f"disc {get('disc_loss'):.4f} vs prior {get('disc_prior_entropy'):.4f}")
+    if get("mlm_accuracy") is not None:
+        parts.append(f"mlm acc {get('mlm_accuracy'):.3f}")
+    if get("gen_accuracy") is not None:
+        parts.append(f"gen acc {get('gen_accuracy'):.3f}")
+    parts.append(f"cosine {get('collapse_cosine'):.3f}")
+    return "  ".join(parts)
+
+
+# ----------------------------------------------------------------------------------- command
+
+
+def _define_flags():
+    from absl import flags
+
+    flags.DEFINE_string("workdir", None, "The pre-training workdir whose checkpoints to evaluate.")
+    flags.DEFINE_list("steps", None, "Checkpoint steps to evaluate (default: every one kept).")
+    flags.DEFINE_integer(
+        "heldout_examples",
+        256,
+        "Rows to read for a run that predates data.heldout_examples (it trained on all of them).",
+    )
+    flags.DEFINE_bool("verbose", False, "Show full tracebacks on errors.")
+
+
+def main(argv) -> None:
+    from absl import flags
+
+    from electra_jax import validate
+    from electra_jax.cli import fail
+    from electra_jax.data import DataError
+    from electra_jax.weights import PretrainedError
+
+    values = flags.FLAGS
+    if len(argv) > 1:
+        fail(f"unexpected arguments {argv[1:]}; use --workdir=... [--steps=...]")
+    if not values.workdir:
+        fail("--workdir is required: the pre-training run to evaluate, e.g. --workdir=runs/tiny")
+    if not os.path.isdir(values.workdir):
+        fail(f"--workdir {values.workdir} does not exist; give a pre-training workdir")
+    try:
+        steps = None if values.steps is None else [int(s) for s in values.steps]
+    except ValueError:
+        fail(f"--steps={','.join(values.steps)} must be checkpoint steps, e.g. --steps=200,400")
+    if values.heldout_examples < 1:
+        fail(f"--heldout_examples={values.heldout_examples} must be >= 1")
+    try:
+        rows = evaluate_workdir(values.workdir, steps, values.heldout_examples)
+    except (PretrainedError, validate.ConfigError, DataError, ValueError) as e:
+        if values.verbose:
+            raise
+        fail(" ".join(str(e).split()))
+    print(json.dumps({"workdir": values.workdir, "rows": rows}))
+
+
+def cli() -> None:
+    from absl import app
+
+    from electra_jax.cli import parse_flags
+
+    _define_flags()
+    app.run(main, flags_parser=parse_flags)
+
+
+if __name__ == "__main__":
+    cli()

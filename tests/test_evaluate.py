@@ -1,0 +1,99 @@
+"""Held-out evaluation end to end: in the training loop, after the fact, and for old runs."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from electra_jax import evaluate, loop, metrics
+from tests.conftest import ROOT, subprocess_env
+from tests.test_loop import config_with, prepare_shared_data
+
+
+@pytest.fixture(scope="module")
+def shared_data(tmp_path_factory):
+    return prepare_shared_data(tmp_path_factory)
+
+
+EVAL_KEYS = {"eval/disc_auc", "eval/disc_auc_frequent", "eval/collapse_cosine", "eval/disc_loss"}
+
+
+def _eval_config(shared_data):
+    cfg = config_with(shared_data)
+    cfg.data.heldout_examples = 32  # 4 batches of 8
+    cfg.eval.every_steps = 2
+    return cfg
+
+
+@pytest.mark.slow
+def test_training_evaluates_on_schedule_and_resumes_with_the_same_readings(shared_data, tmp_path):
+    cfg = _eval_config(shared_data)
+    straight = tmp_path / "straight"
+    loop.train(cfg, str(straight))
+    rows = metrics.read_rows(str(straight / "metrics.jsonl"))
+    evaluated = [r["step"] for r in rows if "eval/disc_auc" in r]
+    assert evaluated == [2, 4, 6]
+    for r in rows:
+        if r["step"] in evaluated:
+            assert set(r) >= EVAL_KEYS
+            assert 0.0 <= r["eval/disc_auc"] <= 1.0 and r["eval/collapse_cosine"] < 1.0
+    resumed = tmp_path / "resumed"
+    loop.train(cfg, str(resumed), stop_after=3)
+    loop.train(cfg, str(resumed))
+    again = metrics.read_rows(str(resumed / "metrics.jsonl"))
+    for a, b in zip(rows, again, strict=True):
+        for k in ("loss", "disc_loss", "grad_norm", *EVAL_KEYS):
+            assert a.get(k) == b.get(k), (a["step"], k)
+    # After the fact: the kept checkpoints (3 and 6) read as the training read step 6.
+    after = evaluate.evaluate_workdir(str(straight))
+    assert [r["step"] for r in after] == [3, 6]
+    for k in EVAL_KEYS:
+        assert after[1][k] == rows[-1][k], k
+    joined = evaluate.read_rows(str(straight))
+    assert [r["step"] for r in joined] == [2, 3, 4, 6]
+    assert json.loads((straight / "eval.jsonl").read_text().splitlines()[0])["step"] == 3
+
+
+@pytest.mark.slow
+def test_a_run_from_before_the_heldout_slice_resumes_on_every_row(shared_data, tmp_path, capsys):
+    """A run whose config.json lacks data.heldout_examples trained on every row: it resumes on
+    every row (exactly as a run with the slice off), and evaluate says it read seen rows."""
+    cfg = config_with(shared_data)
+    cfg.data.heldout_examples = 0
+    straight = loop.train(cfg, str(tmp_path / "straight"))
+    old = tmp_path / "old"
+    loop.train(cfg, str(old), stop_after=3)
+    stored = json.loads((old / "config.json").read_text())
+    del stored["data"]["heldout_examples"]
+    del stored["eval"]
+    (old / "config.json").write_text(json.dumps(stored))
+    capsys.readouterr()
+    resumed = loop.train(config_with(shared_data), str(old))  # heldout_examples=256
+    assert "resuming with data.heldout_examples=0" in capsys.readouterr().err
+    for k in ("loss", "gen_loss", "disc_loss", "grad_norm"):
+        assert resumed[k] == straight[k], k
+    rows = evaluate.evaluate_workdir(str(old), steps=[6], heldout_examples=16)
+    assert rows[0]["eval/trained_on"] == 1.0 and set(rows[0]) >= EVAL_KEYS
+    assert "trained on every row" in capsys.readouterr().err
+
+
+def test_the_command_refuses_bad_input_in_one_line(tmp_path):
+    def run(*args):
+        return subprocess.run(
+            [sys.executable, "-m", "electra_jax.evaluate", *args],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env=subprocess_env(),
+            timeout=120,
+        )
+
+    missing = run(f"--workdir={tmp_path / 'nope'}")
+    assert missing.returncode == 2 and missing.stderr.startswith("error: --workdir")
+    assert "Traceback" not in missing.stderr
+    steps = run(f"--workdir={tmp_path}", "--steps=a")
+    assert steps.returncode == 2 and "--steps=a" in steps.stderr
+    empty = run(f"--workdir={tmp_path}")
+    assert empty.returncode == 2 and "config.json" in empty.stderr
+    assert "Traceback" not in empty.stderr

@@ -1,0 +1,160 @@
+"""Tests of electra_jax.evaluation (the held-out readings) and train_step.eval_step."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from electra_jax import evaluation, loop
+from electra_jax.train_step import eval_step, init_state
+from tests.conftest import micro_config
+
+
+def _pairwise_auc(scores, labels, weights):
+    """The AUC by its definition: over every (positive, negative) pair, 1 if the positive
+    scores higher, 1/2 on a tie."""
+    used = weights > 0
+    pos, neg = scores[used & (labels > 0.5)], scores[used & (labels <= 0.5)]
+    wins = (pos[:, None] > neg[None, :]).sum() + 0.5 * (pos[:, None] == neg[None, :]).sum()
+    return wins / (len(pos) * len(neg))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_roc_auc_equals_the_pairwise_definition_with_ties_and_weights(seed):
+    rng = np.random.default_rng(seed)
+    labels = (rng.random((6, 40)) < 0.2).astype(np.float32)
+    # Few distinct values, so that ties are many; positives drawn a little higher.
+    scores = np.round(rng.normal(size=(6, 40)) + labels * 0.7, 1).astype(np.float32)
+    weights = (rng.random((6, 40)) < 0.8).astype(np.float32)
+    got = float(jax.jit(evaluation.roc_auc)(scores, labels, weights))
+    assert got == pytest.approx(_pairwise_auc(scores, labels, weights), abs=1e-6)
+
+
+def test_roc_auc_bounds_and_undefined():
+    labels = np.array([0, 0, 1, 1], np.float32)
+    ones = np.ones(4, np.float32)
+    assert float(evaluation.roc_auc(np.array([0.1, 0.2, 0.3, 0.4]), labels, ones)) == 1.0
+    assert float(evaluation.roc_auc(np.array([0.4, 0.3, 0.2, 0.1]), labels, ones)) == 0.0
+    assert float(evaluation.roc_auc(np.zeros(4), labels, ones)) == 0.5
+    assert np.isnan(float(evaluation.roc_auc(np.zeros(4), np.zeros(4), ones)))
+
+
+def test_cosine_sums_equal_the_mean_over_pairs_of_different_tokens():
+    rng = np.random.default_rng(0)
+    h = rng.normal(size=(2, 5, 8)).astype(np.float32) + 0.5
+    w = np.array([[1, 1, 1, 0, 0], [1, 1, 0, 1, 1]], np.float32)
+    total, pairs = evaluation.cosine_sums(h, w)
+    vecs = h.reshape(-1, 8)[w.ravel() > 0]
+    unit = vecs / np.linalg.norm(vecs, axis=1, keepdims=True)
+    cos = unit @ unit.T
+    n = len(vecs)
+    assert float(pairs) == n * (n - 1)
+    assert float(total) / float(pairs) == pytest.approx((cos.sum() - n) / (n * (n - 1)), abs=1e-5)
+    # States that all point one way read 1.
+    same = np.ones((1, 4, 8), np.float32)
+    t, p = evaluation.cosine_sums(same, np.ones((1, 4), np.float32))
+    assert float(t) / float(p) == pytest.approx(1.0, abs=1e-6)
+
+
+def test_binary_entropy():
+    p = np.array([0.0, 0.5, 1.0, 0.15], np.float32)
+    want = [0.0, np.log(2), 0.0, -(0.15 * np.log(0.15) + 0.85 * np.log(0.85))]
+    np.testing.assert_allclose(evaluation.binary_entropy(p), want, atol=1e-6)
+
+
+def _batches(cfg, count=2, seed=0):
+    rng = np.random.default_rng(seed)
+    b, length = cfg.train.batch_size, cfg.data.seq_length
+    ids = rng.integers(5, cfg.data.vocab_size, (count, b, length)).astype(np.int32)
+    ids[:, :, 0], ids[:, :, -1] = 2, 3
+    mask = np.ones_like(ids)
+    mask[:, 0, -6:] = 0  # some padding
+    ids[mask == 0] = 0
+    return {"input_ids": ids, "segment_ids": np.zeros_like(ids), "input_mask": mask}
+
+
+@pytest.mark.parametrize("name", ["electra", "mlm"])
+def test_eval_step_is_deterministic_and_reads_what_the_objective_has(name):
+    cfg = micro_config()
+    cfg.objective.name = name
+    _, model, tx, _, slots = loop.build(cfg, cfg.data.vocab_size)
+    params = init_state(model, tx, 0).params
+    frequent = jnp.zeros((cfg.data.vocab_size,), bool).at[5:100].set(True)
+    ev = jax.jit(
+        functools.partial(eval_step, model=model, objective_cfg=cfg.objective, num_slots=slots)
+    )
+    batches = _batches(cfg)
+    a = jax.device_get(ev(params, batches, frequent))
+    b = jax.device_get(ev(params, batches, frequent))
+    assert a == b
+    assert 0.0 < a["collapse_cosine"] < 1.0
+    if name == "electra":
+        assert set(evaluation.DISC_KEYS + evaluation.GEN_KEYS) <= set(a)
+        assert 0.0 < a["disc_auc"] < 1.0 and 0.0 < a["disc_auc_frequent"] < 1.0
+        assert a["disc_prior_entropy"] == pytest.approx(
+            float(evaluation.binary_entropy(a["replaced_fraction"])), abs=1e-6
+        )
+        assert 0.0 < a["replaced_fraction"] < 0.2
+        assert "mlm_loss" not in a
+    else:  # no generator, no replaced-token head: the MLM head's readings
+        assert not set(evaluation.DISC_KEYS + evaluation.GEN_KEYS) & set(a)
+        assert a["mlm_loss"] == pytest.approx(np.log(cfg.data.vocab_size), rel=0.1)
+
+
+def test_the_readings_follow_the_networks_they_are_given():
+    """Hand-made networks through evaluate_batches: a generator that always writes token 7 and a
+    discriminator whose logit is +5 exactly on token 7 read AUC 1, precision and recall 1 and
+    sampled accuracy 0; one that reads token 7 as -5 reads AUC 0. Over the frequent pieces (7
+    and the ids below 60), the frequent AUC is 1 too, and the frequent fraction counts them."""
+    cfg = micro_config()
+    vocab, target = cfg.data.vocab_size, 7
+    batches = _batches(cfg)
+    batches["input_ids"] = np.where(batches["input_ids"] == target, 8, batches["input_ids"])
+    hidden = 4
+
+    def networks_of(sign):
+        def of(batch):
+            def generator(ids, positions):
+                logits = jnp.full((*positions.shape, vocab), -30.0)
+                return logits.at[..., target].set(30.0)
+
+            def discriminator(ids):
+                states = jax.nn.one_hot(ids % hidden, hidden) + 0.1
+                return states, sign * jnp.where(ids == target, 5.0, -5.0)
+
+            return {"generator": generator, "discriminator": discriminator}
+
+        return of
+
+    frequent = jnp.zeros((vocab,), bool).at[:60].set(True).at[target].set(True)
+    kwargs = dict(
+        name="electra",
+        rtd=True,
+        mask_prob=0.15,
+        num_slots=5,
+        mask_id=4,
+        special_ids=(0, 2, 3, 4),
+        mask_token_prob=0.85,
+        vocab_size=vocab,
+    )
+    good = jax.device_get(
+        evaluation.evaluate_batches(batches, frequent, networks_of(1.0), **kwargs)
+    )
+    assert good["disc_auc"] == 1.0 and good["disc_auc_frequent"] == 1.0
+    assert good["disc_precision"] == 1.0 and good["disc_recall"] == 1.0
+    assert good["disc_accuracy"] == 1.0 and good["gen_sampled_accuracy"] == 0.0
+    assert good["gen_accuracy"] == 0.0 and good["gen_loss"] == pytest.approx(60.0, rel=1e-3)
+    assert good["disc_loss_gain"] > 0.9
+    real = batches["input_mask"].sum()
+    assert good["replaced_fraction"] * real == pytest.approx(
+        (batches["input_mask"].sum(axis=-1) * 0.15).round().clip(1, 5).sum(), abs=0.5
+    )
+    seen_frequent = good["frequent_fraction"]
+    assert good["replaced_fraction"] < seen_frequent < 1.0
+    bad = jax.device_get(
+        evaluation.evaluate_batches(batches, frequent, networks_of(-1.0), **kwargs)
+    )
+    assert bad["disc_auc"] == 0.0 and bad["disc_recall"] == 0.0
+    assert bad["collapse_cosine"] == good["collapse_cosine"]  # the clean text's states
