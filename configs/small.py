@@ -81,6 +81,15 @@ def get_config() -> ml_collections.ConfigDict:
     config.objective.gen_weight = 1.0  # weight of the generator's MLM loss
     config.objective.disc_weight = 50.0  # weight of the discriminator's RTD loss
     config.objective.temperature = 1.0  # sampling temperature of the generator's softmax
+    # A temperature schedule: start at temperature_start and come down linearly to temperature
+    # over temperature_steps steps (0: the temperature throughout, as the paper)
+    config.objective.temperature_start = 0.0
+    config.objective.temperature_steps = 0
+    # The discriminator's own MLM term ('electra' only): it also predicts the original tokens
+    # at the masked slots from the corrupted text it reads, with this weight, fading linearly to
+    # 0 over disc_mlm_steps steps (0: constant); 0 leaves it out, as the paper
+    config.objective.disc_mlm_weight = 0.0
+    config.objective.disc_mlm_steps = 0
     # How replacements are drawn from the softmax: 'inverse_cdf' (one uniform per slot) or
     # 'gumbel' (jax.random.categorical, B x N x V uniforms); the same distribution.
     config.objective.sampler = "inverse_cdf"

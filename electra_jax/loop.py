@@ -54,7 +54,7 @@ def build(config: ml_collections.ConfigDict, vocab_size: int, mesh=None):
         config.generator,
         vocab_size,
         config.train.remat,
-        mlm_head=objective.needs_mlm_head(name),
+        mlm_head=objective.needs_mlm_head(name, config.objective.get("disc_mlm_weight", 0.0)),
         policy_baseline=objective.needs_policy_baseline(name),
     )
     if mesh is not None and mesh.shape["fsdp"] > 1:

@@ -90,6 +90,8 @@ def count_flops(
     if objective in ("electra", "electra_15", "two_stage", "adversarial"):
         # 'two_stage' runs both networks every step (the idle one's loss weighted 0).
         disc += tokens * rtd_head
+        if spec.mlm_head:  # 'electra' with the discriminator's MLM term (disc_mlm_weight > 0)
+            disc += slots * mlm_head
     elif objective == "replaced_mlm":
         disc += slots * mlm_head
     elif objective == "all_tokens_mlm":

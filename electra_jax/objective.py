@@ -169,7 +169,9 @@ def sample_replacements(
         if uniform is None:
             uniform = jax.random.uniform(rng, logits.shape[:-1])
         # The shared probabilities hold at temperature 1 only; unused logits are compiled away.
-        shared = jax.lax.stop_gradient(probs) if temperature == 1.0 else None
+        # A scheduled temperature is traced: its probabilities are computed afresh.
+        at_one = isinstance(temperature, int | float) and temperature == 1.0
+        shared = jax.lax.stop_gradient(probs) if at_one else None
         return _inverse_cdf_sample(uniform, logits, probs=shared).astype(jnp.int32)
     raise ValueError(f"objective.sampler={sampler!r}: use 'inverse_cdf' or 'gumbel'")
 
@@ -328,6 +330,7 @@ def electra_sums(
     *,
     temperature: float = 1.0,
     sampler: str = "inverse_cdf",
+    disc_mlm_fn: Callable | None = None,
 ) -> dict[str, jax.Array]:
     """Generate, sample, corrupt, discriminate: the loss and metric sums of (part of) a batch.
 
@@ -335,31 +338,60 @@ def electra_sums(
     generator_fn(masked_ids, positions, key) -> [B, N, V]; discriminator_fn(ids, key) -> [B, L];
     keys: (generator dropout, gumbel sampler, discriminator dropout). Every value is a sum over
     the rows, so sums of parts add up to the sums of the whole.
+
+    disc_mlm_fn (ids, positions, key) -> (replaced logits [B, L], MLM logits [B, N, V]): the
+    discriminator with its MLM head, given when objective.disc_mlm_weight > 0. It then also
+    predicts the original tokens at the masked slots from the corrupted sequence it reads
+    (`disc_mlm_loss`, `disc_mlm_correct`), in the same pass.
     """
     k_gen, k_sample, k_disc = keys
     mask = batch["input_mask"]
     gen, corrupted, labels = _generate(
         batch, corruption, generator_fn, k_gen, k_sample, temperature, sampler
     )
-    disc_logits = discriminator_fn(corrupted, k_disc)
+    extra = {}
+    if disc_mlm_fn is None:
+        disc_logits = discriminator_fn(corrupted, k_disc)
+    else:
+        m = corruption.masked
+        disc_logits, mlm_logits = disc_mlm_fn(corrupted, m.positions, k_disc)
+        mlm, mlm_correct = mlm_loss(mlm_logits, m.targets, m.weights)
+        extra = {"disc_mlm_loss": mlm.total, "disc_mlm_correct": mlm_correct.total}
     disc = rtd_loss(disc_logits, labels, mask)
-    return {**gen, "disc_loss": disc.total, **rtd_counts(disc_logits, labels, mask)}
+    return {**gen, "disc_loss": disc.total, **rtd_counts(disc_logits, labels, mask), **extra}
 
 
-def electra_loss(sums, denominators, *, gen_weight: float, disc_weight: float):
-    """gen_weight x MLM mean + disc_weight x RTD mean, the means taken with the whole batch's
+def electra_loss(sums, denominators, *, gen_weight: float, disc_weight: float, disc_mlm_weight=0.0):
+    """gen_weight x MLM mean + disc_weight x RTD mean (+ disc_mlm_weight x the
+    discriminator's MLM mean, when its sums hold one), the means taken with the whole batch's
     `denominators` (masked slots, real tokens): a micro-batch's share of the batch loss."""
     gen_count, tokens = denominators
-    return gen_weight * sums["gen_loss"] / jnp.maximum(gen_count, 1.0) + disc_weight * sums[
-        "disc_loss"
-    ] / jnp.maximum(tokens, 1.0)
+    masked = jnp.maximum(gen_count, 1.0)
+    loss = gen_weight * sums["gen_loss"] / masked + disc_weight * sums["disc_loss"] / jnp.maximum(
+        tokens, 1.0
+    )
+    if "disc_mlm_loss" in sums:
+        loss = loss + disc_mlm_weight * sums["disc_mlm_loss"] / masked
+    return loss
 
 
-def electra_metrics(sums, *, gen_weight: float, disc_weight: float) -> dict[str, jax.Array]:
+def electra_metrics(
+    sums, *, gen_weight: float, disc_weight: float, disc_mlm_weight=0.0
+) -> dict[str, jax.Array]:
     """The logged scalars from a whole batch's sums."""
     denominators = (sums["gen_count"], sums["tokens"])
+    weights = {"gen_weight": gen_weight, "disc_weight": disc_weight}
+    out = _electra_scalars(sums)
+    out["loss"] = electra_loss(sums, denominators, **weights, disc_mlm_weight=disc_mlm_weight)
+    if "disc_mlm_loss" in sums:
+        out["disc_mlm_loss"] = _ratio(sums["disc_mlm_loss"], sums["gen_count"])
+        out["disc_mlm_accuracy"] = _ratio(sums["disc_mlm_correct"], sums["gen_count"])
+        out["disc_mlm_weight"] = jnp.asarray(disc_mlm_weight, jnp.float32)
+    return out
+
+
+def _electra_scalars(sums) -> dict[str, jax.Array]:
     return {
-        "loss": electra_loss(sums, denominators, gen_weight=gen_weight, disc_weight=disc_weight),
         "gen_loss": _ratio(sums["gen_loss"], sums["gen_count"]),
         "disc_loss": _ratio(sums["disc_loss"], sums["tokens"]),
         "gen_accuracy": _ratio(sums["gen_correct"], sums["gen_count"]),
@@ -429,9 +461,22 @@ OBJECTIVES = validate.OBJECTIVES
 ELECTRA_LIKE = ("electra", "two_stage")
 
 
-def needs_mlm_head(name: str) -> bool:
-    """Whether the objective trains an MLM head on the discriminator-sized network."""
-    return name in ("mlm", "replaced_mlm", "all_tokens_mlm")
+def needs_mlm_head(name: str, disc_mlm_weight: float = 0.0) -> bool:
+    """Whether the objective trains an MLM head on the discriminator-sized network (the MLM
+    objectives, and 'electra' with objective.disc_mlm_weight > 0)."""
+    return name in ("mlm", "replaced_mlm", "all_tokens_mlm") or disc_mlm_weight > 0
+
+
+def schedule_value(end: float, start: float, steps: int, step):
+    """A value that goes linearly from `start` at step 0 to `end` at step `steps` and stays
+    there: `end` itself (a Python float, so nothing changes in the compiled step) when `steps`
+    is 0; else a float32 scalar of the traced `step`. The temperature schedule
+    (objective.temperature_start, temperature_steps) and the discriminator's fading MLM term
+    (objective.disc_mlm_weight, disc_mlm_steps, from the weight down to 0) use it."""
+    if not steps:
+        return end
+    left = jnp.clip(1.0 - step.astype(jnp.float32) / steps, 0.0, 1.0)
+    return jnp.float32(end) + (jnp.float32(start) - jnp.float32(end)) * left
 
 
 def has_generator(name: str) -> bool:
@@ -690,14 +735,20 @@ def objective_sums(
     mlm_fn: Callable | None,
     keys,
     *,
-    temperature: float = 1.0,
+    temperature: float | jax.Array = 1.0,
     sampler: str = "inverse_cdf",
+    disc_mlm: bool = False,
 ) -> dict[str, jax.Array]:
     """The sums of objective `name` for (part of) a batch; `mlm_fn(ids, positions or None, key)
-    -> (replaced logits [B, L], MLM logits [B, N or L, V])` is needed by the MLM objectives."""
+    -> (replaced logits [B, L], MLM logits [B, N or L, V])` is needed by the MLM objectives and,
+    with `disc_mlm` (objective.disc_mlm_weight > 0), by 'electra' for its discriminator's MLM
+    term. `temperature` may be a traced scalar (a scheduled temperature)."""
     kw = {"temperature": temperature, "sampler": sampler}
     if name in ELECTRA_LIKE:
-        return electra_sums(batch, corruption, generator_fn, discriminator_fn, keys, **kw)
+        disc_mlm_fn = mlm_fn if disc_mlm else None
+        return electra_sums(
+            batch, corruption, generator_fn, discriminator_fn, keys, **kw, disc_mlm_fn=disc_mlm_fn
+        )
     if name == "electra_15":
         return electra_15_sums(batch, corruption, generator_fn, discriminator_fn, keys, **kw)
     if name == "mlm":
@@ -719,6 +770,7 @@ def objective_loss(
     gen_weight: float,
     disc_weight: float,
     adversarial: float | jax.Array = 1.0,
+    disc_mlm_weight: float | jax.Array = 0.0,
 ):
     """The loss of objective `name` from (part of) a batch's sums and the whole batch's
     denominators (masked slots, real tokens). 'electra' is electra_loss; 'electra_15' divides
@@ -728,7 +780,13 @@ def objective_loss(
     replaced by its policy-gradient surrogate where `adversarial` is 1 (0: the maximum-
     likelihood warm start), plus the baseline's cross-entropy, both means over masked slots."""
     if name in ELECTRA_LIKE:
-        return electra_loss(sums, denominators, gen_weight=gen_weight, disc_weight=disc_weight)
+        return electra_loss(
+            sums,
+            denominators,
+            gen_weight=gen_weight,
+            disc_weight=disc_weight,
+            disc_mlm_weight=disc_mlm_weight,
+        )
     masked, tokens = (jnp.maximum(d, 1.0) for d in denominators)
     if name == "adversarial":
         mle, policy = sums["gen_loss"], sums["policy_loss"]
@@ -753,13 +811,16 @@ def objective_metrics(
     gen_weight: float,
     disc_weight: float,
     adversarial: float | jax.Array = 1.0,
+    disc_mlm_weight: float | jax.Array = 0.0,
 ) -> dict[str, jax.Array]:
     """The logged scalars of objective `name` from a whole batch's sums: electra_metrics' keys
     (zero where the objective has no such part) plus mlm_loss and mlm_accuracy for the MLM
     objectives, and reward, policy_loss and baseline_loss (means over masked slots) for
     'adversarial'."""
     if name in ELECTRA_LIKE:
-        return electra_metrics(sums, gen_weight=gen_weight, disc_weight=disc_weight)
+        return electra_metrics(
+            sums, gen_weight=gen_weight, disc_weight=disc_weight, disc_mlm_weight=disc_mlm_weight
+        )
     out = electra_metrics(sums, gen_weight=gen_weight, disc_weight=disc_weight)
     denominators = (sums["gen_count"], sums["tokens"])
     out["loss"] = objective_loss(

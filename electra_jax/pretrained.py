@@ -161,11 +161,12 @@ def spec_from_run_config(config: dict, vocab_size: int, where: str) -> model.Ele
         from electra_jax import objective
 
         name = config.get("objective", {}).get("name", "electra")
+        disc_mlm_weight = config.get("objective", {}).get("disc_mlm_weight", 0.0)
         spec = model.spec_from_config(
             ml_collections.ConfigDict(config["model"]),
             ml_collections.ConfigDict(config["generator"]),
             vocab_size,
-            mlm_head=objective.needs_mlm_head(name),
+            mlm_head=objective.needs_mlm_head(name, disc_mlm_weight),
             policy_baseline=objective.needs_policy_baseline(name),
         )
     except (KeyError, AttributeError, TypeError, ValueError, OverflowError) as e:

@@ -191,6 +191,20 @@ def train_step(
         # The generator's maximum-likelihood warm start, then the policy gradient.
         warm = objective_cfg.get("mle_warmup_steps", 0)
         weights["adversarial"] = (state.step >= warm).astype(jnp.float32)
+    # The recipe's schedules (configs/tiny.py): Python floats, leaving the step as it was, when
+    # they are off.
+    temperature = objective.schedule_value(
+        objective_cfg.temperature,
+        objective_cfg.get("temperature_start", 0.0),
+        objective_cfg.get("temperature_steps", 0),
+        state.step,
+    )
+    disc_mlm = objective_cfg.get("disc_mlm_weight", 0.0) > 0
+    if disc_mlm:
+        w, fade = objective_cfg.disc_mlm_weight, objective_cfg.get("disc_mlm_steps", 0)
+        weights["disc_mlm_weight"] = (
+            objective.schedule_value(0.0, w, fade, state.step) if fade else w
+        )
     rng = jax.random.fold_in(state.rng, state.step)
     k_corrupt, k_gen, k_sample, k_disc = jax.random.split(rng, 4)
     corruption = objective.objective_corruption(
@@ -220,8 +234,9 @@ def train_step(
                 disc_fn,
                 _mlm_fn(params, part, model=model, train=True),
                 keys,
-                temperature=objective_cfg.temperature,
+                temperature=temperature,
                 sampler=objective_cfg.sampler,
+                disc_mlm=disc_mlm,
             )
             return objective.objective_loss(name, sums, denominators, **weights), sums
 
@@ -254,6 +269,8 @@ def train_step(
         metrics["stage"] = jnp.where(second, 2.0, 1.0)
     if "adversarial" in weights:
         metrics["policy_gradient"] = weights["adversarial"]  # 0 during the warm start
+    if not isinstance(temperature, float | int):
+        metrics["temperature"] = temperature
     metrics["grad_norm"] = optax.global_norm(grads)
     metrics["learning_rate"] = jnp.asarray(schedule(state.step), jnp.float32)
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)

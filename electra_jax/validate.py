@@ -163,7 +163,7 @@ def check_config(config: Any) -> None:
         0 <= o.mask_token_prob <= 1,
         f"objective.mask_token_prob={o.mask_token_prob} must be in [0, 1]",
     )
-    _require(o.temperature > 0, f"objective.temperature={o.temperature} must be > 0")
+    _check_recipe(config)
     _require(
         o.name in OBJECTIVES,
         f"objective.name={o.name!r} is not an objective; use one of {', '.join(OBJECTIVES)}",
@@ -211,6 +211,56 @@ def check_config(config: Any) -> None:
         not (cache_dir and os.path.exists(cache_dir) and not os.path.isdir(cache_dir)),
         f"data.cache_dir={cache_dir} is a file, not a folder; choose a folder (or '' for "
         "WORKDIR/data)",
+    )
+
+
+# Sampling divides float32 logits (|logit| up to ~1e3) by the temperature: below 1e-3 they
+# overflow to inf and the softmax to NaN; above 1e3 every vocabulary is uniform anyway.
+_TEMPERATURE = (1e-3, 1e3)
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _check_recipe(config: Any) -> None:
+    """The sampling temperature and its schedule, and the discriminator's MLM term."""
+    o, t = config.objective, config.train
+    lo, hi = _TEMPERATURE
+    _require(
+        lo <= o.temperature <= hi,
+        f"objective.temperature={o.temperature} must be in [{lo}, {hi}] (float32 logits divided "
+        "by it must stay finite)",
+    )
+    start, steps = o.get("temperature_start", 0.0), o.get("temperature_steps", 0)
+    _require(_whole(steps), f"objective.temperature_steps={steps!r} must be a whole number >= 0")
+    if steps:
+        _require(
+            lo <= start <= hi,
+            f"objective.temperature_steps={steps} schedules the temperature from "
+            f"objective.temperature_start={start}, which must be in [{lo}, {hi}]",
+        )
+    else:
+        _require(
+            start == 0,
+            f"objective.temperature_start={start} needs objective.temperature_steps > 0 (the "
+            "steps it comes down over); set both, or leave temperature_start at 0",
+        )
+    weight, fade = o.get("disc_mlm_weight", 0.0), o.get("disc_mlm_steps", 0)
+    _require(
+        isinstance(weight, int | float) and weight >= 0,
+        f"objective.disc_mlm_weight={weight!r} must be >= 0",
+    )
+    _require(_whole(fade), f"objective.disc_mlm_steps={fade!r} must be a whole number >= 0")
+    _require(
+        not weight or o.name == "electra",
+        f"objective.disc_mlm_weight={weight} adds the discriminator's MLM term to 'electra' "
+        f"only, and objective.name={o.name!r}; set it to 0",
+    )
+    _require(
+        steps <= t.num_steps and fade <= t.num_steps,
+        f"objective.temperature_steps={steps} and objective.disc_mlm_steps={fade} must not "
+        f"exceed train.num_steps={t.num_steps}",
     )
 
 

@@ -3,6 +3,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from electra_jax import loop, sharding
 from electra_jax import train_step as train_step_lib
@@ -212,3 +213,43 @@ def test_the_adversarial_baseline_trains_its_own_weights_only():
     grads = jax.grad(baseline_sum)(params)
     moved = {k for k, g in grads.items() if any(np.any(x != 0) for x in jax.tree.leaves(g))}
     assert moved == {"adversarial_baseline"}
+
+
+def test_schedule_value_is_the_end_when_off_and_linear_when_on():
+    from electra_jax import objective
+
+    assert objective.schedule_value(1.0, 3.0, 0, jnp.int32(5)) == 1.0  # off: a Python float
+    values = [float(objective.schedule_value(1.0, 3.0, 10, jnp.int32(s))) for s in (0, 5, 10, 20)]
+    assert values == [3.0, 2.0, 1.0, 1.0]
+    fade = [float(objective.schedule_value(0.0, 2.0, 4, jnp.int32(s))) for s in (0, 1, 4, 9)]
+    assert fade == [2.0, 1.5, 0.0, 0.0]
+
+
+def test_the_temperature_schedule_and_the_fading_discriminator_mlm_term():
+    """temperature_start/steps: the step samples at the scheduled temperature (logged; what a
+    temperature does to sampling is tests/test_objective.py's); disc_mlm_weight/steps: the loss
+    is electra's plus the weight x the discriminator's MLM mean, the weight fading to 0."""
+    cfg = micro_config()
+    cfg.train.learning_rate = 1e-9  # the state barely moves: steps compare at the same weights
+    cfg.objective.temperature_start = 5.0
+    cfg.objective.temperature_steps = 4
+    cfg.objective.disc_mlm_weight = 2.0
+    cfg.objective.disc_mlm_steps = 4
+    rows = run_steps(cfg, jax.devices()[:1], num_steps=6, same_batch=True)
+    assert [r["temperature"] for r in rows] == [5.0, 4.0, 3.0, 2.0, 1.0, 1.0]
+    assert [r["disc_mlm_weight"] for r in rows] == [2.0, 1.5, 1.0, 0.5, 0.0, 0.0]
+    for r in rows:
+        electra = r["gen_loss"] + 50.0 * r["disc_loss"]
+        expected = electra + r["disc_mlm_weight"] * r["disc_mlm_loss"]
+        assert r["loss"] == pytest.approx(expected, rel=1e-5)
+        assert r["disc_mlm_loss"] == pytest.approx(np.log(cfg.data.vocab_size), rel=0.1)
+    # The discriminator's MLM head exists only when asked for, and is counted.
+    from electra_jax import metrics
+
+    spec, *_ = loop.build(cfg, cfg.data.vocab_size)
+    assert spec.mlm_head
+    cfg.objective.disc_mlm_weight = 0.0
+    plain, *_ = loop.build(cfg, cfg.data.vocab_size)
+    assert not plain.mlm_head
+    count = lambda s: metrics.count_flops(s, 8, 32, 5, "electra")["total"]
+    assert count(spec) > count(plain)

@@ -130,6 +130,14 @@ def test_a_resume_keeps_the_runs_settings_unless_a_change_is_allowed():
         ("model.attention", "xla", "model.attention='xla' has no dropout on the attention"),
         ("data.source", "wikipedia", "data.source='wikipedia' is not a known source"),
         ("data.source", "text:", "data.source='text:' is not a known source"),
+        ("objective.temperature", 1e-30, "objective.temperature=1e-30 must be in [0.001, 1000"),
+        ("objective.temperature_start", 2.0, "needs objective.temperature_steps > 0"),
+        ("objective.temperature_steps", 3, "objective.temperature_start=0.0, which must be in"),
+        ("objective.temperature_steps", -1, "objective.temperature_steps=-1 must be a whole"),
+        ("objective.disc_mlm_weight", -1.0, "objective.disc_mlm_weight=-1.0 must be >= 0"),
+        ("objective.disc_mlm_steps", 99, "objective.disc_mlm_steps=99 must not exceed"),
+        ("data.heldout_examples", -8, "data.heldout_examples=-8 must be a whole number"),
+        ("eval.every_steps", -1, "eval.every_steps=-1 must be a whole number"),
     ],
 )
 def test_bad_settings_are_one_line_naming_the_key(key, value, expected):
@@ -208,3 +216,26 @@ def test_adversarial_warm_start_and_the_layer_layout_are_checked():
     assert validate.stored_scan_layers(stored) is False  # written before the option existed
     stored["model"]["scan_layers"] = True
     assert validate.stored_scan_layers(stored) is True
+
+
+def test_the_discriminator_mlm_term_is_electras_and_evaluation_needs_whole_heldout_batches():
+    config = micro_config()
+    config.objective.name, config.objective.disc_mlm_weight = "mlm", 1.0
+    with pytest.raises(validate.ConfigError, match="to 'electra' only, and objective.name='mlm'"):
+        validate.check_config(config)
+    config = micro_config()
+    config.eval.every_steps = 3
+    config.log.every_steps = 2
+    with pytest.raises(validate.ConfigError, match="a multiple of log.every_steps=2"):
+        validate.check_config(config)
+    config.log.every_steps = 1
+    config.data.heldout_examples = 12  # batch 8
+    with pytest.raises(validate.ConfigError, match="not a positive multiple of the evaluation"):
+        validate.check_config(config)
+    config.eval.batch_size = 4
+    validate.check_config(config)
+    config.data.heldout_examples = 0
+    with pytest.raises(validate.ConfigError, match="data.heldout_examples=0 is not a positive"):
+        validate.check_config(config)
+    config.eval.every_steps = 0  # no evaluation: no held-out rows needed
+    validate.check_config(config)

@@ -1,0 +1,258 @@
+r"""Which pre-training recipe keeps the discriminator off the prior at small compute.
+
+    python -m benchmarks.recipe_study --out=runs/recipe --settings=default,lr3e-4 --seeds=0,1
+
+Pre-trains configs/tiny.py (the default first run: 4 x 128 discriminator, 600 steps of 32 x 128
+tokens on the builtin corpus) once per setting and seed, each setting a set of config overrides
+(SETTINGS below), all on the same tokenizer, prepared rows and held-out slice, and reads the
+held-out evaluation (docs/evaluation.md) they log every 60 steps: the discriminator's AUC, its
+AUC over frequent pieces (the reading of context), its loss against the prior's entropy, and the
+collapse cosine of its states. `--base=small-data` runs the small-data preset's model and corpus
+instead (benchmarks/sample_efficiency.py, preset small-data-cpu: the shared corpus plus the GLUE
+tasks' training sentences, 2 x 128, 64 tokens), `--steps` changes the number of steps.
+
+It writes OUT/results.json (every evaluation row of every run, with the counted FLOPs per step),
+OUT/table.md (per setting: the final readings as mean +- std over seeds, the targets met, and
+the largest fall of the 3-evaluation moving average of AUC below its running maximum) and
+OUT/recipe_study.png (AUC, frequent AUC, loss gain and cosine against counted FLOPs, a band over
+seeds per setting). Rerunning with the same --out skips the runs that finished.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import runpy
+import statistics
+import sys
+import time
+
+from electra_jax import evaluate, loop, metrics
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARED = os.path.join(os.path.dirname(ROOT), "shared", "data")
+
+# Each setting: config overrides on top of the base config ('section.key': value).
+SETTINGS: dict[str, dict] = {
+    "default": {},
+    "lr3e-4": {"train.learning_rate": 3e-4},
+    "lr1e-4": {"train.learning_rate": 1e-4},
+    "lr3e-4-mask0.3-T2": {
+        "train.learning_rate": 3e-4,
+        "objective.mask_prob": 0.3,
+        "objective.temperature": 2.0,
+    },
+    # A temperature that starts high and comes down to 1 over the run (Fast-ELECTRA's idea).
+    "Tsched3": {"objective.temperature_start": 3.0, "objective.temperature_steps": 600},
+    "lr3e-4-Tsched3": {
+        "train.learning_rate": 3e-4,
+        "objective.temperature_start": 3.0,
+        "objective.temperature_steps": 600,
+    },
+    # The discriminator also predicts the masked tokens, a term that fades out over the run.
+    "dmlm1": {"objective.disc_mlm_weight": 1.0, "objective.disc_mlm_steps": 600},
+    "lr3e-4-dmlm1": {
+        "train.learning_rate": 3e-4,
+        "objective.disc_mlm_weight": 1.0,
+        "objective.disc_mlm_steps": 600,
+    },
+    "lr3e-4-dmlm1-Tsched3": {
+        "train.learning_rate": 3e-4,
+        "objective.disc_mlm_weight": 1.0,
+        "objective.disc_mlm_steps": 600,
+        "objective.temperature_start": 3.0,
+        "objective.temperature_steps": 600,
+    },
+}
+
+# The default run's targets (the readings at the last step).
+TARGETS = {
+    "disc_auc": (">=", 0.80),
+    "disc_auc_frequent": (">=", 0.70),
+    "disc_loss_gain": (">=", 0.10),
+    "collapse_cosine": ("<=", 0.60),
+}
+SHOWN = ("disc_auc", "disc_auc_frequent", "disc_loss_gain", "collapse_cosine", "gen_accuracy")
+
+
+def base_config(base: str, out: str):
+    """The base config of the study (tiny.py, or the small-data preset's model) with the shared
+    tokenizer and prepared rows of OUT/shared, made by the first run."""
+    config = runpy.run_path(os.path.join(ROOT, "configs", "tiny.py"))["get_config"]()
+    if base == "small-data":
+        from benchmarks import sample_efficiency
+
+        preset = sample_efficiency.PRESETS["small-data-cpu"]
+        corpus = sample_efficiency.in_domain_corpus(
+            os.path.join(SHARED, "corpus", "**", "*.txt"),
+            os.path.join(SHARED, "glue"),
+            preset["tasks"],
+            os.path.join(out, "corpus"),
+        )
+        apply(config, {**preset["pretrain"], "data.source": f"text:{corpus}"})
+        apply(config, {"data.heldout_examples": 512, "train.num_steps": 1900})
+        apply(config, {"train.warmup_steps": 95, "checkpoint.every_steps": 1900})
+    with config.unlocked():
+        config.data.cache_dir = os.path.join(out, "shared", "cache")
+        config.checkpoint.keep = 1
+    return config
+
+
+def apply(config, overrides: dict) -> None:
+    """Sets 'section.key' overrides on a ConfigDict (an unknown key is an error)."""
+    for key, value in overrides.items():
+        section, name = key.split(".")
+        if name not in config[section]:
+            raise KeyError(f"{key} is not a config key")
+        with config.unlocked():
+            config[section][name] = value
+
+
+def _finished(workdir: str, num_steps: int) -> bool:
+    rows = metrics.read_rows(os.path.join(workdir, "metrics.jsonl"))
+    return bool(rows) and rows[-1]["step"] == num_steps
+
+
+def run_one(config, workdir: str) -> dict:
+    """Trains (or finds finished) one run; returns its held-out rows and counted FLOPs."""
+    if not _finished(workdir, config.train.num_steps):
+        t0 = time.time()
+        loop.train(config, workdir)
+        seconds = time.time() - t0
+    else:
+        seconds = None
+    spec, _, _, _, slots = loop.build(config, config.data.vocab_size)
+    flops = metrics.count_flops(
+        spec, config.train.batch_size, config.data.seq_length, slots, config.objective.name
+    )["total"]
+    rows = evaluate.read_rows(workdir)
+    return {"flops_per_step": flops, "rows": rows, "seconds": seconds}
+
+
+def fallback(values: list[float]) -> float:
+    """The largest fall of the 3-point moving average below its running maximum (0: none)."""
+    smooth = [statistics.fmean(values[max(0, i - 2) : i + 1]) for i in range(len(values))]
+    worst, best = 0.0, float("-inf")
+    for v in smooth:
+        best = max(best, v)
+        worst = max(worst, best - v)
+    return worst
+
+
+def _final(run: dict, key: str):
+    return run["rows"][-1].get(evaluate.PREFIX + key)
+
+
+def table(results: dict) -> str:
+    lines = [
+        "| setting | seeds | " + " | ".join(SHOWN) + " | AUC fall | targets met |",
+        "|---" * (len(SHOWN) + 4) + "|",
+    ]
+    for name, runs in results["settings"].items():
+        runs = [r for r in runs.values() if r["rows"]]
+        if not runs:
+            continue
+        cells = []
+        for key in SHOWN:
+            values = [_final(r, key) for r in runs if _final(r, key) is not None]
+            if not values:
+                cells.append("-")
+                continue
+            mean = statistics.fmean(values)
+            std = statistics.stdev(values) if len(values) > 1 else 0.0
+            cells.append(f"{mean:.3f} +- {std:.3f}")
+        falls = [fallback([r[evaluate.PREFIX + "disc_auc"] for r in run["rows"]]) for run in runs]
+        met = []
+        for key, (op, bound) in TARGETS.items():
+            values = [_final(r, key) for r in runs]
+            ok = all(v is not None and (v >= bound if op == ">=" else v <= bound) for v in values)
+            met.append(key if ok else "")
+        shown = ", ".join(m for m in met if m) or "none"
+        lines.append(
+            f"| {name} | {len(runs)} | " + " | ".join(cells) + f" | {max(falls):.3f} | {shown} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = ("disc_auc", "disc_auc_frequent", "disc_loss_gain", "collapse_cosine")
+    fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 4))
+    for name, runs in results["settings"].items():
+        runs = [r for r in runs.values() if r["rows"]]
+        if not runs:
+            continue
+        for ax, key in zip(axes, keys, strict=True):
+            steps = [row["step"] for row in runs[0]["rows"]]
+            series = [[row.get(evaluate.PREFIX + key) for row in r["rows"]] for r in runs]
+            n = min(len(s) for s in series)
+            x = [s * runs[0]["flops_per_step"] for s in steps[:n]]
+            cols = [[s[i] for s in series] for i in range(n)]
+            mean = [statistics.fmean(c) for c in cols]
+            (line,) = ax.plot(x, mean, label=name)
+            ax.fill_between(
+                x, [min(c) for c in cols], [max(c) for c in cols], alpha=0.2, color=line.get_color()
+            )
+    for ax, key in zip(axes, keys, strict=True):
+        ax.set_title(f"held-out {key}")
+        ax.set_xlabel("counted pre-training FLOPs")
+        if key in TARGETS:
+            ax.axhline(TARGETS[key][1], color="grey", linestyle=":")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def _write_json(path: str, obj) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--settings", default=",".join(SETTINGS))
+    parser.add_argument("--seeds", default="0,1")
+    parser.add_argument("--base", choices=("tiny", "small-data"), default="tiny")
+    parser.add_argument("--steps", type=int, default=0, help="train.num_steps (0: the base's)")
+    args = parser.parse_args(argv)
+    names = args.settings.split(",")
+    unknown = [n for n in names if n not in SETTINGS]
+    if unknown:
+        parser.error(f"unknown settings {unknown}; known: {', '.join(SETTINGS)}")
+    seeds = [int(s) for s in args.seeds.split(",")]
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, "results.json")
+    results = {"settings": {}, "base": args.base}
+    if os.path.exists(path):
+        with open(path) as f:
+            results = json.load(f)
+    for name in names:
+        for seed in seeds:
+            config = base_config(args.base, args.out)
+            apply(config, SETTINGS[name])
+            if args.steps:
+                apply(config, {"train.num_steps": args.steps})
+            with config.unlocked():
+                config.seed = seed
+            workdir = os.path.join(args.out, "runs", f"{name}-seed{seed}")
+            print(f"== {name} seed {seed}: {SETTINGS[name]}", file=sys.stderr, flush=True)
+            run = run_one(config, workdir)
+            run["overrides"] = SETTINGS[name]
+            results["settings"].setdefault(name, {})[str(seed)] = run
+            _write_json(path, results)
+            with open(os.path.join(args.out, "table.md"), "w") as f:
+                f.write(table(results))
+    plot(results, os.path.join(args.out, "recipe_study.png"))
+    print(table(results))
+
+
+if __name__ == "__main__":
+    main()
