@@ -281,6 +281,12 @@ def plan(config, preset: dict) -> dict:
     config.checkpoint.every_steps = steps[-1]
     config.checkpoint.keep = len(steps) + 1
     config.log.every_steps = max(1, steps[-1] // 20)
+    # Held-out readings (docs/evaluation.md) every 5 rows and at the last step.
+    config.eval.every_steps = 5 * config.log.every_steps
+    # Schedules of the recipe given as fractions of the run (e.g. the temperature's), in steps.
+    for key, fraction in preset.get("schedule_fractions", {}).items():
+        section, field = key.split(".")
+        config[section][field] = max(1, round(fraction * steps[-1]))
     return {"objective": name, "flops_per_step": per_step, "steps": steps}
 
 
