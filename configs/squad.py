@@ -28,6 +28,7 @@ import ml_collections
 
 def get_config() -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict()
+    config.family = "squad"  # the task family: picks the runner's data, head and scorer
     config.version = "1.1"  # '1.1' or '2.0' (2.0 adds unanswerable questions)
     config.data_dir = ""  # the folder holding train-v{version}.json and dev-v{version}.json
     config.init_from = ""  # a pre-training workdir, an export dir, 'hf:DIR'; '' = random init
@@ -63,6 +64,11 @@ def get_config() -> ml_collections.ConfigDict:
     config.null_threshold = -2.75  # 2.0: answer "" when the no-answer logit exceeds this
     config.eval_batch_size = 32  # dev windows per prediction step
     config.log_every_steps = 100  # a progress line every this many steps
+    # Orbax checkpoints (train state and every step's loss) in WORKDIR/checkpoints: rerunning
+    # the command resumes from the newest one, bit for bit; the last step always has one.
+    config.checkpoint = ml_collections.ConfigDict()
+    config.checkpoint.every_steps = 1000
+    config.checkpoint.keep = 2  # the newest this many are kept
 
     # Random init only (init_from = ''): the tokenizer and the network's shape.
     config.tokenizer = ""  # a SentencePiece model dir or file; '' trains one on the training text

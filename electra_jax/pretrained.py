@@ -278,7 +278,7 @@ def load_workdir(workdir: str, step: int | None = None) -> Pretrained:
         raise PretrainedError(f"{workdir}: {one_line(e, 1000)}") from None
     spec = spec_from_run_config(config, tokenizer.vocab_size, os.path.join(workdir, "config.json"))
     params, step = restore_params(workdir, spec, step)
-    return Pretrained(spec, params, tokenizer, f"{workdir} (checkpoint {step})")
+    return Pretrained(spec, params, tokenizer, f"{workdir} (checkpoint {step})", step)
 
 
 # ------------------------------------------------------------------------------------ inference
