@@ -127,9 +127,7 @@ class TextClassifier(Finetuned):
             out = (low + width * out.astype(np.float64)).astype(np.float32)
         return out
 
-    def predict(
-        self, texts: str | Sequence[str | tuple[str, str]]
-    ) -> Classified | np.ndarray:
+    def predict(self, texts: str | Sequence[str | tuple[str, str]]) -> Classified | np.ndarray:
         """Classification: `Classified(labels, probabilities)`: labels [N] str (the task's
         names, e.g. SST-2's '0' / '1', MNLI's 'entailment'), probabilities [N, C] float32
         (softmax of the logits, columns in `self.labels` order). Regression (STS-B): [N]

@@ -221,7 +221,8 @@ def test_fine_tuning_from_a_pretraining_workdir_leaves_it_untouched(tmp_path, tm
     assert _files(run["path"]) == before
     assert results["init_source"] == f"{run['path']} (checkpoint 6)"
     record = json.loads((workdir / saved.MODEL_FILE).read_text())["pretraining"]
-    pre = json.loads(open(os.path.join(run["path"], "config.json")).read())
+    with open(os.path.join(run["path"], "config.json")) as f:
+        pre = json.load(f)
     flops = metrics.count_flops(
         run["spec"],
         pre["train"]["batch_size"],
