@@ -125,7 +125,8 @@ def export_finetuned(workdir: str, out: str) -> dict:
     def write(folder: str) -> None:
         write_json(os.path.join(folder, "config.json"), hf)
         save_file(tensors, os.path.join(folder, WEIGHTS), metadata={"format": "pt"})
-        write_tokenizer_files(tokenizer, folder, spec.max_position_embeddings)
+        # The length it was fine-tuned on: pipeline(..., truncation=True) cuts inputs as ours.
+        write_tokenizer_files(tokenizer, folder, config.seq_length)
         with open(os.path.join(folder, "README.md"), "w", encoding="utf-8") as f:
             f.write(readme)
 
