@@ -11,6 +11,10 @@ pre-trained for minutes (configs/tiny.py) has learned too little to beat random 
 task takes minutes (SST-2: 6.3K steps of 32 x 128 tokens); on CPU cap the set with
 --config.max_train_examples.
 
+The workdir also keeps the model (model.json, tokenizer/, model.safetensors) and orbax checkpoints
+every checkpoint.every_steps: rerunning the command resumes exactly; electra_jax.load(WORKDIR)
+predicts and python -m electra_jax.export --workdir=WORKDIR writes it for transformers.
+
 The learning rate and the layer-wise decay follow the model's size as in the paper's Table 7,
 read from the discriminator's hidden size (init_from's, or config.model's for random init):
 Small (256) 3e-4 and 0.8, Base (768) 1e-4 and 0.8, Large (1024) 5e-5 and 0.9; another width

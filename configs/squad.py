@@ -9,6 +9,10 @@ WORKDIR/eval_results.json (exact_match and f1 on the dev set; for 2.0 also HasAn
 and the counts) and WORKDIR/dev_predictions.json ({question id: answer}, "" for no answer), which
 the official evaluation scripts read as they are.
 
+The workdir also keeps the model (model.json, tokenizer/, model.safetensors) and orbax checkpoints
+every checkpoint.every_steps: rerunning the command resumes exactly; electra_jax.load(WORKDIR)
+predicts and python -m electra_jax.export --workdir=WORKDIR writes it for transformers.
+
 The recipe is the original's (its configure_finetuning.py and finetune/qa/): 512-token windows
 [CLS] question [SEP] context [SEP] with a 128-token stride, questions cut to 64 tokens, 2 epochs,
 a start/end head whose end is conditioned on the start (joint prediction), answers decoded from
