@@ -11,6 +11,10 @@ pre-trained for minutes (configs/tiny.py) has learned too little to beat random 
 task takes minutes (SST-2: 6.3K steps of 32 x 128 tokens); on CPU cap the set with
 --config.max_train_examples.
 
+The workdir also keeps the model (model.json, tokenizer/, model.safetensors) and orbax checkpoints
+every checkpoint.every_steps: rerunning the command resumes exactly; electra_jax.load(WORKDIR)
+predicts and python -m electra_jax.export --workdir=WORKDIR writes it for transformers.
+
 The learning rate and the layer-wise decay follow the model's size as in the paper's Table 7,
 read from the discriminator's hidden size (init_from's, or config.model's for random init):
 Small (256) 3e-4 and 0.8, Base (768) 1e-4 and 0.8, Large (1024) 5e-5 and 0.9; another width
@@ -28,6 +32,7 @@ import ml_collections
 
 def get_config() -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict()
+    config.family = "glue"  # the task family: picks the runner's data, head and scorer
     config.task = "SST-2"  # CoLA, SST-2, MRPC, STS-B, QQP, MNLI, QNLI, RTE or WNLI
     config.data_dir = ""  # the task's GLUE TSVs (or GLUE's root); '' reads TFDS glue/<task>
     config.tfds_data_dir = ""  # TFDS data_dir when data_dir is ''; '' is TFDS's default
@@ -56,6 +61,11 @@ def get_config() -> ml_collections.ConfigDict:
     config.dtype = "float32"  # compute type: 'float32' or 'bfloat16'; params stay float32
     config.eval_batch_size = 128  # dev examples per prediction step
     config.log_every_steps = 50  # a progress line every this many steps
+    # Orbax checkpoints (train state and every step's loss) in WORKDIR/checkpoints: rerunning
+    # the command resumes from the newest one, bit for bit; the last step always has one.
+    config.checkpoint = ml_collections.ConfigDict()
+    config.checkpoint.every_steps = 1000
+    config.checkpoint.keep = 2  # the newest this many are kept
 
     # Random init only (init_from = ''): the tokenizer and the network's shape.
     config.tokenizer = ""  # a SentencePiece model dir or file; '' trains one on the task's text

@@ -9,6 +9,10 @@ WORKDIR/eval_results.json (exact_match and f1 on the dev set; for 2.0 also HasAn
 and the counts) and WORKDIR/dev_predictions.json ({question id: answer}, "" for no answer), which
 the official evaluation scripts read as they are.
 
+The workdir also keeps the model (model.json, tokenizer/, model.safetensors) and orbax checkpoints
+every checkpoint.every_steps: rerunning the command resumes exactly; electra_jax.load(WORKDIR)
+predicts and python -m electra_jax.export --workdir=WORKDIR writes it for transformers.
+
 The recipe is the original's (its configure_finetuning.py and finetune/qa/): 512-token windows
 [CLS] question [SEP] context [SEP] with a 128-token stride, questions cut to 64 tokens, 2 epochs,
 a start/end head whose end is conditioned on the start (joint prediction), answers decoded from
@@ -28,6 +32,7 @@ import ml_collections
 
 def get_config() -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict()
+    config.family = "squad"  # the task family: picks the runner's data, head and scorer
     config.version = "1.1"  # '1.1' or '2.0' (2.0 adds unanswerable questions)
     config.data_dir = ""  # the folder holding train-v{version}.json and dev-v{version}.json
     config.init_from = ""  # a pre-training workdir, an export dir, 'hf:DIR'; '' = random init
@@ -63,6 +68,11 @@ def get_config() -> ml_collections.ConfigDict:
     config.null_threshold = -2.75  # 2.0: answer "" when the no-answer logit exceeds this
     config.eval_batch_size = 32  # dev windows per prediction step
     config.log_every_steps = 100  # a progress line every this many steps
+    # Orbax checkpoints (train state and every step's loss) in WORKDIR/checkpoints: rerunning
+    # the command resumes from the newest one, bit for bit; the last step always has one.
+    config.checkpoint = ml_collections.ConfigDict()
+    config.checkpoint.every_steps = 1000
+    config.checkpoint.keep = 2  # the newest this many are kept
 
     # Random init only (init_from = ''): the tokenizer and the network's shape.
     config.tokenizer = ""  # a SentencePiece model dir or file; '' trains one on the training text

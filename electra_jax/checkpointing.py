@@ -74,23 +74,21 @@ def has_checkpoints(workdir: str) -> bool:
     return os.path.isdir(directory) and any(n.isdigit() for n in os.listdir(directory))
 
 
-def save(manager: ocp.CheckpointManager, step: int, state: Any, data_iter: Any) -> bool:
-    """Starts an asynchronous save of `state` and the iterator's position at `step`.
+def save(manager: ocp.CheckpointManager, step: int, state: Any, data_iter: Any = None) -> bool:
+    """Starts an asynchronous save of `state` and the iterator's position at `step` (a run
+    without an input iterator, such as fine-tuning, whose batches follow from the step, passes
+    None and saves the state alone).
 
     A full disk, a lost permission or an I/O error (here, or from the previous save still being
     written, which orbax reports now) is a CheckpointError of one line. The checkpoint being
     written stays a temporary folder, which the next run removes, so the previous ones are
     untouched.
     """
+    items = {"state": ocp.args.StandardSave(state)}
+    if data_iter is not None:
+        items["data"] = grain.checkpoint.CheckpointSave(data_iter)
     try:
-        return manager.save(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state),
-                data=grain.checkpoint.CheckpointSave(data_iter),
-            ),
-            force=True,
-        )
+        return manager.save(step, args=ocp.args.Composite(**items), force=True)
     except Exception as e:
         if _is_environment_error(e):
             raise CheckpointError(_write_message(manager, e)) from e
@@ -234,6 +232,7 @@ def restore_latest(
     manager: ocp.CheckpointManager, abstract_state: Any, data_iter: Any, log=print
 ) -> Any:
     """Restores the newest readable checkpoint into (state, iterator); None when there is none.
+    With `data_iter` None only the state is read (the checkpoints of `save(..., None)`).
 
     Damage and mismatch are told apart. First the checkpoint's metadata is read (no arrays):
     - unreadable or missing metadata is damage;
@@ -262,14 +261,11 @@ def restore_latest(
             differences = tree_differences(saved, expected)
             if differences:
                 raise CheckpointMismatch(step, differences)
+            items = {"state": ocp.args.StandardRestore(abstract_state)}
+            if data_iter is not None:
+                items["data"] = grain.checkpoint.CheckpointRestore(data_iter)
             try:
-                restored = manager.restore(
-                    step,
-                    args=ocp.args.Composite(
-                        state=ocp.args.StandardRestore(abstract_state),
-                        data=grain.checkpoint.CheckpointRestore(data_iter),
-                    ),
-                )
+                restored = manager.restore(step, args=ocp.args.Composite(**items))
                 return restored["state"]
             except Exception as e:  # orbax and tensorstore raise many types for damaged files
                 if _is_environment_error(e):

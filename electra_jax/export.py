@@ -1,28 +1,143 @@
-"""The export command: a pre-training run as a Hugging Face transformers ELECTRA pair.
+"""The export command: a run as Hugging Face transformers models.
 
     python -m electra_jax.export --workdir=runs/tiny --out=runs/tiny/hf
+    python -m electra_jax.export --workdir=runs/tiny-sst2 --out=runs/tiny-sst2/hf
 
-Writes OUT/discriminator (ElectraForPreTraining), OUT/generator (ElectraForMaskedLM) and
-OUT/export.json from the workdir's newest checkpoint; see `electra_jax.hf.write` for the layout
-and how a previous export is replaced.
+A pre-training workdir becomes OUT/discriminator (ElectraForPreTraining), OUT/generator
+(ElectraForMaskedLM) and OUT/export.json from its newest checkpoint. A fine-tuning workdir
+becomes one model in OUT: ElectraForSequenceClassification (GLUE; config with id2label and
+label2id, problem_type 'regression' for STS-B) or ElectraForQuestionAnswering (SQuAD 1.1 with
+the independent head; see hf/heads.py for what maps exactly and what is refused), with its
+tokenizer files, README.md (the model card, hf/card.py) and export.json. See `electra_jax.hf.write`
+for how a previous export is replaced. Bad input is one `error:` line, exit code 2, and nothing
+written.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 
-from electra_jax.hf.write import check_out, write_export
+from electra_jax.hf.write import check_out, write_export, write_folder
 from electra_jax.pretrained import load_workdir
 from electra_jax.weights import PretrainedError
 
 
 def export(workdir: str, out: str) -> dict:
-    """A workdir's newest checkpoint -> OUT (see write_export); returns the manifest."""
+    """A workdir's newest checkpoint (or a fine-tuning's saved model) -> OUT; returns the
+    manifest."""
     check_out(os.path.abspath(out))  # before the restore, so a bad --out fails at once
     if not os.path.isdir(workdir):
         raise PretrainedError(f"--workdir {workdir} does not exist; give a pre-training workdir")
+    from electra_jax.finetune.predictor import is_finetuned
+
+    if is_finetuned(workdir):
+        return export_finetuned(workdir, out)
     return write_export(load_workdir(workdir), out)
+
+
+def export_finetuned(workdir: str, out: str) -> dict:
+    """A fine-tuning workdir's model -> OUT: config.json, model.safetensors, tokenizer files,
+    README.md, export.json. Everything is read and checked before anything is written.
+
+    Raises:
+      PretrainedError: no saved weights or results, a task or label set this version does not
+        have, a head transformers cannot represent (SQuAD's joint or answerability heads).
+    """
+    import jax
+    from safetensors.numpy import save_file
+
+    from electra_jax.finetune import predictor, saved
+    from electra_jax.finetune.glue import regression_targets
+    from electra_jax.hf import card, heads
+    from electra_jax.hf.config import hf_config
+    from electra_jax.hf.names import DISCRIMINATOR, WEIGHTS, encoder_to_hf
+    from electra_jax.hf.tokenizer_files import write_tokenizer_files
+    from electra_jax.jsonio import write_json
+
+    config, record, family, task = predictor.read_run(workdir)
+    spec = saved.spec_from_json(record.get("spec"), os.path.join(workdir, saved.MODEL_FILE))
+    network = family.network(config, task, spec)
+    if family.name == "squad":
+        refusal = heads.qa_refusal(config.joint_prediction, network.answerable)
+        if refusal:
+            raise PretrainedError(f"{workdir}: {record['task']} cannot be exported: {refusal}")
+    abstract = jax.eval_shape(functools.partial(family.init_params, network), jax.random.PRNGKey(0))
+    params = saved.load_weights(workdir, abstract)
+    tokenizer = saved.load_tokenizer(workdir, record.get("tokenizer_fingerprint"))
+    results = saved.read_json(
+        os.path.join(workdir, saved.RESULTS_FILE), "the run has not finished: rerun its command"
+    )
+    hf = hf_config(spec, DISCRIMINATOR, tokenizer.pad_id)
+    hf["tie_word_embeddings"] = False
+    tensors = encoder_to_hf(params, spec)
+    if family.name == "glue":
+        low, width = regression_targets(task, config.scale_regression_targets)
+        tensors.update(
+            heads.classifier_to_hf(params["classifier"], spec.discriminator.hidden_size, low, width)
+        )
+        names = list(task.labels) or ["score"]
+        architecture, pipeline_tag = heads.SEQUENCE_CLASSIFICATION, "text-classification"
+        hf.update(
+            id2label={str(i): n for i, n in enumerate(names)},
+            label2id={n: i for i, n in enumerate(names)},
+            problem_type=record["problem_type"],
+        )
+        first = task.dev_splits[0]
+        metrics = results["metrics"][first.name]
+        dataset = card.glue_dataset(task.tfds_name, first.tfds_split)
+        note = (
+            "The head is the original ELECTRA's single linear layer on [CLS], written into "
+            "transformers' dense + gelu + out_proj head so that it computes the same logits "
+            "(gelu(y) - gelu(-y) = y; see electra_jax/hf/heads.py)."
+            + (
+                f" The logit is the score on the task's scale ({low:g} + {width:g} x the "
+                "trained output)."
+                if task.is_regression
+                else ""
+            )
+        )
+    else:
+        tensors.update(heads.qa_to_hf(params))
+        architecture, pipeline_tag = heads.QUESTION_ANSWERING, "question-answering"
+        hf["num_labels"] = 2
+        metrics = {k: results[k] for k in ("exact_match", "f1")}
+        dataset = card.squad_dataset(task)
+        note = (
+            "The head is BERT's independent start and end layers "
+            "(config.joint_prediction=false), which transformers' qa_outputs holds exactly; "
+            "the pipeline's decoding (its n-best, its length limit) is transformers' own."
+        )
+    hf["architectures"] = [architecture]
+    name = card.card_name(workdir)
+    readme = card.model_card(
+        name=name,
+        record=record,
+        config=config.to_dict(),
+        results=results,
+        metrics=metrics,
+        dataset=dataset,
+        pipeline_tag=pipeline_tag,
+        note=note,
+    )
+
+    def write(folder: str) -> None:
+        write_json(os.path.join(folder, "config.json"), hf)
+        save_file(tensors, os.path.join(folder, WEIGHTS), metadata={"format": "pt"})
+        # The length it was fine-tuned on: pipeline(..., truncation=True) cuts inputs as ours.
+        write_tokenizer_files(tokenizer, folder, config.seq_length)
+        with open(os.path.join(folder, "README.md"), "w", encoding="utf-8") as f:
+            f.write(readme)
+
+    manifest = {
+        "source": os.path.abspath(workdir),
+        "family": record["family"],
+        "task": record["task"],
+        "architecture": architecture,
+        "tokenizer_fingerprint": tokenizer.fingerprint,
+    }
+    return write_folder(out, manifest, write)
 
 
 def _define_flags():
@@ -30,7 +145,9 @@ def _define_flags():
     # flags of the train or finetune commands.
     from absl import flags
 
-    flags.DEFINE_string("workdir", None, "The pre-training workdir to export (newest checkpoint).")
+    flags.DEFINE_string(
+        "workdir", None, "The workdir to export: pre-training (newest checkpoint) or fine-tuning."
+    )
     flags.DEFINE_string("out", None, "Where discriminator/ and generator/ go (default WORKDIR/hf).")
     flags.DEFINE_bool("verbose", False, "Show full tracebacks on errors.")
 
@@ -54,6 +171,10 @@ def main(argv) -> None:
         if values.verbose:
             raise
         fail(str(e))
+    if "architecture" in manifest:
+        print(f"exported {manifest['task']} from {manifest['source']} to {os.path.abspath(out)}: "
+              f"{manifest['architecture']}")  # fmt: skip
+        return
     print(
         f"exported {manifest['source']} to {os.path.abspath(out)}: discriminator "
         f"{manifest['discriminator_params']:,} params, generator "

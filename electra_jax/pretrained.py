@@ -63,6 +63,11 @@ def load_pretrained(path: str) -> Pretrained:
             "export dir (python -m electra_jax.export) or hf:DIR"
         )
     kind = _kind(path)
+    if kind == "fine-tuning":
+        raise PretrainedError(
+            f"{path} is a fine-tuning workdir; electra_jax.load({path!r}) predicts with it, and "
+            "init_from takes a pre-training workdir, an export or hf:DIR"
+        )
     if kind == "workdir":
         return load_workdir(path)
     if kind == "hf":
@@ -83,7 +88,12 @@ def split_step(path: str) -> tuple[str, int | None]:
 
 
 def _kind(path: str) -> str | None:
-    """'workdir', 'hf' (an export or a transformers folder) or None, from the files present."""
+    """'workdir', 'hf' (an export or a transformers folder), 'fine-tuning' or None, from the
+    files present."""
+    from electra_jax import workdir as workdir_lib
+
+    if workdir_lib.kind_of(path) == workdir_lib.FINETUNE:
+        return "fine-tuning"
     if os.path.isdir(os.path.join(path, "checkpoints")):
         return "workdir"
     if os.path.isfile(os.path.join(path, "discriminator", "config.json")):
@@ -279,7 +289,7 @@ def load_workdir(workdir: str, step: int | None = None) -> Pretrained:
         raise PretrainedError(f"{workdir}: {one_line(e, 1000)}") from None
     spec = spec_from_run_config(config, tokenizer.vocab_size, os.path.join(workdir, "config.json"))
     params, step = restore_params(workdir, spec, step)
-    return Pretrained(spec, params, tokenizer, f"{workdir} (checkpoint {step})")
+    return Pretrained(spec, params, tokenizer, f"{workdir} (checkpoint {step})", step)
 
 
 # ------------------------------------------------------------------------------------ inference

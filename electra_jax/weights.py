@@ -97,12 +97,14 @@ class Pretrained:
     tokenizer: `data.tokenizer.Tokenizer`, or `data.wordpiece.WordPieceTokenizer` (same
       interface) for checkpoints with a BERT vocabulary such as Google's released ELECTRA models.
     source: what was loaded, for logs (path, and the step of a workdir's checkpoint).
+    step: the optimizer step of a workdir's checkpoint; None for an export or transformers files.
     """
 
     spec: model.ElectraSpec
     params: dict
     tokenizer: Any
     source: str
+    step: int | None = None
 
 
 def abstract_params(spec: model.ElectraSpec) -> Any:

@@ -48,7 +48,18 @@ _PRETRAIN_ENTRIES = frozenset(
     }
 )
 _FINETUNE_ENTRIES = frozenset(
-    {"config.json", "tokenizer", "eval_results.json", "dev_predictions.jsonl"}
+    {
+        "config.json",
+        "tokenizer",
+        "eval_results.json",
+        "dev_predictions.jsonl",
+        "dev_predictions.json",
+        "dev_null_odds.json",
+        "model.json",
+        "model.safetensors",
+        "checkpoints",
+        "hf",
+    }
 )
 
 
@@ -104,7 +115,8 @@ def kind_of(path: str) -> str | None:
     # marker) are ignored.
     visible = {n for n in names if not n.startswith(".")}
     config = _read_json(os.path.join(path, "config.json"))
-    if isinstance(config, dict) and "task" in config and visible <= _FINETUNE_ENTRIES:
+    finetuning = isinstance(config, dict) and ("task" in config or "family" in config)
+    if finetuning and visible <= _FINETUNE_ENTRIES:
         return FINETUNE
     if isinstance(config, dict) and {"model", "generator", "train"} <= set(config):
         return PRETRAIN

@@ -1,9 +1,11 @@
-"""Fine-tuning on GLUE: tasks (TSV and TFDS readers), features, the classifier head, metrics,
-and the loop. Run it as `python -m electra_jax.finetune --config=configs/glue.py ...`.
+"""Fine-tuning: one runner (loop.py: the model's start, the optimizer, the steps with their
+finite checks and ETA, checkpoints and resuming, saving) under task families (family.py's
+interface): glue.py (tasks, features, the classifier head, metrics) and squad.py (squad_data,
+squad_heads, squad_eval), picked by `config.family`. saved.py is what a fine-tuning workdir
+keeps; predictor.py loads it to predict (`electra_jax.load(FINETUNE_WORKDIR)`).
 
-And on SQuAD 1.1 and 2.0 (the official JSON files): squad_data (questions and windows),
-squad_heads (the span head and the answerability classifier), squad_eval (decoding, exact match
-and F1) and squad_loop. Run it as `python -m electra_jax.finetune --config=configs/squad.py ...`.
+    python -m electra_jax.finetune --config=configs/glue.py ...
+    python -m electra_jax.finetune --config=configs/squad.py ...
 
 Submodules are imported by their users, so that `import electra_jax.finetune.tasks` does not
 pull in JAX.

@@ -3,11 +3,12 @@
 python -m electra_jax.finetune --config=configs/squad.py --config.version=2.0 \
     --config.data_dir=squad --config.init_from=runs/tiny --workdir=runs/tiny-squad2
 
-Flags only: parse the config and the workdir, then hand over to finetune.loop.finetune(), or for
-a SQuAD config (one with a `version` key) to finetune.squad_loop.finetune(). Bad
-input (an unknown task or config key, missing or malformed data, an unreadable init_from) ends
-with one line on stderr and exit code 2; a diverged run (a NaN/Inf training loss) with one line
-and exit code 1; --verbose shows the traceback instead.
+Flags only: parse the config and the workdir, then hand over to finetune.loop.finetune(), the
+one runner; `config.family` ('glue' or 'squad') picks the task family. Rerunning the command on
+the same --workdir resumes from its newest checkpoint. Bad input (an unknown task or config key,
+missing or malformed data, an unreadable init_from, a workdir holding another run) ends with one
+line on stderr and exit code 2; a diverged run (a NaN/Inf training loss) with one line and exit
+code 1; SIGTERM saves a checkpoint and exits 0; --verbose shows the traceback instead.
 """
 
 from __future__ import annotations
@@ -40,7 +41,9 @@ def main(argv) -> None:
     if not _VERBOSE.value:
         # jax reports each backend it probes and lacks at INFO; that would bury an error line.
         logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
-    from electra_jax.checkpointing import CheckpointError
+    import shlex
+
+    from electra_jax.checkpointing import CheckpointError, Preempted
     from electra_jax.data import DataError
     from electra_jax.finetune import loop
     from electra_jax.validate import ConfigError
@@ -51,14 +54,9 @@ def main(argv) -> None:
         fail(f"config file {flags.FLAGS['config'].config_filename} cannot be read; check --config")
     # The file is loaded lazily: fail here, not in the middle of a run.
     config = loaded_config(config, flags.FLAGS["config"].config_filename)
-    if "version" in config:  # configs/squad.py
-        from electra_jax.finetune import squad_loop
-
-        run = squad_loop.finetune
-    else:
-        run = loop.finetune
+    command = shlex.join(["python", "-m", "electra_jax.finetune", *sys.argv[1:]])
     try:
-        run(config, _WORKDIR.value)
+        loop.finetune(config, _WORKDIR.value, command=command)
     except (ConfigError, DataError, CheckpointError) as e:
         if _VERBOSE.value:
             raise
@@ -69,10 +67,20 @@ def main(argv) -> None:
         # Not bad input (exit 2) but a diverged run: exit 1, still one line.
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
+    except Preempted as e:
+        # A signal before the steps began: nothing new to save.
+        print(
+            f"preempted before training started ({e}); run the same command to resume",
+            file=sys.stderr,
+        )
+        sys.exit(0)
     except KeyboardInterrupt:
         if _VERBOSE.value:
             raise
-        print("interrupted; nothing was written", file=sys.stderr)
+        print(
+            "interrupted; finished checkpoints are kept: run the same command to resume",
+            file=sys.stderr,
+        )
         sys.exit(130)
 
 

@@ -1,9 +1,12 @@
-"""Fine-tuning on one GLUE task: finetune(config, workdir), in sections.
+"""The one fine-tuning runner: finetune(config, workdir), in sections, for every task family.
 
-data -> model -> features -> state -> steps (log) -> evaluate -> write. The host reads and
-tokenizes the task once; each step then runs forward, loss and the AdamW update (with
+workdir -> data -> model -> features -> state (restore) -> steps (log, checkpoints) -> save ->
+evaluate -> write. `config.family` picks the family (glue.py, squad.py: what is read, the head,
+the loss and the scorer, behind family.Family); everything else is here, written once. The host
+reads and tokenizes the task once; each step then runs forward, loss and the AdamW update (with
 layer-wise learning rates) in one compiled program, data-parallel over the local devices. A run
-is a pure function of the config: the same seed gives the same dev numbers.
+is a pure function of the config: the same seed gives the same dev numbers, and a run stopped
+and resumed from its checkpoint gives the numbers of one that ran through.
 """
 
 from __future__ import annotations
@@ -22,11 +25,13 @@ import ml_collections
 import numpy as np
 import optax
 
-from electra_jax import sharding
+from electra_jax import checkpointing, sharding
 from electra_jax import workdir as workdir_lib
 from electra_jax.data import DataError
-from electra_jax.finetune import features, heads, tasks
-from electra_jax.finetune import metrics as glue_metrics
+from electra_jax.finetune import checks, heads, saved
+from electra_jax.finetune.family import ORDER_STREAM, Family
+from electra_jax.finetune.glue import GLUE
+from electra_jax.finetune.squad import SQUAD
 from electra_jax.metrics import log
 from electra_jax.model import (
     ElectraSpec,
@@ -37,14 +42,14 @@ from electra_jax.model import (
 from electra_jax.optim import layerwise_lr_multipliers, make_finetune_optimizer
 from electra_jax.train_step import TrainState
 from electra_jax.validate import ConfigError
+from electra_jax.weights import PretrainedError
 
-RESULTS_FILE = "eval_results.json"
-PREDICTIONS_FILE = "dev_predictions.jsonl"
-# Random streams under the one seed: the subset kept by max_train_examples is drawn from a fixed
-# stream (every seed fine-tunes on the same examples, so seeds measure the fine-tuning's own
-# variance); the epoch shuffles from the run's seed.
-_SUBSET_STREAM, _ORDER_STREAM = 1, 2
-
+FAMILIES: dict[str, Family] = {f.name: f for f in (GLUE, SQUAD)}
+RESULTS_FILE = saved.RESULTS_FILE
+PREDICTIONS_FILE = GLUE.predictions_file
+NonFiniteError = checks.NonFiniteError
+# Fields a resumed run may change: they change no number of the run.
+RESUMABLE_CHANGES = ("checkpoint.every_steps", "checkpoint.keep", "log_every_steps")
 
 # The ELECTRA paper's fine-tuning learning rate and layer-wise decay by model size (its Table 7),
 # keyed by the discriminator's hidden size. (The released code's default learning rate is 1e-4
@@ -55,111 +60,25 @@ PAPER_HYPERPARAMETERS = (
     ("Base", 768, 1e-4, 0.8),
     ("Large", 1024, 5e-5, 0.9),
 )
-LAYER_DECAY_EXPONENTS = ("electra_jax", "original")
 
 
-class NonFiniteError(RuntimeError):
-    """The training loss or gradient norm became NaN/Inf: the run diverged."""
-
-
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise ConfigError(message)
-
-
-def _number(config, key: str, rule: str, note: str = "") -> None:
-    """ConfigError unless config[key] (dotted for config.model) is a finite number obeying `rule`:
-    '> 0', '>= 0', '>= 1', '(0, 1]', '[0, 1)', with a trailing 'int' for whole numbers."""
-    section, _, name = key.rpartition(".")
-    value = (config[section] if section else config)[name]
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    ok = ok and math.isfinite(value)
-    whole = rule.endswith(" int")
-    bound = rule.removesuffix(" int")
-    if ok and whole:
-        ok = float(value).is_integer()
-    if ok:
-        if bound.startswith(("(", "[")):
-            low, high = (float(x) for x in bound[1:-1].split(","))
-            ok = (low < value if bound[0] == "(" else low <= value) and (
-                value < high if bound[-1] == ")" else value <= high
-            )
-        else:
-            op, limit = bound.split()
-            ok = value > float(limit) if op == ">" else value >= float(limit)
-    if not ok:
-        what = f"in {bound}" if bound.startswith(("(", "[")) else f"finite and {bound}"
-        kind = "a whole number " if whole else ""
-        raise ConfigError(
-            f"config.{key}={value!r} must be {kind}{what}" + (f" ({note})" if note else "")
-        )
-
-
-# Every numeric field of configs/glue.py and the values it may take; a NaN or Inf never passes.
-_NUMBERS = (
-    ("learning_rate", ">= 0", "0: the paper's for the model's size"),
-    ("layer_decay", "[0, 1]", "0: the paper's for the model's size; 1: no decay"),
-    ("warmup_fraction", "[0, 1)", ""),
-    ("weight_decay", ">= 0", ""),
-    ("adam_eps", "> 0", ""),
-    ("clip_norm", "> 0", ""),
-    ("batch_size", ">= 1 int", ""),
-    ("eval_batch_size", ">= 1 int", ""),
-    ("num_epochs", ">= 0", "0: the task's"),
-    ("seq_length", ">= 8 int", ""),
-    ("max_train_examples", ">= 0 int", "0: all"),
-    ("dropout_rate", "[0, 1)", ""),
-    ("log_every_steps", ">= 1 int", ""),
-    ("seed", f"[0, {2**32}) int", "the random key takes 32 bits"),
-)
-# Random init only: the tokenizer trained on the task and the network's shape.
-_RANDOM_INIT_NUMBERS = (
-    ("vocab_size", ">= 6 int", "the 5 special pieces and at least one more"),
-    ("model.hidden_size", ">= 1 int", ""),
-    ("model.num_layers", ">= 1 int", ""),
-    ("model.num_heads", ">= 1 int", ""),
-    ("model.intermediate_size", ">= 1 int", ""),
-    ("model.embedding_size", ">= 1 int", ""),
-    ("model.max_position_embeddings", ">= 8 int", ""),
-    ("model.type_vocab_size", ">= 2 int", "segments A and B"),
-    ("model.initializer_range", "> 0", ""),
-    ("model.layer_norm_eps", "> 0", ""),
-)
-
-
-def check_config(config: ml_collections.ConfigDict) -> tasks.Task:
-    """The config's task; ConfigError (one line naming the key) for values that cannot work."""
-    c = config
-    try:
-        task = tasks.get_task(c.task)
-    except DataError as e:
-        raise ConfigError(str(e)) from None
-    for key, rule, note in _NUMBERS:
-        _number(c, key, rule, note)
-    _require(
-        c.dtype in ("float32", "bfloat16"),
-        f"config.dtype={c.dtype!r} is not supported; use 'float32' or 'bfloat16'",
+def family_of(config) -> Family:
+    """The family config.family names; ConfigError for another value."""
+    name = config.get("family", None)
+    checks.require(
+        name in FAMILIES,
+        f"config.family={name!r} is not a fine-tuning family; use 'glue' (configs/glue.py) or "
+        "'squad' (configs/squad.py)",
     )
-    _require(
-        c.layer_decay_exponents in LAYER_DECAY_EXPONENTS,
-        f"config.layer_decay_exponents={c.layer_decay_exponents!r} is not a choice; use "
-        + " or ".join(repr(x) for x in LAYER_DECAY_EXPONENTS),
-    )
-    _require(
-        not (c.init_from and c.tokenizer),
-        f"config.tokenizer={c.tokenizer!r} is for random init only; a pre-trained model "
-        f"(config.init_from={c.init_from!r}) brings its own tokenizer: unset one of them",
-    )
-    if not c.init_from:  # a pre-trained model brings its own shape (and checks it)
-        for key, rule, note in _RANDOM_INIT_NUMBERS:
-            _number(c, key, rule, note)
-        m = c.model
-        _require(
-            m.hidden_size % m.num_heads == 0,
-            f"config.model.hidden_size={m.hidden_size} must be a multiple of "
-            f"config.model.num_heads={m.num_heads}",
-        )
-    return task
+    return FAMILIES[name]
+
+
+def check_config(config: ml_collections.ConfigDict) -> tuple[Family, Any]:
+    """(family, task) of the config; ConfigError (one line naming the key) for values that cannot
+    work: the common fields first, then the family's."""
+    family = family_of(config)
+    checks.check_common(config)
+    return family, family.check_config(config)
 
 
 def paper_hyperparameters(hidden_size: int) -> tuple[str, int, float, float]:
@@ -184,46 +103,14 @@ def resolve_hyperparameters(config, hidden_size: int) -> dict:
     return out
 
 
-def regression_targets(task: tasks.Task, scaled: bool) -> tuple[float, float]:
-    """(low, width): the model trains on (score - low) / width and reports low + width x output.
-
-    With `scaled`, a task's scores become [0, 1] targets, as the original ELECTRA trains STS-B
-    (its classification_tasks.py divides the 0-5 score by 5); otherwise the raw scores.
-    """
-    if not (scaled and task.is_regression):
-        return 0.0, 1.0
-    low, high = task.score_range
-    return low, high - low
-
-
-# ------------------------------------------------------------------------------------------ data
-
-
-def training_set(
-    task: tasks.Task, examples: list[tasks.Example], max_examples: int, double_unordered: bool
-) -> list[tasks.Example]:
-    """The examples trained on: a fixed random subset of at most max_examples (0 = all, kept in
-    file order), then for MRPC and STS-B also every pair the other way round."""
-    if 0 < max_examples < len(examples):
-        rng = np.random.default_rng([0, _SUBSET_STREAM])
-        keep = np.sort(rng.choice(len(examples), max_examples, replace=False))
-        examples = [examples[i] for i in keep]
-    if double_unordered and task.double_unordered:
-        swapped = [
-            dataclasses.replace(e, text_a=e.text_b, text_b=e.text_a, source=e.source + ":swapped")
-            for e in examples
-        ]
-        examples = examples + swapped
-    return examples
-
-
 def batch_order(num_examples: int, batch_size: int, num_steps: int, seed: int) -> np.ndarray:
     """[num_steps, batch_size] example indices: epoch after epoch, each a fresh permutation.
 
     Batches run across epoch boundaries (the original repeats and shuffles the data), so every
-    batch is full and the step count is int(examples x epochs / batch), at least 1.
+    batch is full and the step count is int(examples x epochs / batch), at least 1. Step s reads
+    row s whether the run went through or was resumed.
     """
-    rng = np.random.default_rng([seed & (2**63 - 1), _ORDER_STREAM])
+    rng = np.random.default_rng([seed & (2**63 - 1), ORDER_STREAM])
     need = num_steps * batch_size
     perms = [rng.permutation(num_examples) for _ in range(math.ceil(need / num_examples))]
     return np.concatenate(perms)[:need].reshape(num_steps, batch_size)
@@ -240,6 +127,7 @@ class Initial:
     tokenizer: Any
     encoder_params: dict | None  # {'embeddings': ..., 'discriminator': ...}; None = random init
     source: str  # what init_from resolved to, or 'random'
+    pretraining: dict | None = None  # saved.pretraining_record of init_from
 
 
 def _load_pretrained(path: str):
@@ -277,7 +165,7 @@ def _task_tokenizer(config, texts: list[str], workdir: str):
     try:
         return tokenizer_lib.train_tokenizer(
             texts,
-            os.path.join(workdir, "tokenizer"),
+            os.path.join(workdir, saved.TOKENIZER_DIR),
             vocab_size=int(config.vocab_size),
             character_coverage=0.9995,
             seed=int(config.seed),
@@ -287,14 +175,25 @@ def _task_tokenizer(config, texts: list[str], workdir: str):
         raise DataError(str(e).replace("data.vocab_size", "config.vocab_size")) from None
 
 
-def initial_model(config, task_texts: list[str], workdir: str) -> Initial:
-    """The spec, tokenizer and (pre-trained) encoder params fine-tuning starts from.
+def _pretrained(config):
+    """init_from's Pretrained; ConfigError when it cannot be read."""
+    try:
+        return _load_pretrained(config.init_from)
+    except PretrainedError as e:  # its message names the path and what would work
+        raise ConfigError(f"config.init_from: {e}") from None
 
-    With config.init_from, everything but the training choices (dropout, compute type) comes
-    from the pre-trained model; otherwise config.model and config.tokenizer (or a tokenizer
-    trained on task_texts, the task's training text) make a randomly initialised one.
-    """
-    training = dict(
+
+def _encoder_params(pre) -> dict:
+    params = {k: pre.params[k] for k in heads.PRETRAINED_SUBTREES}
+    # The discriminator's own embeddings (under 'gdes': the shared tables plus its deltas).
+    params["embeddings"] = discriminator_embedding_params(pre.params, pre.spec.embedding_sharing)
+    return params
+
+
+def training_spec(spec: ElectraSpec, config) -> ElectraSpec:
+    """`spec` with fine-tuning's training choices: dropout, compute type, einsum attention."""
+    return dataclasses.replace(
+        spec,
         dropout_rate=config.dropout_rate,
         attention_dropout_rate=config.dropout_rate,
         dtype=config.dtype,
@@ -305,23 +204,25 @@ def initial_model(config, task_texts: list[str], workdir: str) -> Initial:
         # no pre-training heads.
         embedding_sharing="electra",
         mlm_head=False,
+        policy_baseline=False,
     )
-    if config.init_from:
-        from electra_jax.pretrained import PretrainedError
 
-        try:
-            pre = _load_pretrained(config.init_from)
-        except PretrainedError as e:  # its message names the path and what would work
-            raise ConfigError(f"config.init_from: {e}") from None
-        spec = dataclasses.replace(pre.spec, **training)
-        params = {k: pre.params[k] for k in heads.PRETRAINED_SUBTREES}
-        # The discriminator's own embeddings (under 'gdes': the shared tables plus its deltas).
-        params["embeddings"] = discriminator_embedding_params(
-            pre.params, pre.spec.embedding_sharing
+
+def initial_model(config, task_texts: list[str], workdir: str) -> Initial:
+    """The spec, tokenizer and (pre-trained) encoder params fine-tuning starts from.
+
+    With config.init_from, everything but the training choices (dropout, compute type) comes
+    from the pre-trained model; otherwise config.model and config.tokenizer (or a tokenizer
+    trained on task_texts, the task's training text) make a randomly initialised one.
+    """
+    if config.init_from:
+        pre = _pretrained(config)
+        record = saved.pretraining_record(config.init_from, pre)
+        return Initial(
+            training_spec(pre.spec, config), pre.tokenizer, _encoder_params(pre), pre.source, record
         )
-        return Initial(spec, pre.tokenizer, params, pre.source)
     tokenizer = _task_tokenizer(config, task_texts, workdir)
-    spec = dataclasses.replace(_random_spec(config.model, tokenizer.vocab_size), **training)
+    spec = training_spec(_random_spec(config.model, tokenizer.vocab_size), config)
     return Initial(spec, tokenizer, None, "random")
 
 
@@ -353,26 +254,13 @@ def optimizer_and_state(
     return tx, schedule, jax.device_put(state, sharding.replicated(mesh))
 
 
-def train_step(state: TrainState, batch: dict, *, model, tx, schedule, regression: bool):
-    """One AdamW update on a batch of [B, L] ids, segments, mask and [B] labels.
+def train_step(state: TrainState, batch: dict, *, loss_fn, tx, schedule):
+    """One AdamW update on a batch; loss_fn(params, batch, rng) is the family's loss.
 
     Dropout's key is fold_in(state.rng, step). Returns (new state, float32 scalar metrics).
     """
     rng = jax.random.fold_in(state.rng, state.step)
-
-    def loss_fn(params):
-        outputs = model.apply(
-            {"params": params},
-            batch["input_ids"],
-            batch["segment_ids"],
-            batch["input_mask"],
-            False,
-            rngs={"dropout": rng},
-        )
-        total, count = heads.task_loss(outputs, batch["labels"], regression)
-        return total / count
-
-    loss, grads = jax.value_and_grad(loss_fn)(state.params)
+    loss, grads = jax.value_and_grad(lambda p: loss_fn(p, batch, rng))(state.params)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     new_state = state.replace(
         step=state.step + 1,
@@ -387,116 +275,124 @@ def train_step(state: TrainState, batch: dict, *, model, tx, schedule, regressio
     return new_state, metrics
 
 
-def predict_step(params, batch: dict, *, model, regression: bool):
-    """[B, L] inputs -> ([B] predicted classes or scores, [B] whether every output is finite),
-    without dropout."""
-    outputs = model.apply(
-        {"params": params}, batch["input_ids"], batch["segment_ids"], batch["input_mask"], True
-    )
-    finite = jnp.all(jnp.isfinite(outputs), axis=-1)
-    return heads.predictions(outputs, regression), finite
-
-
-def predict(predict_fn, params, arrays: dict, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """Predictions [N] for encoded examples, in fixed-size batches (the last one padded), and
-    [N] bool: whether the model's outputs for the example were finite."""
-    n = len(arrays["labels"])
-    inputs = {k: arrays[k] for k in ("input_ids", "segment_ids", "input_mask")}
-    preds, finite = [], []
-    for start in range(0, n, batch_size):
+def predict(predict_fn, params, arrays: dict, batch_size: int) -> dict:
+    """predict_fn's outputs ([N, ...] numpy) for [N, L] input_ids, segment_ids, input_mask, in
+    fixed-size batches (the last one padded with empty rows, so that one compiled shape serves
+    every batch)."""
+    inputs = {k: np.asarray(arrays[k]) for k in ("input_ids", "segment_ids", "input_mask")}
+    n = len(inputs["input_ids"])
+    chunks = []
+    for start in range(0, max(n, 1), batch_size):
         chunk = {k: v[start : start + batch_size] for k, v in inputs.items()}
-        short = batch_size - len(chunk["input_ids"])
-        if short:  # pad with empty rows so that one compiled shape serves every batch
-            chunk = {k: np.pad(v, ((0, short), (0, 0))) for k, v in chunk.items()}
-        p, f = jax.device_get(predict_fn(params, chunk))
-        preds.append(np.asarray(p)[: batch_size - short])
-        finite.append(np.asarray(f)[: batch_size - short])
-    if not preds:
-        return np.zeros((0,), np.float32), np.ones((0,), bool)
-    return np.concatenate(preds), np.concatenate(finite)
+        real = len(chunk["input_ids"])
+        if real < batch_size:
+            chunk = {k: np.pad(v, ((0, batch_size - real), (0, 0))) for k, v in chunk.items()}
+        out = jax.device_get(predict_fn(params, chunk))
+        chunks.append({k: np.asarray(v)[:real] for k, v in out.items()})
+    return {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]}
+
+
+def window_loss(history: np.ndarray, done: int, log_every: int) -> float:
+    """The mean training loss of the log window that ends at step `done` (windows end at the
+    multiples of log_every and at the last step); history: [num_steps, 2] (loss, grad norm)."""
+    start = ((done - 1) // log_every) * log_every
+    return float(np.mean(history[start:done, 0].astype(np.float64)))
+
+
+def run_steps(step_fn, state, take, *, first, last, num_steps, history, config, rate, unit, save):
+    """Runs steps first..last-1 of `num_steps` on `take(step)`'s batches; returns (state, the
+    step count done, whether a termination signal stopped it).
+
+    The losses and gradient norms are read (and checked for NaN/Inf: NonFiniteError) only for
+    the log lines (every config.log_every_steps and the last step) and before each checkpoint
+    (every config.checkpoint.every_steps, at `last`, and when SIGTERM / SIGINT asks to stop); they
+    go into `history` ([num_steps, 2], saved with every checkpoint, so a resumed run logs and
+    reports the losses of one that ran through). `save(done, state)` writes a checkpoint.
+    """
+    watcher = checkpointing.PreemptionWatcher()
+    try:
+        if first < last:
+            t0 = time.time()
+            with watcher.deferred():
+                step_fn = step_fn.lower(state, take(first)).compile()
+            log(f"compiled the train step in {time.time() - t0:.1f}s")
+        watcher.arm()
+        pending: list[Any] = []  # device (loss, grad norm) since the last read
+        last_time = steps_started = time.time()
+        since_log, done, stopped = 0, first, False
+        for step in range(first, last):
+            state, step_metrics = step_fn(state, take(step))
+            pending.append((step_metrics["loss"], step_metrics["grad_norm"]))
+            done, since_log = step + 1, since_log + 1
+            stopped = watcher.requested(done)
+            logs = done % config.log_every_steps == 0 or done == num_steps
+            saves = done % config.checkpoint.every_steps == 0 or done == last or stopped
+            if logs or saves:
+                values = np.asarray(jax.device_get(pending), np.float64)  # [steps, 2]
+                checks.check_finite_losses(values, done - len(pending) + 1, rate)
+                history[done - len(pending) : done] = values
+                pending = []
+            if logs:
+                now = time.time()
+                speed = since_log * config.batch_size / max(now - last_time, 1e-9)
+                left = (num_steps - done) * (now - steps_started) / (done - first)
+                log(
+                    f"step {done}/{num_steps}  "
+                    f"loss {window_loss(history, done, config.log_every_steps):.4f}  "
+                    f"lr {float(step_metrics['learning_rate']):.2e}  {speed:.0f} {unit}/s  "
+                    f"eta {time.strftime('%H:%M:%S', time.gmtime(left))}"
+                )
+                last_time, since_log = now, 0
+            if saves:
+                save(done, state)
+            if stopped:
+                log(f"preempted at step {done}; checkpoint saved; run the same command to resume")
+                break
+        return state, done, stopped
+    finally:
+        watcher.close()
 
 
 # ------------------------------------------------------------------------------------------ run
 
 
-def _write_atomic(path: str, text: str) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
+def finetune(
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    stop_after: int | None = None,
+    command: str | None = None,
+) -> dict:
+    """Fine-tunes on the config's task, evaluates on its dev set(s), writes the results and the
+    model; returns the results (eval_results.json's fields).
 
+    Writes WORKDIR/config.json, model.json and tokenizer/ when the run starts, checkpoints/ as
+    it goes, then model.safetensors, the family's prediction files and eval_results.json (see
+    docs/finetuning.md). A workdir that holds this run continues from its newest checkpoint
+    (a finished one returns its results); one that holds another run is refused.
 
-def run_steps(step_fn, state, take, num_steps: int, config, learning_rate: float, unit: str):
-    """Compiles `step_fn` on the first batch and runs `num_steps` updates on `take(step)`'s
-    batches, logging every config.log_every_steps (loss, lr, `unit`s/s, eta) and checking the
-    losses there for NaN/Inf (NonFiniteError). Returns (final state, the last logged mean
-    training loss). GLUE and SQuAD alike."""
-    t0 = time.time()
-    step_fn = step_fn.lower(state, take(0)).compile()
-    log(f"compiled the train step in {time.time() - t0:.1f}s")
-    pending: list[Any] = []  # device (loss, grad norm) since the last line: read when logging
-    train_loss = float("nan")
-    last_time = steps_started = time.time()
-    for step in range(num_steps):
-        state, step_metrics = step_fn(state, take(step))
-        pending.append((step_metrics["loss"], step_metrics["grad_norm"]))
-        done = step + 1
-        # The last step always logs: the run ends only after its losses were checked.
-        if done % config.log_every_steps == 0 or done == num_steps:
-            values = np.asarray(jax.device_get(pending), np.float64)  # [steps, 2]
-            _check_finite(values, done - len(pending) + 1, learning_rate)
-            train_loss = float(np.mean(values[:, 0]))
-            now = time.time()
-            rate = len(pending) * config.batch_size / max(now - last_time, 1e-9)
-            left = (num_steps - done) * (now - steps_started) / done
-            log(
-                f"step {done}/{num_steps}  loss {train_loss:.4f}  "
-                f"lr {float(step_metrics['learning_rate']):.2e}  {rate:.0f} {unit}/s  "
-                f"eta {time.strftime('%H:%M:%S', time.gmtime(left))}"
-            )
-            pending, last_time = [], now
-    return state, train_loss
-
-
-def _check_finite(values: np.ndarray, first_step: int, learning_rate: float) -> None:
-    """NonFiniteError naming the first step whose loss or gradient norm is NaN/Inf.
-
-    values: [steps, 2] (loss, gradient norm) of the steps first_step, first_step + 1, ... (1-based
-    counts of updates done).
-    """
-    bad = np.flatnonzero(~np.all(np.isfinite(values), axis=1))
-    if bad.size:
-        last = first_step + len(values) - 1
-        raise NonFiniteError(
-            f"fine-tuning diverged: the training loss or gradient norm is not finite at step "
-            f"{first_step + int(bad[0])} (checking steps {first_step}-{last}); no results were "
-            f"written; lower config.learning_rate (peak {learning_rate:g})"
-        )
-
-
-def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict:
-    """Fine-tunes on config.task, evaluates on its dev set(s), writes the results; returns them.
-
-    Writes WORKDIR/config.json, WORKDIR/eval_results.json (see docs/finetuning.md) and
-    WORKDIR/dev_predictions.jsonl (one row per dev example: split, source, label, prediction).
+    stop_after: end after that step with a checkpoint, as a preemption would (returns
+      {'stopped_at': step, 'steps': num_steps}; SIGTERM / SIGINT during the steps does the same).
+    command: the command line that started the run, recorded in model.json for the model card.
 
     Raises:
-      ConfigError / DataError: bad config values, data files or init_from (one-line messages).
+      ConfigError / DataError: bad config values, data files or init_from, or a workdir that
+        holds another run (one-line messages), found before anything is written.
       NonFiniteError: the training loss or gradient norm became NaN/Inf (checked as the losses
-        are read for each log line), or the final model's dev outputs are; nothing is written.
+        are read for each log line and checkpoint), or the final model's dev outputs are; no
+        results are written.
     """
     started = time.time()
-    task = check_config(config)
+    family, task = check_config(config)
     # Locked for the run; a pre-training workdir (or any folder not ours) is refused, since
     # fine-tuning writes its own config.json and tokenizer/ there.
     with workdir_lib.claimed(workdir, workdir_lib.FINETUNE, command="electra_jax.finetune"):
-        return _finetune(config, workdir, task, started)
+        return _finetune(config, workdir, family, task, started, stop_after, command)
 
 
-def _finetune(config: ml_collections.ConfigDict, workdir: str, task, started: float) -> dict:
-
-    # ---------------------------------------------------------------- mesh
-    _require(
+def local_mesh(config):
+    """The mesh of all local devices, data-parallel; ConfigError when the batch sizes do not
+    split over them or the run is multi-process."""
+    checks.require(
         jax.process_count() == 1,
         "fine-tuning runs in one process (all its local devices data-parallel); start it "
         "without jax.distributed",
@@ -504,60 +400,132 @@ def _finetune(config: ml_collections.ConfigDict, workdir: str, task, started: fl
     mesh = sharding.make_mesh(ml_collections.ConfigDict({"fsdp": 1}))
     devices = sharding.data_parallel_size(mesh)
     for key in ("batch_size", "eval_batch_size"):
-        _require(
+        checks.require(
             config[key] % devices == 0,
             f"config.{key}={config[key]} is not divisible by the {devices} local devices",
         )
+    return mesh
+
+
+def _differences(saved_config: dict, config: dict, prefix: str = "") -> list[str]:
+    """'key: now X, there Y' for every field that differs between two config dicts."""
+    out = []
+    for key in sorted(set(saved_config) | set(config)):
+        a, b = saved_config.get(key, "(absent)"), config.get(key, "(absent)")
+        name = f"{prefix}{key}"
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _differences(a, b, name + ".")
+        elif a != b and name not in RESUMABLE_CHANGES:
+            out.append(f"{name} is {b!r} now, {a!r} there")
+    return out
+
+
+def previous_run(config, workdir: str, family: Family, task) -> tuple[dict | None, dict | None]:
+    """(model.json, eval_results.json) of the run WORKDIR holds, (None, None) when it holds none.
+
+    Raises ConfigError when the workdir holds another run: another family or task, other
+    settings (but those of RESUMABLE_CHANGES), or other labels than the task has now.
+    """
+    config_path = os.path.join(workdir, saved.CONFIG_FILE)
+    model_path = os.path.join(workdir, saved.MODEL_FILE)
+    if not os.path.exists(config_path):
+        return None, None
+    try:
+        there = saved.read_json(config_path, "restore it or use a new --workdir")
+    except PretrainedError as e:
+        raise ConfigError(str(e)) from None
+    results_path = os.path.join(workdir, RESULTS_FILE)
+    finished = os.path.exists(results_path)
+    differences = _differences(there, config.to_dict())
+    if differences:
+        what = there.get("task") or (f"SQuAD {there['version']}" if "version" in there else "?")
+        kind = f"a {there['family']} fine-tuning" if "family" in there else "a fine-tuning"
+        if "family" not in there:
+            kind += " of an earlier version"
+        more = f" and {len(differences) - 1} more" if len(differences) > 1 else ""
+        raise ConfigError(
+            f"--workdir {workdir} holds {'the finished' if finished else 'the unfinished'} "
+            f"{kind.removeprefix('a ')} of {what}, and this run differs ({differences[0]}{more}); "
+            "a workdir holds one run: choose a new --workdir, or the same settings to resume it"
+        )
+    if not os.path.exists(model_path):  # stopped before its start was written: start over
+        return None, None
+    try:
+        record = saved.read_model(workdir)
+    except PretrainedError as e:
+        raise ConfigError(str(e)) from None
+    now = family.describe(task)
+    if record.get("labels") != now["labels"]:
+        raise ConfigError(
+            f"--workdir {workdir}: {now['task']}'s labels are {now['labels']} now but the run "
+            f"there trained with {record.get('labels')} ({model_path}); a resumed run keeps its "
+            "labels: choose a new --workdir to fine-tune with the new ones"
+        )
+    results = None
+    if finished and os.path.exists(os.path.join(workdir, saved.WEIGHTS_FILE)):
+        try:
+            results = saved.read_json(results_path, "rerun in a new --workdir")
+        except PretrainedError as e:
+            raise ConfigError(str(e)) from None
+    return record, results
+
+
+def _resumed_model(config, workdir: str, record: dict, needs_encoder: bool) -> Initial:
+    """The Initial of a run that started in WORKDIR: its spec and tokenizer as it saved them;
+    the encoder from init_from only when no checkpoint holds the weights yet."""
+    try:
+        spec = saved.spec_from_json(record.get("spec"), os.path.join(workdir, saved.MODEL_FILE))
+        tokenizer = saved.load_tokenizer(workdir, record.get("tokenizer_fingerprint"))
+    except PretrainedError as e:
+        raise ConfigError(str(e)) from None
+    encoder = _encoder_params(_pretrained(config)) if needs_encoder and config.init_from else None
+    return Initial(
+        spec, tokenizer, encoder, record.get("init_source", "?"), record.get("pretraining")
+    )
+
+
+def _finetune(config, workdir, family: Family, task, started, stop_after, command) -> dict:
+    # ---------------------------------------------------------------- workdir
+    mesh = local_mesh(config)
+    record, finished = previous_run(config, workdir, family, task)
+    if finished is not None:
+        log(f"{workdir} holds this run, finished: {os.path.join(workdir, RESULTS_FILE)}")
+        return finished
 
     # ---------------------------------------------------------------- data
-    read = lambda split: tasks.load_split(task, split, config.data_dir, config.tfds_data_dir)
-    train_read = read(tasks.TRAIN)
-    devs = {split.name: read(split) for split in task.dev_splits}
-    train = training_set(task, train_read, config.max_train_examples, config.double_unordered)
-    if not train:
-        raise DataError(f"{task.name} has no training examples; check config.data_dir")
+    data = family.read(config, task)
 
     # ---------------------------------------------------------------- model
-    texts = [t for e in train_read for t in (e.text_a, e.text_b) if t]
-    init = initial_model(config, texts, workdir)
+    resuming = record is not None
+    has_checkpoint = resuming and checkpointing.has_checkpoints(workdir)
+    if resuming:
+        init = _resumed_model(config, workdir, record, needs_encoder=not has_checkpoint)
+    else:
+        init = initial_model(config, data.texts, workdir)
     spec = init.spec
-    _require(
+    checks.require(
         config.seq_length <= spec.max_position_embeddings,
         f"config.seq_length={config.seq_length} exceeds the model's "
         f"{spec.max_position_embeddings} positions",
     )
+
+    # ---------------------------------------------------------------- features
+    feats = family.featurize(config, task, data, init.tokenizer)
     # Logged only now, so that bad input above fails with its one line and nothing else.
-    log(
-        f"{task.name}: {len(train)} training examples ({len(train_read)} read), "
-        + ", ".join(f"{name} {len(ex)}" for name, ex in devs.items())
-    )
+    log(feats.summary)
     log(
         f"model from {init.source}: {spec.discriminator.num_layers} layers x "
         f"{spec.discriminator.hidden_size}, vocab {spec.vocab_size}"
     )
 
-    # ---------------------------------------------------------------- features
-    encode = functools.partial(
-        features.encode_examples,
-        init.tokenizer,
-        seq_length=config.seq_length,
-        regression=task.is_regression,
-    )
-    train_arrays = encode(train)
-    dev_arrays = {name: encode(ex) for name, ex in devs.items()}
-    # Regression trains on targets in [0, 1] (by default, as the original); dev labels, metrics
-    # and predictions stay on the task's own scale.
-    low, width = regression_targets(task, config.scale_regression_targets)
-    if task.is_regression:
-        train_arrays["labels"] = ((train_arrays["labels"] - low) / width).astype(np.float32)
-
     # ---------------------------------------------------------------- state
-    epochs = config.num_epochs or task.num_epochs
-    num_steps = max(1, int(len(train) * epochs / config.batch_size))
-    model = heads.Classifier(spec, task.num_outputs)
+    num_rows = len(feats.train["input_ids"])
+    num_steps = max(1, int(num_rows * feats.epochs / config.batch_size))
+    last_step = num_steps if stop_after is None else max(0, min(num_steps, int(stop_after)))
+    model = family.network(config, task, spec)
     init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(config.seed))
     # Jitted: one compilation rather than one per operation.
-    params = jax.jit(functools.partial(heads.init_params, model))(init_rng)
+    params = jax.jit(functools.partial(family.init_params, model))(init_rng)
     if init.encoder_params is not None:
         try:
             params = heads.with_pretrained(params, init.encoder_params)
@@ -569,89 +537,124 @@ def _finetune(config: ml_collections.ConfigDict, workdir: str, task, started: fl
         config, params, spec, num_steps, layer_decay, learning_rate, dropout_rng, mesh
     )
     replicated, split_batch = sharding.replicated(mesh), sharding.batch_sharding(mesh)
-    regression = task.is_regression
+    loss_fn = functools.partial(family.loss, config, task, model)
     step_fn = jax.jit(
-        functools.partial(train_step, model=model, tx=tx, schedule=schedule, regression=regression),
+        functools.partial(train_step, loss_fn=loss_fn, tx=tx, schedule=schedule),
         in_shardings=(replicated, split_batch),
         out_shardings=(replicated, replicated),
         donate_argnums=(0,),
     )
     predict_fn = jax.jit(
-        functools.partial(predict_step, model=model, regression=regression),
+        functools.partial(family.predict_step, config, task, model),
         in_shardings=(replicated, split_batch),
         out_shardings=replicated,
     )
 
-    # ---------------------------------------------------------------- steps
-    order = batch_order(len(train), config.batch_size, num_steps, config.seed)
-    sources = {hyper["learning_rate_source"], hyper["layer_decay_source"]} - {"config"}
-    log(
-        f"fine-tuning {num_steps} steps ({epochs:g} epochs of {len(train)} examples, "
-        f"batch {config.batch_size}, peak lr {learning_rate:g}, layer decay {layer_decay:g}"
-        + "".join(f"; {s}" for s in sorted(sources))  # where the defaults came from
-        + ")"
-    )
-    take = lambda step: {k: v[order[step]] for k, v in train_arrays.items()}
-    state, train_loss = run_steps(step_fn, state, take, num_steps, config, learning_rate, unit="ex")
+    # ---------------------------------------------------------------- start records
+    if not resuming:
+        saved.save_tokenizer(init.tokenizer, workdir)
+        record = {
+            "format": saved.FORMAT,
+            "version": saved.VERSION,
+            "family": family.name,
+            **family.describe(task),
+            "spec": saved.spec_to_json(spec),
+            "tokenizer_fingerprint": init.tokenizer.fingerprint,
+            "init_from": config.init_from,
+            "init_source": init.source,
+            "pretraining": init.pretraining,
+            "command": command,
+            "num_steps": num_steps,
+        }
+        saved.write_json(os.path.join(workdir, saved.MODEL_FILE), record)
+        # config.json last: its presence says the run started and model.json is whole.
+        saved.write_json(os.path.join(workdir, saved.CONFIG_FILE), config.to_dict())
+
+    # ---------------------------------------------------------------- restore
+    manager = checkpointing.make_manager(workdir, config.checkpoint)
+    history = np.zeros((num_steps, 2), np.float32)  # every step's (loss, grad norm)
+    first = 0
+    try:
+        if has_checkpoint:
+            abstract = {
+                "train": jax.tree_util.tree_map(
+                    lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state
+                ),
+                "history": jax.ShapeDtypeStruct(history.shape, history.dtype, sharding=replicated),
+            }
+            restored = checkpointing.restore_latest(manager, abstract, None, log=log)
+            if restored is not None:
+                state, history = restored["train"], np.array(restored["history"])
+                first = int(state.step)
+                log(f"resumed from checkpoint {first} of {num_steps} steps")
+
+        # ------------------------------------------------------------ steps
+        order = batch_order(num_rows, config.batch_size, num_steps, config.seed)
+        sources = {hyper["learning_rate_source"], hyper["layer_decay_source"]} - {"config"}
+        log(
+            f"fine-tuning {num_steps} steps ({feats.epochs:g} epochs of {num_rows} {feats.unit}, "
+            f"batch {config.batch_size}, "
+            f"peak lr {learning_rate:g}, layer decay {layer_decay:g}"
+            + "".join(f"; {s}" for s in sorted(sources))  # where the defaults came from
+            + ")"
+        )
+        take = lambda step: {k: v[order[step]] for k, v in feats.train.items()}
+
+        def save(done, state):
+            checkpointing.save(manager, done, {"train": state, "history": history.copy()})
+
+        state, done, stopped = run_steps(
+            step_fn,
+            state,
+            take,
+            first=first,
+            last=last_step,
+            num_steps=num_steps,
+            history=history,
+            config=config,
+            rate=learning_rate,
+            unit=feats.unit,
+            save=save,
+        )
+        checkpointing.wait(manager)
+    finally:
+        manager.close()
+    if done < num_steps:
+        return {"stopped_at": done, "steps": num_steps, "preempted": stopped}
+    train_loss = window_loss(history, num_steps, config.log_every_steps)
 
     # ---------------------------------------------------------------- evaluate
-    results_metrics, rows = {}, []
-    for name, arrays in dev_arrays.items():
-        preds, finite = predict(predict_fn, state.params, arrays, config.eval_batch_size)
-        if not finite.all():  # the last update shows in no training loss: check its outputs
-            raise NonFiniteError(
-                f"fine-tuning diverged: after the last step ({num_steps}) the model's outputs "
-                f"are not finite for {int((~finite).sum())} of the {len(finite)} {name} examples; "
-                f"no results were written; lower config.learning_rate (peak {learning_rate:g})"
-            )
-        if task.is_regression:  # back on the task's scale
-            preds = (low + width * preds.astype(np.float64)).astype(np.float32)
-        results_metrics[name] = glue_metrics.task_metrics(task, preds, arrays["labels"])
-        shown = "  ".join(f"{k} {v:.4f}" for k, v in results_metrics[name].items())
-        log(f"{task.name} {name}: {shown}")
-        for i, (example, pred) in enumerate(zip(devs[name], preds, strict=True)):
-            rows.append(
-                {
-                    "split": name,
-                    "index": i,
-                    "source": example.source,
-                    "label": tasks.label_text(task, example.label),
-                    "prediction": tasks.label_text(task, pred),
-                }
-            )
+    check = functools.partial(
+        checks.check_finite_outputs, num_steps=num_steps, learning_rate=learning_rate
+    )
+    run_predict = lambda arrays: predict(predict_fn, state.params, arrays, config.eval_batch_size)
+    results, files = family.evaluate(config, task, run_predict, data, feats, check)
+    lines, score = family.shown(results)
+    for line in lines:
+        log(line)
 
     # ---------------------------------------------------------------- write
-    first_dev = task.dev_splits[0].name
-    results = {
-        "task": task.name,
-        "metrics": results_metrics,
-        "score": results_metrics[first_dev][task.score],
-        "score_metric": f"{first_dev}/{task.score}",
-        "num_train_examples": len(train),
-        "num_train_examples_read": len(train_read),
-        "num_dev_examples": {name: len(ex) for name, ex in devs.items()},
-        "steps": num_steps,
-        "epochs": epochs,
-        "batch_size": config.batch_size,
-        **hyper,
-        "layer_decay_exponents": config.layer_decay_exponents,
-        "scale_regression_targets": bool(task.is_regression and config.scale_regression_targets),
-        "seed": config.seed,
-        "init_from": config.init_from,
-        "init_source": init.source,
-        "train_loss": train_loss,
-        "predictions_file": PREDICTIONS_FILE,
-        "elapsed_sec": time.time() - started,
-    }
-    _write_atomic(
-        os.path.join(workdir, "config.json"), json.dumps(config.to_dict(), indent=2, sort_keys=True)
+    saved.save_weights(workdir, jax.device_get(state.params))
+    results.update(
+        {
+            "steps": num_steps,
+            "epochs": feats.epochs,
+            "batch_size": config.batch_size,
+            **hyper,
+            "layer_decay_exponents": config.layer_decay_exponents,
+            "seed": config.seed,
+            "init_from": config.init_from,
+            "init_source": init.source,
+            "train_loss": train_loss,
+            "predictions_file": family.predictions_file,
+            "elapsed_sec": time.time() - started,
+        }
     )
-    _write_atomic(
-        os.path.join(workdir, PREDICTIONS_FILE), "".join(json.dumps(r) + "\n" for r in rows)
-    )
-    _write_atomic(
+    for name, text in files.items():
+        saved.write_text(os.path.join(workdir, name), text)
+    # eval_results.json last: its presence (with the weights) says the run is finished.
+    saved.write_text(
         os.path.join(workdir, RESULTS_FILE), json.dumps(results, indent=2, sort_keys=True) + "\n"
     )
-    score = f"{results['score_metric']} {results['score']:.4f}"
-    log(f"wrote {os.path.join(workdir, RESULTS_FILE)} ({score})")
+    log(f"wrote {os.path.join(workdir, RESULTS_FILE)} ({score}) and {saved.WEIGHTS_FILE}")
     return results

@@ -101,6 +101,8 @@ class Candidate:
     window: int  # the feature row it came from
     start: int  # row positions of its first and last token
     end: int
+    char_start: int = 0  # the text is context[char_start:char_end]
+    char_end: int = 0
 
 
 def window_candidates(
@@ -134,10 +136,11 @@ def window_candidates(
     out = []
     for i, j in zip(*np.nonzero(ok), strict=True):
         s, e = int(starts[i, j]), int(end_index[i, j])
-        text = context[spans[s + first, 0] : spans[e + first, 1]]
+        begin, stop = int(spans[s + first, 0]), int(spans[e + first, 1])
+        text = context[begin:stop]
         if text:
             score = float(start_score[i]) + float(end_score[i, j])
-            out.append(Candidate(text, score, row, s, e))
+            out.append(Candidate(text, score, row, s, e, begin, stop))
     return out
 
 
@@ -153,6 +156,33 @@ def n_best(candidates: Sequence[Candidate], n_best_size: int) -> list[Candidate]
             if len(out) == n_best_size:
                 break
     return out
+
+
+def example_answers(
+    example: Example,
+    rows: Sequence[int],
+    features: Features,
+    outputs: Mapping[str, np.ndarray],
+    *,
+    n_best_size: int,
+    max_answer_length: int,
+) -> tuple[list[Candidate], float]:
+    """One question's n-best spans over its windows `rows` (best first), and its no-answer
+    score: the lowest answerable logit over the windows (see predict_answers)."""
+    found = []
+    for row in rows:
+        found += window_candidates(
+            features,
+            row,
+            example.context,
+            outputs["start_index"][row],
+            outputs["start_score"][row],
+            outputs["end_index"][row],
+            outputs["end_score"][row],
+            max_answer_length,
+        )
+    null = min(float(outputs["answerable_logit"][row]) for row in rows)
+    return n_best(found, n_best_size), null
 
 
 def predict_answers(
@@ -179,23 +209,16 @@ def predict_answers(
         by_example[int(example)].append(row)
     answers, null_scores = {}, {}
     for index, example in enumerate(examples):
-        rows = by_example[index]
-        found = []
-        for row in rows:
-            found += window_candidates(
-                features,
-                row,
-                example.context,
-                outputs["start_index"][row],
-                outputs["start_score"][row],
-                outputs["end_index"][row],
-                outputs["end_score"][row],
-                max_answer_length,
-            )
-        best = n_best(found, n_best_size)
+        best, null = example_answers(
+            example,
+            by_example[index],
+            features,
+            outputs,
+            n_best_size=n_best_size,
+            max_answer_length=max_answer_length,
+        )
         answers[example.qid] = best[0].text if best else ""
         if version == "2.0":
-            null = min(float(outputs["answerable_logit"][row]) for row in rows)
             null_scores[example.qid] = null
             if null > null_threshold:
                 answers[example.qid] = ""

@@ -167,14 +167,26 @@ def params_to_hf(params: dict, spec: model.ElectraSpec) -> dict[str, dict[str, n
     params = layer_stack.unstack(params)
     out: dict[str, dict[str, np.ndarray]] = {}
     for network, entries in mapping(spec).items():
-        tensors = {}
         view = {**params, "embeddings": network_embeddings(params, spec, network)}
-        for entry in entries:
-            values = entry.to_hf(np.asarray(_get(view, entry.path), np.float32))
-            for name, value in zip(entry.names, values, strict=True):
-                tensors[name] = np.ascontiguousarray(value)
-        out[network] = tensors
+        out[network] = _to_hf(entries, view)
     return out
+
+
+def _to_hf(entries: list[_Entry], tree: dict) -> dict[str, np.ndarray]:
+    """{transformers key: contiguous float32 array} of the entries' leaves of an unrolled tree."""
+    tensors = {}
+    for entry in entries:
+        values = entry.to_hf(np.asarray(_get(tree, entry.path), np.float32))
+        for name, value in zip(entry.names, values, strict=True):
+            tensors[name] = np.ascontiguousarray(value)
+    return tensors
+
+
+def encoder_to_hf(params: dict, spec: model.ElectraSpec) -> dict[str, np.ndarray]:
+    """A fine-tuned network's embeddings and discriminator encoder (one plain embedding block,
+    as finetune/heads.py builds them) -> transformers' `electra.*` tensors, contiguous float32."""
+    entries = [*_embedding_entries(), *_encoder_entries(spec, DISCRIMINATOR)]
+    return _to_hf(entries, layer_stack.unstack(params))
 
 
 def params_from_hf(

@@ -142,8 +142,8 @@ def _files_below(folder: str) -> list[str]:
     return sorted(found)
 
 
-def _write_networks(pretrained: Pretrained, folder: str) -> list[str]:
-    """FOLDER/discriminator and FOLDER/generator; returns the files written."""
+def _write_networks(pretrained: Pretrained, folder: str) -> None:
+    """FOLDER/discriminator and FOLDER/generator."""
     from safetensors.numpy import save_file
 
     spec, tokenizer = pretrained.spec, pretrained.tokenizer
@@ -155,7 +155,6 @@ def _write_networks(pretrained: Pretrained, folder: str) -> list[str]:
         # "pt" is what transformers expects in the metadata of a PyTorch-loadable file.
         save_file(tensors[network], os.path.join(sub, WEIGHTS), metadata={"format": "pt"})
         write_tokenizer_files(tokenizer, sub, spec.max_position_embeddings)
-    return _files_below(folder)
 
 
 def _move_into_place(out: str, tmp: str, previous: list[str], files: list[str]) -> None:
@@ -203,12 +202,8 @@ def write_export(pretrained: Pretrained, out: str) -> dict:
     is whole. Of a previous export only the files it wrote (its manifest lists them) are replaced
     or deleted: whatever else the user keeps in OUT stays as it is.
     """
-    out = os.path.abspath(out)
-    previous = check_out(out)
     counts = model.network_param_counts(pretrained.params)
     manifest = {
-        "format": FORMAT,
-        "version": VERSION,
         "source": pretrained.source,
         "tokenizer_fingerprint": pretrained.tokenizer.fingerprint,
         # Import reads one shared block (the discriminator's): a generator trained with its own
@@ -217,6 +212,20 @@ def write_export(pretrained: Pretrained, out: str) -> dict:
         "discriminator_params": counts[DISCRIMINATOR],
         "generator_params": counts[GENERATOR],
     }
+    return write_folder(out, manifest, lambda tmp: _write_networks(pretrained, tmp))
+
+
+def write_folder(out: str, manifest: dict, write) -> dict:
+    """OUT gets the files `write(folder)` writes into an empty folder, and OUT/export.json, the
+    manifest (with format, version and the list of files added); returns the manifest.
+
+    The export and replace rules of write_export: OUT may be missing, empty or a previous export;
+    files are renamed into place one by one; a previous export's files that this one does not
+    write are deleted, anything else in OUT stays.
+    """
+    out = os.path.abspath(out)
+    previous = check_out(out)
+    manifest = {"format": FORMAT, "version": VERSION, **manifest}
     created = not os.path.isdir(out)
     try:
         os.makedirs(out, exist_ok=True)
@@ -225,7 +234,8 @@ def write_export(pretrained: Pretrained, out: str) -> dict:
                 shutil.rmtree(os.path.join(out, name), ignore_errors=True)
         tmp = tempfile.mkdtemp(prefix=TMP_PREFIX, dir=out)
         try:
-            manifest["files"] = _write_networks(pretrained, tmp)
+            write(tmp)
+            manifest["files"] = _files_below(tmp)
             write_json(os.path.join(tmp, MANIFEST), manifest)
             _move_into_place(out, tmp, previous, manifest["files"])
         finally:

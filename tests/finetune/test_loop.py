@@ -14,7 +14,7 @@ import pytest
 
 from electra_jax.data import DataError
 from electra_jax.data.tokenizer import train_tokenizer
-from electra_jax.finetune import heads, loop, tasks
+from electra_jax.finetune import glue, heads, loop, tasks
 from electra_jax.model import Electra, ElectraSpec, EncoderSpec, init_params
 from electra_jax.validate import ConfigError
 from tests.conftest import ROOT
@@ -97,10 +97,10 @@ def _config(data, **overrides):
 def test_training_set_and_batch_order():
     task = tasks.get_task("MRPC")
     examples = [tasks.Example(f"a{i}", f"b{i}", i % 2, f"t:{i}") for i in range(10)]
-    capped = loop.training_set(task, examples, 4, double_unordered=True)
+    capped = glue.training_set(task, examples, 4, double_unordered=True)
     assert len(capped) == 8 and [e.text_a for e in capped[4:]] == [e.text_b for e in capped[:4]]
-    assert capped[:4] == loop.training_set(task, examples, 4, double_unordered=False)
-    assert len(loop.training_set(tasks.get_task("RTE"), examples, 0, True)) == 10
+    assert capped[:4] == glue.training_set(task, examples, 4, double_unordered=False)
+    assert len(glue.training_set(tasks.get_task("RTE"), examples, 0, True)) == 10
     order = loop.batch_order(10, 4, 5, seed=3)  # 20 draws: two epochs, each a permutation
     assert sorted(order.reshape(-1)[:10]) == list(range(10))
     assert sorted(order.reshape(-1)[10:]) == list(range(10))
@@ -185,7 +185,7 @@ def test_finetune_from_pretrained_regression(tmp_path, monkeypatch):
         )
     with pytest.raises(ConfigError, match=r"config.seq_length=64 exceeds the model's 32"):
         loop.finetune(
-            _config(data, task="STS-B", init_from="some/run", seq_length=64), str(tmp_path / "w")
+            _config(data, task="STS-B", init_from="some/run", seq_length=64), str(tmp_path / "w2")
         )
 
 
@@ -300,13 +300,13 @@ def test_stsb_trains_on_scores_over_5_and_reports_them_on_0_to_5(tmp_path, monke
         return loop_train_step(state, batch, **kwargs)
 
     def spy_predict_step(params, batch, **kwargs):
-        preds, finite = loop_predict_step(params, batch, **kwargs)
-        jax.debug.callback(lambda p: outputs.extend(np.asarray(p).tolist()), preds)
-        return preds, finite
+        out = glue_predict_step(params, batch, **kwargs)
+        jax.debug.callback(lambda p: outputs.extend(np.asarray(p).tolist()), out["prediction"])
+        return out
 
-    loop_train_step, loop_predict_step = loop.train_step, loop.predict_step
+    loop_train_step, glue_predict_step = loop.train_step, glue.predict_step
     monkeypatch.setattr(loop, "train_step", spy_train_step)
-    monkeypatch.setattr(loop, "predict_step", spy_predict_step)
+    monkeypatch.setattr(glue, "predict_step", spy_predict_step)
     config = _config(data, task="STS-B", num_epochs=1.0, scale_regression_targets=scaled)
     out = loop.finetune(config, str(tmp_path / "w"))
 

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from electra_jax.finetune import squad_data, squad_heads, squad_loop
+from electra_jax.finetune import loop, squad_data, squad_heads
 from electra_jax.model import ElectraSpec, EncoderSpec
 from electra_jax.optim import layerwise_lr_multipliers
 from tests.conftest import ROOT, subprocess_env
@@ -109,7 +109,7 @@ def test_span_model_masks_conditions_the_end_and_weights_the_loss():
 def test_squad11_writes_predictions_and_results_and_repeats(tmp_path):
     data = write_squad(tmp_path / "data", "1.1", n_train=12, n_dev=3)
     config = _config(data, "1.1")
-    first = squad_loop.finetune(config, str(tmp_path / "a"))
+    first = loop.finetune(config, str(tmp_path / "a"))
     assert first["num_train_examples"] == 36 and first["num_dev_examples"] == 9
     assert first["steps"] == max(1, first["num_train_windows"] // 16)
     assert first["learning_rate"] == 1e-3 and first["layer_decay"] == 0.8  # the paper's
@@ -122,7 +122,7 @@ def test_squad11_writes_predictions_and_results_and_repeats(tmp_path):
     assert set(predictions) == set(contexts)
     assert all(p and p in contexts[q] and p == p.strip() for q, p in predictions.items())
     # The same config and seed: the same numbers and answers.
-    again = squad_loop.finetune(config, str(tmp_path / "b"))
+    again = loop.finetune(config, str(tmp_path / "b"))
     for key in ("exact_match", "f1", "train_loss"):
         assert again[key] == first[key]
     assert (tmp_path / "b" / "dev_predictions.json").read_text() == json.dumps(

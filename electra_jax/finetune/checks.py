@@ -1,0 +1,147 @@
+"""What every fine-tuning config is checked for, and how a diverged run is reported.
+
+A leaf of finetune/: the families (glue.py, squad.py) and the runner (loop.py) use it, so that
+each rule is written once. Every message is one line naming the config key.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from electra_jax.validate import ConfigError
+
+LAYER_DECAY_EXPONENTS = ("electra_jax", "original")
+DTYPES = ("float32", "bfloat16")
+
+
+class NonFiniteError(RuntimeError):
+    """The training loss or gradient norm became NaN/Inf: the run diverged."""
+
+
+def require(ok: bool, message: str) -> None:
+    """ConfigError(message) unless `ok`."""
+    if not ok:
+        raise ConfigError(message)
+
+
+def check_number(config, key: str, rule: str, note: str = "") -> None:
+    """ConfigError unless config[key] (dotted for a section: 'model.hidden_size') is a finite
+    number obeying `rule`: '> 0', '>= 0', '>= 1', '(0, 1]', '[0, 1)', with a trailing 'int'
+    for whole numbers."""
+    section, _, name = key.rpartition(".")
+    value = (config[section] if section else config)[name]
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    ok = ok and math.isfinite(value)
+    whole = rule.endswith(" int")
+    bound = rule.removesuffix(" int")
+    if ok and whole:
+        ok = float(value).is_integer()
+    if ok:
+        if bound.startswith(("(", "[")):
+            low, high = (float(x) for x in bound[1:-1].split(","))
+            ok = (low < value if bound[0] == "(" else low <= value) and (
+                value < high if bound[-1] == ")" else value <= high
+            )
+        else:
+            op, limit = bound.split()
+            ok = value > float(limit) if op == ">" else value >= float(limit)
+    if not ok:
+        what = f"in {bound}" if bound.startswith(("(", "[")) else f"finite and {bound}"
+        kind = "a whole number " if whole else ""
+        raise ConfigError(
+            f"config.{key}={value!r} must be {kind}{what}" + (f" ({note})" if note else "")
+        )
+
+
+# The numeric fields every family's config has, and the values they may take; a NaN or Inf
+# never passes.
+NUMBERS = (
+    ("learning_rate", ">= 0", "0: the paper's for the model's size"),
+    ("layer_decay", "[0, 1]", "0: the paper's for the model's size; 1: no decay"),
+    ("warmup_fraction", "[0, 1)", ""),
+    ("weight_decay", ">= 0", ""),
+    ("adam_eps", "> 0", ""),
+    ("clip_norm", "> 0", ""),
+    ("batch_size", ">= 1 int", ""),
+    ("eval_batch_size", ">= 1 int", ""),
+    ("seq_length", ">= 8 int", ""),
+    ("max_train_examples", ">= 0 int", "0: all"),
+    ("dropout_rate", "[0, 1)", ""),
+    ("log_every_steps", ">= 1 int", ""),
+    ("checkpoint.every_steps", ">= 1 int", ""),
+    ("checkpoint.keep", ">= 1 int", ""),
+    ("seed", f"[0, {2**32}) int", "the random key takes 32 bits"),
+)
+# Random init only: the tokenizer trained on the task and the network's shape.
+RANDOM_INIT_NUMBERS = (
+    ("vocab_size", ">= 6 int", "the 5 special pieces and at least one more"),
+    ("model.hidden_size", ">= 1 int", ""),
+    ("model.num_layers", ">= 1 int", ""),
+    ("model.num_heads", ">= 1 int", ""),
+    ("model.intermediate_size", ">= 1 int", ""),
+    ("model.embedding_size", ">= 1 int", ""),
+    ("model.max_position_embeddings", ">= 8 int", ""),
+    ("model.type_vocab_size", ">= 2 int", "segments A and B"),
+    ("model.initializer_range", "> 0", ""),
+    ("model.layer_norm_eps", "> 0", ""),
+)
+
+
+def check_common(config) -> None:
+    """The rules every fine-tuning config obeys (a family checks its own fields after these);
+    ConfigError (one line naming the key) for the first value that cannot work."""
+    c = config
+    for key, rule, note in NUMBERS:
+        check_number(c, key, rule, note)
+    require(
+        c.dtype in DTYPES,
+        f"config.dtype={c.dtype!r} is not supported; use 'float32' or 'bfloat16'",
+    )
+    require(
+        c.layer_decay_exponents in LAYER_DECAY_EXPONENTS,
+        f"config.layer_decay_exponents={c.layer_decay_exponents!r} is not a choice; use "
+        + " or ".join(repr(x) for x in LAYER_DECAY_EXPONENTS),
+    )
+    require(
+        not (c.init_from and c.tokenizer),
+        f"config.tokenizer={c.tokenizer!r} is for random init only; a pre-trained model "
+        f"(config.init_from={c.init_from!r}) brings its own tokenizer: unset one of them",
+    )
+    if not c.init_from:  # a pre-trained model brings its own shape (and checks it)
+        for key, rule, note in RANDOM_INIT_NUMBERS:
+            check_number(c, key, rule, note)
+        m = c.model
+        require(
+            m.hidden_size % m.num_heads == 0,
+            f"config.model.hidden_size={m.hidden_size} must be a multiple of "
+            f"config.model.num_heads={m.num_heads}",
+        )
+
+
+def check_finite_losses(values: np.ndarray, first_step: int, learning_rate: float) -> None:
+    """NonFiniteError naming the first step whose loss or gradient norm is NaN/Inf.
+
+    values: [steps, 2] (loss, gradient norm) of the steps first_step, first_step + 1, ... (1-based
+    counts of updates done).
+    """
+    bad = np.flatnonzero(~np.all(np.isfinite(values), axis=1))
+    if bad.size:
+        last = first_step + len(values) - 1
+        raise NonFiniteError(
+            f"fine-tuning diverged: the training loss or gradient norm is not finite at step "
+            f"{first_step + int(bad[0])} (checking steps {first_step}-{last}); no results were "
+            f"written; lower config.learning_rate (peak {learning_rate:g})"
+        )
+
+
+def check_finite_outputs(finite: np.ndarray, what: str, num_steps: int, learning_rate: float):
+    """NonFiniteError unless every entry of `finite` ([N] bool: the model's outputs for one
+    example or window are finite) is True; `what` names the N rows ('dev examples')."""
+    if not finite.all():  # the last update shows in no training loss: its outputs show it
+        raise NonFiniteError(
+            f"fine-tuning diverged: after the last step ({num_steps}) the model's outputs are "
+            f"not finite for {int((~finite).sum())} of the {len(finite)} {what}; no results "
+            f"were written; lower config.learning_rate (peak {learning_rate:g})"
+        )

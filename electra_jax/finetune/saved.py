@@ -1,0 +1,284 @@
+"""What a fine-tuning workdir keeps of its model, and reading it back.
+
+    WORKDIR/config.json        the run's full config (written when the run starts)
+    WORKDIR/model.json         what the network is: family, task, label names, the spec, the
+                               tokenizer's fingerprint, where the encoder came from (and the
+                               pre-training's own records: corpus, steps, FLOPs), the command
+    WORKDIR/tokenizer/         the tokenizer the run used (spm.model, or a BERT vocab.txt)
+    WORKDIR/checkpoints/       orbax checkpoints every checkpoint.every_steps (and at the end):
+                               the train state and every step's loss, for an exact resume
+    WORKDIR/model.safetensors  the final weights, written when training ends
+
+The final weights are a safetensors file of the parameter tree (keys joined with '/'), not an
+orbax checkpoint: one file, written atomically (a temporary file renamed into place), readable
+with numpy alone (no orbax, no device layout, no optimizer state, a third of the checkpoint's
+size), memory-mapped by whoever reads it; the checkpoints are there to resume a run.
+Every file is written atomically (temporary file + os.replace).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+from typing import Any
+
+import numpy as np
+
+from electra_jax import model as model_lib
+from electra_jax.jsonio import json_kind, one_line
+from electra_jax.weights import PretrainedError, check_spec
+
+CONFIG_FILE = "config.json"
+MODEL_FILE = "model.json"
+WEIGHTS_FILE = "model.safetensors"
+TOKENIZER_DIR = "tokenizer"
+RESULTS_FILE = "eval_results.json"
+FORMAT, VERSION = "electra_jax.finetuned", 1
+
+
+def write_text(path: str, text: str) -> None:
+    """`text` into `path` atomically: a temporary file beside it, renamed into place."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def write_json(path: str, obj: Any) -> None:
+    write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def read_json(path: str, what: str) -> dict:
+    """A JSON object from `path`; PretrainedError naming the file otherwise."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            value = json.load(f)
+    except FileNotFoundError:
+        raise PretrainedError(f"{path} is missing; {what}") from None
+    except (OSError, ValueError) as e:
+        raise PretrainedError(f"{path} cannot be read ({one_line(e, 200)}); {what}") from None
+    if not isinstance(value, dict):
+        raise PretrainedError(f"{path} holds a JSON {json_kind(value)}, not an object; {what}")
+    return value
+
+
+# ------------------------------------------------------------------------------------ the spec
+
+
+def spec_to_json(spec: model_lib.ElectraSpec) -> dict:
+    """The spec as JSON fields (activation_sharding, a device layout, is not kept)."""
+    out = dataclasses.asdict(spec)
+    out.pop("activation_sharding")
+    return out
+
+
+def spec_from_json(fields: Any, where: str) -> model_lib.ElectraSpec:
+    """The spec of model.json; PretrainedError for a damaged one."""
+    try:
+        fields = dict(fields)
+        for network in ("discriminator", "generator"):
+            fields[network] = model_lib.EncoderSpec(**fields[network])
+        spec = model_lib.ElectraSpec(**fields)
+    except (TypeError, KeyError, ValueError) as e:
+        raise PretrainedError(
+            f"{where}: the spec is damaged ({one_line(e, 120)}); restore model.json from a copy "
+            "of the run"
+        ) from None
+    check_spec(spec, where)
+    return spec
+
+
+# ------------------------------------------------------------------------------------ weights
+
+
+def flatten(params: dict, prefix: str = "") -> dict[str, np.ndarray]:
+    """{'a/b/kernel': array} of a nested parameter tree, as contiguous float32 numpy arrays."""
+    out = {}
+    for key, value in params.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, name + "/"))
+        else:
+            out[name] = np.ascontiguousarray(np.asarray(value, np.float32))
+    return out
+
+
+def unflatten(tensors: dict[str, np.ndarray]) -> dict:
+    tree: dict = {}
+    for name, value in tensors.items():
+        *parents, leaf = name.split("/")
+        node = tree
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return tree
+
+
+def save_weights(workdir: str, params: dict) -> str:
+    """WORKDIR/model.safetensors from a parameter tree, atomically; returns its path."""
+    from safetensors.numpy import save_file
+
+    path = os.path.join(workdir, WEIGHTS_FILE)
+    fd, tmp = tempfile.mkstemp(prefix=f".{WEIGHTS_FILE}.", dir=workdir)
+    os.close(fd)
+    try:
+        save_file(flatten(params), tmp, metadata={"format": FORMAT})
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return path
+
+
+def load_weights(workdir: str, expected: dict) -> dict:
+    """WORKDIR/model.safetensors as a nested tree of float32 numpy arrays, checked against the
+    shapes of `expected` (a tree of arrays or ShapeDtypeStructs)."""
+    from safetensors import SafetensorError
+    from safetensors.numpy import load_file
+
+    path = os.path.join(workdir, WEIGHTS_FILE)
+    if not os.path.isfile(path):
+        raise PretrainedError(
+            f"{path} is missing: {workdir} holds no saved weights (a fine-tuning saves them when "
+            "its last step is done); finish the run (rerun the same command) first"
+        )
+    try:
+        tensors = load_file(path)
+    except (OSError, SafetensorError) as e:
+        raise PretrainedError(
+            f"{path} cannot be read ({one_line(e, 200)}); rerun the fine-tuning to write it again"
+        ) from None
+    want = {k: tuple(v.shape) for k, v in flatten_shapes(expected).items()}
+    got = {k: tuple(v.shape) for k, v in tensors.items()}
+    if want != got:
+        wrong = sorted(set(want) ^ set(got)) or sorted(k for k in want if want[k] != got[k])
+        raise PretrainedError(
+            f"{path} does not hold this network's parameters ({wrong[0]}: "
+            f"{got.get(wrong[0])} saved, {want.get(wrong[0])} expected); rerun the fine-tuning"
+        )
+    return unflatten(tensors)
+
+
+def flatten_shapes(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        out.update(flatten_shapes(value, name + "/") if isinstance(value, dict) else {name: value})
+    return out
+
+
+# ------------------------------------------------------------------------------------ tokenizer
+
+
+def save_tokenizer(tokenizer: Any, workdir: str) -> None:
+    """WORKDIR/tokenizer/ with the tokenizer's files, unless they are there already (a tokenizer
+    trained for the run is trained into that folder). Written into a temporary folder that is
+    renamed into place."""
+    folder = os.path.join(workdir, TOKENIZER_DIR)
+    if os.path.isdir(folder):
+        from electra_jax.data.tokenizer import load_saved
+
+        try:
+            if load_saved(folder).fingerprint == tokenizer.fingerprint:
+                return
+        except Exception:  # a damaged or foreign folder: replaced by the files below
+            pass
+    tmp = tempfile.mkdtemp(prefix=f".{TOKENIZER_DIR}.tmp-", dir=workdir)
+    try:
+        tokenizer.save(tmp)
+        if os.path.isdir(folder):
+            for name in sorted(os.listdir(tmp)):
+                os.replace(os.path.join(tmp, name), os.path.join(folder, name))
+        else:
+            os.rename(tmp, folder)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def load_tokenizer(workdir: str, fingerprint: str | None = None):
+    """The run's tokenizer from WORKDIR/tokenizer, checked against model.json's fingerprint."""
+    from electra_jax.data import DataError
+    from electra_jax.data.tokenizer import load_saved
+
+    folder = os.path.join(workdir, TOKENIZER_DIR)
+    try:
+        tokenizer = load_saved(folder)
+    except DataError as e:
+        raise PretrainedError(f"{workdir}: {one_line(e, 1000)}") from None
+    if fingerprint and tokenizer.fingerprint != fingerprint:
+        raise PretrainedError(
+            f"{folder} is not the tokenizer this run trained with (its fingerprint differs from "
+            f"{os.path.join(workdir, MODEL_FILE)}'s); restore it from a copy of the run"
+        )
+    return tokenizer
+
+
+# ------------------------------------------------------------------------------------ records
+
+
+def read_model(workdir: str) -> dict:
+    """WORKDIR/model.json, checked to be ours."""
+    path = os.path.join(workdir, MODEL_FILE)
+    record = read_json(path, "is this a fine-tuning workdir of this version?")
+    if record.get("format") != FORMAT:
+        raise PretrainedError(
+            f"{path} was not written by electra_jax's fine-tuning (format "
+            f"{one_line(repr(record.get('format')), 60)}); give a fine-tuning workdir"
+        )
+    return record
+
+
+def pretraining_record(init_from: str, pre: Any) -> dict:
+    """What a fine-tuning records of the model it starts from, from that model's own files: the
+    source; for a pre-training workdir also its corpus, objective, step, batch and sequence
+    length, its counted training FLOPs up to that step (metrics.count_flops, as the run's MFU
+    uses) and the metrics.jsonl row of that step; for an export, its export.json."""
+    from electra_jax import metrics, objective, pretrained
+    from electra_jax.hf.read import HF_PREFIX
+
+    record: dict = {"source": pre.source, "init_from": init_from}
+    path, _ = pretrained.split_step(init_from)
+    if path.startswith(HF_PREFIX):
+        path = path[len(HF_PREFIX) :]
+    record["path"] = os.path.abspath(path)
+    step = getattr(pre, "step", None)
+    if step is None:
+        manifest = os.path.join(path, "export.json")
+        record["kind"] = "export" if os.path.isfile(manifest) else "transformers"
+        if os.path.isfile(manifest):
+            with contextlib.suppress(PretrainedError):
+                record["export"] = read_json(manifest, "")
+        return record
+    record["kind"] = "workdir"
+    record["step"] = int(step)
+    try:
+        config = read_json(os.path.join(path, CONFIG_FILE), "")
+        data, train, obj = config["data"], config["train"], config.get("objective", {})
+        name, mask_prob = obj.get("name", "electra"), obj.get("mask_prob", 0.15)
+        seq_length, batch_size = int(data["seq_length"]), int(train["batch_size"])
+        flops = metrics.count_flops(
+            pre.spec, batch_size, seq_length, objective.num_mask_slots(seq_length, mask_prob), name
+        )["total"]
+        record.update(
+            corpus=data.get("source"),
+            objective=name,
+            seq_length=seq_length,
+            batch_size=batch_size,
+            planned_steps=train.get("num_steps"),
+            flops_per_step=flops,
+            flops=flops * int(step),
+        )
+    except (PretrainedError, KeyError, TypeError, ValueError):
+        pass  # an older config.json: the card says what it does not know
+    rows = [
+        r
+        for r in metrics.read_rows(os.path.join(path, "metrics.jsonl"))
+        if isinstance(r, dict) and isinstance(r.get("step"), int) and r["step"] <= step
+    ]
+    if rows:
+        record["metrics"] = rows[-1]
+    return record

@@ -1,0 +1,180 @@
+"""The SQuAD family (1.1 and 2.0): the official JSON files -> windows [CLS] question [SEP]
+context [SEP] -> a span head (and for 2.0 an answerability classifier) -> answers, exact match
+and F1. configs/squad.py; the runner is loop.py.
+
+Prediction keeps each window's top starts and ends on the device (SpanModel.predict), so that
+only the n-best spans come back to be decoded into text (squad_eval).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+
+from electra_jax.data import DataError
+from electra_jax.finetune import squad_data, squad_eval, squad_heads
+from electra_jax.finetune.checks import check_number, require
+from electra_jax.finetune.family import Data, Family, Features, fixed_subset
+
+PREDICTIONS_FILE = "dev_predictions.json"
+NULL_SCORES_FILE = "dev_null_odds.json"  # 2.0: the official script's --na-prob-file input
+INPUTS = ("input_ids", "segment_ids", "input_mask")
+
+# The numeric fields of configs/squad.py beyond the common ones (checks.NUMBERS).
+NUMBERS = (
+    ("num_epochs", "> 0", ""),
+    ("doc_stride", ">= 1 int", ""),
+    ("max_query_length", ">= 1 int", ""),
+    ("n_best_size", ">= 1 int", ""),
+    ("max_answer_length", ">= 1 int", ""),
+    ("answerable_weight", ">= 0", ""),
+    ("null_threshold", ">= -1e30", "any finite number"),
+    ("head_size", ">= 1 int", ""),
+)
+
+
+def _json(obj) -> str:
+    return json.dumps(obj, indent=2, sort_keys=True) + "\n"
+
+
+def featurizer(config, tokenizer):
+    """make_features with the config's window settings: examples -> squad_data.Features."""
+    return functools.partial(
+        squad_data.make_features,
+        tokenizer,
+        seq_length=config.seq_length,
+        doc_stride=config.doc_stride,
+        max_query_length=config.max_query_length,
+    )
+
+
+def inputs(features: squad_data.Features) -> dict:
+    """The [N, L] arrays the prediction step reads."""
+    return {k: getattr(features, k) for k in INPUTS}
+
+
+class Squad(Family):
+    name = "squad"
+    default_config = "configs/squad.py"
+    predictions_file = PREDICTIONS_FILE
+
+    def check_config(self, config) -> str:
+        c = config
+        require(
+            c.version in squad_data.VERSIONS,
+            f"config.version={c.version!r} is not a SQuAD version; use '1.1' or '2.0'",
+        )
+        require(
+            bool(c.data_dir),
+            f"config.data_dir is empty; point it at the folder holding "
+            f"{' and '.join(squad_data.file_names(c.version))} (from {squad_data.URL})",
+        )
+        for key, rule, note in NUMBERS:
+            check_number(c, key, rule, note)
+        require(
+            c.n_best_size <= c.seq_length,
+            f"config.n_best_size={c.n_best_size} exceeds config.seq_length={c.seq_length}",
+        )
+        return c.version
+
+    def describe(self, version: str) -> dict:
+        return {"task": f"SQuAD {version}", "labels": [], "problem_type": "question_answering"}
+
+    def read(self, config, version: str, dev_only: bool = False) -> Data:
+        train_path, dev_path = (
+            os.path.join(config.data_dir, name) for name in squad_data.file_names(version)
+        )
+        train_read = [] if dev_only else squad_data.read_squad(train_path, version)
+        dev = squad_data.read_squad(dev_path, version)
+        train = fixed_subset(train_read, config.max_train_examples)
+        if not train and not dev_only:
+            raise DataError(f"{train_path} has no questions; check config.data_dir")
+        if not dev:
+            raise DataError(f"{dev_path} has no questions; check config.data_dir")
+        texts = sorted({e.context for e in train_read}) + [e.question for e in train_read]
+        return Data(train, len(train_read), {"dev": dev}, texts)
+
+    def featurize(self, config, version: str, data: Data, tokenizer) -> Features:
+        featurize = featurizer(config, tokenizer)
+        train, dev = featurize(data.train), featurize(data.dev["dev"])
+        summary = (
+            f"SQuAD {version}: {len(data.train)} training questions ({data.num_read} read) in "
+            f"{len(train)} windows, dev {len(data.dev['dev'])} in {len(dev)} windows"
+        )
+        # Steps count windows, as the original counts its training records.
+        return Features(train.model_inputs(), {"dev": dev}, config.num_epochs, "windows", summary)
+
+    def network(self, config, version: str, spec):
+        return squad_heads.SpanModel(
+            spec,
+            joint=config.joint_prediction,
+            answerable=version == "2.0",
+            head_size=config.head_size,
+            top_k=config.n_best_size,
+        )
+
+    def init_params(self, model, rng) -> dict:
+        return squad_heads.init_params(model, rng)
+
+    def loss(self, config, version: str, model, params, batch: dict, rng):
+        outputs = model.apply(
+            {"params": params},
+            batch["input_ids"],
+            batch["segment_ids"],
+            batch["input_mask"],
+            batch["start_positions"],
+            False,
+            rngs={"dropout": rng},
+        )
+        weight = float(config.answerable_weight) if version == "2.0" else 0.0
+        return squad_heads.span_loss(outputs, batch, weight)
+
+    def predict_step(self, config, version: str, model, params, batch: dict) -> dict:
+        """SpanModel.predict (see there for the outputs)."""
+        return model.apply(
+            {"params": params}, *(batch[k] for k in INPUTS), method=squad_heads.SpanModel.predict
+        )
+
+    def evaluate(self, config, version: str, predict, data: Data, feats: Features, check):
+        dev, dev_features = data.dev["dev"], feats.dev["dev"]
+        outputs = predict(inputs(dev_features))
+        check(outputs["finite"], "dev windows")
+        answers, null_scores = squad_eval.predict_answers(
+            dev,
+            dev_features,
+            outputs,
+            version=version,
+            n_best_size=config.n_best_size,
+            max_answer_length=config.max_answer_length,
+            null_threshold=config.null_threshold,
+        )
+        metrics = squad_eval.evaluate(dev, answers, version)
+        results = {
+            "task": f"SQuAD {version}",
+            "version": version,
+            **metrics,
+            "num_train_examples": len(data.train),
+            "num_train_examples_read": data.num_read,
+            "num_train_windows": len(feats.train["input_ids"]),
+            "num_dev_examples": len(dev),
+            "num_dev_windows": len(dev_features),
+            "joint_prediction": config.joint_prediction,
+        }
+        files = {PREDICTIONS_FILE: _json(answers)}
+        if version == "2.0":
+            results["null_threshold"] = config.null_threshold
+            files[NULL_SCORES_FILE] = _json(null_scores)
+        return results, files
+
+    def shown(self, results: dict) -> tuple[list[str], str]:
+        metrics = {k: results[k] for k in ("exact_match", "f1")}
+        if results["version"] == "2.0":
+            for prefix in ("HasAns", "NoAns"):
+                metrics.update({k: results[k] for k in (f"{prefix}_exact", f"{prefix}_f1")})
+        shown = "  ".join(f"{k} {v:.2f}" for k, v in metrics.items())
+        score = f"exact_match {results['exact_match']:.2f}, f1 {results['f1']:.2f}"
+        return [f"{results['task']} dev: {shown}"], score
+
+
+SQUAD = Squad()

@@ -1,0 +1,161 @@
+"""The model card of a fine-tuned export: README.md with the YAML front matter the Hugging Face
+Hub reads (pipeline tag, datasets, tags, model-index with the dev score), then what the model
+is, written from the workdir's own records only: model.json (the task, the labels, the
+pre-training's corpus, steps and counted FLOPs, the command), config.json (the fine-tuning
+settings) and eval_results.json (the dev metrics). Nothing in it is typed by hand.
+
+The front matter's values are written as JSON, which YAML reads as they are.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+
+def _yaml(fields: dict) -> str:
+    return "".join(f"{key}: {json.dumps(value)}\n" for key, value in fields.items())
+
+
+def _number(value) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _pretraining(record: dict) -> list[str]:
+    pre = record.get("pretraining")
+    if not pre:
+        return [
+            "None: the encoder started from random weights (a baseline), with a tokenizer "
+            "trained on the task's text."
+        ]
+    lines = [f"- source: `{pre.get('source')}`"]
+    if pre.get("kind") == "workdir":
+        if pre.get("corpus") is not None:
+            lines.append(f"- corpus (`data.source`): `{pre['corpus']}`")
+        if pre.get("objective"):
+            lines.append(f"- objective: `{pre['objective']}`")
+        steps = f"- steps: {pre['step']:,}"
+        if pre.get("planned_steps"):
+            steps += f" of the {pre['planned_steps']:,} planned"
+        if pre.get("batch_size"):
+            steps += f", batch {pre['batch_size']} x {pre['seq_length']} tokens"
+        lines.append(steps)
+        if pre.get("flops"):
+            lines.append(
+                f"- training compute: {pre['flops']:.3e} FLOPs (counted: "
+                f"{pre['flops_per_step']:.3e} per step, forward and backward, by "
+                "electra_jax.metrics.count_flops)"
+            )
+        row = pre.get("metrics") or {}
+        shown = [
+            f"{k} {_number(row[k])}" for k in ("loss", "disc_accuracy", "gen_accuracy") if k in row
+        ]
+        if shown:
+            lines.append(f"- last logged (step {row.get('step')}): " + ", ".join(shown))
+    elif pre.get("kind") == "export":
+        source = (pre.get("export") or {}).get("source")
+        lines.append("- an electra_jax export" + (f" of `{source}`" if source else ""))
+    else:
+        lines.append("- transformers ELECTRA files (pre-trained outside electra_jax)")
+    return lines
+
+
+def model_card(
+    *,
+    name: str,
+    record: dict,
+    config: dict,
+    results: dict,
+    metrics: dict,
+    dataset: dict,
+    pipeline_tag: str,
+    note: str,
+) -> str:
+    """README.md text. metrics: {metric name: dev value} for the model-index; dataset: the
+    Hub's dataset fields (name, type, config, split)."""
+    task = record["task"]
+    front = {
+        "library_name": "transformers",
+        "pipeline_tag": pipeline_tag,
+        "tags": ["electra", "electra_jax", record["family"], task.lower().replace(" ", "-")],
+        "datasets": [dataset["type"]],
+        "metrics": sorted(metrics),
+        "model-index": [
+            {
+                "name": name,
+                "results": [
+                    {
+                        "task": {"type": pipeline_tag},
+                        "dataset": dataset,
+                        "metrics": [
+                            {"type": k, "value": v, "name": f"dev {k}"} for k, v in metrics.items()
+                        ],
+                    }
+                ],
+            }
+        ],
+    }
+    command = record.get("command")
+    lines = [
+        "---",
+        _yaml(front).rstrip("\n"),
+        "---",
+        "",
+        f"# {name}",
+        "",
+        f"An ELECTRA discriminator fine-tuned on {task} with electra_jax.",
+        "",
+        "## Pre-training",
+        "",
+        *_pretraining(record),
+        "",
+        "## Fine-tuning",
+        "",
+        f"- task: {task} ({record['family']})"
+        + (f", labels {', '.join(record['labels'])}" if record.get("labels") else ""),
+        "- dev: " + ", ".join(f"{k} {_number(v)}" for k, v in metrics.items()),
+        f"- {results.get('steps')} steps ({_number(results.get('epochs'))} epochs) of batch "
+        f"{results.get('batch_size')}, {config.get('seq_length')} tokens; peak learning rate "
+        f"{results.get('learning_rate')} ({results.get('learning_rate_source')}), layer decay "
+        f"{results.get('layer_decay')} ({results.get('layer_decay_source')}); seed "
+        f"{results.get('seed')}; {results.get('num_train_examples')} training examples",
+        "- command: "
+        + (
+            f"`{command}`"
+            if command
+            else "through the Python API (electra_jax.finetune.loop.finetune) with the config below"
+        ),
+        "",
+        "## Use",
+        "",
+        "```python",
+        "from transformers import pipeline",
+        "",
+        f'model = pipeline("{pipeline_tag}", model="{name}")  # this folder',
+        "```",
+        "",
+        note,
+        "",
+        "## The fine-tuning config",
+        "",
+        "```json",
+        json.dumps(config, indent=2, sort_keys=True),
+        "```",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def glue_dataset(tfds_name: str, split: str) -> dict:
+    """The Hub's dataset fields of a GLUE task ('glue/sst2')."""
+    family, _, subset = tfds_name.partition("/")
+    return {"name": f"GLUE {subset.upper()}", "type": family, "config": subset, "split": split}
+
+
+def squad_dataset(version: str) -> dict:
+    kind = "squad_v2" if version == "2.0" else "squad"
+    return {"name": f"SQuAD {version}", "type": kind, "split": "validation"}
+
+
+def card_name(workdir: str) -> str:
+    return os.path.basename(os.path.normpath(os.path.abspath(workdir)))

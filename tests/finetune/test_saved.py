@@ -1,0 +1,268 @@
+"""What a fine-tuning workdir keeps: its weights, tokenizer and labels; an exact resume from its
+checkpoints; one run per workdir; electra_jax.load() on it predicts and re-evaluates exactly."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+import electra_jax
+from electra_jax.finetune import loop, predictor, saved
+from electra_jax.validate import ConfigError
+from tests.conftest import ROOT, subprocess_env
+from tests.finetune import test_squad_loop
+from tests.finetune.test_loop import _config, _sst2
+from tests.finetune.test_squad_data import write_squad
+
+
+def _files(root) -> dict:
+    """Every file under root (bytes) but the lock, which each claim rewrites with its holder."""
+    found = {}
+    for folder, _, names in os.walk(root):
+        for name in names:
+            path = os.path.join(folder, name)
+            if name != ".lock":
+                with open(path, "rb") as f:
+                    found[os.path.relpath(path, root)] = f.read()
+    return found
+
+
+def _without_time(results: dict) -> dict:
+    return {k: v for k, v in results.items() if k != "elapsed_sec"}
+
+
+def _glue(tmp_path, **overrides):
+    data = _sst2(tmp_path / "SST-2", n_train=80, n_dev=24)
+    # 64 examples x 3 epochs / 16: 12 steps; checkpoints every 4, log lines every 5 (so a resume
+    # at 6 starts inside a log window).
+    settings = dict(max_train_examples=64, log_every_steps=5, **{"checkpoint.every_steps": 4})
+    return _config(data, **{**settings, **overrides})
+
+
+def _squad(tmp_path):
+    data = write_squad(tmp_path / "squad", "2.0", n_train=8, n_dev=2)
+    return test_squad_loop._config(
+        data, "2.0", num_epochs=2.0, log_every_steps=3, **{"checkpoint.every_steps": 2}
+    )
+
+
+@pytest.mark.parametrize("family", ["glue", "squad"])
+def test_a_stopped_run_resumes_bit_for_bit(tmp_path, capfd, family):
+    config = _glue(tmp_path) if family == "glue" else _squad(tmp_path)
+    straight = loop.finetune(config, str(tmp_path / "straight"))
+    steps = straight["steps"]
+    assert steps >= 6, steps
+    resumed = tmp_path / "resumed"
+    stop = steps // 2 + 1  # not on the checkpoint grid, inside a log window
+    assert loop.finetune(config, str(resumed), stop_after=stop) == {
+        "stopped_at": stop,
+        "steps": steps,
+        "preempted": False,
+    }
+    assert str(stop) in os.listdir(resumed / "checkpoints")
+    assert not (resumed / saved.WEIGHTS_FILE).exists()
+    assert not (resumed / loop.RESULTS_FILE).exists()
+    capfd.readouterr()
+    again = loop.finetune(config, str(resumed))
+    # It continued from the checkpoint (a run started over would give the same numbers too).
+    assert f"resumed from checkpoint {stop} of {steps} steps" in capfd.readouterr().err
+    assert _without_time(again) == _without_time(straight)
+    for name in os.listdir(tmp_path / "straight"):
+        if name.startswith("dev_") or name in (saved.WEIGHTS_FILE, saved.MODEL_FILE):
+            assert (resumed / name).read_bytes() == (tmp_path / "straight" / name).read_bytes()
+    # A finished run rerun returns its results and trains nothing.
+    before = _files(resumed)
+    assert _without_time(loop.finetune(config, str(resumed))) == _without_time(straight)
+    assert _files(resumed) == before
+
+
+def test_the_workdir_keeps_weights_tokenizer_and_labels_and_load_predicts(tmp_path):
+    config = _glue(tmp_path)
+    workdir = tmp_path / "w"
+    results = loop.finetune(config, str(workdir))
+    record = json.loads((workdir / saved.MODEL_FILE).read_text())
+    assert record["family"] == "glue" and record["task"] == "SST-2"
+    assert (
+        record["labels"] == ["0", "1"] and record["problem_type"] == "single_label_classification"
+    )
+    tensors = load_file(str(workdir / saved.WEIGHTS_FILE))
+    assert tensors["classifier/kernel"].shape == (32, 2)
+    assert any(k.startswith("discriminator/") for k in tensors)
+    assert (workdir / "tokenizer" / "spm.model").exists()
+    assert json.loads((workdir / "config.json").read_text()) == config.to_dict()
+
+    model = electra_jax.load(str(workdir))
+    assert isinstance(model, predictor.TextClassifier) and model.labels == ("0", "1")
+    # Re-evaluated from the saved weights: eval_results.json's numbers exactly.
+    assert model.evaluate()["metrics"] == results["metrics"]
+    rows = [json.loads(x) for x in (workdir / "dev_predictions.jsonl").read_text().splitlines()]
+    dev = [r["source"] for r in rows]
+    texts = [
+        line.split("\t")[0].strip()
+        for line in (tmp_path / "SST-2" / "dev.tsv").read_text().splitlines()[1:]
+    ]
+    labels, probabilities = model.predict(texts)
+    assert len(dev) == len(texts) and labels == [r["prediction"] for r in rows]
+    assert probabilities.shape == (len(texts), 2) and probabilities.dtype == np.float32
+    np.testing.assert_allclose(probabilities.sum(-1), 1.0, rtol=1e-6)
+    assert model.predict("good great fine").labels == model.predict(["good great fine"]).labels
+
+
+def test_stsb_predicts_scores_and_squad_answers(tmp_path):
+    from tests.finetune.test_loop import _stsb
+
+    data = _stsb(tmp_path / "STS-B", n_train=16, n_dev=8)
+    workdir = tmp_path / "stsb"
+    results = loop.finetune(_config(data, task="STS-B", num_epochs=1.0), str(workdir))
+    model = electra_jax.load(str(workdir))
+    scores = model.predict([("a b", "a b"), ("good dog", "bad cat")])
+    assert scores.shape == (2,) and scores.dtype == np.float32
+    assert model.evaluate()["metrics"] == results["metrics"]
+    rows = [json.loads(x) for x in (workdir / "dev_predictions.jsonl").read_text().splitlines()]
+    pairs = [
+        tuple(line.split("\t")[7:9]) for line in (data / "dev.tsv").read_text().splitlines()[1:]
+    ]
+    np.testing.assert_array_equal(model.predict(pairs), [r["prediction"] for r in rows])
+
+    config = _squad(tmp_path)
+    squad = tmp_path / "squad-run"
+    results = loop.finetune(config, str(squad))
+    qa = electra_jax.load(str(squad))
+    assert isinstance(qa, predictor.QuestionAnswerer)
+    again = qa.evaluate()
+    assert {k: again[k] for k in ("exact_match", "f1", "HasAns_f1", "NoAns_f1")} == {
+        k: results[k] for k in ("exact_match", "f1", "HasAns_f1", "NoAns_f1")
+    }
+    context = "Anna lives in Oslo. The cat is old (1895-1943). Boris lives in Rome."
+    out = qa.answer("Who lives in Rome?", context)
+    assert set(out) == {"answer", "spans", "no_answer_score"}
+    assert isinstance(out["no_answer_score"], float) and out["spans"]
+    for span in out["spans"]:
+        assert context[span["start"] : span["end"]] == span["text"]
+    assert [s["score"] for s in out["spans"]] == sorted(
+        (s["score"] for s in out["spans"]), reverse=True
+    )
+    assert out["answer"] in ("", out["spans"][0]["text"])
+
+
+def test_a_workdir_holds_one_run(tmp_path):
+    glue = _glue(tmp_path)
+    finished = tmp_path / "finished"
+    loop.finetune(glue, str(finished))
+    unfinished = tmp_path / "unfinished"
+    loop.finetune(glue, str(unfinished), stop_after=4)
+    squad = _squad(tmp_path)
+    rte = _glue(tmp_path, task="RTE")
+    cases = [
+        (finished, squad, "holds the finished glue fine-tuning of SST-2"),
+        (unfinished, squad, "holds the unfinished glue fine-tuning of SST-2"),
+        (finished, rte, r"task is 'RTE' now, 'SST-2' there"),
+        (unfinished, _glue(tmp_path, seed=3), r"seed is 3 now, 0 there"),
+    ]
+    for workdir, config, expected in cases:
+        before = _files(workdir)
+        with pytest.raises(ConfigError, match=expected) as e:
+            loop.finetune(config, str(workdir))
+        assert "choose a new --workdir" in str(e.value) and "\n" not in str(e.value)
+        assert _files(workdir) == before
+    # A SQuAD workdir refuses a GLUE run in turn.
+    squad_dir = tmp_path / "squad-run"
+    loop.finetune(squad, str(squad_dir), stop_after=1)
+    with pytest.raises(ConfigError, match="holds the unfinished squad fine-tuning of SQuAD 2.0"):
+        loop.finetune(glue, str(squad_dir))
+    # Settings that change no number may change on resume.
+    loop.finetune(_glue(tmp_path, log_every_steps=2, **{"checkpoint.keep": 1}), str(unfinished))
+
+
+def test_changed_labels_on_resume_are_one_line_exit_2_and_nothing_written(tmp_path):
+    config = _glue(tmp_path)
+    workdir = tmp_path / "w"
+    loop.finetune(config, str(workdir), stop_after=4)
+    record = json.loads((workdir / saved.MODEL_FILE).read_text())
+    record["labels"] = ["negative", "positive"]
+    (workdir / saved.MODEL_FILE).write_text(json.dumps(record))
+    before = _files(workdir)
+    flags = [f"--config.{k}={v}" for k, v in _flat(config.to_dict())]
+    out = subprocess.run(
+        [sys.executable, "-m", "electra_jax.finetune", "--config=configs/glue.py", *flags,
+         f"--workdir={workdir}"],
+        cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr[-3000:]
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert lines[0].startswith("error: ") and "labels are ['0', '1'] now" in lines[0]
+    assert "['negative', 'positive']" in lines[0]
+    assert _files(workdir) == before
+
+
+def _flat(tree, prefix=""):
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            yield from _flat(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
+def test_fine_tuning_from_a_pretraining_workdir_leaves_it_untouched(tmp_path, tmp_path_factory):
+    from electra_jax import metrics, objective
+    from tests.test_export import make_workdir
+
+    run = make_workdir(tmp_path_factory)
+    before = _files(run["path"])
+    data = _sst2(tmp_path / "SST-2", n_train=32, n_dev=8)
+    config = _config(data, init_from=run["path"], num_epochs=1.0, **{"model.hidden_size": 64})
+    workdir = tmp_path / "w"
+    results = loop.finetune(config, str(workdir))
+    assert _files(run["path"]) == before
+    assert results["init_source"] == f"{run['path']} (checkpoint 6)"
+    record = json.loads((workdir / saved.MODEL_FILE).read_text())["pretraining"]
+    with open(os.path.join(run["path"], "config.json")) as f:
+        pre = json.load(f)
+    flops = metrics.count_flops(
+        run["spec"],
+        pre["train"]["batch_size"],
+        pre["data"]["seq_length"],
+        objective.num_mask_slots(pre["data"]["seq_length"], pre["objective"]["mask_prob"]),
+        pre["objective"]["name"],
+    )["total"]
+    assert record["kind"] == "workdir" and record["step"] == 6 and record["flops"] == 6 * flops
+    assert record["corpus"] == pre["data"]["source"] and record["objective"] == "electra"
+    # The tokenizer is the pre-trained model's, kept in the fine-tuning workdir.
+    assert (workdir / "tokenizer" / "spm.model").read_bytes() == run["tokenizer"].model_proto
+
+
+@pytest.mark.slow
+def test_sigterm_saves_a_checkpoint_exits_0_and_the_rerun_finishes_as_one_run(tmp_path):
+    import signal
+
+    config = _glue(tmp_path, num_epochs=75.0, log_every_steps=10)  # 300 steps
+    straight = loop.finetune(config, str(tmp_path / "straight"))
+    workdir = tmp_path / "w"
+    flags = [f"--config.{k}={v}" for k, v in _flat(config.to_dict())]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "electra_jax.finetune", "--config=configs/glue.py", *flags,
+         f"--workdir={workdir}"],
+        cwd=ROOT, env=subprocess_env(), stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        for line in proc.stderr:
+            if line.startswith("step 10/300"):
+                proc.send_signal(signal.SIGTERM)
+                break
+        rest = proc.stderr.read()
+        assert proc.wait(timeout=120) == 0, rest[-3000:]
+    finally:
+        proc.kill()
+    assert "preempted at step" in rest and "Traceback" not in rest, rest[-3000:]
+    stopped = int(rest.split("preempted at step ")[1].split(";")[0])
+    assert 10 <= stopped < 300 and str(stopped) in os.listdir(workdir / "checkpoints")
+    assert not (workdir / loop.RESULTS_FILE).exists()
+    again = loop.finetune(config, str(workdir))
+    assert _without_time(again) == _without_time(straight)
+    weights = saved.WEIGHTS_FILE
+    assert (workdir / weights).read_bytes() == (tmp_path / "straight" / weights).read_bytes()
