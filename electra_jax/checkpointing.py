@@ -44,10 +44,23 @@ class Preempted(BaseException):
     """
 
 
+def preservation_policy(checkpoint_cfg: Any):
+    """Which finished checkpoints survive a save: the newest `checkpoint.keep`, and with
+    `checkpoint.keep_every_steps` = K > 0 also every step that is a multiple of K (for
+    evaluating downstream along a run); orbax deletes the others."""
+    from orbax.checkpoint import checkpoint_managers as policies
+
+    newest = policies.LatestN(n=checkpoint_cfg.keep)
+    every = int(checkpoint_cfg.get("keep_every_steps", 0) or 0)
+    if every <= 0:
+        return newest
+    return policies.AnyPreservationPolicy([newest, policies.EveryNSteps(interval_steps=every)])
+
+
 def make_manager(workdir: str, checkpoint_cfg: Any) -> ocp.CheckpointManager:
-    """A manager that keeps the newest `checkpoint.keep` steps."""
+    """A manager that keeps what `preservation_policy` says."""
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=checkpoint_cfg.keep,
+        preservation_policy=preservation_policy(checkpoint_cfg),
         enable_async_checkpointing=True,
         create=True,
         # A save killed half-way leaves `<step>.orbax-checkpoint-tmp-*`; never a step, but clutter.

@@ -198,6 +198,7 @@ def check_config(config: Any) -> None:
             )
     _require(config.checkpoint.every_steps > 0, "checkpoint.every_steps must be >= 1")
     _require(config.checkpoint.keep > 0, "checkpoint.keep must be >= 1")
+    _check_keep_every(config.checkpoint)
     _require(config.log.every_steps > 0, "log.every_steps must be >= 1")
     k = t.get("steps_per_call", 1)
     _require(k >= 1, f"train.steps_per_call={k} must be >= 1")
@@ -209,6 +210,23 @@ def check_config(config: Any) -> None:
         not (cache_dir and os.path.exists(cache_dir) and not os.path.isdir(cache_dir)),
         f"data.cache_dir={cache_dir} is a file, not a folder; choose a folder (or '' for "
         "WORKDIR/data)",
+    )
+
+
+def _check_keep_every(checkpoint_cfg: Any) -> None:
+    """checkpoint.keep_every_steps: 0 (off) or a multiple of checkpoint.every_steps, since only
+    saved steps can be kept."""
+    every, save = checkpoint_cfg.get("keep_every_steps", 0), checkpoint_cfg.every_steps
+    _require(
+        isinstance(every, int) and not isinstance(every, bool) and every >= 0,
+        f"checkpoint.keep_every_steps={every!r} must be a whole number of steps >= 0 (0 keeps "
+        "only the newest checkpoint.keep)",
+    )
+    _require(
+        every % save == 0,
+        f"checkpoint.keep_every_steps={every} is not a multiple of checkpoint.every_steps="
+        f"{save}, so most of the steps it names are never saved; use a multiple such as "
+        f"{save * max(1, round(every / save))}",
     )
 
 

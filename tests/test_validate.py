@@ -130,6 +130,7 @@ def test_a_resume_keeps_the_runs_settings_unless_a_change_is_allowed():
         ("model.attention", "xla", "model.attention='xla' has no dropout on the attention"),
         ("data.source", "wikipedia", "data.source='wikipedia' is not a known source"),
         ("data.source", "text:", "data.source='text:' is not a known source"),
+        ("checkpoint.keep_every_steps", -2, "checkpoint.keep_every_steps=-2 must be a whole"),
     ],
 )
 def test_bad_settings_are_one_line_naming_the_key(key, value, expected):
@@ -208,3 +209,13 @@ def test_adversarial_warm_start_and_the_layer_layout_are_checked():
     assert validate.stored_scan_layers(stored) is False  # written before the option existed
     stored["model"]["scan_layers"] = True
     assert validate.stored_scan_layers(stored) is True
+
+
+def test_keep_every_steps_must_be_a_multiple_of_the_save_interval():
+    config = micro_config()
+    config.checkpoint.every_steps = 10
+    config.checkpoint.keep_every_steps = 25
+    with pytest.raises(validate.ConfigError, match="not a multiple of checkpoint.every_steps=10"):
+        validate.check_config(config)
+    config.checkpoint.keep_every_steps = 30
+    validate.check_config(config)
