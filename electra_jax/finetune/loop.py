@@ -420,10 +420,9 @@ def predict(predict_fn, params, arrays: dict, batch_size: int) -> tuple[np.ndarr
 
 
 def _write_atomic(path: str, text: str) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    from electra_jax import paths  # a gs:// workdir too: one upload
+
+    paths.write_atomic(path, text)
 
 
 def run_steps(step_fn, state, take, num_steps: int, config, learning_rate: float, unit: str):
