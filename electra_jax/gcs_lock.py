@@ -143,14 +143,18 @@ class GcsLock:
             self._blob_handle = _client().bucket(self._bucket_name).blob(self._name)
         return self._blob_handle
 
-    def _write(self, info: dict, generation: int) -> int:
+    def _write(self, info: dict, generation: int, quick: bool = False) -> int:
         """Writes `info` if the object's generation is `generation` (0: absent); its new
-        generation. Raises google.api_core.exceptions.PreconditionFailed otherwise."""
+        generation. Raises google.api_core.exceptions.PreconditionFailed otherwise. `quick`
+        (renewals): no retries and a timeout of a quarter lease, so that a hung request never
+        keeps the holder from noticing that its lease is running out."""
         blob = self._blob()
+        extra = {"retry": None, "timeout": max(1.0, self.lease / 4)} if quick else {}
         blob.upload_from_string(
             json.dumps(info, sort_keys=True),
             content_type="application/json",
             if_generation_match=generation,
+            **extra,
         )
         return int(blob.generation)
 
@@ -234,14 +238,19 @@ class GcsLock:
                 with self._mutex:
                     if self._generation is None:
                         return
-                    new = self._write({**self._holder, "renewed": time.time()}, self._generation)
+                    info = {**self._holder, "renewed": time.time()}
+                    new = self._write(info, self._generation, quick=True)
                     self._generation, self._confirmed = new, sent
                 continue
             except errors.PreconditionFailed:
-                if self._adopt():
-                    continue
-                self._lost("another run has taken it over")
-                return
+                try:
+                    adopted = self._adopt()
+                except Exception:  # unreadable now: the lock is not known to be ours
+                    adopted = False
+                if not adopted:
+                    self._lost("another run has taken it over")
+                    return
+                continue
             except Exception as e:  # the network, GCS unavailable: try again at the next tick
                 reason = " ".join(str(e).split())[:200]
             if self._clock() - self._confirmed > 0.75 * self.lease:
