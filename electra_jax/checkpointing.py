@@ -29,6 +29,8 @@ import grain
 import jax
 import orbax.checkpoint as ocp
 
+from electra_jax import paths
+
 CORRUPT_SUFFIX = ".corrupt"
 
 
@@ -44,10 +46,23 @@ class Preempted(BaseException):
     """
 
 
+def preservation_policy(checkpoint_cfg: Any):
+    """Which finished checkpoints survive a save: the newest `checkpoint.keep`, and with
+    `checkpoint.keep_every_steps` = K > 0 also every step that is a multiple of K (for
+    evaluating downstream along a run); orbax deletes the others."""
+    from orbax.checkpoint import checkpoint_managers as policies
+
+    newest = policies.LatestN(n=checkpoint_cfg.keep)
+    every = int(checkpoint_cfg.get("keep_every_steps", 0) or 0)
+    if every <= 0:
+        return newest
+    return policies.AnyPreservationPolicy([newest, policies.EveryNSteps(interval_steps=every)])
+
+
 def make_manager(workdir: str, checkpoint_cfg: Any) -> ocp.CheckpointManager:
-    """A manager that keeps the newest `checkpoint.keep` steps."""
+    """A manager that keeps what `preservation_policy` says."""
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=checkpoint_cfg.keep,
+        preservation_policy=preservation_policy(checkpoint_cfg),
         enable_async_checkpointing=True,
         create=True,
         # A save killed half-way leaves `<step>.orbax-checkpoint-tmp-*`; never a step, but clutter.
@@ -65,13 +80,14 @@ def make_manager(workdir: str, checkpoint_cfg: Any) -> ocp.CheckpointManager:
 
 
 def checkpoint_dir(workdir: str) -> str:
-    return os.path.join(os.path.abspath(workdir), "checkpoints")
+    """WORKDIR/checkpoints, absolute (a gs:// workdir as it is: orbax writes there directly)."""
+    return paths.join(paths.absolute(workdir), "checkpoints")
 
 
 def has_checkpoints(workdir: str) -> bool:
     """Whether WORKDIR/checkpoints holds any finished step (without opening a manager)."""
     directory = checkpoint_dir(workdir)
-    return os.path.isdir(directory) and any(n.isdigit() for n in os.listdir(directory))
+    return paths.isdir(directory) and any(n.isdigit() for n in paths.listdir(directory))
 
 
 def save(manager: ocp.CheckpointManager, step: int, state: Any, data_iter: Any = None) -> bool:
@@ -124,14 +140,14 @@ def abstract_with_shardings(abstract_state: Any, shardings: Any) -> Any:
 
 def _move_aside(manager: ocp.CheckpointManager, step: int) -> str:
     """Renames checkpoints/<step> to <step>.corrupt (or .corrupt.1, ...); returns the new path."""
-    src = os.path.join(str(manager.directory), str(step))
+    src = paths.join(os.fspath(manager.directory), str(step))
     dst = src + CORRUPT_SUFFIX
     n = 0
-    while os.path.exists(dst):
+    while paths.exists(dst):
         n += 1
         dst = f"{src}{CORRUPT_SUFFIX}.{n}"
     if jax.process_index() == 0:
-        os.rename(src, dst)
+        paths.move_dir(src, dst)  # in a bucket: copied, then deleted
     if jax.process_count() > 1:
         # Every process must see the rename before any of them lists the steps again.
         from jax.experimental import multihost_utils
@@ -222,9 +238,9 @@ def _is_environment_error(e: BaseException) -> bool:
 def set_aside(workdir: str) -> list[str]:
     """The checkpoints of WORKDIR moved aside as damaged (`<step>.corrupt*`), oldest first."""
     directory = checkpoint_dir(workdir)
-    if not os.path.isdir(directory):
+    if not paths.isdir(directory):
         return []
-    names = [n for n in os.listdir(directory) if CORRUPT_SUFFIX in n]
+    names = [n for n in paths.listdir(directory) if CORRUPT_SUFFIX in n]
     return sorted(names, key=lambda n: int(n.split(".")[0]) if n.split(".")[0].isdigit() else 0)
 
 
@@ -279,7 +295,8 @@ def restore_latest(
             "and trying the previous one"
         )
     aside = failed or [
-        os.path.join(str(manager.directory), n) for n in set_aside(str(manager.directory.parent))
+        paths.join(os.fspath(manager.directory), n)
+        for n in set_aside(os.fspath(manager.directory.parent))
     ]
     if aside:
         raise CheckpointError(

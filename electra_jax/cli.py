@@ -21,6 +21,19 @@ def cannot_write(error: OSError, then: str) -> str:
     return f"cannot write{where} ({error.strerror or error}); free space or fix the storage, {then}"
 
 
+PRINT_CONFIG_HELP = (
+    "Print every key of the config (overrides applied) with its value and the comment its "
+    "config file gives it, and exit: the keys --config.KEY=VALUE can set."
+)
+
+
+def print_config(config, filename: str) -> None:
+    """What `--print_config` prints (config_help.describe), on stdout."""
+    from electra_jax import config_help
+
+    print(config_help.describe(config, filename))
+
+
 def _flag_value(argv: list[str], name: str) -> str | None:
     """The value of `--name=VALUE` (or `--name VALUE`) in argv, or None."""
     for i, arg in enumerate(argv):

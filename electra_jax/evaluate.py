@@ -25,7 +25,7 @@ from typing import Any
 
 import jax
 
-from electra_jax import evaluation, metrics, sharding
+from electra_jax import evaluation, metrics, paths, sharding
 from electra_jax.data import heldout as heldout_lib
 from electra_jax.data import pipeline
 from electra_jax.train_step import DEFAULT_SPECIAL, SpecialTokens, eval_step
@@ -242,12 +242,8 @@ def _init_params(model):
 
 
 def _write_rows(path: str, rows: list[dict]) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.writelines(json.dumps(r) + "\n" for r in rows)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """The rows as JSON lines, atomically (a gs:// workdir too: one upload)."""
+    paths.write_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))
 
 
 def progress(step: int, row: dict) -> str:
@@ -297,7 +293,7 @@ def main(argv) -> None:
         fail(f"unexpected arguments {argv[1:]}; use --workdir=... [--steps=...]")
     if not values.workdir:
         fail("--workdir is required: the pre-training run to evaluate, e.g. --workdir=runs/tiny")
-    if not os.path.isdir(values.workdir):
+    if not paths.isdir(values.workdir):
         fail(f"--workdir {values.workdir} does not exist; give a pre-training workdir")
     try:
         steps = None if values.steps is None else [int(s) for s in values.steps]

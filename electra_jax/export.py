@@ -19,6 +19,7 @@ import functools
 import logging
 import os
 
+from electra_jax import paths
 from electra_jax.hf.write import check_out, write_export, write_folder
 from electra_jax.pretrained import load_workdir
 from electra_jax.weights import PretrainedError
@@ -27,8 +28,15 @@ from electra_jax.weights import PretrainedError
 def export(workdir: str, out: str) -> dict:
     """A workdir's newest checkpoint (or a fine-tuning's saved model) -> OUT; returns the
     manifest."""
+    if paths.is_remote(out):
+        # The export's files are written with its own checks against links and foreign files,
+        # which need a filesystem; a bucket gets the finished folder by a copy.
+        raise PretrainedError(
+            f"--out {out} is a URI; give a local folder and copy it to the bucket afterwards "
+            "(gcloud storage cp -r OUT gs://...)"
+        )
     check_out(os.path.abspath(out))  # before the restore, so a bad --out fails at once
-    if not os.path.isdir(workdir):
+    if not paths.isdir(workdir):
         raise PretrainedError(f"--workdir {workdir} does not exist; give a pre-training workdir")
     from electra_jax.finetune.predictor import is_finetuned
 
@@ -164,6 +172,11 @@ def main(argv) -> None:
         fail("--workdir is required: the pre-training run to export, e.g. --workdir=runs/tiny")
     if not values.verbose:
         logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
+    if not values.out and paths.is_remote(values.workdir):
+        fail(
+            f"--out is required with a gs:// --workdir: the export is written to a local folder "
+            f"(e.g. --out=runs/{values.workdir.rstrip('/').rsplit('/', 1)[-1]}-hf)"
+        )
     out = values.out or os.path.join(values.workdir, "hf")
     try:
         manifest = export(values.workdir, out)

@@ -19,7 +19,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from electra_jax import checkpointing, layer_stack, metrics, objective, sharding, validate
+from electra_jax import checkpointing, layer_stack, metrics, objective, paths, sharding, validate
 from electra_jax.model import (
     Electra,
     ElectraSpec,
@@ -39,10 +39,7 @@ from electra_jax.train_step import (
 
 
 def _write_json_atomic(path: str, obj: Any) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2, sort_keys=True)
-    os.replace(tmp, path)
+    paths.write_atomic(path, json.dumps(obj, indent=2, sort_keys=True))
 
 
 def build(config: ml_collections.ConfigDict, vocab_size: int, mesh=None):
@@ -291,11 +288,10 @@ class NonFiniteError(RuntimeError):
 
 def _read_stored_config(path: str) -> dict | None:
     """WORKDIR/config.json as a dict; None when missing; ConfigError when unreadable."""
-    if not os.path.exists(path):
+    if not paths.exists(path):
         return None
     try:
-        with open(path, encoding="utf-8") as f:
-            stored = json.load(f)
+        stored = json.loads(paths.read_bytes(path))
     except (OSError, ValueError) as e:
         reason = " ".join(str(e).split())
         raise validate.ConfigError(
@@ -319,7 +315,7 @@ def _check_resume(config, workdir: str, allow_changes: tuple[str, ...]) -> dict:
     Returns the allowed changes, {key: (stored value, new value)}.
     """
     directory = checkpointing.checkpoint_dir(workdir)
-    if os.path.exists(directory) and not os.path.isdir(directory):
+    if paths.exists(directory) and not paths.isdir(directory):
         raise validate.ConfigError(
             f"{directory} is a file, where the run keeps its checkpoints; move it away or use "
             "a new --workdir"
@@ -387,10 +383,9 @@ def _record_changes(workdir: str, step: int, changes: dict, config) -> None:
     if jax.process_index() != 0:
         return
     row = {"step": step, "changes": {k: {"from": a, "to": b} for k, (a, b) in changes.items()}}
-    with open(os.path.join(workdir, "config_changes.jsonl"), "a", encoding="utf-8") as f:
-        f.write(json.dumps(row, sort_keys=True) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    paths.append_text(
+        os.path.join(workdir, "config_changes.jsonl"), json.dumps(row, sort_keys=True) + "\n"
+    )
     _write_json_atomic(os.path.join(workdir, "config.json"), config.to_dict())
     shown = ", ".join(f"{k}={b!r} (was {a!r})" for k, (a, b) in changes.items())
     metrics.log(f"resuming at step {step} with changed settings: {shown}")
@@ -553,8 +548,8 @@ def _data(config, workdir: str):
     its training batches).
 
     Process 0 trains the tokenizer and prepares the shards while the others wait; they then find
-    both in the workdir (shared storage: NFS or a gcsfuse-mounted bucket, not gs://, since it is
-    written with os calls) instead of making their own.
+    both in the workdir (storage every host sees: gs://, written through paths.py, or NFS)
+    instead of making their own.
     """
     from electra_jax.data import pipeline, prepare
 
@@ -614,7 +609,7 @@ def _restore(config, workdir, setup, manager, data_iter, start_from, changes, wa
     metrics.log(f"resumed from checkpoint {start_step} in {workdir}")
     if changes:
         _record_changes(workdir, start_step, changes, config)
-    elif is_main and not os.path.exists(config_path):
+    elif is_main and not paths.exists(config_path):
         _write_json_atomic(config_path, config.to_dict())
         metrics.log(
             "warning: config.json was missing; wrote this run's settings (the checkpoint's "
@@ -859,6 +854,7 @@ class _Ledger:
     def save(self, done: int, state) -> None:
         self.check_finite()  # never save a state that a non-finite update produced
         t = time.time()
+        self.writer.flush()  # a gs:// workdir's metrics.jsonl, uploaded with each checkpoint
         # Before the next batch is read, so the saved position is that of step `done`.
         checkpointing.save(self.manager, done, state, self.data_iter)
         self.save_seconds += time.time() - t

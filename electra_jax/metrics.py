@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from typing import Any
 
 import jax
 
+from electra_jax import paths
+from electra_jax.data import progress
 from electra_jax.model import ElectraSpec, EncoderSpec
 from electra_jax.objective import OBJECTIVES
 
@@ -105,17 +106,24 @@ def count_flops(
 
 
 def read_rows(path: str) -> list[dict]:
-    """The rows of a metrics.jsonl (a half-written last line from a crash is dropped)."""
+    """The rows of a metrics.jsonl, local or gs:// (a half-written last line from a crash is
+    dropped)."""
     rows = []
-    if not os.path.exists(path):
+    try:
+        text = paths.read_text(path)
+    except FileNotFoundError:
         return rows
-    with open(path) as f:
-        for line in f:
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                break
+    for line in text.splitlines(keepends=True):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
     return rows
+
+
+# A gs:// workdir's metrics.jsonl and events are uploaded whole at least this often (and at every
+# checkpoint and at the end), since an object cannot be appended to.
+REMOTE_UPLOAD_SECONDS = 60.0
 
 
 class MetricsWriter:
@@ -123,23 +131,58 @@ class MetricsWriter:
 
     On resume from step N, rows past N (logged by the interrupted run after its last checkpoint)
     are dropped, so the file reads as one uninterrupted run.
+
+    A gs:// workdir: an object store has no append, so both files are written as they are locally
+    into a temporary folder on this host and uploaded whole (each one upload, which never leaves
+    a partial object) at every checkpoint (`flush`, which the loop calls before each save), at
+    most every REMOTE_UPLOAD_SECONDS otherwise, and at the end. metrics.jsonl stays one file that
+    readers (read_rows, benchmarks, learning curves) read as before; rewriting it costs its size
+    (a million steps logged every 100 are ~4 MB) once per checkpoint. A run killed outright loses
+    only the rows since the last upload, all logged after its last checkpoint, which a resume
+    drops anyway. TensorBoard gets one event file per run invocation, as locally.
     """
 
     def __init__(self, workdir: str, enabled: bool, resume_step: int = 0):
         self.enabled = enabled
-        self.path = os.path.join(workdir, "metrics.jsonl")
+        self.path = paths.join(workdir, "metrics.jsonl")
         self._tb = None
+        self._remote = paths.is_remote(workdir)
         if not enabled:
             return
         kept = [r for r in read_rows(self.path) if r.get("step", 0) <= resume_step]
-        tmp = self.path + ".tmp"
+        local_path, tb_dir = self.path, os.path.join(workdir, "tensorboard")
+        if self._remote:
+            import tempfile
+
+            self._staging = tempfile.mkdtemp(prefix="electra_jax-metrics-")
+            local_path = os.path.join(self._staging, "metrics.jsonl")
+            tb_dir = os.path.join(self._staging, "tensorboard")
+            self._remote_tb = paths.join(workdir, "tensorboard")
+            self._uploaded = time.monotonic()
+        tmp = local_path + ".tmp"
         with open(tmp, "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in kept)
-        os.replace(tmp, self.path)
-        self._file = open(self.path, "a")  # noqa: SIM115 - kept open for the run
+        os.replace(tmp, local_path)
+        self._local_path = local_path
+        if self._remote:
+            paths.upload_file(local_path, self.path)
+        self._file = open(local_path, "a")  # noqa: SIM115 - kept open for the run
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-        self._tb = EventFileWriter(os.path.join(workdir, "tensorboard"))
+        self._tb = EventFileWriter(tb_dir)
+
+    def flush(self) -> None:
+        """A gs:// workdir: uploads metrics.jsonl and the event file as they are now (the loop
+        calls this before each checkpoint). Locally every row is on disk already: nothing."""
+        if not (self.enabled and self._remote):
+            return
+        self._file.flush()
+        self._tb.flush()
+        paths.upload_file(self._local_path, self.path)
+        events = os.path.join(self._staging, "tensorboard")
+        for name in os.listdir(events):
+            paths.upload_file(os.path.join(events, name), paths.join(self._remote_tb, name))
+        self._uploaded = time.monotonic()
 
     def write(self, step: int, scalars: dict[str, Any]) -> None:
         if not self.enabled:
@@ -149,6 +192,8 @@ class MetricsWriter:
         self._file.write(json.dumps(row) + "\n")
         self._file.flush()
         self._write_tensorboard(step, row)
+        if self._remote and time.monotonic() - self._uploaded > REMOTE_UPLOAD_SECONDS:
+            self.flush()
 
     def _write_tensorboard(self, step: int, row: dict) -> None:
         from tensorboard.compat.proto import event_pb2, summary_pb2
@@ -166,8 +211,13 @@ class MetricsWriter:
 
     def close(self) -> None:
         if self.enabled:
+            self.flush()
             self._file.close()
             self._tb.close()
+            if self._remote:
+                import shutil
+
+                shutil.rmtree(self._staging, ignore_errors=True)
 
 
 def progress_line(step: int, num_steps: int, row: dict, seconds_left: float | None) -> str:
@@ -184,4 +234,4 @@ def progress_line(step: int, num_steps: int, row: dict, seconds_left: float | No
 def log(message: str) -> None:
     """A progress line from process 0."""
     if jax.process_index() == 0:
-        print(message, file=sys.stderr, flush=True)
+        progress.print_line(message)

@@ -24,7 +24,14 @@ import time
 from absl import app, flags
 from ml_collections import config_flags
 
-from electra_jax.cli import cannot_write, fail, loaded_config, parse_flags
+from electra_jax.cli import (
+    PRINT_CONFIG_HELP,
+    cannot_write,
+    fail,
+    loaded_config,
+    parse_flags,
+    print_config,
+)
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "A get_config() file such as configs/tiny.py.", lock_config=True
@@ -37,6 +44,7 @@ _NUM_WORKERS = flags.DEFINE_integer(
     "of input, at most one per core). The shards are identical for any number (the parent packs).",
 )
 _VERBOSE = flags.DEFINE_bool("verbose", False, "Show full tracebacks on errors.")
+_PRINT_CONFIG = flags.DEFINE_bool("print_config", False, PRINT_CONFIG_HELP)
 
 # The manifest's figures, in the order they are printed.
 _REPORTED = (
@@ -94,6 +102,15 @@ def main(argv) -> None:
         fail(f"unexpected arguments {argv[1:]}; settings go in --config.KEY=VALUE")
     if _CONFIG.value is None:
         fail("--config is required, e.g. --config=configs/tiny.py")
+    try:
+        config = _CONFIG.value
+    except OSError:
+        fail(f"config file {flags.FLAGS['config'].config_filename} cannot be read; check --config")
+    # The file is loaded lazily: fail here, not in the middle of a run.
+    config = loaded_config(config, flags.FLAGS["config"].config_filename)
+    if _PRINT_CONFIG.value:
+        print_config(config, flags.FLAGS["config"].config_filename)
+        return
     if not _WORKDIR.value:
         fail("--workdir is required: the tokenizer and prepared data go there")
     if _NUM_WORKERS.value < 0:
@@ -102,12 +119,6 @@ def main(argv) -> None:
     from electra_jax import workdir as workdir_lib
     from electra_jax.data import DataError
 
-    try:
-        config = _CONFIG.value
-    except OSError:
-        fail(f"config file {flags.FLAGS['config'].config_filename} cannot be read; check --config")
-    # The file is loaded lazily: fail here, not in the middle of a run.
-    config = loaded_config(config, flags.FLAGS["config"].config_filename)
     try:
         validate.check_config(config)
         # The same lock as train's: a prepare and a train on one workdir would both write

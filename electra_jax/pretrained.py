@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from electra_jax import model
+from electra_jax import model, paths
 from electra_jax.hf.read import HF_PREFIX, read_hf
 from electra_jax.jsonio import json_kind, one_line
 from electra_jax.weights import (  # noqa: F401  (PretrainedError and Pretrained: public here too)
@@ -57,7 +57,7 @@ def load_pretrained(path: str) -> Pretrained:
         return load_workdir(path, step)
     if path.startswith(HF_PREFIX):
         return read_hf(path[len(HF_PREFIX) :])
-    if not os.path.isdir(path):
+    if not paths.isdir(path):
         raise PretrainedError(
             f"{path} does not exist or is not a directory; give a pre-training workdir, an "
             "export dir (python -m electra_jax.export) or hf:DIR"
@@ -82,7 +82,7 @@ def split_step(path: str) -> tuple[str, int | None]:
     """'WORKDIR@STEP' -> (WORKDIR, STEP); any other path (one that exists as named included,
     so a folder whose name has an '@' still loads) -> (path, None)."""
     head, sep, tail = path.rpartition("@")
-    if not sep or not head or not tail.isdigit() or os.path.exists(path):
+    if not sep or not head or not tail.isdigit() or paths.exists(path):
         return path, None
     return head, int(tail)
 
@@ -94,15 +94,14 @@ def _kind(path: str) -> str | None:
 
     if workdir_lib.kind_of(path) == workdir_lib.FINETUNE:
         return "fine-tuning"
-    if os.path.isdir(os.path.join(path, "checkpoints")):
+    if paths.isdir(paths.join(path, "checkpoints")):
         return "workdir"
-    if os.path.isfile(os.path.join(path, "discriminator", "config.json")):
+    if paths.isfile(paths.join(path, "discriminator", "config.json")):
         return "hf"
-    config_path = os.path.join(path, "config.json")
-    if os.path.isfile(config_path):
+    config_path = paths.join(path, "config.json")
+    if paths.isfile(config_path):
         try:
-            with open(config_path) as f:
-                config = json.load(f)
+            config = json.loads(paths.read_bytes(config_path))
         except (OSError, ValueError):
             return "workdir"  # load_workdir reports the damaged file
         # Our run config has a `model` section; a transformers config says `model_type`.
@@ -115,10 +114,9 @@ def _kind(path: str) -> str | None:
 
 def read_run_config(workdir: str) -> dict:
     """WORKDIR/config.json, the resolved config the run was started with."""
-    path = os.path.join(workdir, "config.json")
+    path = paths.join(workdir, "config.json")
     try:
-        with open(path) as f:
-            config = json.load(f)
+        config = json.loads(paths.read_bytes(path))
     except FileNotFoundError:
         raise PretrainedError(
             f"{path} is missing: {workdir} is not a pre-training workdir (train writes "

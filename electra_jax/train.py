@@ -18,7 +18,14 @@ from absl import app, flags
 from absl import logging as absl_logging
 from ml_collections import config_flags
 
-from electra_jax.cli import cannot_write, fail, loaded_config, parse_flags
+from electra_jax.cli import (
+    PRINT_CONFIG_HELP,
+    cannot_write,
+    fail,
+    loaded_config,
+    parse_flags,
+    print_config,
+)
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "A get_config() file such as configs/tiny.py.", lock_config=True
@@ -35,6 +42,7 @@ _COMPILE = flags.DEFINE_bool(
     "XLA_FLAGS=--xla_force_host_platform_device_count=N).",
 )
 _VERBOSE = flags.DEFINE_bool("verbose", False, "Show full tracebacks on errors.")
+_PRINT_CONFIG = flags.DEFINE_bool("print_config", False, PRINT_CONFIG_HELP)
 _COORDINATOR = flags.DEFINE_string(
     "coordinator_address",
     None,
@@ -139,6 +147,19 @@ def _maybe_initialize_distributed() -> None:
         joined.set()
 
 
+def devices_line() -> str:
+    """The run's first log line: where it runs (backend, device kind and count, processes)."""
+    import jax
+
+    devices = jax.devices()
+    kinds = ", ".join(sorted({d.device_kind for d in devices}))
+    return (
+        f"jax {jax.__version__} on {jax.default_backend()}: {len(devices)} x {kinds} "
+        f"({jax.local_device_count()} on this host), {jax.process_count()} process"
+        f"{'es' if jax.process_count() > 1 else ''}"
+    )
+
+
 def main(argv) -> None:
     if len(argv) > 1:
         fail(f"unexpected arguments {argv[1:]}; settings go in --config.KEY=VALUE")
@@ -159,6 +180,9 @@ def main(argv) -> None:
         fail(f"config file {flags.FLAGS['config'].config_filename} cannot be read; check --config")
     # The file is loaded lazily: fail here, not in the middle of a run.
     config = loaded_config(config, flags.FLAGS["config"].config_filename)
+    if _PRINT_CONFIG.value:
+        print_config(config, flags.FLAGS["config"].config_filename)
+        return
     if not (_DRY_RUN.value or _WORKDIR.value):
         fail("--workdir is required: where checkpoints and metrics go")
     _check_process_flags()
@@ -177,6 +201,11 @@ def main(argv) -> None:
             print(json.dumps(loop.describe(config, compile=_COMPILE.value)))
             return
         _maybe_initialize_distributed()
+        from electra_jax.data import progress
+
+        # Printed before the run's first line (data preparation's or the loop's), not beside the
+        # one line of an error that ends it first.
+        progress.announce(devices_line())
         allow = tuple(k for k in _ALLOW_CHANGE.value.split(",") if k.strip())
         loop.train(config, _WORKDIR.value, allow_changes=tuple(k.strip() for k in allow))
     except (ConfigError, DataError, CheckpointError) as e:

@@ -37,22 +37,24 @@ def _uri_scheme(path: str) -> str | None:
 
 
 def mount_hint(path: str) -> str:
-    """What to do instead of a URI: for gs://BUCKET/rest, the gcsfuse mount and mounted path."""
-    scheme, _, rest = path.partition("://")
-    if scheme != "gs":
-        return "mount it as a filesystem every host sees (NFS, a FUSE mount) and give that path"
-    bucket, _, below = rest.partition("/")
-    mounted = f"/mnt/{bucket}/{below}".rstrip("/")
-    mount = f"gcsfuse --implicit-dirs --rename-dir-limit=100000 {bucket} /mnt/{bucket}"
-    return f"mount the bucket ({mount}) or use NFS, and give {mounted}"
+    """What to do instead of a URI electra_jax cannot write (any but gs://)."""
+    return (
+        "give gs://BUCKET/PATH (written directly), or mount the store as a filesystem every host "
+        "sees (NFS, a FUSE mount) and give that path"
+    )
+
+
+# Workdirs and caches written directly: GCS (orbax and tensorstore write it; the run's lock uses
+# its generation preconditions, gcs_lock.py).
+WRITABLE_SCHEMES = ("gs",)
 
 
 def check_workdir(workdir: str, flag: str = "--workdir", create: bool = True) -> None:
-    """ConfigError naming `workdir` when it cannot be one: a URI, a file, a path that is not
-    UTF-8; with `create`, also one that cannot be created or written.
+    """ConfigError naming `workdir` when it cannot be one: a URI other than gs://, a file, a
+    path that is not UTF-8; with `create`, also one that cannot be created or written.
 
-    A URI (gs://...) is refused: config.json, metrics.jsonl, tokenizer/ and the prepared data are
-    written with local file calls, and os.makedirs would quietly create a local ./gs:/... tree.
+    A gs://BUCKET/PATH workdir is written through the path layer (paths.py); other URIs are
+    refused, since os.makedirs would quietly create a local ./s3:/... tree.
     """
     try:
         workdir.encode("utf-8")
@@ -62,11 +64,14 @@ def check_workdir(workdir: str, flag: str = "--workdir", create: bool = True) ->
             f"{flag} {shown} is not valid UTF-8; use a path of UTF-8 characters"
         ) from None
     scheme = _uri_scheme(workdir)
-    if scheme:
+    if scheme and scheme not in WRITABLE_SCHEMES:
         raise ConfigError(
-            f"{flag} {workdir} is a {scheme}:// URI, but the workdir is written with local "
-            f"file calls; {mount_hint(workdir)}"
+            f"{flag} {workdir} is a {scheme}:// URI, which electra_jax does not write directly; "
+            f"{mount_hint(workdir)}"
         )
+    if scheme:
+        _check_remote_workdir(workdir, flag, create)
+        return
     if os.path.exists(workdir) and not os.path.isdir(workdir):
         raise ConfigError(f"{flag} {workdir} is a file, not a folder; choose another {flag}")
     if not create:
@@ -81,6 +86,35 @@ def check_workdir(workdir: str, flag: str = "--workdir", create: bool = True) ->
         raise ConfigError(
             f"{flag} {workdir} is not writable ({e.strerror}); choose another {flag}"
         ) from e
+
+
+def _check_remote_workdir(workdir: str, flag: str, create: bool) -> None:
+    """gs://BUCKET/PATH: a bucket and a path, not an object; with `create`, a probe object is
+    written and removed (a missing bucket or package, or no access, is one line)."""
+    from electra_jax import paths
+    from electra_jax.data.sources import remote_errors
+
+    bucket = workdir.split("://", 1)[1].split("/", 1)[0]
+    _require(bool(bucket), f"{flag} {workdir} names no bucket; use gs://BUCKET/PATH")
+    try:
+        with remote_errors(workdir, flag):
+            if paths.isfile(workdir):
+                raise ConfigError(
+                    f"{flag} {workdir} is an object, not a folder; choose another {flag}"
+                )
+            if create:
+                probe = paths.join(workdir, f".write_test{os.getpid()}")
+                paths.write_atomic(probe, "ok")
+                paths.remove(probe)
+    except ConfigError:
+        raise
+    except Exception as e:  # DataError (a missing package), OSError, gcsfs's HTTP errors
+        reason = " ".join(str(e).split())[:200]
+        raise ConfigError(
+            f"{flag} {workdir} cannot be written ({reason}); check the bucket name and this "
+            f"machine's access to it (gcloud auth application-default login), or choose "
+            f"another {flag}"
+        ) from None
 
 
 def _check_two_stage(config: Any) -> None:
@@ -185,20 +219,20 @@ def check_config(config: Any) -> None:
         t.nan_policy in ("stop", "skip"),
         f"train.nan_policy={t.nan_policy!r} is not a policy; use 'stop' or 'skip'",
     )
-    # Read and written with local file calls (prepare's atomic renames; init_from's config.json
-    # and tokenizer are opened directly, not only through orbax).
+    # Read and written through the path layer (paths.py), which writes gs:// directly.
     for key, value in (
         ("data.cache_dir", d.get("cache_dir", "")),
         ("train.init_from", t.get("init_from", "")),
     ):
         scheme = _uri_scheme(str(value))
-        if scheme:
+        if scheme and scheme not in WRITABLE_SCHEMES:
             raise ConfigError(
                 f"{key}={value} is a {scheme}:// URI, which electra_jax does not read or write "
                 f"directly; {mount_hint(str(value))}"
             )
     _require(config.checkpoint.every_steps > 0, "checkpoint.every_steps must be >= 1")
     _require(config.checkpoint.keep > 0, "checkpoint.keep must be >= 1")
+    _check_keep_every(config.checkpoint)
     _require(config.log.every_steps > 0, "log.every_steps must be >= 1")
     k = t.get("steps_per_call", 1)
     _require(k >= 1, f"train.steps_per_call={k} must be >= 1")
@@ -298,6 +332,23 @@ def _check_eval(config: Any) -> None:
         f"eval.every_steps={every} evaluates on the held-out rows, but data.heldout_examples="
         f"{held} is not a positive multiple of the evaluation batch ({batch}, eval.batch_size "
         "or train.batch_size); set data.heldout_examples to one, or eval.every_steps=0",
+    )
+
+
+def _check_keep_every(checkpoint_cfg: Any) -> None:
+    """checkpoint.keep_every_steps: 0 (off) or a multiple of checkpoint.every_steps, since only
+    saved steps can be kept."""
+    every, save = checkpoint_cfg.get("keep_every_steps", 0), checkpoint_cfg.every_steps
+    _require(
+        isinstance(every, int) and not isinstance(every, bool) and every >= 0,
+        f"checkpoint.keep_every_steps={every!r} must be a whole number of steps >= 0 (0 keeps "
+        "only the newest checkpoint.keep)",
+    )
+    _require(
+        every % save == 0,
+        f"checkpoint.keep_every_steps={every} is not a multiple of checkpoint.every_steps="
+        f"{save}, so most of the steps it names are never saved; use a multiple such as "
+        f"{save * max(1, round(every / save))}",
     )
 
 

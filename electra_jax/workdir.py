@@ -13,6 +13,10 @@ process ends, however it ends (SIGKILL, the OOM killer), so a rerun resumes at o
 lock is ever left to clean up. The file names the holder (host, pid, command, start time) for the
 error a second run gets. flock works on local disks and on NFSv4; on storage without working
 locks, run one command per workdir yourself.
+
+A gs://BUCKET/PATH workdir has the same marker and the same checks, read and written through
+the path layer (paths.py); its lock is the object WORKDIR/.lock with a lease (gcs_lock.py), since
+an object store has no flock.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import socket
 import sys
 import time
 
+from electra_jax import paths
 from electra_jax.validate import ConfigError, check_workdir
 
 MARKER = ".electra_jax"
@@ -71,11 +76,15 @@ class Claim:
     path: str
     kind: str
     _fd: int | None = None
+    _remote: object | None = None  # a gcs_lock.GcsLock for a gs:// workdir
 
     def release(self) -> None:
         if self._fd is not None:
             os.close(self._fd)  # closing the only descriptor releases the flock
             self._fd = None
+        if self._remote is not None:
+            self._remote.release()
+            self._remote = None
 
     def __enter__(self) -> Claim:
         return self
@@ -94,27 +103,26 @@ def _our_by_product(name: str) -> bool:
 
 def _read_json(path: str):
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
+        return json.loads(paths.read_bytes(path))
     except (OSError, ValueError):
         return None
 
 
 def kind_of(path: str) -> str | None:
     """PRETRAIN or FINETUNE for a folder of ours, '' for a missing or empty one, None otherwise."""
-    if not os.path.isdir(path):
+    if not paths.isdir(path):
         return ""
-    names = {n for n in os.listdir(path) if n != LOCK and not _our_by_product(n)}
+    names = {n for n in paths.listdir(path) if n != LOCK and not _our_by_product(n)}
     if not names:
         return ""
-    marker = _read_json(os.path.join(path, MARKER))
+    marker = _read_json(paths.join(path, MARKER))
     if isinstance(marker, dict) and marker.get("kind") in KINDS:
         return marker["kind"]
     # A folder from before the marker (or whose marker was damaged): recognised by its
     # config.json and what sits beside it. Hidden files (temporary files of an atomic write, the
     # marker) are ignored.
     visible = {n for n in names if not n.startswith(".")}
-    config = _read_json(os.path.join(path, "config.json"))
+    config = _read_json(paths.join(path, "config.json"))
     finetuning = isinstance(config, dict) and ("task" in config or "family" in config)
     if finetuning and visible <= _FINETUNE_ENTRIES:
         return FINETUNE
@@ -127,14 +135,14 @@ def kind_of(path: str) -> str | None:
 
 def _what_it_is(path: str) -> str:
     """A few words on a folder that is not ours, for the refusal."""
-    config = _read_json(os.path.join(path, "config.json"))
+    config = _read_json(paths.join(path, "config.json"))
     if isinstance(config, dict) and "model_type" in config:
         return "a Hugging Face model folder (its config.json has model_type)"
-    if os.path.isfile(os.path.join(path, "export.json")):
+    if paths.isfile(paths.join(path, "export.json")):
         return "an electra_jax export"
-    if os.path.isfile(os.path.join(path, MARKER)):
+    if paths.isfile(paths.join(path, MARKER)):
         return f"a folder whose {MARKER} marker is damaged and whose files are not a run's"
-    shown = sorted(os.listdir(path))[:3]
+    shown = sorted(paths.listdir(path))[:3]
     return f"a non-empty folder that is not an electra_jax workdir (it holds {', '.join(shown)})"
 
 
@@ -190,15 +198,40 @@ def _take_lock(path: str, kind: str, flag: str, command: str) -> int:
 
 
 def _write_marker(path: str, kind: str) -> None:
-    marker = os.path.join(path, MARKER)
+    marker = paths.join(path, MARKER)
     found = _read_json(marker)
     if isinstance(found, dict) and found.get("kind") == kind:
+        return
+    if paths.is_remote(path):
+        paths.write_atomic(marker, json.dumps({"kind": kind, "format": 1}) + "\n")
         return
     tmp = f"{marker}.tmp{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump({"kind": kind, "format": 1}, f)
         f.write("\n")
     os.replace(tmp, marker)
+
+
+def _take_remote_lock(path: str, kind: str, flag: str, command: str):
+    """The lease lock WORKDIR/.lock of a gs:// workdir (gcs_lock.py), or ConfigError naming its
+    live holder."""
+    from electra_jax import gcs_lock
+
+    lock = gcs_lock.GcsLock(paths.join(path, LOCK), {"command": command, "kind": kind})
+    try:
+        lock.acquire()
+    except gcs_lock.LockHeld as e:
+        raise ConfigError(
+            f"{flag} {path} is in use by {e}; wait for it to end (or stop it), or use another "
+            f"{flag}"
+        ) from None
+    except Exception as e:  # google-cloud-storage's errors: no bucket, no access, no network
+        reason = " ".join(f"{type(e).__name__}: {e}".split())[:200]
+        raise ConfigError(
+            f"{flag} {path}: its lock object cannot be written ({reason}); check the bucket "
+            f"name and this machine's access to it, or choose another {flag}"
+        ) from None
+    return lock
 
 
 def claim(
@@ -219,6 +252,8 @@ def claim(
       a Claim; its lock is held until `release()`.
     """
     path = os.fspath(path)
+    if paths.is_remote(path):
+        path = paths.absolute(path)  # no trailing slash: gs://b/run/ and gs://b/run are one
     check_workdir(path, flag, create=False)
     found = kind_of(path)
     if found is None:
@@ -234,7 +269,18 @@ def claim(
     if not lock:
         return Claim(path, kind)
     check_workdir(path, flag)
-    fd = _take_lock(path, kind, flag, command or os.path.basename(sys.argv[0]) or "python")
+    command = command or os.path.basename(sys.argv[0]) or "python"
+    if paths.is_remote(path):
+        remote = _take_remote_lock(path, kind, flag, command)
+        try:
+            _write_marker(path, kind)
+        except OSError as e:
+            remote.release()
+            raise ConfigError(
+                f"{flag} {path} is not writable ({e.strerror or e}); choose another {flag}"
+            ) from None
+        return Claim(path, kind, _remote=remote)
+    fd = _take_lock(path, kind, flag, command)
     try:
         _write_marker(path, kind)
     except OSError as e:

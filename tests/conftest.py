@@ -19,6 +19,7 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
+from tests.gcs_emulator import gcs, gcs_server  # noqa: E402, F401  (the GCS server's fixtures)
 from tests.micro import micro_config  # noqa: E402, F401  (tests import it from here)
 
 # Compile time dominates these tiny models; XLA's heavy passes buy nothing here.

@@ -12,8 +12,10 @@ import pytest
 from electra_jax import checkpointing
 
 
-def _cfg(keep=5):
-    return ml_collections.ConfigDict({"keep": keep, "every_steps": 1})
+def _cfg(keep=5, keep_every_steps=0):
+    return ml_collections.ConfigDict(
+        {"keep": keep, "every_steps": 1, "keep_every_steps": keep_every_steps}
+    )
 
 
 def _iterator():
@@ -33,9 +35,9 @@ def _abstract():
     )
 
 
-def _write(workdir, steps):
+def _write(workdir, steps, cfg=None):
     """Checkpoints at `steps`; the iterator has yielded `step` batches when step is saved."""
-    manager = checkpointing.make_manager(workdir, _cfg())
+    manager = checkpointing.make_manager(workdir, cfg or _cfg())
     it = _iterator()
     done = 0
     for step in steps:
@@ -210,3 +212,16 @@ def test_a_full_disk_during_a_save_is_one_line_and_the_previous_checkpoint_stays
     assert "could not be written" in message and "No space left on device" in message
     assert "checkpoint 2 is intact" in message and "\n" not in message
     assert int(_restore(str(tmp_path))[0]["step"]) == 2
+
+
+def test_keep_every_steps_keeps_the_multiples_beside_the_newest(tmp_path):
+    # keep=2 alone would leave [10, 12]; every 4th step survives too, across managers (a resume).
+    workdir = str(tmp_path)
+    cfg = _cfg(keep=2, keep_every_steps=4)
+    _write(workdir, [2, 4, 6], cfg)
+    _write(workdir, [8, 10, 12], cfg)
+    steps = sorted(int(n) for n in os.listdir(checkpointing.checkpoint_dir(workdir)) if n.isdigit())
+    assert steps == [4, 8, 10, 12]
+    _write(str(tmp_path / "plain"), [2, 4, 6, 8], _cfg(keep=2))
+    plain = os.listdir(checkpointing.checkpoint_dir(str(tmp_path / "plain")))
+    assert sorted(int(n) for n in plain if n.isdigit()) == [6, 8]

@@ -138,6 +138,7 @@ def test_a_resume_keeps_the_runs_settings_unless_a_change_is_allowed():
         ("objective.disc_mlm_steps", 99, "objective.disc_mlm_steps=99 must not exceed"),
         ("data.heldout_examples", -8, "data.heldout_examples=-8 must be a whole number"),
         ("eval.every_steps", -1, "eval.every_steps=-1 must be a whole number"),
+        ("checkpoint.keep_every_steps", -2, "checkpoint.keep_every_steps=-2 must be a whole"),
     ],
 )
 def test_bad_settings_are_one_line_naming_the_key(key, value, expected):
@@ -238,4 +239,14 @@ def test_the_discriminator_mlm_term_is_electras_and_evaluation_needs_whole_heldo
     with pytest.raises(validate.ConfigError, match="data.heldout_examples=0 is not a positive"):
         validate.check_config(config)
     config.eval.every_steps = 0  # no evaluation: no held-out rows needed
+    validate.check_config(config)
+
+
+def test_keep_every_steps_must_be_a_multiple_of_the_save_interval():
+    config = micro_config()
+    config.checkpoint.every_steps = 10
+    config.checkpoint.keep_every_steps = 25
+    with pytest.raises(validate.ConfigError, match="not a multiple of checkpoint.every_steps=10"):
+        validate.check_config(config)
+    config.checkpoint.keep_every_steps = 30
     validate.check_config(config)

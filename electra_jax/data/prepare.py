@@ -26,6 +26,7 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 from array_record.python.array_record_module import ArrayRecordWriter
 
+from electra_jax import paths
 from electra_jax.data import DataError, progress, sources, wordpiece
 from electra_jax.data import tokenizer as tokenizer_lib
 from electra_jax.data.packing import SentenceEnds, iter_packed
@@ -82,15 +83,14 @@ def _stream_seed(seed: int, stream: int) -> np.random.Generator:
 
 
 def _require_local(directory: str, field: str) -> None:
-    """DataError for a remote directory we would write into: the tokenizer and the shards are
-    written, renamed into place and listed with os calls (atomic renames, stale temp dirs), which
-    object stores do not offer; a mount (gcsfuse, NFS) gives them."""
+    """DataError for a remote directory we cannot write into: gs:// is written directly (the
+    shards are built in a local temporary folder, then uploaded with the manifest last, whose
+    presence means complete, as the rename does locally); other URIs are refused."""
     scheme = sources.uri_scheme(directory)
-    if scheme:
+    if scheme and scheme != "gs":
         raise DataError(
-            f"{field} {directory} is a {scheme}:// URI, but prepared data and the tokenizer are "
-            "written with local file calls; mount the bucket (e.g. gcsfuse) or use NFS and give "
-            "the mounted path"
+            f"{field} {directory} is a {scheme}:// URI, which electra_jax does not write; give "
+            "gs://BUCKET/PATH or a local path (a mount of the store: NFS, a FUSE mount)"
         )
 
 
@@ -119,7 +119,7 @@ def ensure_tokenizer(data_cfg, tokenizer_dir: str, seed: int) -> tokenizer_lib.T
     model_path = os.path.join(tokenizer_dir, tokenizer_lib.MODEL_FILENAME)
     if data_cfg.tokenizer:
         given = tokenizer_lib.Tokenizer.load(data_cfg.tokenizer)
-        if os.path.exists(model_path):
+        if paths.exists(model_path):
             # The run's own copy: a damaged one is reported as such, not as data.tokenizer's.
             existing = tokenizer_lib.load_saved(tokenizer_dir)
             if existing.fingerprint != given.fingerprint:
@@ -130,7 +130,7 @@ def ensure_tokenizer(data_cfg, tokenizer_dir: str, seed: int) -> tokenizer_lib.T
         else:
             given.save(tokenizer_dir)
         tok = tokenizer_lib.load_saved(tokenizer_dir)
-    elif os.path.exists(model_path) or os.path.exists(
+    elif paths.exists(model_path) or paths.exists(
         os.path.join(tokenizer_dir, wordpiece.VOCAB_FILENAME)
     ):
         tok = tokenizer_lib.load_saved(tokenizer_dir)
@@ -377,10 +377,9 @@ def _read_manifest(directory: str) -> dict:
       DataError: unreadable, not JSON, not an object, or ``shards``, ``examples``,
         ``seq_length``, ``shard_examples`` missing, of the wrong type, or not adding up.
     """
-    path = os.path.join(directory, MANIFEST)
+    path = paths.join(directory, MANIFEST)
     try:
-        with open(path, "rb") as f:
-            manifest = json.loads(f.read())
+        manifest = json.loads(paths.read_bytes(path))
     except OSError as e:
         raise _rebuild(directory, f"{path} cannot be read ({e.strerror or e})") from None
     except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError
@@ -452,18 +451,18 @@ def _load(directory: str) -> PreparedData:
       DataError: naming the manifest or shard at fault and the directory to delete.
     """
     manifest = _read_manifest(directory)
-    paths = [os.path.join(directory, name) for name in manifest["shards"]]
-    for path in paths:
-        if not os.path.isfile(path):
+    shard_paths = [paths.join(directory, name) for name in manifest["shards"]]
+    for path in shard_paths:
+        if not paths.isfile(path):
             raise DataError(
                 f"prepared data in {directory} is missing {os.path.basename(path)}; delete "
                 f"{directory} to prepare it again"
             )
-    for path, expected in zip(paths, manifest["shard_examples"], strict=True):
+    for path, expected in zip(shard_paths, manifest["shard_examples"], strict=True):
         _check_shard(directory, path, expected)
     return PreparedData(
         directory=directory,
-        shard_paths=paths,
+        shard_paths=shard_paths,
         num_examples=manifest["examples"],
         seq_length=manifest["seq_length"],
         manifest=manifest,
@@ -623,6 +622,10 @@ def prepare(
     fields = _key_fields(data_cfg, tokenizer, seed)
     key = _hash(fields)
     key16 = key[:16]
+    if paths.is_remote(cache_dir):
+        return _prepare_remote(
+            data_cfg, tokenizer, cache_dir, seed, fields, num_workers, min_examples
+        )
     target = os.path.join(os.path.abspath(cache_dir), key16)
     if os.path.exists(cache_dir) and not os.path.isdir(cache_dir):
         raise DataError(
@@ -630,21 +633,7 @@ def prepare(
             "directory (by default prepared data goes to --workdir/data)"
         )
     if os.path.isfile(os.path.join(target, MANIFEST)):
-        prepared = _load(target)
-        seq_length = int(data_cfg.seq_length)
-        if prepared.manifest.get("key", key) != key or prepared.seq_length != seq_length:
-            raise _rebuild(
-                target,
-                f"{os.path.join(target, MANIFEST)} is damaged: its key or seq_length is not "
-                "those of the data it is named after",
-            )
-        if prepared.num_examples < min_examples:
-            raise DataError(
-                f"data.source '{data_cfg.source}' gave {prepared.num_examples} examples, fewer "
-                f"than one batch (train.batch_size={min_examples}); add text or lower "
-                "train.batch_size / data.seq_length"
-            )
-        return prepared
+        return _reuse(target, data_cfg, key, min_examples)
 
     try:
         os.makedirs(cache_dir, exist_ok=True)
@@ -689,19 +678,73 @@ def prepare(
             ):
                 raise
     except (OSError, RuntimeError) as e:
-        error = _write_failure(e, os.path.dirname(target))
-        if error is None:
-            raise
-        raise tokenizer_lib.write_error(
-            f"prepared data into {os.path.dirname(target)}",
-            os.path.dirname(target),
-            error,
-            elsewhere="set data.cache_dir to a directory elsewhere",
-        ) from None
+        raise _write_error_of(e, os.path.dirname(target)) from None
     finally:
         # Also on KeyboardInterrupt: a half-written directory never outlives its prepare.
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
+    return _load(target)
+
+
+def _write_error_of(e: Exception, cache_dir: str) -> Exception:
+    """The DataError for a failure to write prepared data into cache_dir, or `e` itself when it
+    is something else (a read error of the source, a bug)."""
+    error = _write_failure(e, cache_dir)
+    if error is None:
+        return e
+    return tokenizer_lib.write_error(
+        f"prepared data into {cache_dir}",
+        cache_dir,
+        error,
+        elsewhere="set data.cache_dir to a directory elsewhere",
+    )
+
+
+def _reuse(target: str, data_cfg, key: str, min_examples: int) -> PreparedData:
+    """The complete prepared directory `target` (its manifest is there), checked."""
+    prepared = _load(target)
+    seq_length = int(data_cfg.seq_length)
+    if prepared.manifest.get("key", key) != key or prepared.seq_length != seq_length:
+        raise _rebuild(
+            target,
+            f"{paths.join(target, MANIFEST)} is damaged: its key or seq_length is not those of "
+            "the data it is named after",
+        )
+    if prepared.num_examples < min_examples:
+        raise DataError(
+            f"data.source '{data_cfg.source}' gave {prepared.num_examples} examples, fewer than "
+            f"one batch (train.batch_size={min_examples}); add text or lower train.batch_size / "
+            "data.seq_length"
+        )
+    return prepared
+
+
+def _prepare_remote(
+    data_cfg, tokenizer, cache_dir: str, seed: int, fields: dict, num_workers, min_examples: int
+) -> PreparedData:
+    """`prepare` for a gs:// cache_dir, so that every host reads the same shards without a
+    shared filesystem: reused when its manifest.json is there; else built in a local temporary
+    folder exactly as for a local cache, then uploaded shard by shard with manifest.json last
+    (a bucket has no rename; the manifest's presence is what means complete). Two hosts building
+    the same key upload the same bytes. The shards are read in place (ArrayRecord reads gs://)."""
+    key = _hash(fields)
+    target = paths.join(paths.absolute(cache_dir), key[:16])
+    if paths.isfile(paths.join(target, MANIFEST)):
+        return _reuse(target, data_cfg, key, min_examples)
+    with tempfile.TemporaryDirectory(prefix="electra_jax-prepare-") as local:
+        local_cache = os.path.join(local, "cache")
+        built = prepare(
+            data_cfg,
+            tokenizer,
+            local_cache,
+            seed,
+            num_workers=num_workers,
+            min_examples=min_examples,
+        )
+        try:
+            paths.upload_dir(built.directory, target, last=MANIFEST)
+        except OSError as e:
+            raise _write_error_of(e, cache_dir) from None
     return _load(target)
 
 

@@ -16,6 +16,25 @@ from collections.abc import Callable
 INTERVAL_SECONDS = 5.0
 
 
+# A line that goes out before this process's next line on stderr (see `announce`).
+_announced: list[str] = []
+
+
+def announce(text: str) -> None:
+    """Prints `text` on stderr just before this process's next progress or log line, and not at
+    all when none comes: train's first line (where it runs) then never stands beside the one
+    `error:` line of a run that bad input ends before it starts."""
+    _announced[:] = [text]
+
+
+def print_line(text: str) -> None:
+    """`text` on stderr, after the announced line if one is waiting."""
+    # sys.stderr looked up at each line: pytest's capture replaces it after import.
+    while _announced:
+        print(_announced.pop(0), file=sys.stderr, flush=True)
+    print(text, file=sys.stderr, flush=True)
+
+
 class Progress:
     """The lines of one phase of preparation, each starting with the phase's name.
 
@@ -43,8 +62,7 @@ class Progress:
 
     def line(self, text: str) -> None:
         """Prints ``phase: text`` on stderr now (a start or end line)."""
-        # sys.stderr looked up at each line: pytest's capture replaces it after import.
-        print(f"{self.phase}: {text}", file=sys.stderr, flush=True)
+        print_line(f"{self.phase}: {text}")
         self._last = self._clock()
 
     def maybe(self, text: Callable[[], str]) -> bool:

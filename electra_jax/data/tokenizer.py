@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable, Sequence
 import numpy as np
 import sentencepiece as spm
 
+from electra_jax import paths
 from electra_jax.data import SPECIAL_PIECES, DataError, sources, wordpiece
 
 PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = 0, 1, 2, 3, 4
@@ -246,6 +247,14 @@ def _write_files_atomically(out_dir: str, files: dict[str, bytes]) -> None:
     moved in one by one with os.replace, in the given order: callers put ``spm.model`` last, so its
     presence means the set is complete.
     """
+    if paths.is_remote(out_dir):
+        # No rename in a bucket: each file is one upload (never seen partial), spm.model last.
+        try:
+            for name, data in files.items():
+                paths.write_atomic(paths.join(out_dir, name), data)
+        except OSError as e:
+            raise write_error(f"the tokenizer into {out_dir}", out_dir, e) from None
+        return
     out_dir = os.path.abspath(out_dir)
     parent = os.path.dirname(out_dir)
     tmp = None
@@ -477,7 +486,7 @@ def load_saved(tokenizer_dir: str):
     Raises:
       DataError: neither file is there or readable, or spm.model is damaged.
     """
-    if not os.path.exists(os.path.join(tokenizer_dir, MODEL_FILENAME)) and os.path.exists(
+    if not paths.exists(os.path.join(tokenizer_dir, MODEL_FILENAME)) and paths.exists(
         os.path.join(tokenizer_dir, wordpiece.VOCAB_FILENAME)
     ):
         return wordpiece.WordPieceTokenizer.load(tokenizer_dir)

@@ -19,7 +19,7 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
-from electra_jax.cli import fail, loaded_config, parse_flags
+from electra_jax.cli import PRINT_CONFIG_HELP, fail, loaded_config, parse_flags, print_config
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config",
@@ -29,6 +29,7 @@ _CONFIG = config_flags.DEFINE_config_file(
 )
 _WORKDIR = flags.DEFINE_string("workdir", None, "Where eval_results.json and predictions go.")
 _VERBOSE = flags.DEFINE_bool("verbose", False, "Show full tracebacks on errors.")
+_PRINT_CONFIG = flags.DEFINE_bool("print_config", False, PRINT_CONFIG_HELP)
 
 
 def main(argv) -> None:
@@ -36,8 +37,6 @@ def main(argv) -> None:
         fail(f"unexpected arguments {argv[1:]}; settings go in --config.KEY=VALUE")
     if _CONFIG.value is None:
         fail("--config is required, e.g. --config=configs/glue.py")
-    if not _WORKDIR.value:
-        fail("--workdir is required: where eval_results.json goes")
     if not _VERBOSE.value:
         # jax reports each backend it probes and lacks at INFO; that would bury an error line.
         logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
@@ -54,6 +53,11 @@ def main(argv) -> None:
         fail(f"config file {flags.FLAGS['config'].config_filename} cannot be read; check --config")
     # The file is loaded lazily: fail here, not in the middle of a run.
     config = loaded_config(config, flags.FLAGS["config"].config_filename)
+    if _PRINT_CONFIG.value:
+        print_config(config, flags.FLAGS["config"].config_filename)
+        return
+    if not _WORKDIR.value:
+        fail("--workdir is required: where eval_results.json and the trained model go")
     command = shlex.join(["python", "-m", "electra_jax.finetune", *sys.argv[1:]])
     try:
         loop.finetune(config, _WORKDIR.value, command=command)

@@ -302,26 +302,30 @@ def test_unreadable_schemes_and_bucket_wildcards_are_one_line():
         sources.iter_documents("text:gs://bucket-*/x.txt")
 
 
-def test_remote_workdir_and_cache_dir_are_refused_before_any_write(tmp_path, monkeypatch):
+def test_workdirs_and_caches_on_stores_other_than_gcs_are_refused_before_any_write(
+    tmp_path, monkeypatch
+):
+    # gs:// is written directly (tests/test_gcs_workdir.py); another store has no generation
+    # preconditions for the lock, so it is refused, and nothing local is made for it.
     monkeypatch.chdir(tmp_path)
     with pytest.raises(validate.ConfigError) as e:
-        validate.check_workdir("gs://bkt/runs/small")
+        validate.check_workdir("s3://bkt/runs/small")
     message = str(e.value)
-    assert message.startswith("--workdir gs://bkt/runs/small is a gs:// URI")
-    assert "--rename-dir-limit=100000 bkt /mnt/bkt" in message and "/mnt/bkt/runs/small" in message
-    assert os.listdir(tmp_path) == []  # os.makedirs would have made ./gs:/bkt/runs/small
+    assert message.startswith("--workdir s3://bkt/runs/small is a s3:// URI, which electra_jax")
+    assert "give gs://BUCKET/PATH" in message
+    assert os.listdir(tmp_path) == []  # os.makedirs would have made ./s3:/bkt/runs/small
     for key, section, field in (
         ("data.cache_dir", "data", "cache_dir"),
         ("train.init_from", "train", "init_from"),
     ):
         config = micro_config()
-        config[section][field] = "gs://bkt/x"
-        with pytest.raises(
-            validate.ConfigError, match=rf"^{key}=gs://bkt/x is a gs:// URI.*gcsfuse"
-        ):
+        config[section][field] = "s3://bkt/x"
+        with pytest.raises(validate.ConfigError, match=rf"^{key}=s3://bkt/x is a s3:// URI"):
             validate.check_config(config)
+        config[section][field] = "gs://bkt/x"
+        validate.check_config(config)
     # The prepare entry point (which runs no config checks) refuses them too.
-    with pytest.raises(DataError, match=r"data\.cache_dir gs://bkt/c is a gs:// URI"):
-        prepare_lib.prepare(make_cfg("text:x"), None, "gs://bkt/c", seed=0)
-    with pytest.raises(DataError, match=r"tokenizer directory .* gs://bkt/run/tokenizer"):
-        prepare_lib.ensure_tokenizer(make_cfg("text:x"), "gs://bkt/run/tokenizer", seed=0)
+    with pytest.raises(DataError, match=r"data\.cache_dir s3://bkt/c is a s3:// URI"):
+        prepare_lib.prepare(make_cfg("text:x"), None, "s3://bkt/c", seed=0)
+    with pytest.raises(DataError, match=r"tokenizer directory .* s3://bkt/run/tokenizer"):
+        prepare_lib.ensure_tokenizer(make_cfg("text:x"), "s3://bkt/run/tokenizer", seed=0)

@@ -1,0 +1,76 @@
+"""--print_config: every key, its value and its file's comment (train, prepare, finetune)."""
+
+import subprocess
+import sys
+
+import pytest
+
+from electra_jax import config_help, validate
+from tests.conftest import ROOT, load_config, subprocess_env
+
+
+def test_comments_come_from_the_file_and_the_config_it_starts_from(tmp_path):
+    base = tmp_path / "base.py"
+    base.write_text(
+        "import ml_collections\n"
+        "def get_config():\n"
+        "    config = ml_collections.ConfigDict()\n"
+        "    config.train = ml_collections.ConfigDict()  # the schedule\n"
+        "    config.train.steps = 10  # updates in all\n"
+        "    # the peak, reached after\n"
+        "    # the warm-up\n"
+        "    config.train.lr = 0.1\n"
+        "\n"
+        "    config.train.plain = 1\n"
+        "    return config\n"
+    )
+    child = tmp_path / "child.py"
+    child.write_text(
+        "import pathlib, runpy\n"
+        "_base = runpy.run_path(str(pathlib.Path(__file__).with_name('base.py')))\n"
+        "def get_config():\n"
+        "    config = _base['get_config']()\n"
+        "    config.train.steps = 3  # a short demo\n"
+        "    return config\n"
+    )
+    comments = config_help.file_comments(str(child))
+    assert comments == {
+        "train": "the schedule",
+        "train.steps": "a short demo",
+        "train.lr": "the peak, reached after the warm-up",
+        "train.plain": "",
+    }
+
+
+def test_every_key_of_a_paper_config_is_printed_in_its_files_order():
+    config = load_config("tiny")
+    text = config_help.describe(config, str(ROOT / "configs" / "tiny.py"))
+    lines = text.splitlines()
+    keys = [line.split(" = ")[0] for line in lines if not line.startswith("#")]
+    assert sorted(keys) == sorted(validate.flatten(config.to_dict()))
+    assert keys[:2] == ["seed", "data.source"]  # small.py's order, not the alphabet's
+    assert "data.vocab_size = 4096  # SentencePiece pieces" in text  # tiny's value, small's words
+    assert "checkpoint.keep_every_steps = 0  # Also keep every checkpoint" in text
+    assert "# model: the discriminator" in lines
+
+
+@pytest.mark.parametrize(
+    "module,config,key",
+    [
+        ("electra_jax.train", "configs/tiny.py", "train.num_steps"),
+        ("electra_jax.prepare", "configs/tiny.py", "train.num_steps"),
+        ("electra_jax.finetune", "configs/glue.py", "max_train_examples"),
+    ],
+)
+def test_print_config_shows_the_overrides_and_needs_no_workdir(module, config, key):
+    out = subprocess.run(
+        [sys.executable, "-m", module, f"--config={config}", f"--config.{key}=7", "--print_config"],
+        cwd=ROOT,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(f"# {config}: every key")
+    assert any(line.startswith(f"{key} = 7") for line in out.stdout.splitlines())

@@ -1,0 +1,175 @@
+"""The gs:// workdir lock against a real GCS server (tests/gcs_emulator.py): one holder at a time,
+a clear refusal, takeover of dead holders, and no race that lets two processes both hold it."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from electra_jax import gcs_lock
+from tests.conftest import ROOT, subprocess_env
+
+
+def _blob(uri):
+    from google.cloud import storage
+
+    bucket, name = gcs_lock.split(uri)
+    return storage.Client().bucket(bucket).blob(name)
+
+
+def _write_holder(uri, **info):
+    _blob(uri).upload_from_string(json.dumps(info))
+
+
+def _lock(uri, lines=None, lost=None, lease=30.0):
+    return gcs_lock.GcsLock(
+        uri,
+        {"command": "test"},
+        lease=lease,
+        log=(lines.append if lines is not None else None),
+        on_lost=(lost.append if lost is not None else None),
+    )
+
+
+def test_a_held_lock_is_refused_naming_its_holder_and_age_then_freed_by_release(gcs):
+    uri = f"{gcs}/run/.lock"
+    first = _lock(uri)
+    first.acquire()
+    with pytest.raises(gcs_lock.LockHeld) as e:
+        _lock(uri).acquire()
+    message = str(e.value)
+    assert f"pid {os.getpid()} on host " in message and "renewed 0s ago" in message
+    assert "runs out 30s after its last renewal" in message
+    first.release()
+    assert json.loads(_blob(uri).download_as_bytes())["released"] is True
+    again = _lock(uri)
+    again.acquire()  # a released lock is taken without a word
+    assert again.held
+    again.release()
+
+
+def test_a_dead_holder_on_this_host_is_taken_over_at_once_with_one_line(gcs):
+    uri = f"{gcs}/run/.lock"
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        text=True,
+        capture_output=True,
+        check=True,
+    )
+    pid = int(dead.stdout)
+    probe = _lock(uri)
+    _write_holder(
+        uri,
+        command="electra_jax.train",
+        pid=pid,
+        host=probe._holder["host"],
+        pid_namespace=probe._holder["pid_namespace"],
+        started="then",
+        lease_seconds=3600,
+    )
+    lines = []
+    lock = _lock(uri, lines)
+    lock.acquire()
+    assert len(lines) == 1 and f"its process {pid} on this host has ended" in lines[0]
+    lock.release()
+
+
+def test_a_holder_on_another_host_is_taken_over_only_after_its_lease(gcs):
+    uri = f"{gcs}/run/.lock"
+    lease = 2.0
+    _write_holder(
+        uri,
+        command="electra_jax.train",
+        pid=1,
+        host="elsewhere",
+        started="then",
+        lease_seconds=lease,
+    )
+    written = time.time()
+    lines = []
+    while True:
+        try:
+            _lock(uri, lines, lease=lease).acquire()
+            break
+        except gcs_lock.LockHeld as e:
+            assert "on host elsewhere" in str(e)
+            assert time.time() - written < lease + 10, "never taken over"
+        time.sleep(0.1)  # the next attempt; the lease's expiry is what is being waited for
+    assert time.time() - written > lease - 0.5  # GCS's clock and ours agree to a fraction
+    assert len(lines) == 1 and f"past its lease of {lease:.0f}s" in lines[0], lines
+
+
+def test_a_holder_whose_lock_was_taken_learns_it_at_its_next_renewal(gcs):
+    uri = f"{gcs}/run/.lock"
+    lost = []
+    holder = _lock(uri, lost=lost, lease=0.8)  # renews every 0.2 s
+    holder.acquire()
+    _write_holder(uri, command="other", pid=2, host="elsewhere", started="now", lease_seconds=60)
+    deadline = time.time() + 20
+    while not lost and time.time() < deadline:
+        time.sleep(0.05)
+    assert lost and "another run has taken it over" in lost[0] and not holder.held
+    holder.release()  # does not free the other run's lock
+    assert json.loads(_blob(uri).download_as_bytes())["host"] == "elsewhere"
+
+
+_RACER = textwrap.dedent(
+    """
+    import json, os, sys, time
+    from electra_jax import gcs_lock
+    base, go, n, ready = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    from google.cloud import storage  # imported before the start, like gcs_lock's client
+    storage.Client()
+    open(ready, "w").close()
+    while not os.path.exists(go):  # start together: the parent creates it once both are ready
+        time.sleep(0.001)
+    won = []
+    for i in range(n):
+        lock = gcs_lock.GcsLock(f"{base}/{i}/.lock", {"command": "racer"}, lease=60,
+                                log=lambda line: None)
+        try:
+            lock.acquire()
+            won.append(i)
+            lock._stop.set()  # keep it: no renewal, no release
+        except gcs_lock.LockHeld:
+            pass
+    print(json.dumps(won))
+    """
+)
+
+
+@pytest.mark.parametrize("start", ["absent", "released"])
+def test_two_processes_racing_for_the_same_locks_never_both_win(gcs, tmp_path, start):
+    n = 12
+    base = f"{gcs}/race"
+    if start == "released":
+        for i in range(n):
+            _write_holder(f"{base}/{i}/.lock", released=True, host="x", pid=1)
+    go = tmp_path / "go"
+    racers = [
+        subprocess.Popen(
+            [sys.executable, "-c", _RACER, base, str(go), str(n), str(tmp_path / f"ready{k}")],
+            cwd=ROOT,
+            env=subprocess_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for k in range(2)
+    ]
+    deadline = time.time() + 120
+    while not all((tmp_path / f"ready{k}").exists() for k in range(2)):
+        assert time.time() < deadline and all(p.poll() is None for p in racers), "racers died"
+        time.sleep(0.01)
+    go.write_text("go")
+    results = []
+    for proc in racers:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err[-2000:]
+        results.append(set(json.loads(out)))
+    assert results[0] | results[1] == set(range(n))  # every lock has a holder
+    assert not results[0] & results[1]  # and only one
