@@ -641,7 +641,10 @@ def _run(preset, out, objectives, tasks, seeds, corpus, glue_dir, log) -> dict:
             "elapsed_sec": r["elapsed_sec"],
         }
 
+    partial = os.path.join(out, "results.partial.json")
     for name, step, init_from in starts:
+        # What is done so far, for a report of a run cut short (compute_sweep --report_only).
+        _write_json(partial, results)
         for task in tasks:
             lr = None
             if len(rates) > 1:
@@ -658,6 +661,7 @@ def _run(preset, out, objectives, tasks, seeds, corpus, glue_dir, log) -> dict:
                 seeds_left = range(seeds)
             for seed in seeds_left:
                 results["finetune"].append(one(name, step, init_from, task, seed, lr))
+    _write_json(partial, results)
     return results
 
 

@@ -1,0 +1,263 @@
+r"""Where ELECTRA passes random init and MLM: the sample-efficiency benchmark over compute.
+
+    python -m benchmarks.compute_sweep --preset=cpu --out=runs/compute-sweep
+
+One pre-training run per objective on the small-data preset's in-domain corpus (the shared
+corpus plus the GLUE tasks' training sentences, labels dropped): ELECTRA with configs/tiny.py's
+recipe (its schedules stretched to the run), MLM at the learning rate of its own setting below,
+each checkpointed at log-spaced fractions of the largest budget (`fractions`: budgets from
+~1e12 to 3e14 counted FLOPs for the cpu preset, one run each, so the smaller budgets are the
+early part of one schedule). Every checkpoint, and random init of the same shape, is then
+fine-tuned on SST-2, MRPC, STS-B, CoLA and RTE by benchmarks/sample_efficiency.py's rule (a
+learning-rate sweep on seed 0, the best rate for seeds 1 and 2; the same for every model) and
+probed (benchmarks/probe.py: logistic regression on frozen mean-pooled states, SST-2), the
+low-noise second reading.
+
+It writes OUT/summary.json (sample_efficiency's summary at the largest budget, plus `budgets`:
+per budget and model the pre-training FLOPs and steps, the average dev score and its std over
+seeds, and the probe's accuracy), OUT/table.md, OUT/results.json and OUT/compute_sweep.png
+(average dev score and probe accuracy against counted pre-training FLOPs: a line per objective
+with its seed band, random init as a band, the budgets where ELECTRA first passes random init
+and MLM marked). `--report_only` writes the report from the runs that have finished, so that a
+sweep cut short still reports what it measured. Rerunning with the same --out continues.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import runpy
+import statistics
+import sys
+import time
+
+from benchmarks import probe, sample_efficiency
+
+ROOT = sample_efficiency.ROOT
+SHARED = sample_efficiency.SHARED
+RANDOM = sample_efficiency.RANDOM
+
+_TINY = runpy.run_path(os.path.join(ROOT, "configs", "tiny.py"))["get_config"]()
+# configs/tiny.py's schedules as fractions of its run, stretched to each sweep run.
+_SCHEDULES = {
+    key: getattr(_TINY.objective, key.split(".")[1]) / _TINY.train.num_steps
+    for key in ("objective.temperature_steps", "objective.disc_mlm_steps")
+    if getattr(_TINY.objective, key.split(".")[1], 0)
+}
+
+PRESETS = {
+    # The default run's model (4 x 128, 128 tokens, batch 32) on the in-domain corpus, to 3e14
+    # counted FLOPs per objective (~11K ELECTRA steps: about 70 minutes of one run on 2 cores).
+    "cpu": {
+        **sample_efficiency.PRESETS["small-data-cpu"],
+        "pretrain": {
+            "data.vocab_size": 8192,
+            "data.tokenizer_sample_sentences": 300_000,
+            "data.heldout_examples": 512,
+        },
+        "variants": {
+            "electra": {"objective": "electra", "overrides": {}},
+            # MLM's learning rate: the best of its own sweep (benchmarks/RESULTS.md).
+            "mlm": {"objective": "mlm", "overrides": {"train.learning_rate": 1e-3}},
+        },
+        "schedule_fractions": _SCHEDULES,
+        "warmup_fraction": _TINY.train.warmup_steps / _TINY.train.num_steps,
+        "budget_flops": 3.0e14,
+        "fractions": (1 / 243, 1 / 81, 1 / 27, 1 / 9, 1 / 3, 1.0),
+        "finetune": {
+            **sample_efficiency.PRESETS["small-data-cpu"]["finetune"],
+            "seq_length": 128,
+        },
+        "learning_rates": (1e-4, 3e-4, 1e-3),
+        "probe": {"task": "SST-2", "max_train_examples": 20000},
+    },
+}
+
+
+def probes(results: dict, preset: dict, out: str, glue_dir: str, log) -> list[dict]:
+    """The probe at every checkpoint of every objective and at random init: rows of {objective,
+    step, task, accuracy}; each kept in OUT/probe/<model>-<step>.json and read back on a rerun."""
+    import electra_jax
+
+    spec = preset["probe"]
+    folder = os.path.join(out, "probe")
+    os.makedirs(folder, exist_ok=True)
+    rows = []
+    starts = [(p["objective"], s) for p in results["pretrain"] for s in p["steps"]]
+    first = None
+    for name, step in [*starts, (RANDOM, 0)]:
+        path = os.path.join(folder, f"{name}-{step}.json")
+        if os.path.isfile(path):
+            with open(path) as f:
+                rows.append(json.load(f))
+            continue
+        if name == RANDOM:
+            if first is None:
+                continue
+            model = probe.random_model(first)
+        else:
+            model = electra_jax.load(os.path.join(out, "pretrain", name) + f"@{step}")
+            first = first or model
+        t0 = time.time()
+        row = probe.probe_score(
+            model, spec["task"], os.path.join(glue_dir, spec["task"]), spec["max_train_examples"]
+        )
+        row.update(objective=name, step=step, seconds=round(time.time() - t0, 1))
+        log(f"probe {name}@{step}: {row['task']} accuracy {row['accuracy']:.4f}")
+        sample_efficiency._write_json(path, row)
+        rows.append(row)
+    return rows
+
+
+def budgets(results: dict) -> list[dict]:
+    """Per budget: {fraction, pretrain_flops, models: {name: {steps, average, std, seeds,
+    probe}}} with random init's readings under its name in every budget."""
+    tasks, runs = results["tasks"], results["finetune"]
+    probe_of = {(r["objective"], r["step"]): r["accuracy"] for r in results.get("probe", [])}
+    floor = sample_efficiency.per_seed_average([r for r in runs if r["objective"] == RANDOM], tasks)
+    out = []
+    for i, fraction in enumerate(results["fractions"]):
+        row = {"fraction": fraction, "pretrain_flops": fraction * results["budget_flops"]}
+        models = {}
+        for p in results["pretrain"]:
+            step = p["steps"][i]
+            mine = [r for r in runs if r["objective"] == p["objective"] and r["step"] == step]
+            models[p["objective"]] = _reading(
+                sample_efficiency.per_seed_average(mine, tasks),
+                probe_of.get((p["objective"], step)),
+            )
+            models[p["objective"]]["steps"] = step
+        models[RANDOM] = _reading(floor, probe_of.get((RANDOM, 0)))
+        row["models"] = models
+        out.append(row)
+    return out
+
+
+def _reading(per_seed: list[float], probe_accuracy) -> dict:
+    return {
+        "average": round(100 * statistics.mean(per_seed), 2) if per_seed else None,
+        "std": round(100 * statistics.stdev(per_seed), 2) if len(per_seed) > 1 else None,
+        "seeds": len(per_seed),
+        "probe": None if probe_accuracy is None else round(100 * probe_accuracy, 2),
+    }
+
+
+def crossovers(rows: list[dict], key: str = "average") -> dict:
+    """The first budget's FLOPs at which ELECTRA's `key` passes random init's and MLM's (by
+    more than the larger of their seed stds, where there are seeds), None where it never does."""
+    found = {"random_init": None, "mlm": None}
+    for row in rows:
+        electra = row["models"].get("electra", {})
+        for other in found:
+            them = row["models"].get(other, {})
+            if found[other] is not None or electra.get(key) is None or them.get(key) is None:
+                continue
+            margin = (
+                max(electra.get("std") or 0.0, them.get("std") or 0.0) if key == "average" else 0
+            )
+            if electra[key] > them[key] + margin:
+                found[other] = row["pretrain_flops"]
+    return found
+
+
+def plot(rows: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for ax, key, label in (
+        (axes[0], "average", "average dev score x100 (5 tasks)"),
+        (axes[1], "probe", "SST-2 linear probe accuracy x100"),
+    ):
+        names = [n for n in rows[0]["models"]] if rows else []
+        for name in names:
+            xs = [r["pretrain_flops"] for r in rows if r["models"][name].get(key) is not None]
+            ys = [r["models"][name][key] for r in rows if r["models"][name].get(key) is not None]
+            sd = [r["models"][name].get("std") or 0.0 for r in rows if r["models"][name].get(key)]
+            if not xs:
+                continue
+            style = "--" if name == RANDOM else "-o"
+            (line,) = ax.plot(xs, ys, style, label=name.replace("_", " "))
+            if key == "average":
+                ax.fill_between(
+                    xs,
+                    [y - s for y, s in zip(ys, sd, strict=True)],
+                    [y + s for y, s in zip(ys, sd, strict=True)],
+                    alpha=0.2,
+                    color=line.get_color(),
+                )
+        for other, flops in crossovers(rows, key).items():
+            if flops is not None:
+                ax.axvline(flops, color="grey", linestyle=":")
+                ax.annotate(f"passes {other.replace('_', ' ')}", (flops, ax.get_ylim()[0]))
+        ax.set_xscale("log")
+        ax.set_xlabel("counted pre-training FLOPs")
+        ax.set_ylabel(label)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def report(results: dict, out: str) -> dict:
+    """summary.json (sample_efficiency's summary plus `budgets` and `crossovers`), table.md and
+    the plot, from whatever `results` holds."""
+    summary = sample_efficiency.summary(results)
+    rows = budgets(results)
+    summary["budgets"] = rows
+    summary["crossovers"] = {"average": crossovers(rows), "probe": crossovers(rows, "probe")}
+    sample_efficiency._write_json(os.path.join(out, "summary.json"), summary)
+    lines = [
+        "| budget FLOPs | model | steps | average +- std (seeds) | probe |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        for name, m in r["models"].items():
+            avg = "-" if m["average"] is None else f"{m['average']:.2f} +- {m['std'] or 0:.2f}"
+            lines.append(
+                f"| {r['pretrain_flops']:.3g} | {name} | {m.get('steps', 0)} | {avg} "
+                f"({m['seeds']}) | {m['probe'] if m['probe'] is not None else '-'} |"
+            )
+    with open(os.path.join(out, "table.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    if rows:
+        plot(rows, os.path.join(out, "compute_sweep.png"))
+    return summary
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="cpu", choices=sorted(PRESETS))
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--corpus", default=os.path.join(SHARED, "corpus", "*", "*.txt"))
+    ap.add_argument("--glue_dir", default=os.path.join(SHARED, "glue"))
+    ap.add_argument("--report_only", action="store_true", help="report the finished runs")
+    args = ap.parse_args(argv)
+    preset = PRESETS[args.preset]
+    log = lambda m: print(m, file=sys.stderr, flush=True)
+    if args.report_only:
+        done = os.path.join(args.out, "results.json")
+        path = done if os.path.isfile(done) else os.path.join(args.out, "results.partial.json")
+        with open(path) as f:
+            results = json.load(f)
+        results["probe"] = probes(results, preset, args.out, args.glue_dir, log)
+    else:
+        results = sample_efficiency.run(
+            preset,
+            args.out,
+            objectives=tuple(preset["variants"]),
+            corpus=args.corpus,
+            glue_dir=args.glue_dir,
+            log=log,
+        )
+        results["probe"] = probes(results, preset, args.out, args.glue_dir, log)
+        sample_efficiency._write_json(os.path.join(args.out, "results.json"), results)
+    print(json.dumps(report(results, args.out), indent=1))
+
+
+if __name__ == "__main__":
+    main()

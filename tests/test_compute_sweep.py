@@ -1,0 +1,125 @@
+"""benchmarks/compute_sweep.py and benchmarks/probe.py: the report over budgets, the probe."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from benchmarks import compute_sweep as cs
+from benchmarks import probe
+
+
+def _results(scores: dict, probes: dict) -> dict:
+    """A sample_efficiency results dict: scores {(model, step): [per-seed scores]} of one task."""
+    runs = [
+        {"objective": m, "step": s, "task": "SST-2", "seed": i, "score": v}
+        for (m, s), values in scores.items()
+        for i, v in enumerate(values)
+    ]
+    return {
+        "tasks": ["SST-2"],
+        "fractions": [0.25, 1.0],
+        "budget_flops": 4e12,
+        "pretrain": [
+            {"objective": "electra", "steps": [10, 40], "seconds": 5.0, "flops_per_step": 1e11},
+            {"objective": "mlm", "steps": [12, 48], "seconds": 5.0, "flops_per_step": 8e10},
+        ],
+        "finetune": [dict(r, elapsed_sec=1.0, learning_rate=1e-3) for r in runs],
+        "sweep": [],
+        "probe": [{"objective": m, "step": s, "accuracy": a} for (m, s), a in probes.items()],
+    }
+
+
+def test_budgets_and_crossovers_read_each_checkpoint_against_random_init_and_mlm(tmp_path):
+    scores = {
+        ("electra", 10): [0.60, 0.62],  # below random init at the small budget
+        ("electra", 40): [0.80, 0.82],  # above both at the large one
+        ("mlm", 12): [0.60, 0.61],
+        ("mlm", 48): [0.70, 0.71],
+        (cs.RANDOM, 0): [0.65, 0.66],
+    }
+    probes = {("electra", 10): 0.6, ("electra", 40): 0.7, ("mlm", 12): 0.62, ("mlm", 48): 0.65}
+    probes[(cs.RANDOM, 0)] = 0.55
+    results = _results(scores, probes)
+    rows = cs.budgets(results)
+    assert [r["pretrain_flops"] for r in rows] == [1e12, 4e12]
+    assert rows[0]["models"]["electra"] == {
+        "average": 61.0,
+        "std": pytest.approx(1.41, abs=0.01),
+        "seeds": 2,
+        "probe": 60.0,
+        "steps": 10,
+    }
+    assert rows[1]["models"][cs.RANDOM]["average"] == 65.5
+    assert cs.crossovers(rows) == {"random_init": 4e12, "mlm": 4e12}
+    # The probe passes MLM only at the large budget, random init at the small one already.
+    assert cs.crossovers(rows, "probe") == {"random_init": 1e12, "mlm": 4e12}
+    summary = cs.report(results, str(tmp_path))
+    assert summary["average"] == {"electra": 81.0, "mlm": 70.5, cs.RANDOM: 65.5}
+    assert summary["budgets"] == rows and summary["pretrain_flops"] == 4e12
+    with open(tmp_path / "summary.json") as f:
+        assert json.load(f)["crossovers"]["average"]["mlm"] == 4e12
+    with open(tmp_path / "compute_sweep.png", "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert (
+        "| 4e+12 | electra | 40 | 81.00 +- 1.41 (2) | 70.0 |" in (tmp_path / "table.md").read_text()
+    )
+
+
+def test_a_lead_within_the_seed_noise_is_no_crossover():
+    scores = {("electra", 10): [0.60, 0.70], ("electra", 40): [0.66, 0.74]}
+    scores.update({("mlm", 12): [0.6, 0.6], ("mlm", 48): [0.69, 0.69], (cs.RANDOM, 0): [0.68, 0.7]})
+    assert cs.crossovers(cs.budgets(_results(scores, {}))) == {"random_init": None, "mlm": None}
+
+
+def test_the_preset_stretches_the_recipes_schedules_to_each_run():
+    from benchmarks import sample_efficiency as se
+
+    preset = dict(cs.PRESETS["cpu"], schedule_fractions={"objective.temperature_steps": 0.5})
+    config = se.pretrain_config(preset, "electra", "corpus/*.txt", "/tmp/out")
+    config.objective.temperature_start = 2.0
+    info = se.plan(config, preset)
+    assert config.objective.temperature_steps == round(0.5 * info["steps"][-1])
+    assert info["steps"][0] * info["flops_per_step"] == pytest.approx(3e14 / 243, rel=0.01)
+    assert config.eval.every_steps % config.log.every_steps == 0
+
+
+def test_the_probe_fits_a_separable_problem_deterministically():
+    rng = np.random.default_rng(0)
+    x = np.concatenate([rng.normal(-1, 1, (200, 8)), rng.normal(1, 1, (200, 8))]).astype("f4")
+    y = np.array([0] * 200 + [1] * 200)
+    x[:, 3] *= 100.0  # standardised inside: a feature's scale does not matter
+    predict = probe.fit(x, y, 2)
+    accuracy = float(np.mean(predict(x) == y))
+    assert accuracy > 0.95
+    assert np.array_equal(probe.fit(x, y, 2)(x), predict(x))
+    noise = probe.fit(rng.normal(size=(400, 8)).astype("f4"), rng.integers(0, 2, 400), 2)
+    assert float(np.mean(noise(x) == y)) < 0.8  # nothing learned from noise
+
+
+def test_features_are_mean_pooled_states_of_real_tokens(tmp_path):
+    import jax
+
+    from electra_jax import model as model_lib
+    from electra_jax.data import tokenizer as tokenizer_lib
+    from electra_jax.finetune.tasks import Example
+    from electra_jax.pretrained import Model
+    from electra_jax.weights import Pretrained
+    from tests.micro import micro_config
+    from tests.test_export import _sentences
+
+    cfg = micro_config()
+    tok = tokenizer_lib.train_tokenizer(
+        _sentences()[:3000], str(tmp_path / "tok"), 300, 0.9995, seed=0, sample_sentences=3000
+    )
+    spec = model_lib.spec_from_config(cfg.model, cfg.generator, tok.vocab_size)
+    params = model_lib.init_params(model_lib.Electra(spec), jax.random.PRNGKey(0))
+    model = Model(Pretrained(spec, jax.tree_util.tree_map(np.asarray, params), tok, "random"))
+    examples = [Example("a short one", None, 0, "x"), Example("a pair", "of two texts", 1, "y")]
+    got = probe.features(model, examples, max_length=16, batch_size=1)
+    assert got.shape == (2, cfg.model.hidden_size)
+    ids = model.tokenize(["a short one"], max_length=16)
+    states = model.encode(ids)[0][ids["input_mask"][0] > 0]
+    np.testing.assert_allclose(got[0], states.mean(axis=0), rtol=1e-5, atol=1e-6)
+    assert os.path.isdir(tmp_path / "tok")
