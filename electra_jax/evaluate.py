@@ -19,7 +19,6 @@ import dataclasses
 import functools
 import json
 import math
-import os
 import time
 from typing import Any
 
@@ -143,9 +142,9 @@ def read_rows(workdir: str) -> list[dict]:
     """Every held-out reading of a run, by step: those its training logged to metrics.jsonl and
     those `python -m electra_jax.evaluate` wrote to eval.jsonl (which wins for a step both
     hold: it is the later reading)."""
-    logged = metrics.read_rows(os.path.join(workdir, "metrics.jsonl"))
+    logged = metrics.read_rows(paths.join(workdir, "metrics.jsonl"))
     by_step = {r["step"]: r for r in eval_rows(logged)}
-    for r in metrics.read_rows(os.path.join(workdir, EVAL_FILE)):
+    for r in metrics.read_rows(paths.join(workdir, EVAL_FILE)):
         by_step[r["step"]] = r
     return [by_step[s] for s in sorted(by_step)]
 
@@ -184,16 +183,16 @@ def evaluate_workdir(
         with config.unlocked():
             config.data.heldout_examples = heldout_examples
     with workdir_lib.claimed(workdir, workdir_lib.PRETRAIN, command="electra_jax.evaluate"):
-        tokenizer = load_saved(os.path.join(workdir, "tokenizer"))
+        tokenizer = load_saved(paths.join(workdir, "tokenizer"))
         prepared = prepare.prepare(
             config.data,
             tokenizer,
-            config.data.cache_dir or os.path.join(workdir, "data"),
+            config.data.cache_dir or paths.join(workdir, "data"),
             config.seed,
             num_workers=None,
         )
         mesh = sharding.make_mesh(ml_collections.ConfigDict({"fsdp": 1}))
-        where = os.path.join(workdir, "config.json")
+        where = paths.join(workdir, "config.json")
         spec = pretrained.spec_from_run_config(config.to_dict(), tokenizer.vocab_size, where)
         model = Electra(spec)
         num_slots = objective.num_mask_slots(config.data.seq_length, config.objective.mask_prob)
@@ -228,10 +227,10 @@ def evaluate_workdir(
                 row[PREFIX + "trained_on"] = 1.0
             rows.append(row)
             metrics.log(progress(step, row))
-        kept = [r for r in metrics.read_rows(os.path.join(workdir, EVAL_FILE))]
+        kept = [r for r in metrics.read_rows(paths.join(workdir, EVAL_FILE))]
         done = {r["step"] for r in rows}
         merged = sorted([r for r in kept if r["step"] not in done] + rows, key=lambda r: r["step"])
-        _write_rows(os.path.join(workdir, EVAL_FILE), merged)
+        _write_rows(paths.join(workdir, EVAL_FILE), merged)
     return rows
 
 

@@ -65,7 +65,7 @@ def export_finetuned(workdir: str, out: str) -> dict:
     from electra_jax.jsonio import write_json
 
     config, record, family, task = predictor.read_run(workdir)
-    spec = saved.spec_from_json(record.get("spec"), os.path.join(workdir, saved.MODEL_FILE))
+    spec = saved.spec_from_json(record.get("spec"), paths.join(workdir, saved.MODEL_FILE))
     network = family.network(config, task, spec)
     if family.name == "squad":
         refusal = heads.qa_refusal(config.joint_prediction, network.answerable)
@@ -75,7 +75,7 @@ def export_finetuned(workdir: str, out: str) -> dict:
     params = saved.load_weights(workdir, abstract)
     tokenizer = saved.load_tokenizer(workdir, record.get("tokenizer_fingerprint"))
     results = saved.read_json(
-        os.path.join(workdir, saved.RESULTS_FILE), "the run has not finished: rerun its command"
+        paths.join(workdir, saved.RESULTS_FILE), "the run has not finished: rerun its command"
     )
     hf = hf_config(spec, DISCRIMINATOR, tokenizer.pad_id)
     hf["tie_word_embeddings"] = False
@@ -139,7 +139,7 @@ def export_finetuned(workdir: str, out: str) -> dict:
             f.write(readme)
 
     manifest = {
-        "source": os.path.abspath(workdir),
+        "source": paths.absolute(workdir),
         "family": record["family"],
         "task": record["task"],
         "architecture": architecture,

@@ -1,14 +1,15 @@
 """JSON files as the package reads and writes them, and the words its messages use for values.
 
-A leaf: it imports nothing of ours, so that `data/` (the lowest floor) and the Hugging Face
-readers above it read a tokenizer_config.json or a config.json the same way.
+It imports only paths.py (a leaf), so that `data/` (the lowest floor) and the Hugging Face
+readers above it read a tokenizer_config.json or a config.json the same way, local or gs://.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
+
+from electra_jax import paths
 
 
 def one_line(text: object, limit: int = 300) -> str:
@@ -39,11 +40,10 @@ def read_json(path: str, error: type[Exception], default: Any = None) -> Any:
       error: the file is missing (without a default), unreadable or not JSON; the message names
         the file and says to fetch or export it again.
     """
-    if default is not None and not os.path.exists(path):
+    if default is not None and not paths.exists(path):
         return default
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
+        return json.loads(paths.read_text(path))
     except FileNotFoundError:
         raise error(f"{path} is missing") from None
     except (OSError, ValueError) as e:

@@ -138,6 +138,21 @@ def test_a_gs_workdir_trains_resumes_exactly_after_sigkill_exports_loads_and_fin
         direct.replaced_token_logits(ids), exported.replaced_token_logits(ids), atol=1e-5
     )
 
+    # The held-out evaluation of its checkpoints, read from the bucket and written back there.
+    out = subprocess.run(
+        _cmd("electra_jax.evaluate", f"--workdir={killed}", "--steps=6,12"),
+        cwd=ROOT,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    printed = json.loads(out.stdout.splitlines()[-1])["rows"]
+    assert [r["step"] for r in printed] == [6, 12]
+    assert all(np.isfinite(r["eval/disc_loss"]) for r in printed)
+    assert metrics.read_rows(f"{killed}/eval.jsonl") == printed
+
     # fine-tuning from the bucket, into the bucket.
     data = _sst2(tmp_path / "SST-2", n_train=16, n_dev=8)
     tuned = f"{gcs}/sst2"
@@ -159,8 +174,13 @@ def test_a_gs_workdir_trains_resumes_exactly_after_sigkill_exports_loads_and_fin
         timeout=300,
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    assert paths.isfile(f"{tuned}/eval_results.json")
-    assert paths.isfile(f"{tuned}/dev_predictions.jsonl")
+    assert paths.isfile(f"{tuned}/eval_results.json") and paths.isfile(f"{tuned}/model.safetensors")
+    record = json.loads(paths.read_bytes(f"{tuned}/model.json"))
+    assert record["pretraining"]["path"] == killed and record["pretraining"]["step"] == num_steps
+    # load() reads the model from the bucket and predicts what the run's dev predictions say.
+    rows = [json.loads(x) for x in paths.read_text(f"{tuned}/dev_predictions.jsonl").splitlines()]
+    texts = [ln.split("\t")[0].strip() for ln in (data / "dev.tsv").read_text().splitlines()[1:]]
+    assert electra_jax.load(tuned).predict(texts).labels == [r["prediction"] for r in rows]
 
 
 @pytest.mark.slow
@@ -195,3 +215,78 @@ def test_sigterm_saves_to_the_bucket_and_a_second_run_is_refused_meanwhile(gcs, 
     assert metrics.read_rows(f"{workdir}/metrics.jsonl")[-1]["step"] == step
     # Released on the way out: the next run takes it without a word.
     assert json.loads(paths.read_bytes(f"{workdir}/.lock"))["released"] is True
+
+
+@pytest.mark.slow
+def test_a_finetuning_in_a_bucket_resumes_keeps_its_model_and_loads_as_a_local_one(gcs, tmp_path):
+    import electra_jax
+    from electra_jax.export import export
+    from electra_jax.finetune import loop, predictor, saved
+    from tests.finetune.test_saved import _glue, _without_time
+
+    config = _glue(tmp_path)  # 12 steps, checkpoints every 4; a tokenizer trained for the run
+    local = loop.finetune(config, str(tmp_path / "local"))
+    tuned = f"{gcs}/sst2"
+    stop = local["steps"] // 2 + 1
+    assert loop.finetune(config, tuned, stop_after=stop)["stopped_at"] == stop
+    assert _committed(tuned, stop) and not paths.exists(f"{tuned}/{saved.WEIGHTS_FILE}")
+    results = loop.finetune(config, tuned)
+    assert _without_time(results) == _without_time(local)
+    assert (
+        json.loads(paths.read_bytes(f"{tuned}/{saved.RESULTS_FILE}"))["metrics"]
+        == (local["metrics"])
+    )
+    # The bucket keeps the model, and the same bytes as the run on a local disk.
+    for name in (
+        saved.WEIGHTS_FILE,
+        saved.MODEL_FILE,
+        "tokenizer/spm.model",
+        "dev_predictions.jsonl",
+    ):
+        assert paths.read_bytes(f"{tuned}/{name}") == (tmp_path / "local" / name).read_bytes(), name
+    # A finished run rerun returns its results and trains nothing.
+    assert _without_time(loop.finetune(config, tuned)) == _without_time(local)
+
+    model = electra_jax.load(tuned)
+    assert isinstance(model, predictor.TextClassifier) and model.workdir == tuned
+    assert model.evaluate()["metrics"] == results["metrics"]
+    texts = [
+        line.split("\t")[0].strip()
+        for line in (tmp_path / "SST-2" / "dev.tsv").read_text().splitlines()[1:]
+    ]
+    rows = [json.loads(x) for x in paths.read_text(f"{tuned}/dev_predictions.jsonl").splitlines()]
+    labels = model.predict(texts).labels
+    assert labels == [r["prediction"] for r in rows]
+    assert labels == electra_jax.load(str(tmp_path / "local")).predict(texts).labels
+
+    # Exported from the bucket to a local folder: the local run's export, but for its source.
+    manifest = export(tuned, str(tmp_path / "hf"))
+    assert manifest["source"] == tuned and manifest["task"] == "SST-2"
+    export(str(tmp_path / "local"), str(tmp_path / "hf-local"))
+    for name in ("config.json", "model.safetensors", "spm.model", "tokenizer.json"):
+        assert (tmp_path / "hf" / name).read_bytes() == (tmp_path / "hf-local" / name).read_bytes()
+
+
+def test_a_finetuning_keeps_either_kind_of_tokenizer_in_a_bucket(gcs, tmp_path):
+    from electra_jax.data.tokenizer import train_tokenizer
+    from electra_jax.data.wordpiece import WordPieceTokenizer
+    from electra_jax.finetune import saved
+
+    words = ["the", "cat", "dog", "sat", "ran", "on", "a", "mat"]
+    # A BERT vocab (fine-tuning Google's checkpoints), cased, and a SentencePiece model.
+    wordpiece = WordPieceTokenizer(
+        ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words, "##s"], do_lower_case=False
+    )
+    rng = np.random.default_rng(0)
+    sentences = [" ".join(rng.choice(words, 6)) for _ in range(200)]
+    spm = train_tokenizer(sentences, str(tmp_path / "spm"), 20, 1.0, seed=0, sample_sentences=201)
+    for name, tokenizer, files in (
+        ("wp", wordpiece, ["tokenizer_config.json", "vocab.txt"]),
+        ("spm", spm, ["spm.model", "spm.vocab"]),
+    ):
+        workdir = f"{gcs}/{name}"
+        saved.save_tokenizer(tokenizer, workdir)
+        assert sorted(paths.listdir(f"{workdir}/{saved.TOKENIZER_DIR}")) == files
+        back = saved.load_tokenizer(workdir, tokenizer.fingerprint)
+        assert type(back) is type(tokenizer) and back.fingerprint == tokenizer.fingerprint
+        assert back.encode("the cats sat") == tokenizer.encode("the cats sat")

@@ -13,7 +13,7 @@ import json
 import os
 from collections.abc import Sequence
 
-from electra_jax import jsonio
+from electra_jax import jsonio, paths
 from electra_jax.data import SPECIAL_PIECES, DataError
 
 VOCAB_FILENAME = "vocab.txt"
@@ -85,13 +85,16 @@ class WordPieceTokenizer:
     @classmethod
     def load(cls, folder: str) -> WordPieceTokenizer:
         """From folder/vocab.txt and (if present) folder/tokenizer_config.json."""
-        path = os.path.join(folder, VOCAB_FILENAME)
+        path = paths.join(folder, VOCAB_FILENAME)
         try:
-            with open(path, encoding="utf-8") as f:
-                vocab = [line.rstrip("\r\n") for line in f]
+            # Lines as a text-mode file reads them (\r\n and \r are line ends too).
+            text = paths.read_text(path).replace("\r\n", "\n").replace("\r", "\n")
+            vocab = text.split("\n")
+            if vocab[-1] == "":
+                vocab.pop()
         except (OSError, UnicodeDecodeError) as e:
             raise DataError(f"{path} cannot be read ({e})") from None
-        config_path = os.path.join(folder, "tokenizer_config.json")
+        config_path = paths.join(folder, "tokenizer_config.json")
         options = jsonio.read_json_object(
             config_path, "a tokenizer_config.json is an object of options", DataError, default={}
         )

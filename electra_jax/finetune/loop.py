@@ -15,7 +15,6 @@ import dataclasses
 import functools
 import json
 import math
-import os
 import time
 from typing import Any
 
@@ -25,7 +24,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from electra_jax import checkpointing, sharding
+from electra_jax import checkpointing, paths, sharding
 from electra_jax import workdir as workdir_lib
 from electra_jax.data import DataError
 from electra_jax.finetune import checks, heads, saved
@@ -165,7 +164,7 @@ def _task_tokenizer(config, texts: list[str], workdir: str):
     try:
         return tokenizer_lib.train_tokenizer(
             texts,
-            os.path.join(workdir, saved.TOKENIZER_DIR),
+            paths.join(workdir, saved.TOKENIZER_DIR),
             vocab_size=int(config.vocab_size),
             character_coverage=0.9995,
             seed=int(config.seed),
@@ -426,16 +425,16 @@ def previous_run(config, workdir: str, family: Family, task) -> tuple[dict | Non
     Raises ConfigError when the workdir holds another run: another family or task, other
     settings (but those of RESUMABLE_CHANGES), or other labels than the task has now.
     """
-    config_path = os.path.join(workdir, saved.CONFIG_FILE)
-    model_path = os.path.join(workdir, saved.MODEL_FILE)
-    if not os.path.exists(config_path):
+    config_path = paths.join(workdir, saved.CONFIG_FILE)
+    model_path = paths.join(workdir, saved.MODEL_FILE)
+    if not paths.exists(config_path):
         return None, None
     try:
         there = saved.read_json(config_path, "restore it or use a new --workdir")
     except PretrainedError as e:
         raise ConfigError(str(e)) from None
-    results_path = os.path.join(workdir, RESULTS_FILE)
-    finished = os.path.exists(results_path)
+    results_path = paths.join(workdir, RESULTS_FILE)
+    finished = paths.exists(results_path)
     differences = _differences(there, config.to_dict())
     if differences:
         what = there.get("task") or (f"SQuAD {there['version']}" if "version" in there else "?")
@@ -448,7 +447,7 @@ def previous_run(config, workdir: str, family: Family, task) -> tuple[dict | Non
             f"{kind.removeprefix('a ')} of {what}, and this run differs ({differences[0]}{more}); "
             "a workdir holds one run: choose a new --workdir, or the same settings to resume it"
         )
-    if not os.path.exists(model_path):  # stopped before its start was written: start over
+    if not paths.exists(model_path):  # stopped before its start was written: start over
         return None, None
     try:
         record = saved.read_model(workdir)
@@ -462,7 +461,7 @@ def previous_run(config, workdir: str, family: Family, task) -> tuple[dict | Non
             "labels: choose a new --workdir to fine-tune with the new ones"
         )
     results = None
-    if finished and os.path.exists(os.path.join(workdir, saved.WEIGHTS_FILE)):
+    if finished and paths.exists(paths.join(workdir, saved.WEIGHTS_FILE)):
         try:
             results = saved.read_json(results_path, "rerun in a new --workdir")
         except PretrainedError as e:
@@ -474,7 +473,7 @@ def _resumed_model(config, workdir: str, record: dict, needs_encoder: bool) -> I
     """The Initial of a run that started in WORKDIR: its spec and tokenizer as it saved them;
     the encoder from init_from only when no checkpoint holds the weights yet."""
     try:
-        spec = saved.spec_from_json(record.get("spec"), os.path.join(workdir, saved.MODEL_FILE))
+        spec = saved.spec_from_json(record.get("spec"), paths.join(workdir, saved.MODEL_FILE))
         tokenizer = saved.load_tokenizer(workdir, record.get("tokenizer_fingerprint"))
     except PretrainedError as e:
         raise ConfigError(str(e)) from None
@@ -489,7 +488,7 @@ def _finetune(config, workdir, family: Family, task, started, stop_after, comman
     mesh = local_mesh(config)
     record, finished = previous_run(config, workdir, family, task)
     if finished is not None:
-        log(f"{workdir} holds this run, finished: {os.path.join(workdir, RESULTS_FILE)}")
+        log(f"{workdir} holds this run, finished: {paths.join(workdir, RESULTS_FILE)}")
         return finished
 
     # ---------------------------------------------------------------- data
@@ -566,9 +565,9 @@ def _finetune(config, workdir, family: Family, task, started, stop_after, comman
             "command": command,
             "num_steps": num_steps,
         }
-        saved.write_json(os.path.join(workdir, saved.MODEL_FILE), record)
+        saved.write_json(paths.join(workdir, saved.MODEL_FILE), record)
         # config.json last: its presence says the run started and model.json is whole.
-        saved.write_json(os.path.join(workdir, saved.CONFIG_FILE), config.to_dict())
+        saved.write_json(paths.join(workdir, saved.CONFIG_FILE), config.to_dict())
 
     # ---------------------------------------------------------------- restore
     manager = checkpointing.make_manager(workdir, config.checkpoint)
@@ -651,10 +650,10 @@ def _finetune(config, workdir, family: Family, task, started, stop_after, comman
         }
     )
     for name, text in files.items():
-        saved.write_text(os.path.join(workdir, name), text)
+        saved.write_text(paths.join(workdir, name), text)
     # eval_results.json last: its presence (with the weights) says the run is finished.
     saved.write_text(
-        os.path.join(workdir, RESULTS_FILE), json.dumps(results, indent=2, sort_keys=True) + "\n"
+        paths.join(workdir, RESULTS_FILE), json.dumps(results, indent=2, sort_keys=True) + "\n"
     )
-    log(f"wrote {os.path.join(workdir, RESULTS_FILE)} ({score}) and {saved.WEIGHTS_FILE}")
+    log(f"wrote {paths.join(workdir, RESULTS_FILE)} ({score}) and {saved.WEIGHTS_FILE}")
     return results

@@ -26,7 +26,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from electra_jax import sharding
+from electra_jax import paths, sharding
 from electra_jax.finetune import features, loop, saved, squad_data, squad_eval, tasks
 from electra_jax.finetune.glue import regression_targets
 from electra_jax.finetune.squad import featurizer, inputs
@@ -190,10 +190,10 @@ def is_finetuned(path: str) -> bool:
     from electra_jax import workdir as workdir_lib
 
     path = os.fspath(path)
-    if not os.path.isdir(path):
+    if not paths.isdir(path):
         return False
-    return workdir_lib.kind_of(path) == workdir_lib.FINETUNE or os.path.isfile(
-        os.path.join(path, saved.MODEL_FILE)
+    return workdir_lib.kind_of(path) == workdir_lib.FINETUNE or paths.isfile(
+        paths.join(path, saved.MODEL_FILE)
     )
 
 
@@ -203,7 +203,7 @@ def read_run(workdir: str) -> tuple[ml_collections.ConfigDict, dict, Any, Any]:
     from electra_jax.validate import ConfigError
 
     record = saved.read_model(workdir)
-    config_path = os.path.join(workdir, saved.CONFIG_FILE)
+    config_path = paths.join(workdir, saved.CONFIG_FILE)
     config = ml_collections.ConfigDict(saved.read_json(config_path, "restore it from a copy"))
     try:
         family, task = loop.check_config(config)
@@ -215,7 +215,7 @@ def read_run(workdir: str) -> tuple[ml_collections.ConfigDict, dict, Any, Any]:
     described = family.describe(task)
     if described["task"] != record.get("task") or described["labels"] != record.get("labels"):
         raise PretrainedError(
-            f"{os.path.join(workdir, saved.MODEL_FILE)} says task {record.get('task')!r} with "
+            f"{paths.join(workdir, saved.MODEL_FILE)} says task {record.get('task')!r} with "
             f"labels {record.get('labels')}, but {described['task']} has {described['labels']} "
             "now; export it with the version that trained it"
         )
@@ -231,7 +231,7 @@ def load(workdir: str) -> TextClassifier | QuestionAnswerer:
     """
     workdir = os.fspath(workdir)
     config, record, family, task = read_run(workdir)
-    where = os.path.join(workdir, saved.MODEL_FILE)
+    where = paths.join(workdir, saved.MODEL_FILE)
     spec = saved.spec_from_json(record.get("spec"), where)
     tokenizer = saved.load_tokenizer(workdir, record.get("tokenizer_fingerprint"))
     model = family.network(config, task, spec)

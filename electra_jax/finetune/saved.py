@@ -14,6 +14,10 @@ orbax checkpoint: one file, written atomically (a temporary file renamed into pl
 with numpy alone (no orbax, no device layout, no optimizer state, a third of the checkpoint's
 size), memory-mapped by whoever reads it; the checkpoints are there to resume a run.
 Every file is written atomically (temporary file + os.replace).
+
+The workdir may be gs:// (paths.py): there a file is one upload, which appears whole when it
+completes; the weights and the tokenizer are written to a local temporary file or folder first
+and then uploaded, the weights are read back with one download.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from electra_jax import model as model_lib
+from electra_jax import paths
 from electra_jax.jsonio import json_kind, one_line
 from electra_jax.weights import PretrainedError, check_spec
 
@@ -41,11 +46,9 @@ FORMAT, VERSION = "electra_jax.finetuned", 1
 
 
 def write_text(path: str, text: str) -> None:
-    """`text` into `path` atomically: a temporary file beside it, renamed into place."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    """`text` into `path` atomically: a temporary file beside it, renamed into place (in a
+    bucket: one upload)."""
+    paths.write_atomic(path, text)
 
 
 def write_json(path: str, obj: Any) -> None:
@@ -55,8 +58,7 @@ def write_json(path: str, obj: Any) -> None:
 def read_json(path: str, what: str) -> dict:
     """A JSON object from `path`; PretrainedError naming the file otherwise."""
     try:
-        with open(path, encoding="utf-8") as f:
-            value = json.load(f)
+        value = json.loads(paths.read_text(path))
     except FileNotFoundError:
         raise PretrainedError(f"{path} is missing; {what}") from None
     except (OSError, ValueError) as e:
@@ -119,15 +121,20 @@ def unflatten(tensors: dict[str, np.ndarray]) -> dict:
 
 
 def save_weights(workdir: str, params: dict) -> str:
-    """WORKDIR/model.safetensors from a parameter tree, atomically; returns its path."""
+    """WORKDIR/model.safetensors from a parameter tree, atomically; returns its path. In a
+    bucket, written to a local temporary file first, then uploaded in one upload."""
     from safetensors.numpy import save_file
 
-    path = os.path.join(workdir, WEIGHTS_FILE)
-    fd, tmp = tempfile.mkstemp(prefix=f".{WEIGHTS_FILE}.", dir=workdir)
+    path = paths.join(workdir, WEIGHTS_FILE)
+    remote = paths.is_remote(workdir)
+    fd, tmp = tempfile.mkstemp(prefix=f".{WEIGHTS_FILE}.", dir=None if remote else workdir)
     os.close(fd)
     try:
         save_file(flatten(params), tmp, metadata={"format": FORMAT})
-        os.replace(tmp, path)
+        if remote:
+            paths.upload_file(tmp, path)
+        else:
+            os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
@@ -138,16 +145,17 @@ def load_weights(workdir: str, expected: dict) -> dict:
     """WORKDIR/model.safetensors as a nested tree of float32 numpy arrays, checked against the
     shapes of `expected` (a tree of arrays or ShapeDtypeStructs)."""
     from safetensors import SafetensorError
-    from safetensors.numpy import load_file
+    from safetensors.numpy import load, load_file
 
-    path = os.path.join(workdir, WEIGHTS_FILE)
-    if not os.path.isfile(path):
+    path = paths.join(workdir, WEIGHTS_FILE)
+    if not paths.isfile(path):
         raise PretrainedError(
             f"{path} is missing: {workdir} holds no saved weights (a fine-tuning saves them when "
             "its last step is done); finish the run (rerun the same command) first"
         )
     try:
-        tensors = load_file(path)
+        # A bucket's file in one download (safetensors reads only local files itself).
+        tensors = load(paths.read_bytes(path)) if paths.is_remote(path) else load_file(path)
     except (OSError, SafetensorError) as e:
         raise PretrainedError(
             f"{path} cannot be read ({one_line(e, 200)}); rerun the fine-tuning to write it again"
@@ -177,9 +185,12 @@ def flatten_shapes(tree: dict, prefix: str = "") -> dict:
 def save_tokenizer(tokenizer: Any, workdir: str) -> None:
     """WORKDIR/tokenizer/ with the tokenizer's files, unless they are there already (a tokenizer
     trained for the run is trained into that folder). Written into a temporary folder that is
-    renamed into place."""
-    folder = os.path.join(workdir, TOKENIZER_DIR)
-    if os.path.isdir(folder):
+    renamed into place; in a bucket, written locally and then uploaded file by file, spm.model
+    last (its presence says the set is whole)."""
+    from electra_jax.data.tokenizer import MODEL_FILENAME
+
+    folder = paths.join(workdir, TOKENIZER_DIR)
+    if paths.isdir(folder):
         from electra_jax.data.tokenizer import load_saved
 
         try:
@@ -187,10 +198,13 @@ def save_tokenizer(tokenizer: Any, workdir: str) -> None:
                 return
         except Exception:  # a damaged or foreign folder: replaced by the files below
             pass
-    tmp = tempfile.mkdtemp(prefix=f".{TOKENIZER_DIR}.tmp-", dir=workdir)
+    remote = paths.is_remote(workdir)
+    tmp = tempfile.mkdtemp(prefix=f".{TOKENIZER_DIR}.tmp-", dir=None if remote else workdir)
     try:
         tokenizer.save(tmp)
-        if os.path.isdir(folder):
+        if remote:
+            paths.upload_dir(tmp, folder, last=MODEL_FILENAME)
+        elif os.path.isdir(folder):
             for name in sorted(os.listdir(tmp)):
                 os.replace(os.path.join(tmp, name), os.path.join(folder, name))
         else:
@@ -204,7 +218,7 @@ def load_tokenizer(workdir: str, fingerprint: str | None = None):
     from electra_jax.data import DataError
     from electra_jax.data.tokenizer import load_saved
 
-    folder = os.path.join(workdir, TOKENIZER_DIR)
+    folder = paths.join(workdir, TOKENIZER_DIR)
     try:
         tokenizer = load_saved(folder)
     except DataError as e:
@@ -212,7 +226,7 @@ def load_tokenizer(workdir: str, fingerprint: str | None = None):
     if fingerprint and tokenizer.fingerprint != fingerprint:
         raise PretrainedError(
             f"{folder} is not the tokenizer this run trained with (its fingerprint differs from "
-            f"{os.path.join(workdir, MODEL_FILE)}'s); restore it from a copy of the run"
+            f"{paths.join(workdir, MODEL_FILE)}'s); restore it from a copy of the run"
         )
     return tokenizer
 
@@ -222,7 +236,7 @@ def load_tokenizer(workdir: str, fingerprint: str | None = None):
 
 def read_model(workdir: str) -> dict:
     """WORKDIR/model.json, checked to be ours."""
-    path = os.path.join(workdir, MODEL_FILE)
+    path = paths.join(workdir, MODEL_FILE)
     record = read_json(path, "is this a fine-tuning workdir of this version?")
     if record.get("format") != FORMAT:
         raise PretrainedError(
@@ -244,19 +258,19 @@ def pretraining_record(init_from: str, pre: Any) -> dict:
     path, _ = pretrained.split_step(init_from)
     if path.startswith(HF_PREFIX):
         path = path[len(HF_PREFIX) :]
-    record["path"] = os.path.abspath(path)
+    record["path"] = paths.absolute(path)
     step = getattr(pre, "step", None)
     if step is None:
-        manifest = os.path.join(path, "export.json")
-        record["kind"] = "export" if os.path.isfile(manifest) else "transformers"
-        if os.path.isfile(manifest):
+        manifest = paths.join(path, "export.json")
+        record["kind"] = "export" if paths.isfile(manifest) else "transformers"
+        if paths.isfile(manifest):
             with contextlib.suppress(PretrainedError):
                 record["export"] = read_json(manifest, "")
         return record
     record["kind"] = "workdir"
     record["step"] = int(step)
     try:
-        config = read_json(os.path.join(path, CONFIG_FILE), "")
+        config = read_json(paths.join(path, CONFIG_FILE), "")
         data, train, obj = config["data"], config["train"], config.get("objective", {})
         name, mask_prob = obj.get("name", "electra"), obj.get("mask_prob", 0.15)
         seq_length, batch_size = int(data["seq_length"]), int(train["batch_size"])
@@ -276,7 +290,7 @@ def pretraining_record(init_from: str, pre: Any) -> dict:
         pass  # an older config.json: the card says what it does not know
     rows = [
         r
-        for r in metrics.read_rows(os.path.join(path, "metrics.jsonl"))
+        for r in metrics.read_rows(paths.join(path, "metrics.jsonl"))
         if isinstance(r, dict) and isinstance(r.get("step"), int) and r["step"] <= step
     ]
     if rows:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import os
 
+from electra_jax import paths
+
 
 def _yaml(fields: dict) -> str:
     return "".join(f"{key}: {json.dumps(value)}\n" for key, value in fields.items())
@@ -158,4 +160,5 @@ def squad_dataset(version: str) -> dict:
 
 
 def card_name(workdir: str) -> str:
-    return os.path.basename(os.path.normpath(os.path.abspath(workdir)))
+    """The workdir's folder name (a gs:// one's last name too)."""
+    return os.path.basename(paths.absolute(workdir))
