@@ -50,6 +50,21 @@ SETTINGS: dict[str, dict] = {
         "objective.temperature_start": 3.0,
         "objective.temperature_steps": 600,
     },
+    # Embedding sharing: the generator's MLM gradient reaches the discriminator's embeddings
+    # ('electra'), only through stop_gradient deltas ('gdes'), or not at all ('none').
+    "share-none": {"model.embedding_sharing": "none"},
+    "share-gdes": {"model.embedding_sharing": "gdes"},
+    "lr3e-4-share-none": {"train.learning_rate": 3e-4, "model.embedding_sharing": "none"},
+    # A discriminator at a learning rate that keeps its states apart, a generator at one that
+    # lets it learn (train.generator_lr_scale: the generator's rate over the discriminator's).
+    "lr1e-4-glr10": {"train.learning_rate": 1e-4, "train.generator_lr_scale": 10.0},
+    "lr2e-4-glr5": {"train.learning_rate": 2e-4, "train.generator_lr_scale": 5.0},
+    "lr1e-4-glr10-dmlm1": {
+        "train.learning_rate": 1e-4,
+        "train.generator_lr_scale": 10.0,
+        "objective.disc_mlm_weight": 1.0,
+        "objective.disc_mlm_steps": 600,
+    },
     # The discriminator also predicts the masked tokens, a term that fades out over the run.
     "dmlm1": {"objective.disc_mlm_weight": 1.0, "objective.disc_mlm_steps": 600},
     "lr3e-4-dmlm1": {

@@ -105,6 +105,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.train.adam_b2 = 0.999
     config.train.adam_eps = 1e-6
     config.train.adam_bias_correction = False  # the original optimizer has none
+    # The generator's learning rate as a multiple of train.learning_rate (its encoder and heads;
+    # the shared embeddings take the discriminator's); 1: one learning rate, as the paper
+    config.train.generator_lr_scale = 1.0
     # Start from pre-trained weights instead of random ones (a fresh run only; a resumed run
     # uses its checkpoint): a pre-training workdir, an export, or 'hf:DIR' (transformers ELECTRA
     # discriminator + generator: one of our exports, or a WordPiece pair such as Google's). The

@@ -69,6 +69,27 @@ def decay_mask(params: Any) -> Any:
     return jax.tree_util.tree_map_with_path(is_decayed, params)
 
 
+def is_generator_param(name: str) -> bool:
+    """Whether a top-level parameter subtree belongs to the generator alone: its encoder, its
+    own embeddings (embedding_sharing 'none'), its MLM head and bias, the adversarial
+    objective's baseline. The shared embeddings ('electra') belong to both networks."""
+    return name.startswith("generator") or name == "adversarial_baseline"
+
+
+def scale_generator_updates(scale: float) -> optax.GradientTransformation:
+    """Multiplies the generator's updates by `scale` (a learning rate `scale` times the
+    discriminator's, weight decay included); the other parameters' updates are unchanged."""
+
+    def update_fn(updates, state, params=None):
+        del params
+        return {
+            k: jax.tree_util.tree_map(lambda u: u * scale, v) if is_generator_param(k) else v
+            for k, v in updates.items()
+        }, state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
+
+
 def make_optimizer(train_cfg: Any) -> tuple[optax.GradientTransformation, optax.Schedule]:
     """The optax chain for pre-training from the `train` config section."""
     schedule = learning_rate_schedule(
@@ -81,13 +102,16 @@ def make_optimizer(train_cfg: Any) -> tuple[optax.GradientTransformation, optax.
         adam = optax.scale_by_adam(b1, b2, eps)
     else:
         adam = scale_by_adam_without_bias_correction(b1, b2, eps)
-    tx = optax.chain(
+    parts = [
         optax.clip_by_global_norm(train_cfg.clip_norm),
         adam,
         optax.add_decayed_weights(train_cfg.weight_decay, mask=decay_mask),
         optax.scale_by_learning_rate(schedule),
-    )
-    return tx, schedule
+    ]
+    scale = train_cfg.get("generator_lr_scale", 1.0)
+    if scale != 1.0:  # left out at 1, so that the optimizer state's tree stays the paper's
+        parts.append(scale_generator_updates(scale))
+    return optax.chain(*parts), schedule
 
 
 def layerwise_lr_multipliers(

@@ -385,6 +385,7 @@ _RANGES = (
     ("train.adam_b1", 0, 1, True, False),
     ("train.adam_b2", 0, 1, True, False),
     ("train.adam_eps", 0, None, False, True),
+    ("train.generator_lr_scale", 0, None, False, True),
     ("log.peak_flops", 0, None, True, True),
 )
 

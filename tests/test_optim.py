@@ -104,3 +104,33 @@ def test_every_model_matrix_is_decayed_and_nothing_else():
         name = path[-1].key
         exempt = name.endswith("bias") or name == "scale"
         assert decayed != exempt, jax.tree_util.keystr(path)
+
+
+def test_generator_lr_scale_multiplies_the_generators_updates_only():
+    cfg = micro_config().train
+    cfg.warmup_steps, cfg.weight_decay = 0, 0.01
+    params = {
+        "generator": {"kernel": jnp.ones((2, 2))},
+        "generator_lm_head_bias": jnp.ones(3),
+        "discriminator": {"kernel": jnp.ones((2, 2))},
+        "embeddings": {"embedding": jnp.ones((3, 2))},  # shared: the discriminator's rate
+    }
+    grads = jax.tree_util.tree_map(lambda p: 0.5 * jnp.ones_like(p), params)
+
+    def first_update(scale):
+        cfg.generator_lr_scale = scale
+        tx, _ = make_optimizer(cfg)
+        return tx.update(grads, tx.init(params), params)[0]
+
+    one, ten = first_update(1.0), first_update(10.0)
+    for key in ("generator", "generator_lm_head_bias"):
+        np.testing.assert_allclose(
+            jax.tree_util.tree_leaves(ten[key])[0], 10 * jax.tree_util.tree_leaves(one[key])[0]
+        )
+    for key in ("discriminator", "embeddings"):
+        np.testing.assert_array_equal(
+            jax.tree_util.tree_leaves(ten[key])[0], jax.tree_util.tree_leaves(one[key])[0]
+        )
+    # At 1 the chain is the paper's: its state has no extra entry.
+    cfg.generator_lr_scale = 1.0
+    assert len(make_optimizer(cfg)[0].init(params)) == 4
