@@ -133,6 +133,21 @@ def check_prepared(config, data_dir: str) -> tuple[str, float]:
     return folder, loop.describe(config, compile=False)["flops_per_step"]
 
 
+def device_name() -> str:
+    """The GPU's name as nvidia-smi gives it (no jax start on the device), else 'cpu'."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return "cpu"
+    names = out.stdout.strip().splitlines()
+    return names[0] if out.returncode == 0 and names else "cpu"
+
+
 def child_env(**extra) -> dict:
     env = dict(_CHILD_ENV, PYTHONUNBUFFERED="1", **extra)
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
@@ -398,6 +413,7 @@ def run(args) -> None:
             "finetune_fields": module.get("FINETUNE", {}),
             "cpu_shapes": args.cpu,
             "jax": jax.__version__,
+            "device": device_name(),
             "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
             "data": {k: manifest[k] for k in ("corpus", "vocab_size", "seq_length", "prepared")},
             "shards": os.path.relpath(shards, args.data),

@@ -8,7 +8,8 @@ wide, learning rate 5e-4, 15% masked, 128 x 128 tokens per step) with 30,522 pie
 bfloat16, shortened to a budget of steps: 12,000 steps is about 3.2 minutes at 16 ms per step
 (~1M tokens/s), 2.4e16 counted FLOPs. benchmarks/gpu_quality.py sets the data paths from
 .gpu_data/gpu_data.json and, with --steps, train.num_steps (warm-up and evaluation interval
-keep their share of the steps).
+keep their share of the steps; other step counts here, such as objective.temperature_steps,
+are taken as written).
 
 This file is the one place that holds the recipe: change get_config() (e.g.
 objective.temperature_start, objective.disc_mlm_weight, train.learning_rate) and FINETUNE

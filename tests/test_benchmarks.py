@@ -153,12 +153,18 @@ def test_gpu_data_then_quality_on_cpu_writes_every_field(tmp_path):
     )
     out = tmp_path / "out"
     refused = _run(
-        ["benchmarks/gpu_quality.py", f"--data={data}", f"--out={out}", f"--config={changed}"],
+        [
+            "benchmarks/gpu_quality.py",
+            f"--data={data}",
+            f"--out={out}",
+            f"--config={changed}",
+            f"--tasks={TASKS}",
+        ],
         env,
         120,
     )
     assert refused.returncode == 2
-    assert refused.stderr.strip().startswith("error:") and "rerun" in refused.stderr
+    assert refused.stderr.startswith("error:") and "no shards for this config" in refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1
 
     run = _run(
