@@ -12,7 +12,7 @@ the shards' content key names, and runs the command-line tools only:
      --pretrain_seconds it is sent SIGTERM, saves and stops, and fine-tuning starts from there;
   2. `python -m electra_jax.finetune --config=configs/glue.py` on each of --tasks, seed 0, from
      the pre-trained workdir and from random weights of the same shape with the same tokenizer,
-     --parallel runs at a time on the one device (each takes 1/parallel of its memory), until
+     --parallel runs at a time on the one device (each takes 0.8/parallel of its memory), until
      --finetune_seconds, with the recipe file's FINETUNE fields (caps on big training sets).
 
 OUT/h200_quality.json is rewritten (atomically) as each piece is known, so a run cut short
@@ -297,7 +297,8 @@ def scores(summary: Summary, tasks: list[str]) -> None:
 
 def finetune(args, jobs: list[dict], summary: Summary) -> None:
     """Runs `jobs`, --parallel at a time, until --finetune_seconds; records each result."""
-    fraction = f"{min(0.75, 0.9 / args.parallel):.3f}"
+    # CUDA contexts and cuDNN workspaces sit outside the pools: leave a fifth of the memory.
+    fraction = f"{min(0.75, 0.8 / args.parallel):.3f}"
     env = child_env(XLA_PYTHON_CLIENT_MEM_FRACTION=fraction)
     runs = summary.data["finetune"]
 
