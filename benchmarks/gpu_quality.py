@@ -390,10 +390,7 @@ def run(args) -> None:
         raise gpu_data.Refused(f"{args.data} holds no GLUE files for {', '.join(missing)}")
     if not os.path.isfile(args.config):
         raise gpu_data.Refused(f"--config {args.config} is not a file")
-    os.makedirs(args.out, exist_ok=True)
-    args.workdir = args.workdir or tempfile.mkdtemp(prefix="electra_jax_gpu_quality-")
-    os.makedirs(args.workdir, exist_ok=True)
-    if os.listdir(args.workdir):
+    if args.workdir and os.path.isdir(args.workdir) and os.listdir(args.workdir):
         raise gpu_data.Refused(f"--workdir {args.workdir} is not empty; give a new folder")
     source = gpu_data.stage(
         os.path.join(args.data, "corpus"), manifest["corpus_files"], manifest["staged_at"]
@@ -403,6 +400,9 @@ def run(args) -> None:
     overrides = pretrain_overrides(config, manifest, args.data, source, args.steps, args.cpu)
     config = apply(config, overrides)
     shards, flops_per_step = check_prepared(config, args.data)
+    os.makedirs(args.out, exist_ok=True)
+    args.workdir = args.workdir or tempfile.mkdtemp(prefix="electra_jax_gpu_quality-")
+    os.makedirs(args.workdir, exist_ok=True)
     import jax
 
     summary = Summary(
