@@ -1,8 +1,14 @@
 import json
+import os
+import re
+import shutil
 import subprocess
 import sys
 
-from tests.conftest import ROOT, subprocess_env
+import pytest
+
+from benchmarks import gpu_data
+from tests.conftest import ROOT, SHARED, subprocess_env
 
 
 def test_train_step_benchmark_prints_one_json_line():
@@ -29,3 +35,171 @@ def test_train_step_benchmark_prints_one_json_line():
     assert row["mfu"] is None  # no known peak for a CPU
     # configs/tiny.py inherits 4 steps per call: the 2 timed steps are one whole call of 4.
     assert row["steps_per_call"] == 4 and row["steps"] == 4
+
+
+# --------------------------------------------------------------- the single-GPU run (gpu.sh)
+
+TASKS = "RTE,MRPC"  # the two smallest dev sets: both inits, averages and the gain, in little time
+
+
+def test_as_documents_joins_wrapped_paragraphs_and_splits_wikitext_articles():
+    wrapped = b"[A Book]\n\nIt was a dark\nand stormy night.\n\n\nThe end.\n"
+    joined = b"[A Book]\nIt was a dark and stormy night.\nThe end.\n"
+    assert gpu_data.as_documents(wrapped) == joined
+    # No blank lines: a paragraph per line already; CRLF and edge spaces dropped.
+    speech = b"Fellow citizens:\r\nWe meet today.\r\nThank you.\r\n"
+    assert gpu_data.as_documents(speech) == b"Fellow citizens:\nWe meet today.\nThank you.\n"
+    wiki = b" = First = \r\n A text . \r\n = = Section = = \r\n More . \r\n = Second = \r\n B .\r\n"
+    assert gpu_data.as_documents(wiki) == (
+        b"= First =\nA text .\n= = Section = =\nMore .\n\n= Second =\nB .\n"
+    )
+
+
+def test_stage_refuses_a_folder_it_did_not_make(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt.gz").write_bytes(b"x" * 10)
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "keep.txt").write_text("someone else's")
+    with pytest.raises(gpu_data.Refused, match="not staged by"):
+        gpu_data.stage(str(corpus), [["a.txt.gz", 10]], str(theirs))
+    assert (theirs / "keep.txt").read_text() == "someone else's"
+    staged = tmp_path / "staged"
+    source = gpu_data.stage(str(corpus), [["a.txt.gz", 10]], str(staged))
+    assert source == f"text:{staged}/**/*.gz"
+    assert (staged / "a.txt.gz").stat().st_mtime_ns == gpu_data.FIXED_MTIME_NS
+    # Its own folder is staged again; a file of the wrong size is refused.
+    with pytest.raises(gpu_data.Refused, match="not 11 bytes"):
+        gpu_data.stage(str(corpus), [["a.txt.gz", 11]], str(staged))
+
+
+def test_gpu_sh_budget_fits_one_device_call_and_refuses_unknown_parts(tmp_path):
+    script = (ROOT / "benchmarks" / "gpu.sh").read_text()
+    gpu = script[script.index("else\n  TOTAL=") :]
+    budget = {
+        name: int(re.search(rf"{name}=\$\{{BUDGET_\w+:-(\d+)\}}", gpu).group(1))
+        for name in ("TOTAL", "B_CHECKS", "B_PRETRAIN", "B_FINETUNE")
+    }
+    assert budget["TOTAL"] <= 600  # the device's limit on one command
+    # setup (15 s) and what the parts before speed may take leave speed at least two rows' time
+    first = 15 + budget["B_CHECKS"] + budget["B_PRETRAIN"] + budget["B_FINETUNE"]
+    assert budget["TOTAL"] - first >= 120
+    out = subprocess.run(
+        ["bash", "benchmarks/gpu.sh", "--parts=checks,bogus"],
+        cwd=ROOT,
+        env=dict(subprocess_env(), OUT=str(tmp_path)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2 and "error: --parts: unknown part bogus" in out.stdout
+
+
+def _run(args, env, timeout):
+    return subprocess.run(
+        [sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not (SHARED / "data" / "corpus").is_dir(), reason="needs the shared corpus and GLUE files"
+)
+def test_gpu_data_then_quality_on_cpu_writes_every_field(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for path in sorted((SHARED / "data" / "corpus" / "nltk-inaugural").glob("19[0-4]*.txt")):
+        shutil.copy(path, corpus)
+    env = subprocess_env()
+    data, staged = tmp_path / "data", tmp_path / "staged"
+    prep = _run(
+        [
+            "benchmarks/gpu_data.py",
+            f"--corpus={corpus}",
+            f"--out={data}",
+            f"--staged_at={staged}",
+            f"--tasks={TASKS}",
+            "--vocab_size=600",
+            "--seq_length=64",
+            "--peer=",
+        ],
+        env,
+        300,
+    )
+    assert prep.returncode == 0, prep.stderr[-2000:]
+    summary = json.loads(prep.stdout.strip().splitlines()[-1])
+    assert summary["vocab_size"] == 600 and summary["seq_length"] == 64
+    assert summary["bytes"] == gpu_data.folder_bytes(str(data)) > 0
+    assert 0 < summary["travels_bytes"] <= summary["carry_limit_bytes"]
+    manifest = json.loads((data / "gpu_data.json").read_text())
+    assert manifest["tasks"] == TASKS.split(",") and manifest["peer"] is None
+    assert (data / manifest["shards"] / "manifest.json").is_file()
+    assert (data / "tokenizer" / "spm.model").is_file()
+    for task in TASKS.split(","):
+        assert (data / "glue" / task / "dev.tsv").read_bytes() == (
+            SHARED / "data" / "glue" / task / "dev.tsv"
+        ).read_bytes()
+    # A recipe whose data fields differ from the prepared ones is refused before any training.
+    changed = tmp_path / "changed.py"
+    changed.write_text(
+        "import runpy\n"
+        f"_base = runpy.run_path({str(ROOT / 'configs' / 'gpu_quality.py')!r})\n"
+        "FINETUNE = _base['FINETUNE']\n"
+        "def get_config():\n"
+        "    config = _base['get_config']()\n"
+        "    config.data.short_seq_prob = 0.2\n"
+        "    return config\n"
+    )
+    out = tmp_path / "out"
+    refused = _run(
+        [
+            "benchmarks/gpu_quality.py",
+            f"--data={data}",
+            f"--out={out}",
+            f"--config={changed}",
+            f"--tasks={TASKS}",
+        ],
+        env,
+        120,
+    )
+    assert refused.returncode == 2
+    assert refused.stderr.startswith("error:") and "no shards for this config" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1
+
+    run = _run(
+        [
+            "benchmarks/gpu_quality.py",
+            f"--data={data}",
+            f"--out={out}",
+            f"--workdir={tmp_path / 'work'}",
+            f"--tasks={TASKS}",
+            "--cpu",
+            "--parallel=2",
+            "--finetune_seconds=600",
+        ],
+        env,
+        900,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    q = json.loads((out / "h200_quality.json").read_text())
+    assert q["status"] == "done"
+    steps = q["steps_done"]
+    assert steps == q["steps_planned"] == 8
+    assert q["tokens"] == steps * 8 * 64
+    assert q["pretrain_flops"] == steps * q["flops_per_step"] > 0
+    assert q["pretrain_seconds"] > 0 and q["pretrain_exit_code"] == 0
+    assert [e["step"] for e in q["eval"]] == [4, 8] and q["disc_auc"] == q["eval"][-1]["disc_auc"]
+    assert 0 < q["disc_auc"] < 1
+    for init in ("electra", "random_init"):
+        scores = [q[init][t] for t in TASKS.split(",")]
+        assert all(0 <= s <= 100 for s in scores)
+        assert q[init]["average"] == round(sum(scores) / len(scores), 2)
+        for task in TASKS.split(","):
+            assert q["finetune"][init][task]["status"] == "done"
+            assert q["finetune"][init][task]["num_train_examples"] > 0
+    assert q["gain"] == round(q["electra"]["average"] - q["random_init"]["average"], 2)
+    rows = [json.loads(line) for line in (out / "pretrain_metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["step"] == steps and "eval/disc_auc" in rows[-1]
+    # What comes back from the device: plain files, no folders, names it accepts.
+    assert sorted(os.listdir(out)) == ["h200_quality.json", "pretrain_metrics.jsonl"]
