@@ -65,6 +65,18 @@ SETTINGS: dict[str, dict] = {
         "objective.disc_mlm_weight": 1.0,
         "objective.disc_mlm_steps": 600,
     },
+    "lr2e-4-glr5-dmlm1": {
+        "train.learning_rate": 2e-4,
+        "train.generator_lr_scale": 5.0,
+        "objective.disc_mlm_weight": 1.0,
+        "objective.disc_mlm_steps": 600,
+    },
+    "lr1e-4-glr10-dmlm3": {
+        "train.learning_rate": 1e-4,
+        "train.generator_lr_scale": 10.0,
+        "objective.disc_mlm_weight": 3.0,
+        "objective.disc_mlm_steps": 600,
+    },
     # The discriminator also predicts the masked tokens, a term that fades out over the run.
     "dmlm1": {"objective.disc_mlm_weight": 1.0, "objective.disc_mlm_steps": 600},
     "lr3e-4-dmlm1": {
