@@ -42,5 +42,5 @@ def get_config():
     config.train.warmup_steps = 1_200
     config.checkpoint.every_steps = 4_000
     config.checkpoint.keep = 1
-    config.eval.every_steps = 1_200  # ten held-out readings; a multiple of log.every_steps
+    config.eval.every_steps = 1_200  # ten held-out readings
     return config

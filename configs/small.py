@@ -139,7 +139,7 @@ def get_config() -> ml_collections.ConfigDict:
     # precision/recall, generator accuracy, and the collapse cosine of the discriminator's states.
     # Added to the step's row in metrics.jsonl and TensorBoard under `eval/`, and at the last step.
     config.eval = ml_collections.ConfigDict()
-    config.eval.every_steps = 10_000  # a multiple of log.every_steps; 0: no evaluation
+    config.eval.every_steps = 10_000  # 0: no evaluation
     config.eval.batch_size = 0  # rows per held-out batch; 0: train.batch_size
 
     config.log = ml_collections.ConfigDict()

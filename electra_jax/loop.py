@@ -636,6 +636,7 @@ class _Calls:
         self.last_step = self.num_steps if stop_after is None else min(self.num_steps, stop_after)
         self.per_call = config.train.get("steps_per_call", 1)
         self.log_every, self.save_every = config.log.every_steps, config.checkpoint.every_steps
+        self.eval_every = _eval_every(config)  # a row at each evaluation, too
         self.programs: dict[bool, Any] = {}  # whole call of K (True) or one step (False)
 
     def size(self, step: int) -> int:
@@ -644,8 +645,15 @@ class _Calls:
             self.per_call - step % self.per_call,
             self.log_every - step % self.log_every,
             self.save_every - step % self.save_every,
+            self.eval_every - step % self.eval_every if self.eval_every else self.per_call,
             self.last_step - step,
         )
+
+    def row_due(self, step: int) -> bool:
+        """Whether step `step` writes a metrics row: every log.every_steps, at each held-out
+        evaluation and at the last step."""
+        evaluated = self.eval_every and step % self.eval_every == 0
+        return step % self.log_every == 0 or step == self.num_steps or bool(evaluated)
 
     def read(self, step: int):
         """The batches of the call after `step`: [K, B, L] for a whole call, else a list of
@@ -714,7 +722,7 @@ def _steps(calls: _Calls, ledger: _Ledger, state, start_step: int, batches, watc
         # while the main thread blocks in that read. Waiting here costs the device only the
         # dispatch of the next call, whose batches are already on it.
         jax.block_until_ready(ledger.flags[-1][1])
-        if done % calls.log_every == 0 or done == calls.num_steps:
+        if calls.row_due(done):
             ledger.log_row(done, step_metrics, state)
         if watcher.requested(done):
             if position is not None:

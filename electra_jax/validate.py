@@ -321,12 +321,6 @@ def _check_eval(config: Any) -> None:
     )
     if not every:
         return
-    log_every = config.log.every_steps
-    _require(
-        every % log_every == 0,
-        f"eval.every_steps={every} must be a multiple of log.every_steps={log_every} (its "
-        "readings go into that step's metrics row)",
-    )
     _require(
         held >= batch and held % batch == 0,
         f"eval.every_steps={every} evaluates on the held-out rows, but data.heldout_examples="

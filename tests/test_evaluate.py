@@ -29,9 +29,11 @@ def _eval_config(shared_data):
 @pytest.mark.slow
 def test_training_evaluates_on_schedule_and_resumes_with_the_same_readings(shared_data, tmp_path):
     cfg = _eval_config(shared_data)
+    cfg.log.every_steps = 5  # an evaluation writes a row of its own
     straight = tmp_path / "straight"
     loop.train(cfg, str(straight))
     rows = metrics.read_rows(str(straight / "metrics.jsonl"))
+    assert [r["step"] for r in rows] == [2, 4, 5, 6]
     evaluated = [r["step"] for r in rows if "eval/disc_auc" in r]
     assert evaluated == [2, 4, 6]
     for r in rows:

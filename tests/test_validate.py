@@ -226,10 +226,8 @@ def test_the_discriminator_mlm_term_is_electras_and_evaluation_needs_whole_heldo
         validate.check_config(config)
     config = micro_config()
     config.eval.every_steps = 3
-    config.log.every_steps = 2
-    with pytest.raises(validate.ConfigError, match="a multiple of log.every_steps=2"):
-        validate.check_config(config)
-    config.log.every_steps = 1
+    config.log.every_steps = 2  # no multiple needed: an evaluation writes a row of its own
+    validate.check_config(config)
     config.data.heldout_examples = 12  # batch 8
     with pytest.raises(validate.ConfigError, match="not a positive multiple of the evaluation"):
         validate.check_config(config)
