@@ -84,6 +84,14 @@ SETTINGS: dict[str, dict] = {
         "objective.disc_mlm_weight": 20.0,
         "objective.disc_mlm_steps": 600,
     },
+    # The replaced-token head starts at the prior's logit (train.rtd_prior_init).
+    "prior": {"train.rtd_prior_init": True},
+    "lr3e-4-prior": {"train.learning_rate": 3e-4, "train.rtd_prior_init": True},
+    "lr3e-4-glr3-prior": {
+        "train.learning_rate": 3e-4,
+        "train.generator_lr_scale": 3.0,
+        "train.rtd_prior_init": True,
+    },
     # BERT's MLM alone on the discriminator-sized network: does it learn at these rates?
     "mlm-lr1e-3": {"objective.name": "mlm"},
     "mlm-lr3e-4": {"objective.name": "mlm", "train.learning_rate": 3e-4},

@@ -108,6 +108,10 @@ def get_config() -> ml_collections.ConfigDict:
     # The generator's learning rate as a multiple of train.learning_rate (its encoder and heads;
     # the shared embeddings take the discriminator's); 1: one learning rate, as the paper
     config.train.generator_lr_scale = 1.0
+    # Start the replaced-token head's bias at the logit of objective.mask_prob (the share of
+    # tokens a fresh generator replaces) instead of 0, as the original: a head that starts
+    # calibrated; False keeps the original's initialisation
+    config.train.rtd_prior_init = False
     # Start from pre-trained weights instead of random ones (a fresh run only; a resumed run
     # uses its checkpoint): a pre-training workdir, an export, or 'hf:DIR' (transformers ELECTRA
     # discriminator + generator: one of our exports, or a WordPiece pair such as Google's). The

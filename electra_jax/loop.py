@@ -62,6 +62,18 @@ def build(config: ml_collections.ConfigDict, vocab_size: int, mesh=None):
     return spec, model, tx, schedule, num_slots
 
 
+def rtd_prior_bias(config) -> float:
+    """The replaced-token head's starting bias: with train.rtd_prior_init, the logit of the
+    share of tokens a fresh generator replaces (about objective.mask_prob: its near-uniform
+    samples are almost never the original), so that the head starts calibrated and the
+    discriminator's first updates need not shift every token's state to lower its logit; else 0,
+    as the original."""
+    if not config.train.get("rtd_prior_init", False):
+        return 0.0
+    p = config.objective.mask_prob
+    return float(np.log(p / (1.0 - p)))
+
+
 @dataclasses.dataclass(frozen=True)
 class StepSetup:
     """What a run compiles: the model's spec, how to make the state, and the jitted step."""
@@ -86,7 +98,9 @@ def setup_step(
     """The model, state layout and compiled-on-first-use train step a config describes
     (`special`: the tokenizer's [PAD], [CLS], [SEP], [MASK] ids)."""
     spec, model, tx, schedule, num_slots = build(config, vocab_size, mesh)
-    make_state = functools.partial(init_state, model, tx, config.seed)
+    make_state = functools.partial(
+        init_state, model, tx, config.seed, rtd_bias=rtd_prior_bias(config)
+    )
     abstract = jax.eval_shape(make_state)
     params_sharding = sharding.param_shardings(param_logical_axes(model), abstract.params, mesh)
     state_sharding = sharding.state_shardings(abstract, params_sharding, mesh)

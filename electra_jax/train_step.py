@@ -39,12 +39,26 @@ class TrainState:
     rng: jax.Array  # uint32[2]: the run's base key; step k uses fold_in(rng, k)
 
 
-def init_state(model: Electra, tx: optax.GradientTransformation, seed: int) -> TrainState:
-    """Parameters, optimizer state and keys from one seed (jit it with out_shardings)."""
+# The replaced-token head's 1-unit output layer (its bias is the logit every token starts at).
+RTD_OUTPUT = "discriminator_predictions_dense_prediction"
+
+
+def init_state(
+    model: Electra, tx: optax.GradientTransformation, seed: int, rtd_bias: float = 0.0
+) -> TrainState:
+    """Parameters, optimizer state and keys from one seed (jit it with out_shardings).
+
+    rtd_bias: the replaced-token head's starting bias (train.rtd_prior_init sets it to the
+    prior's logit; 0, the original's zero initialisation, leaves the parameters as drawn).
+    """
     from electra_jax.model import init_params
 
     init_rng, step_rng = jax.random.split(jax.random.PRNGKey(seed))
     params = init_params(model, init_rng)
+    if rtd_bias:
+        head = dict(params[RTD_OUTPUT])
+        head["bias"] = jnp.full_like(head["bias"], rtd_bias)
+        params = {**params, RTD_OUTPUT: head}
     return TrainState(
         step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params), rng=step_rng
     )

@@ -419,6 +419,7 @@ _CHOICES = (
     ("train.remat", ("none", "full", "dots")),
     ("objective.sampler", ("inverse_cdf", "gumbel")),
     ("model.scan_layers", (True, False)),
+    ("train.rtd_prior_init", (False, True)),
 )
 
 

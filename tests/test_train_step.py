@@ -253,3 +253,18 @@ def test_the_temperature_schedule_and_the_fading_discriminator_mlm_term():
     assert not plain.mlm_head
     count = lambda s: metrics.count_flops(s, 8, 32, 5, "electra")["total"]
     assert count(spec) > count(plain)
+
+
+def test_rtd_prior_init_starts_the_head_at_the_priors_logit():
+    """train.rtd_prior_init: the replaced-token head's bias starts at logit(mask_prob), so the
+    first step's discriminator loss is about the prior's entropy, not ln 2."""
+    cfg = micro_config()
+    cfg.train.rtd_prior_init = True
+    p = cfg.objective.mask_prob
+    assert loop.rtd_prior_bias(cfg) == pytest.approx(np.log(p / (1 - p)))
+    first = run_steps(cfg, jax.devices()[:1], num_steps=1)[0]
+    prior = -(p * np.log(p) + (1 - p) * np.log(1 - p))
+    assert abs(first["disc_loss"] - prior) < 0.1 and first["disc_loss"] < 0.55
+    cfg.train.rtd_prior_init = False
+    assert loop.rtd_prior_bias(cfg) == 0.0
+    assert run_steps(cfg, jax.devices()[:1], num_steps=1)[0]["disc_loss"] > 0.6  # about ln 2
