@@ -1,6 +1,7 @@
 r"""Which pre-training recipe keeps the discriminator off the prior at small compute.
 
     python -m benchmarks.recipe_study --out=runs/recipe --settings=default,lr3e-4 --seeds=0,1
+    python -m benchmarks.recipe_study --out=runs/all --join=runs/recipe,runs/recipe2  # one report
 
 Pre-trains configs/tiny.py (the default first run: 4 x 128 discriminator, 600 steps of 32 x 128
 tokens on the builtin corpus) once per setting and seed, each setting a set of config overrides
@@ -170,8 +171,10 @@ def run_one(config, workdir: str) -> dict:
     """Trains (or finds finished) one run; returns its held-out rows and counted FLOPs."""
     if not _finished(workdir, config.train.num_steps):
         t0 = time.time()
-        loop.train(config, workdir)
+        row = loop.train(config, workdir)
         seconds = time.time() - t0
+        if "preempted_at" in row:  # SIGTERM / Ctrl-C: the run saved; the study stops too
+            sys.exit(f"stopped at step {row['preempted_at']} of {workdir}; rerun to continue")
     else:
         seconds = None
     spec, _, _, _, slots = loop.build(config, config.data.vocab_size)
@@ -179,7 +182,9 @@ def run_one(config, workdir: str) -> dict:
         spec, config.train.batch_size, config.data.seq_length, slots, config.objective.name
     )["total"]
     rows = evaluate.read_rows(workdir)
-    return {"flops_per_step": flops, "rows": rows, "seconds": seconds}
+    # A run stopped by a signal saves and returns: it is reported once it has finished.
+    finished = _finished(workdir, config.train.num_steps)
+    return {"flops_per_step": flops, "rows": rows, "seconds": seconds, "finished": finished}
 
 
 def fallback(values: list[float]) -> float:
@@ -202,7 +207,7 @@ def table(results: dict) -> str:
         "|---" * (len(SHOWN) + 4) + "|",
     ]
     for name, runs in results["settings"].items():
-        runs = [r for r in runs.values() if r["rows"]]
+        runs = [r for r in runs.values() if r["rows"] and r.get("finished", True)]
         if not runs:
             continue
         cells = []
@@ -237,7 +242,7 @@ def plot(results: dict, path: str) -> None:
     keys = ("disc_auc", "disc_auc_frequent", "disc_loss_gain", "collapse_cosine")
     fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 4))
     for name, runs in results["settings"].items():
-        runs = [r for r in runs.values() if r["rows"]]
+        runs = [r for r in runs.values() if r["rows"] and r.get("finished", True)]
         if not runs:
             continue
         for ax, key in zip(axes, keys, strict=True):
@@ -263,6 +268,22 @@ def plot(results: dict, path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def joined(folders: list[str]) -> dict:
+    """The runs of several studies' results.json as one (a later folder's run of a setting and
+    seed replaces an earlier's); folders without results are skipped."""
+    out = {"settings": {}, "base": None}
+    for folder in folders:
+        path = os.path.join(folder, "results.json")
+        if not os.path.isfile(path):
+            continue
+        with open(path) as f:
+            found = json.load(f)
+        out["base"] = out["base"] or found.get("base")
+        for name, runs in found["settings"].items():
+            out["settings"].setdefault(name, {}).update(runs)
+    return out
+
+
 def _write_json(path: str, obj) -> None:
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w") as f:
@@ -277,7 +298,19 @@ def main(argv=None) -> None:
     parser.add_argument("--seeds", default="0,1")
     parser.add_argument("--base", choices=("tiny", "small-data"), default="tiny")
     parser.add_argument("--steps", type=int, default=0, help="train.num_steps (0: the base's)")
+    parser.add_argument(
+        "--join", default="", help="OUT folders of earlier studies to report with this one"
+    )
     args = parser.parse_args(argv)
+    if args.join:
+        results = joined([*args.join.split(","), args.out])
+        os.makedirs(args.out, exist_ok=True)
+        _write_json(os.path.join(args.out, "results.json"), results)
+        with open(os.path.join(args.out, "table.md"), "w") as f:
+            f.write(table(results))
+        plot(results, os.path.join(args.out, "recipe_study.png"))
+        print(table(results))
+        return
     names = args.settings.split(",")
     unknown = [n for n in names if n not in SETTINGS]
     if unknown:
