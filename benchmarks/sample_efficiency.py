@@ -54,8 +54,9 @@ import sys
 import time
 
 from benchmarks import glue
-from electra_jax import loop, metrics, objective
+from electra_jax import loop, metrics
 from electra_jax.finetune import tasks as glue_tasks
+from electra_jax.objectives.names import OBJECTIVES as ALL_OBJECTIVES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.join(os.path.dirname(ROOT), "shared", "data")
@@ -500,7 +501,7 @@ def run(
     log = log or (lambda m: print(m, file=sys.stderr, flush=True))
     tasks = [glue_tasks.get_task(t).name for t in (tasks or preset["tasks"])]
     seeds = seeds or preset["seeds"]
-    known = (*objective.OBJECTIVES, *preset.get("variants", {}))
+    known = (*ALL_OBJECTIVES, *preset.get("variants", {}))
     for name in objectives:
         if name not in known:
             raise ValueError(f"objective {name!r}: use some of {', '.join(known)}")

@@ -166,11 +166,12 @@ def evaluate_workdir(
     import ml_collections
     import orbax.checkpoint as ocp
 
-    from electra_jax import checkpointing, objective, pretrained, validate
+    from electra_jax import checkpointing, pretrained, validate
     from electra_jax import workdir as workdir_lib
     from electra_jax.data import prepare
     from electra_jax.data.tokenizer import load_saved
     from electra_jax.model import Electra
+    from electra_jax.objectives.core import num_mask_slots
     from electra_jax.train_step import special_tokens_of
 
     stored = pretrained.read_run_config(workdir)
@@ -196,7 +197,7 @@ def evaluate_workdir(
         where = os.path.join(workdir, "config.json")
         spec = pretrained.spec_from_run_config(config.to_dict(), tokenizer.vocab_size, where)
         model = Electra(spec)
-        num_slots = objective.num_mask_slots(config.data.seq_length, config.objective.mask_prob)
+        num_slots = num_mask_slots(config.data.seq_length, config.objective.mask_prob)
         abstract = jax.eval_shape(lambda: _init_params(model))
         params_sharding = jax.tree_util.tree_map(lambda _: sharding.replicated(mesh), abstract)
         batch_size = config.get("eval", {}).get("batch_size", 0) or config.train.batch_size

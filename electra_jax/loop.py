@@ -19,7 +19,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from electra_jax import checkpointing, layer_stack, metrics, objective, sharding, validate
+from electra_jax import checkpointing, layer_stack, metrics, sharding, validate
 from electra_jax.model import (
     Electra,
     ElectraSpec,
@@ -27,6 +27,8 @@ from electra_jax.model import (
     param_logical_axes,
     spec_from_config,
 )
+from electra_jax.objectives import registry
+from electra_jax.objectives.core import num_mask_slots
 from electra_jax.optim import make_optimizer
 from electra_jax.train_step import (
     DEFAULT_SPECIAL,
@@ -48,20 +50,18 @@ def _write_json_atomic(path: str, obj: Any) -> None:
 def build(config: ml_collections.ConfigDict, vocab_size: int, mesh=None):
     """The model, optimizer, schedule and mask-slot count a config describes (for `mesh`, when
     given: FSDP pins activations to the batch split)."""
-    name = config.objective.get("name", "electra")
     spec = spec_from_config(
         config.model,
         config.generator,
         vocab_size,
         config.train.remat,
-        mlm_head=objective.needs_mlm_head(name, config.objective.get("disc_mlm_weight", 0.0)),
-        policy_baseline=objective.needs_policy_baseline(name),
+        **registry.model_heads(config.objective),
     )
     if mesh is not None and mesh.shape["fsdp"] > 1:
         spec = dataclasses.replace(spec, activation_sharding=sharding.batch_sharding(mesh))
     model = Electra(spec)
     tx, schedule = make_optimizer(config.train)
-    num_slots = objective.num_mask_slots(config.data.seq_length, config.objective.mask_prob)
+    num_slots = num_mask_slots(config.data.seq_length, config.objective.mask_prob)
     return spec, model, tx, schedule, num_slots
 
 

@@ -7,22 +7,11 @@ import math
 import os
 from typing import Any
 
+from electra_jax.objectives.names import OBJECTIVES
+
 
 class ConfigError(ValueError):
     """A config value that cannot work; the message names the key and what to do."""
-
-
-# The pre-training objectives (objective.py computes them; named here, where jax is not yet
-# imported, so that a config is checked in moments).
-OBJECTIVES = (
-    "electra",
-    "mlm",
-    "electra_15",
-    "replaced_mlm",
-    "all_tokens_mlm",
-    "two_stage",
-    "adversarial",
-)
 
 
 def _require(ok: bool, message: str) -> None:

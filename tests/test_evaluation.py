@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from electra_jax import evaluation, loop
+from electra_jax.objectives import registry
 from electra_jax.train_step import eval_step, init_state
 from tests.conftest import micro_config
 
@@ -130,8 +131,7 @@ def test_the_readings_follow_the_networks_they_are_given():
 
     frequent = jnp.zeros((vocab,), bool).at[:60].set(True).at[target].set(True)
     kwargs = dict(
-        name="electra",
-        rtd=True,
+        objective=registry.get("electra"),
         mask_prob=0.15,
         num_slots=5,
         mask_id=4,

@@ -10,6 +10,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from electra_jax import layer_stack, loop, metrics
+from electra_jax.objectives import core
 from tests.conftest import micro_config
 
 FIELDS = {
@@ -255,7 +256,6 @@ def test_init_from_a_wordpiece_transformers_pair_continues_pretraining(tmp_path)
     assert math.isfinite(row["loss"]) and row["masked_fraction"] > 0
 
     # The generator sees [MASK] = 103, the tokenizer's, not our SentencePiece models' 4.
-    from electra_jax import objective
     from electra_jax.data import pipeline, prepare, tokenizer
 
     tok = tokenizer.load_saved(str(workdir / "tokenizer"))
@@ -263,7 +263,7 @@ def test_init_from_a_wordpiece_transformers_pair_continues_pretraining(tmp_path)
         pipeline.make_iterator(prepare.prepare(cfg.data, tok, cfg.data.cache_dir, 0), 8, 0)
     )
     special = loop.special_tokens_of(tok)
-    masked = objective.mask_tokens(
+    masked = core.mask_tokens(
         jax.random.PRNGKey(0),
         batch["input_ids"],
         batch["input_mask"],

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from electra_jax import loop, sharding
-from electra_jax import train_step as train_step_lib
+from electra_jax.objectives import two_stage
 from electra_jax.train_step import init_state
 from tests.conftest import micro_config
 
@@ -150,7 +150,7 @@ def test_two_stage_trains_the_generator_then_the_discriminator_from_it_with_the_
     assert _max_difference(gen, disc) > 0.02
     assert _max_difference(gen, params[4]["discriminator"]) < 5 * cfg.train.learning_rate
     assert _max_difference(params[4]["discriminator"], params[5]["discriminator"]) > 0
-    for key in train_step_lib.GENERATOR_ONLY:  # frozen from the switch on, weight decay too
+    for key in two_stage.GENERATOR_ONLY:  # frozen from the switch on, weight decay too
         assert _max_difference(params[3][key], params[5][key]) == 0, key
     assert _max_difference(params[2]["generator"], params[3]["generator"]) > 0  # it learned
 
@@ -215,19 +215,9 @@ def test_the_adversarial_baseline_trains_its_own_weights_only():
     assert moved == {"adversarial_baseline"}
 
 
-def test_schedule_value_is_the_end_when_off_and_linear_when_on():
-    from electra_jax import objective
-
-    assert objective.schedule_value(1.0, 3.0, 0, jnp.int32(5)) == 1.0  # off: a Python float
-    values = [float(objective.schedule_value(1.0, 3.0, 10, jnp.int32(s))) for s in (0, 5, 10, 20)]
-    assert values == [3.0, 2.0, 1.0, 1.0]
-    fade = [float(objective.schedule_value(0.0, 2.0, 4, jnp.int32(s))) for s in (0, 1, 4, 9)]
-    assert fade == [2.0, 1.5, 0.0, 0.0]
-
-
 def test_the_temperature_schedule_and_the_fading_discriminator_mlm_term():
     """temperature_start/steps: the step samples at the scheduled temperature (logged; what a
-    temperature does to sampling is tests/test_objective.py's); disc_mlm_weight/steps: the loss
+    temperature does to sampling is tests/objectives/test_core.py's); disc_mlm_weight/steps: the loss
     is electra's plus the weight x the discriminator's MLM mean, the weight fading to 0."""
     cfg = micro_config()
     cfg.train.learning_rate = 1e-9  # the state barely moves: steps compare at the same weights
