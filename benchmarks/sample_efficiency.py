@@ -54,7 +54,7 @@ import sys
 import time
 
 from benchmarks import glue
-from electra_jax import loop, metrics
+from electra_jax import loop, metrics, step_setup
 from electra_jax.finetune import tasks as glue_tasks
 from electra_jax.objectives.names import OBJECTIVES as ALL_OBJECTIVES
 
@@ -266,7 +266,7 @@ def plan(config, preset: dict) -> dict:
     equal compute); sets config's num_steps, warm-up and checkpoint cadence (a checkpoint at
     each budget step, all kept)."""
     name = config.objective.name
-    spec, _, _, _, num_slots = loop.build(config, config.data.vocab_size)
+    spec, _, _, _, num_slots = step_setup.build(config, config.data.vocab_size)
     per_step = metrics.count_flops(
         spec, config.train.batch_size, config.data.seq_length, num_slots, name
     )["total"]

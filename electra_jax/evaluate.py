@@ -166,7 +166,7 @@ def evaluate_workdir(
     import ml_collections
     import orbax.checkpoint as ocp
 
-    from electra_jax import checkpointing, pretrained, validate
+    from electra_jax import checkpointing, pretrained, resume
     from electra_jax import workdir as workdir_lib
     from electra_jax.data import prepare
     from electra_jax.data.tokenizer import load_saved
@@ -175,7 +175,7 @@ def evaluate_workdir(
     from electra_jax.train_step import special_tokens_of
 
     stored = pretrained.read_run_config(workdir)
-    config = ml_collections.ConfigDict(validate.with_added_defaults(stored))
+    config = ml_collections.ConfigDict(resume.with_added_defaults(stored))
     trained_on = not config.data.get("heldout_examples", 0)
     if trained_on:
         metrics.log(

@@ -169,12 +169,12 @@ def main(argv) -> None:
         if _VERBOSE.value:
             raise
         fail(str(e))
-    from electra_jax import loop
+    from electra_jax import dry_run, loop
     from electra_jax.checkpointing import CheckpointError, Preempted
 
     try:
         if _DRY_RUN.value:
-            print(json.dumps(loop.describe(config, compile=_COMPILE.value)))
+            print(json.dumps(dry_run.describe(config, compile=_COMPILE.value)))
             return
         _maybe_initialize_distributed()
         allow = tuple(k for k in _ALLOW_CHANGE.value.split(",") if k.strip())

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from typing import Any
@@ -447,39 +446,6 @@ def check_batch(
     )
 
 
-# The fields that fix the parameters' shapes and meaning. model.dtype is left out: it is the compute
-# type only (parameters stay float32), so resuming in bfloat16 what ran in float32 is legitimate.
-_MODEL_SECTIONS = ("model", "generator")
-_MODEL_KEYS = ("data.vocab_size", "data.seq_length", "objective.name")  # name: the MLM head
-_NOT_MODEL = ("model.dtype",)
-# What a run config written before these keys existed means by their absence: a run started
-# before model.scan_layers holds its layers unrolled; one started before the held-out slice
-# trained on every row.
-_ADDED_DEFAULTS = {
-    "model.embedding_sharing": "electra",
-    "model.scan_layers": False,
-    "data.heldout_examples": 0,
-}
-
-
-def with_added_defaults(stored: dict) -> dict:
-    """A stored run config (config.json) with the keys added since filled in as `_ADDED_DEFAULTS`
-    says the run had them; a new nested dict."""
-    out = json.loads(json.dumps(stored))
-    for key, value in _ADDED_DEFAULTS.items():
-        node = out
-        *parents, leaf = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node.setdefault(leaf, value)
-    return out
-
-
-def stored_scan_layers(stored: dict) -> bool:
-    """The layer layout of a stored run config (config.json): model.scan_layers."""
-    return bool(flatten(stored).get("model.scan_layers", _ADDED_DEFAULTS["model.scan_layers"]))
-
-
 def flatten(tree: dict, prefix: str = "") -> dict:
     """{"a.b": value} for a nested dict {"a": {"b": value}}."""
     out = {}
@@ -489,81 +455,3 @@ def flatten(tree: dict, prefix: str = "") -> dict:
         else:
             out[f"{prefix}{k}"] = v
     return out
-
-
-def check_same_model(stored: dict, config: Any, config_path: str) -> None:
-    """Raises ConfigError when a workdir's stored config describes another model than `config`.
-
-    stored: the parsed config.json of the workdir. Compares model.*, generator.*,
-    data.vocab_size and data.seq_length, so that a resume with other sizes fails here in one line
-    instead of as a shape error deep inside the restore.
-    """
-    # Keys added since a run was stored mean their default there.
-    old = {**_ADDED_DEFAULTS, **flatten(stored)}
-    new = flatten(config.to_dict())
-
-    def is_model_key(key: str) -> bool:
-        return (key.split(".", 1)[0] in _MODEL_SECTIONS or key in _MODEL_KEYS) and (
-            key not in _NOT_MODEL
-        )
-
-    keys = sorted(k for k in set(old) | set(new) if is_model_key(k))
-    differ = [k for k in keys if old.get(k) != new.get(k)]
-    if differ:
-        shown = ", ".join(f"{k}={old.get(k)!r} there vs {new.get(k)!r} now" for k in differ[:4])
-        more = f" (and {len(differ) - 4} more)" if len(differ) > 4 else ""
-        raise ConfigError(
-            f"{config_path} describes a different model than the one asked for: {shown}{more}; "
-            "to resume, run with the same settings; to train this model, use a new --workdir"
-        )
-
-
-# Settings a resumed run may change without saying so: how long it runs, how the same numbers are
-# computed and laid out, where files go and how often they are written. Every other setting
-# (data, schedule, optimizer, objective, seed) shapes what the run learns, so a resume that
-# changes one would no longer continue the run it resumes; it needs train's --allow_change.
-FREE_ON_RESUME = (
-    "train.num_steps",
-    "train.steps_per_call",
-    "train.remat",
-    "train.grad_accum_steps",
-    "train.nan_policy",
-    "train.debug_nan_at_step",
-    "train.init_from",  # read only by a fresh run
-    "data.cache_dir",
-    "data.tokenizer",  # a resumed run keeps its own; a different file is refused by fingerprint
-    "data.examples_per_shard",
-    "data.tfds_data_dir",
-    "mesh.",
-    "checkpoint.",
-    "log.",
-    "eval.",  # what is read and how often; never what is trained (data.heldout_examples is)
-)
-
-
-def _is_free(key: str) -> bool:
-    return any(key == k or (k.endswith(".") and key.startswith(k)) for k in FREE_ON_RESUME)
-
-
-def check_same_run(
-    stored: dict, config: Any, config_path: str, allowed: tuple[str, ...] = ()
-) -> dict[str, tuple[Any, Any]]:
-    """Raises ConfigError when `config` changes a setting of the stored run that a resume must
-    keep (see FREE_ON_RESUME), unless the key is in `allowed`.
-
-    Keys the stored config lacks (added to the framework since) are not compared. Returns the
-    allowed changes, {key: (stored value, new value)}, for the caller to record.
-    """
-    old, new = flatten(stored), flatten(config.to_dict())
-    differ = sorted(k for k in set(old) & set(new) if old[k] != new[k] and not _is_free(k))
-    refused = [k for k in differ if k not in allowed]
-    if refused:
-        shown = ", ".join(f"{k}={old[k]!r} there vs {new[k]!r} now" for k in refused[:4])
-        more = f" (and {len(refused) - 4} more)" if len(refused) > 4 else ""
-        raise ConfigError(
-            f"resuming with other settings than {config_path}: {shown}{more}; run with the "
-            "stored settings to continue exactly, or pass --allow_change="
-            f"{','.join(refused)} to change them from this step on (recorded in "
-            "config_changes.jsonl), or use a new --workdir"
-        )
-    return {k: (old[k], new[k]) for k in differ}

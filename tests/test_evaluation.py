@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from electra_jax import evaluation, loop
+from electra_jax import evaluation, step_setup
 from electra_jax.objectives import registry
 from electra_jax.train_step import eval_step, init_state
 from tests.conftest import micro_config
@@ -80,7 +80,7 @@ def _batches(cfg, count=2, seed=0):
 def test_eval_step_is_deterministic_and_reads_what_the_objective_has(name):
     cfg = micro_config()
     cfg.objective.name = name
-    _, model, tx, _, slots = loop.build(cfg, cfg.data.vocab_size)
+    _, model, tx, _, slots = step_setup.build(cfg, cfg.data.vocab_size)
     params = init_state(model, tx, 0).params
     frequent = jnp.zeros((cfg.data.vocab_size,), bool).at[5:100].set(True)
     ev = jax.jit(

@@ -9,7 +9,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from electra_jax import layer_stack, loop, metrics
+from electra_jax import dry_run, layer_stack, loop, metrics, train_step
 from electra_jax.objectives import core
 from tests.conftest import micro_config
 
@@ -145,7 +145,7 @@ def test_nan_policy_skip_keeps_the_state_and_counts_the_skip(shared_data, tmp_pa
 def test_describe_reports_the_dry_run_fields():
     config = micro_config()
     config.model.scan_layers = False  # XLA's cost analysis counts a scanned layer once
-    summary = loop.describe(config)
+    summary = dry_run.describe(config)
     for key in (
         "discriminator_params",
         "generator_params",
@@ -164,7 +164,7 @@ def test_describe_reports_the_dry_run_fields():
     assert summary["memory_per_device_bytes"] > summary["memory_state_bytes"] > 0
     assert 1.0 < summary["xla_flops_per_step"] / summary["flops_per_step"] < 1.3
     config.model.scan_layers = True
-    assert loop.compile_report(config, config.data.vocab_size)["xla_flops_per_step"] is None
+    assert dry_run.compile_report(config, config.data.vocab_size)["xla_flops_per_step"] is None
 
 
 def test_init_from_starts_from_another_runs_weights(shared_data, tmp_path):
@@ -262,7 +262,7 @@ def test_init_from_a_wordpiece_transformers_pair_continues_pretraining(tmp_path)
     batch = next(
         pipeline.make_iterator(prepare.prepare(cfg.data, tok, cfg.data.cache_dir, 0), 8, 0)
     )
-    special = loop.special_tokens_of(tok)
+    special = train_step.special_tokens_of(tok)
     masked = core.mask_tokens(
         jax.random.PRNGKey(0),
         batch["input_ids"],

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from electra_jax import loop, metrics
+from electra_jax import dry_run, metrics, step_setup
 from electra_jax.model import spec_from_config
 from electra_jax.objectives.names import OBJECTIVES
 from tests.conftest import load_config, micro_config
@@ -62,11 +62,11 @@ def test_flops_count_matches_xla_cost_analysis(name):
         config.generator.hidden_fraction, config.model.num_heads = 1.0, 2
         config.objective.two_stage_steps = 1
     vocab = 1000
-    spec, _, _, _, num_slots = loop.build(config, vocab)
+    spec, _, _, _, num_slots = step_setup.build(config, vocab)
     counted = metrics.count_flops(
         spec, config.train.batch_size, config.data.seq_length, num_slots, name
     )["total"]
-    xla = loop.compile_report(config, vocab)["xla_flops_per_step"]
+    xla = dry_run.compile_report(config, vocab)["xla_flops_per_step"]
     assert abs(xla / counted - 1) < 0.10, (name, xla, counted)
 
 

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from electra_jax import loop
+from electra_jax import dry_run
 from electra_jax import model as model_lib
 from electra_jax.data.tokenizer import CLS_ID, SEP_ID
 from electra_jax.model import Electra, init_params, spec_from_config
@@ -16,13 +16,13 @@ from tests.conftest import load_config, micro_config
     "name,expected", [("small", 13.5e6), ("base", 108.9e6), ("large", 334.1e6)]
 )
 def test_discriminator_sizes_match_the_paper(name, expected):
-    summary = loop.describe(load_config(name), compile=False)
+    summary = dry_run.describe(load_config(name), compile=False)
     assert abs(summary["discriminator_params"] - expected) / expected < 0.03
 
 
 def test_generator_shapes_follow_the_fraction():
     for name, width, heads in [("small", 64, 1), ("base", 256, 4), ("large", 256, 4)]:
-        summary = loop.describe(load_config(name), compile=False)
+        summary = dry_run.describe(load_config(name), compile=False)
         assert summary["generator_hidden_size"] == width
         assert summary["generator_num_heads"] == heads
 

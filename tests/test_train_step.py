@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from electra_jax import loop, sharding
+from electra_jax import sharding, step_setup
 from electra_jax.objectives import two_stage
 from electra_jax.train_step import init_state
 from tests.conftest import micro_config
@@ -28,8 +28,8 @@ def run_steps(cfg, devices, num_steps=3, setup=None, state=None, same_batch=Fals
     `setup`'s compiled step and from `state` when given); a new random batch each step, or the
     first one again with `same_batch`."""
     mesh = sharding.make_mesh(cfg.mesh, devices)
-    setup = setup or loop.setup_step(cfg, cfg.data.vocab_size, mesh)
-    state = loop.init_on_mesh(setup) if state is None else state
+    setup = setup or step_setup.setup_step(cfg, cfg.data.vocab_size, mesh)
+    state = step_setup.init_on_mesh(setup) if state is None else state
     step = setup.step_fn
     out = []
     for i in range(num_steps):
@@ -53,8 +53,8 @@ def test_steps_update_state_and_learn():
 def test_randomness_is_a_function_of_the_step():
     cfg = micro_config()
     devices = jax.devices()[:1]
-    setup = loop.setup_step(cfg, cfg.data.vocab_size, sharding.make_mesh(cfg.mesh, devices))
-    _, model, tx, _, _ = loop.build(cfg, cfg.data.vocab_size)
+    setup = step_setup.setup_step(cfg, cfg.data.vocab_size, sharding.make_mesh(cfg.mesh, devices))
+    _, model, tx, _, _ = step_setup.build(cfg, cfg.data.vocab_size)
     # The seed is traced, so one compile of the init and one of the step serve all three runs.
     init = jax.jit(lambda seed: init_state(model, tx, seed), out_shardings=setup.state_sharding)
     a = run_steps(cfg, devices, 2, setup, init(0))
@@ -90,7 +90,7 @@ def test_accumulated_micro_batches_give_the_full_batch_gradient():
     cfg.model.dropout_rate = cfg.model.attention_dropout_rate = 0.0
     batch = {k: jnp.asarray(v) for k, v in _batch(cfg).items()}
     batch["input_mask"] = batch["input_mask"].at[:, -7:].set(0)  # uneven real lengths
-    spec, model, _, schedule, slots = loop.build(cfg, cfg.data.vocab_size)
+    spec, model, _, schedule, slots = step_setup.build(cfg, cfg.data.vocab_size)
     sgd = optax.sgd(1.0)  # the update is minus the gradient, unscaled by any optimizer state
     state = init_state(model, sgd, 0)
     grads, metrics = {}, {}
@@ -132,8 +132,8 @@ def test_two_stage_trains_the_generator_then_the_discriminator_from_it_with_the_
     cfg = two_stage_config()
     cfg.train.learning_rate = 1e-3
     mesh = sharding.make_mesh(cfg.mesh, jax.devices()[:1])
-    setup = loop.setup_step(cfg, cfg.data.vocab_size, mesh)
-    state = loop.init_on_mesh(setup)
+    setup = step_setup.setup_step(cfg, cfg.data.vocab_size, mesh)
+    state = step_setup.init_on_mesh(setup)
     params, rows = [jax.device_get(state.params)], []
     for i in range(5):
         state, m = setup.step_fn(state, sharding.global_batch(_batch(cfg, i), mesh))
@@ -161,8 +161,8 @@ def test_adversarial_warms_up_by_maximum_likelihood_then_follows_the_policy_grad
     cfg.objective.name, cfg.objective.mle_warmup_steps = "adversarial", 2
     cfg.train.learning_rate = 1e-3
     mesh = sharding.make_mesh(cfg.mesh, jax.devices()[:1])
-    setup = loop.setup_step(cfg, cfg.data.vocab_size, mesh)
-    state = loop.init_on_mesh(setup)
+    setup = step_setup.setup_step(cfg, cfg.data.vocab_size, mesh)
+    state = step_setup.init_on_mesh(setup)
     assert state.params["adversarial_baseline"]["kernel"].shape == (16, 1)  # generator width
     params, rows = [jax.device_get(state.params)], []
     for i in range(4):
@@ -217,8 +217,8 @@ def test_the_adversarial_baseline_trains_its_own_weights_only():
 
 def test_the_temperature_schedule_and_the_fading_discriminator_mlm_term():
     """temperature_start/steps: the step samples at the scheduled temperature (logged; what a
-    temperature does to sampling is tests/objectives/test_core.py's); disc_mlm_weight/steps: the loss
-    is electra's plus the weight x the discriminator's MLM mean, the weight fading to 0."""
+    temperature does to sampling is tests/objectives/test_core.py's); disc_mlm_weight/steps: the
+    loss is electra's plus the weight x the discriminator's MLM mean, the weight fading to 0."""
     cfg = micro_config()
     cfg.train.learning_rate = 1e-9  # the state barely moves: steps compare at the same weights
     cfg.objective.temperature_start = 5.0
@@ -236,10 +236,10 @@ def test_the_temperature_schedule_and_the_fading_discriminator_mlm_term():
     # The discriminator's MLM head exists only when asked for, and is counted.
     from electra_jax import metrics
 
-    spec, *_ = loop.build(cfg, cfg.data.vocab_size)
+    spec, *_ = step_setup.build(cfg, cfg.data.vocab_size)
     assert spec.mlm_head
     cfg.objective.disc_mlm_weight = 0.0
-    plain, *_ = loop.build(cfg, cfg.data.vocab_size)
+    plain, *_ = step_setup.build(cfg, cfg.data.vocab_size)
     assert not plain.mlm_head
     count = lambda s: metrics.count_flops(s, 8, 32, 5, "electra")["total"]
     assert count(spec) > count(plain)

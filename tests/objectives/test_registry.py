@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from electra_jax import loop, metrics, sharding
+from electra_jax import metrics, sharding, step_setup
 from electra_jax.objectives import names, registry
 from tests.conftest import ROOT, micro_config, subprocess_env
 
@@ -86,8 +86,8 @@ def test_every_registered_objective_runs_the_micro_step(name):
     cfg = _config(name)
     objective = registry.get(name)
     mesh = sharding.make_mesh(cfg.mesh, jax.devices()[:1])
-    setup = loop.setup_step(cfg, cfg.data.vocab_size, mesh)
-    state = loop.init_on_mesh(setup)
+    setup = step_setup.setup_step(cfg, cfg.data.vocab_size, mesh)
+    state = step_setup.init_on_mesh(setup)
     params = state.params
     assert ("mlm_lm_head_bias" in params) == objective.mlm_head
     assert ("adversarial_baseline" in params) == objective.policy_baseline
