@@ -25,7 +25,7 @@ from typing import Any
 
 import jax
 
-from electra_jax import evaluation, metrics, sharding
+from electra_jax import evaluation, jsonio, metrics, sharding
 from electra_jax.data import heldout as heldout_lib
 from electra_jax.data import pipeline
 from electra_jax.train_step import DEFAULT_SPECIAL, SpecialTokens, eval_step
@@ -232,7 +232,7 @@ def evaluate_workdir(
         kept = [r for r in metrics.read_rows(os.path.join(workdir, EVAL_FILE))]
         done = {r["step"] for r in rows}
         merged = sorted([r for r in kept if r["step"] not in done] + rows, key=lambda r: r["step"])
-        _write_rows(os.path.join(workdir, EVAL_FILE), merged)
+        jsonio.write_jsonl(os.path.join(workdir, EVAL_FILE), merged)
     return rows
 
 
@@ -240,15 +240,6 @@ def _init_params(model):
     from electra_jax.model import init_params
 
     return init_params(model, jax.random.PRNGKey(0))
-
-
-def _write_rows(path: str, rows: list[dict]) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.writelines(json.dumps(r) + "\n" for r in rows)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def progress(step: int, row: dict) -> str:

@@ -6,8 +6,10 @@ readers above it read a tokenizer_config.json or a config.json the same way.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterable
 from typing import Any
 
 
@@ -62,8 +64,32 @@ def read_json_object(path: str, what: str, error: type[Exception], default: Any 
     return value
 
 
+def write_atomic(path: str, text: str) -> None:
+    """`text` as the whole of `path`, or `path` left as it was: written and synced to a
+    temporary file beside it, then moved over it with os.replace (a reader, or a run killed
+    half-way, never sees part of it). The package's one writer of whole files.
+
+    Raises:
+      OSError: the folder is not writable, the disk is full, ... (the temporary file removed).
+    """
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
+
+
 def write_json(path: str, obj: Any) -> None:
-    """`obj` as indented JSON with sorted keys and a final newline."""
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2, sort_keys=True)
-        f.write("\n")
+    """`obj` as indented JSON with sorted keys and a final newline, written atomically."""
+    write_atomic(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def write_jsonl(path: str, rows: Iterable[Any]) -> None:
+    """`rows` as JSON lines (metrics.jsonl, eval.jsonl, predictions), written atomically."""
+    write_atomic(path, "".join(json.dumps(row) + "\n" for row in rows))

@@ -15,6 +15,7 @@ from typing import Any
 
 import jax
 
+from electra_jax import jsonio
 from electra_jax.model import ElectraSpec, EncoderSpec
 from electra_jax.objectives import registry
 from electra_jax.objectives.core import FlopParts
@@ -123,11 +124,9 @@ class MetricsWriter:
         self._tb = None
         if not enabled:
             return
-        kept = [r for r in read_rows(self.path) if r.get("step", 0) <= resume_step]
-        tmp = self.path + ".tmp"
-        with open(tmp, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in kept)
-        os.replace(tmp, self.path)
+        jsonio.write_jsonl(
+            self.path, [r for r in read_rows(self.path) if r.get("step", 0) <= resume_step]
+        )
         self._file = open(self.path, "a")  # noqa: SIM115 - kept open for the run
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
 

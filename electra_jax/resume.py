@@ -20,6 +20,7 @@ import ml_collections
 import numpy as np
 
 from electra_jax import checkpointing, metrics
+from electra_jax.jsonio import write_json
 from electra_jax.validate import ConfigError, flatten
 
 
@@ -43,11 +44,11 @@ class Resume:
         is_main = jax.process_index() == 0
         if resumed_at is None:
             if is_main:
-                _write_json_atomic(config_path, self.config.to_dict())
+                write_json(config_path, self.config.to_dict())
         elif self.changes:
             _record_changes(self.workdir, resumed_at, self.changes, self.config)
         elif is_main and not os.path.exists(config_path):
-            _write_json_atomic(config_path, self.config.to_dict())
+            write_json(config_path, self.config.to_dict())
             metrics.log(
                 "warning: config.json was missing; wrote this run's settings (the checkpoint's "
                 "shapes matched them)"
@@ -74,13 +75,6 @@ def plan(config: ml_collections.ConfigDict, workdir: str, allow: tuple[str, ...]
         claim.release()
         raise
     return Resume(workdir, config, changes, init_from, claim)
-
-
-def _write_json_atomic(path: str, obj: Any) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2, sort_keys=True)
-    os.replace(tmp, path)
 
 
 def _claim_workdir(workdir: str):
@@ -236,7 +230,7 @@ def _record_changes(workdir: str, step: int, changes: dict, config) -> None:
         f.write(json.dumps(row, sort_keys=True) + "\n")
         f.flush()
         os.fsync(f.fileno())
-    _write_json_atomic(os.path.join(workdir, "config.json"), config.to_dict())
+    write_json(os.path.join(workdir, "config.json"), config.to_dict())
     shown = ", ".join(f"{k}={b!r} (was {a!r})" for k, (a, b) in changes.items())
     metrics.log(f"resuming at step {step} with changed settings: {shown}")
 

@@ -6,6 +6,7 @@ import math
 import os
 from typing import Any
 
+from electra_jax.data.uri import uri_scheme
 from electra_jax.objectives.names import OBJECTIVES
 
 
@@ -16,12 +17,6 @@ class ConfigError(ValueError):
 def _require(ok: bool, message: str) -> None:
     if not ok:
         raise ConfigError(message)
-
-
-def _uri_scheme(path: str) -> str | None:
-    from electra_jax.data.sources import uri_scheme
-
-    return uri_scheme(path)
 
 
 def mount_hint(path: str) -> str:
@@ -49,7 +44,7 @@ def check_workdir(workdir: str, flag: str = "--workdir", create: bool = True) ->
         raise ConfigError(
             f"{flag} {shown} is not valid UTF-8; use a path of UTF-8 characters"
         ) from None
-    scheme = _uri_scheme(workdir)
+    scheme = uri_scheme(workdir)
     if scheme:
         raise ConfigError(
             f"{flag} {workdir} is a {scheme}:// URI, but the workdir is written with local "
@@ -179,7 +174,7 @@ def check_config(config: Any) -> None:
         ("data.cache_dir", d.get("cache_dir", "")),
         ("train.init_from", t.get("init_from", "")),
     ):
-        scheme = _uri_scheme(str(value))
+        scheme = uri_scheme(str(value))
         if scheme:
             raise ConfigError(
                 f"{key}={value} is a {scheme}:// URI, which electra_jax does not read or write "

@@ -26,6 +26,7 @@ import socket
 import sys
 import time
 
+from electra_jax.jsonio import write_json
 from electra_jax.validate import ConfigError, check_workdir
 
 MARKER = ".electra_jax"
@@ -182,11 +183,7 @@ def _write_marker(path: str, kind: str) -> None:
     found = _read_json(marker)
     if isinstance(found, dict) and found.get("kind") == kind:
         return
-    tmp = f"{marker}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump({"kind": kind, "format": 1}, f)
-        f.write("\n")
-    os.replace(tmp, marker)
+    write_json(marker, {"kind": kind, "format": 1})
 
 
 def claim(

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import math
 import os
 import time
@@ -22,7 +21,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from electra_jax import sharding
+from electra_jax import jsonio, sharding
 from electra_jax import workdir as workdir_lib
 from electra_jax.data import DataError
 from electra_jax.finetune import features, heads, tasks
@@ -419,13 +418,6 @@ def predict(predict_fn, params, arrays: dict, batch_size: int) -> tuple[np.ndarr
 # ------------------------------------------------------------------------------------------ run
 
 
-def _write_atomic(path: str, text: str) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
 def run_steps(step_fn, state, take, num_steps: int, config, learning_rate: float, unit: str):
     """Compiles `step_fn` on the first batch and runs `num_steps` updates on `take(step)`'s
     batches, logging every config.log_every_steps (loss, lr, `unit`s/s, eta) and checking the
@@ -643,15 +635,9 @@ def _finetune(config: ml_collections.ConfigDict, workdir: str, task, started: fl
         "predictions_file": PREDICTIONS_FILE,
         "elapsed_sec": time.time() - started,
     }
-    _write_atomic(
-        os.path.join(workdir, "config.json"), json.dumps(config.to_dict(), indent=2, sort_keys=True)
-    )
-    _write_atomic(
-        os.path.join(workdir, PREDICTIONS_FILE), "".join(json.dumps(r) + "\n" for r in rows)
-    )
-    _write_atomic(
-        os.path.join(workdir, RESULTS_FILE), json.dumps(results, indent=2, sort_keys=True) + "\n"
-    )
+    jsonio.write_json(os.path.join(workdir, "config.json"), config.to_dict())
+    jsonio.write_jsonl(os.path.join(workdir, PREDICTIONS_FILE), rows)
+    jsonio.write_json(os.path.join(workdir, RESULTS_FILE), results)
     score = f"{results['score_metric']} {results['score']:.4f}"
     log(f"wrote {os.path.join(workdir, RESULTS_FILE)} ({score})")
     return results

@@ -15,7 +15,6 @@ loop's (finetune/loop.py).
 from __future__ import annotations
 
 import functools
-import json
 import os
 import time
 
@@ -25,7 +24,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from electra_jax import sharding
+from electra_jax import jsonio, sharding
 from electra_jax import workdir as workdir_lib
 from electra_jax.data import DataError
 from electra_jax.finetune import heads, loop, squad_data, squad_eval, squad_heads
@@ -360,9 +359,7 @@ def _finetune(config: ml_collections.ConfigDict, workdir: str, started: float) -
     }
     if version == "2.0":
         results["null_threshold"] = config.null_threshold
-    write = lambda name, obj: loop._write_atomic(
-        os.path.join(workdir, name), json.dumps(obj, indent=2, sort_keys=True) + "\n"
-    )
+    write = lambda name, obj: jsonio.write_json(os.path.join(workdir, name), obj)
     write("config.json", config.to_dict())
     write(PREDICTIONS_FILE, answers)
     if version == "2.0":
