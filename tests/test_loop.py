@@ -9,7 +9,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from electra_jax import dry_run, layer_stack, loop, metrics, train_step
+from electra_jax import layer_stack, loop, metrics, train_step
 from electra_jax.objectives import core
 from tests.conftest import micro_config
 
@@ -140,31 +140,6 @@ def test_nan_policy_skip_keeps_the_state_and_counts_the_skip(shared_data, tmp_pa
         assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True)), part
         assert not all(np.array_equal(x, y) for x, y in zip(b, c, strict=True)), part
         assert all(np.isfinite(x).all() for x in c if np.issubdtype(x.dtype, np.floating))
-
-
-def test_describe_reports_the_dry_run_fields():
-    config = micro_config()
-    config.model.scan_layers = False  # XLA's cost analysis counts a scanned layer once
-    summary = dry_run.describe(config)
-    for key in (
-        "discriminator_params",
-        "generator_params",
-        "generator_hidden_size",
-        "batch_size",
-        "seq_length",
-        "learning_rate",
-        "mask_prob",
-        "flops_per_step",
-    ):
-        assert key in summary
-    assert summary["generator_hidden_size"] == 16 and summary["flops_per_step"] > 0
-    # Compiled ahead of time: XLA's memory plan and FLOP count come with it. At this size
-    # LayerNorm, softmax and the optimizer are a fair share of the work, which the analytic
-    # count (matmuls only) leaves out.
-    assert summary["memory_per_device_bytes"] > summary["memory_state_bytes"] > 0
-    assert 1.0 < summary["xla_flops_per_step"] / summary["flops_per_step"] < 1.3
-    config.model.scan_layers = True
-    assert dry_run.compile_report(config, config.data.vocab_size)["xla_flops_per_step"] is None
 
 
 def test_init_from_starts_from_another_runs_weights(shared_data, tmp_path):
