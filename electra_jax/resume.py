@@ -68,9 +68,20 @@ def plan(config: ml_collections.ConfigDict, workdir: str, allow: tuple[str, ...]
     """
     claim = _claim_workdir(workdir)
     try:
-        config = _checkpoint_layout(config, workdir)
-        changes = _check_resume(config, workdir, tuple(allow))
-        init_from = _load_init_from(config, workdir) if config.train.init_from else None
+        unknown = [k for k in allow if k not in flatten(config.to_dict())]
+        if unknown:
+            raise ConfigError(
+                f"--allow_change names {', '.join(unknown)}, which is not a config key"
+            )
+        resumes = _has_checkpoints(workdir)
+        path = os.path.join(workdir, "config.json")
+        # None for a run that starts over (it writes config.json), or whose config.json is
+        # gone (the checkpoints' shapes are still checked at the restore).
+        stored = _read_stored_config(path) if resumes else None
+        config = _checkpoint_layout(config, stored)
+        changes = _check_resume(config, stored, path, tuple(allow))
+        new = config.train.init_from and not resumes  # a resumed run goes on from its state
+        init_from = _load_init_from(config, workdir) if new else None
     except BaseException:
         claim.release()
         raise
@@ -128,50 +139,47 @@ def _read_stored_config(path: str) -> dict | None:
     return stored
 
 
-def _check_resume(config, workdir: str, allow_changes: tuple[str, ...]) -> dict:
-    """Before any work: may this config resume what the workdir holds?
-
-    A workdir with checkpoints must be resumed with the model it was trained with and, but for
-    the settings in FREE_ON_RESUME and `allow_changes`, the settings it was started
-    with. A workdir whose checkpoints were all set aside as damaged is not started over.
-    Returns the allowed changes, {key: (stored value, new value)}.
-    """
+def _has_checkpoints(workdir: str) -> bool:
+    """Whether the workdir holds checkpoints to resume; refuses a file where they go, and a
+    workdir whose checkpoints were all set aside as damaged (it is not started over)."""
     directory = checkpointing.checkpoint_dir(workdir)
     if os.path.exists(directory) and not os.path.isdir(directory):
         raise ConfigError(
             f"{directory} is a file, where the run keeps its checkpoints; move it away or use "
             "a new --workdir"
         )
-    unknown = [k for k in allow_changes if k not in flatten(config.to_dict())]
-    if unknown:
-        raise ConfigError(f"--allow_change names {', '.join(unknown)}, which is not a config key")
-    if not checkpointing.has_checkpoints(workdir):
-        aside = checkpointing.set_aside(workdir)
-        if aside:
-            raise checkpointing.CheckpointError(
-                f"{directory} holds only checkpoints set aside as damaged ({', '.join(aside)}); "
-                "this run will not start over on its own: inspect them, or use a new --workdir"
-            )
-        return {}  # nothing to restore: the run starts over and rewrites config.json
-    path = os.path.join(workdir, "config.json")
-    stored = _read_stored_config(path)
+    if checkpointing.has_checkpoints(workdir):
+        return True
+    aside = checkpointing.set_aside(workdir)
+    if aside:
+        raise checkpointing.CheckpointError(
+            f"{directory} holds only checkpoints set aside as damaged ({', '.join(aside)}); "
+            "this run will not start over on its own: inspect them, or use a new --workdir"
+        )
+    return False
+
+
+def _check_resume(config, stored: dict | None, path: str, allow_changes: tuple[str, ...]) -> dict:
+    """May this config resume the run `stored` (its config.json at `path`) describes?
+
+    A workdir with checkpoints must be resumed with the model it was trained with and, but for
+    the settings in FREE_ON_RESUME and `allow_changes`, the settings it was started with.
+    Returns the allowed changes, {key: (stored value, new value)}; {} without a stored run.
+    """
     if stored is None:
         return {}
     check_same_model(stored, config, path)
     return check_same_run(stored, config, path, tuple(allow_changes))
 
 
-def _checkpoint_layout(config, workdir: str):
-    """`config`, or where the workdir's checkpoints hold their layers in the other layout (a
+def _checkpoint_layout(config, stored: dict | None):
+    """`config`, or where the stored run's checkpoints hold their layers in the other layout (a
     run started before model.scan_layers existed holds them unrolled) a copy that keeps theirs;
     likewise for a run started before the held-out slice, which keeps training on every row.
 
     The layout is how the parameters are stored, not what they compute, so a resume keeps the
     checkpoints' own rather than refusing or rewriting them.
     """
-    if not checkpointing.has_checkpoints(workdir):
-        return config
-    stored = _read_stored_config(os.path.join(workdir, "config.json"))
     if stored is None:
         return config
     layout = stored_scan_layers(stored)
@@ -204,8 +212,6 @@ def _load_init_from(config: ml_collections.ConfigDict, workdir: str):
     """
     from electra_jax import pretrained
 
-    if checkpointing.has_checkpoints(workdir):
-        return None
     path = config.train.init_from
     try:
         loaded = pretrained.load_pretrained(path)
