@@ -19,6 +19,7 @@ from electra_jax import jsonio
 from electra_jax.model import ElectraSpec, EncoderSpec
 from electra_jax.objectives import registry
 from electra_jax.objectives.core import FlopParts
+from electra_jax.objectives.names import DEFAULT
 
 # Dense bfloat16 peak FLOP/s per chip (vendor figures), matched against jax's device_kind.
 PEAK_FLOPS = {
@@ -59,7 +60,7 @@ def count_flops(
     batch_size: int,
     seq_length: int,
     num_slots: int,
-    objective: str = "electra",
+    objective: str = DEFAULT,
 ) -> dict:
     """Training FLOPs of one step (forward + backward = 3 x forward) by part, for `objective`.
 

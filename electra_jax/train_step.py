@@ -13,7 +13,7 @@ from electra_jax import evaluation
 from electra_jax.data.tokenizer import CLS_ID, MASK_ID, PAD_ID, SEP_ID
 from electra_jax.model import Electra
 from electra_jax.objectives import registry
-from electra_jax.objectives.core import Networks, Objective, schedule_value
+from electra_jax.objectives.core import Networks, schedule_value
 
 
 class SpecialTokens(NamedTuple):
@@ -101,10 +101,6 @@ def _networks(params, batch, *, model: Electra, train: bool) -> Networks:
     return Networks(generator_fn, discriminator_fn, mlm_fn if model.spec.mlm_head else None)
 
 
-def _objective(objective_cfg) -> Objective:
-    return registry.get(objective_cfg.get("name", "electra"))
-
-
 def micro_batches(tree, k: int):
     """[B, ...] leaves -> [k, B / k, ...]: micro-batch i takes rows i, i + k, i + 2k, ...
 
@@ -139,7 +135,7 @@ def train_step(
     the whole batch's counts, so the update equals the full batch's (up to float rounding and
     dropout, whose masks are drawn per micro-batch).
     """
-    objective = _objective(objective_cfg)
+    objective = registry.of_config(objective_cfg)
     weights = {"gen_weight": objective_cfg.gen_weight, "disc_weight": objective_cfg.disc_weight}
     # What the objective changes with the step (two_stage's switch, adversarial's warm start,
     # the discriminator's fading MLM term): plain Python values when nothing does.
@@ -280,7 +276,7 @@ def eval_step(
     batches); frequent: bool [V], the frequent pieces. Returns float32 scalars (NaN where an
     AUC is undefined).
     """
-    objective = _objective(objective_cfg)
+    objective = registry.of_config(objective_cfg)
 
     def networks_of(batch):
         seg, mask = batch["segment_ids"], batch["input_mask"]

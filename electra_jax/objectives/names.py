@@ -10,3 +10,4 @@ OBJECTIVES = (
     "two_stage",
     "adversarial",
 )
+DEFAULT = "electra"  # what a config without objective.name trains

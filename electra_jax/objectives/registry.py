@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from electra_jax.objectives import ablations, adversarial, electra, mlm, two_stage
 from electra_jax.objectives.core import Objective
-from electra_jax.objectives.names import OBJECTIVES
+from electra_jax.objectives.names import DEFAULT, OBJECTIVES
 
 REGISTRY: dict[str, Objective] = {
     o.name: o
@@ -29,10 +29,15 @@ def get(name: str) -> Objective:
     return REGISTRY[name]
 
 
+def of_config(objective_cfg) -> Objective:
+    """The objective an objective section (a ConfigDict or a config.json's dict) names."""
+    return get(objective_cfg.get("name", DEFAULT))
+
+
 def model_heads(objective_cfg) -> dict[str, bool]:
-    """The heads the model needs for an objective section (a ConfigDict or a config.json's
-    dict): spec_from_config's mlm_head and policy_baseline."""
-    objective = get(objective_cfg.get("name", "electra"))
+    """The heads the model needs for an objective section: spec_from_config's mlm_head and
+    policy_baseline."""
+    objective = of_config(objective_cfg)
     return {
         "mlm_head": objective.needs_mlm_head(objective_cfg.get("disc_mlm_weight", 0.0)),
         "policy_baseline": objective.policy_baseline,
