@@ -75,9 +75,13 @@ class Claim:
 
 
 def _our_by_product(name: str) -> bool:
-    """Files our tools put in a workdir beside a run's own: the write probe, and the logs of
+    """Files our tools put in a workdir beside a run's own: the write probe, the marker's
+    temporary while process 0 writes it (jsonio.write_atomic's `<file>.tmp<pid>`: the other
+    processes of a run look at the folder meanwhile), and the logs of
     launch/local_multiprocess.sh (process_<i>.log, written before the processes start)."""
     if name.startswith(".write_test"):
+        return True
+    if name.startswith(f"{MARKER}.tmp") and name[len(MARKER) + 4 :].isdigit():
         return True
     return name.startswith("process_") and name.endswith(".log") and name[8:-4].isdigit()
 

@@ -417,7 +417,10 @@ def test_an_interrupted_export_is_recognised_and_finished(run, exported, tmp_pat
     replace, calls = os.replace, []
 
     def crash_on_the_fourth(src, dst):
-        calls.append(dst)
+        # The fourth file moved into OUT (files written whole inside the hidden working folder,
+        # as jsonio writes them, are not counted).
+        if hf_write.TMP_PREFIX not in os.fspath(dst):
+            calls.append(dst)
         if len(calls) == 4:
             raise OSError(28, "No space left on device")
         replace(src, dst)
