@@ -119,7 +119,7 @@ def apply(config, overrides: dict):
 def check_prepared(config, data_dir: str) -> tuple[str, float]:
     """(the shards' folder, counted FLOPs per step) for `config`. Raises Refused when the
     carried shards are not the ones this config reads (its data fields changed)."""
-    from electra_jax import loop
+    from electra_jax import dry_run
     from electra_jax.data import prepare, tokenizer
 
     tok = tokenizer.Tokenizer.load(config.data.tokenizer)
@@ -130,7 +130,7 @@ def check_prepared(config, data_dir: str) -> tuple[str, float]:
             f"{data_dir} holds no shards for this config's data fields (key {key16}); rerun "
             "`python benchmarks/gpu_data.py` with the same recipe and carry the folder again"
         )
-    return folder, loop.describe(config, compile=False)["flops_per_step"]
+    return folder, dry_run.describe(config, compile=False)["flops_per_step"]
 
 
 def device_name() -> str:

@@ -28,7 +28,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from electra_jax import loop, sharding  # noqa: E402
+from electra_jax import sharding, step_setup  # noqa: E402
 from electra_jax.data import pipeline, prepare  # noqa: E402
 from electra_jax.data.tokenizer import CLS_ID, SEP_ID  # noqa: E402
 
@@ -77,9 +77,9 @@ def main() -> None:
 
     # 2. The step, fed synthetic or real batches.
     mesh = sharding.make_mesh(config.mesh)
-    setup = loop.setup_step(config, tok.vocab_size, mesh)
+    setup = step_setup.setup_step(config, tok.vocab_size, mesh)
     step = setup.step_fn
-    state = loop.init_on_mesh(setup)
+    state = step_setup.init_on_mesh(setup)
     rng = np.random.default_rng(0)
     synthetic = []
     for _ in range(4):

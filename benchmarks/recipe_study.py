@@ -29,7 +29,7 @@ import statistics
 import sys
 import time
 
-from electra_jax import evaluate, loop, metrics
+from electra_jax import evaluate, loop, metrics, step_setup
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.join(os.path.dirname(ROOT), "shared", "data")
@@ -177,7 +177,7 @@ def run_one(config, workdir: str) -> dict:
             sys.exit(f"stopped at step {row['preempted_at']} of {workdir}; rerun to continue")
     else:
         seconds = None
-    spec, _, _, _, slots = loop.build(config, config.data.vocab_size)
+    spec, _, _, _, slots = step_setup.build(config, config.data.vocab_size)
     flops = metrics.count_flops(
         spec, config.train.batch_size, config.data.seq_length, slots, config.objective.name
     )["total"]

@@ -54,8 +54,9 @@ import sys
 import time
 
 from benchmarks import glue
-from electra_jax import loop, metrics, objective
+from electra_jax import loop, metrics, step_setup
 from electra_jax.finetune import tasks as glue_tasks
+from electra_jax.objectives.names import OBJECTIVES as ALL_OBJECTIVES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.join(os.path.dirname(ROOT), "shared", "data")
@@ -265,7 +266,7 @@ def plan(config, preset: dict) -> dict:
     equal compute); sets config's num_steps, warm-up and checkpoint cadence (a checkpoint at
     each budget step, all kept)."""
     name = config.objective.name
-    spec, _, _, _, num_slots = loop.build(config, config.data.vocab_size)
+    spec, _, _, _, num_slots = step_setup.build(config, config.data.vocab_size)
     per_step = metrics.count_flops(
         spec, config.train.batch_size, config.data.seq_length, num_slots, name
     )["total"]
@@ -506,7 +507,7 @@ def run(
     log = log or (lambda m: print(m, file=sys.stderr, flush=True))
     tasks = [glue_tasks.get_task(t).name for t in (tasks or preset["tasks"])]
     seeds = seeds or preset["seeds"]
-    known = (*objective.OBJECTIVES, *preset.get("variants", {}))
+    known = (*ALL_OBJECTIVES, *preset.get("variants", {}))
     for name in objectives:
         if name not in known:
             raise ValueError(f"objective {name!r}: use some of {', '.join(known)}")

@@ -27,7 +27,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from electra_jax import loop, metrics, sharding  # noqa: E402
+from electra_jax import metrics, sharding, step_setup  # noqa: E402
 from electra_jax.data.tokenizer import CLS_ID, SEP_ID  # noqa: E402
 
 
@@ -63,9 +63,9 @@ def main() -> None:
         else:
             config[section][field] = type(current)(value) if not isinstance(current, str) else value
     mesh = sharding.make_mesh(config.mesh)
-    setup = loop.setup_step(config, config.data.vocab_size, mesh)
+    setup = step_setup.setup_step(config, config.data.vocab_size, mesh)
     spec, slots, step = setup.spec, setup.num_slots, setup.step_fn
-    state = loop.init_on_mesh(setup)
+    state = step_setup.init_on_mesh(setup)
     rng = np.random.default_rng(0)
 
     per_call = config.train.steps_per_call  # > 1: K steps per call (train_step.multi_step)

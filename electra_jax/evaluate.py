@@ -24,7 +24,7 @@ from typing import Any
 
 import jax
 
-from electra_jax import evaluation, metrics, paths, sharding
+from electra_jax import evaluation, jsonio, metrics, paths, sharding
 from electra_jax.data import heldout as heldout_lib
 from electra_jax.data import pipeline
 from electra_jax.train_step import DEFAULT_SPECIAL, SpecialTokens, eval_step
@@ -165,15 +165,16 @@ def evaluate_workdir(
     import ml_collections
     import orbax.checkpoint as ocp
 
-    from electra_jax import checkpointing, objective, pretrained, validate
+    from electra_jax import checkpointing, pretrained, resume
     from electra_jax import workdir as workdir_lib
     from electra_jax.data import prepare
     from electra_jax.data.tokenizer import load_saved
     from electra_jax.model import Electra
+    from electra_jax.objectives.core import num_mask_slots
     from electra_jax.train_step import special_tokens_of
 
     stored = pretrained.read_run_config(workdir)
-    config = ml_collections.ConfigDict(validate.with_added_defaults(stored))
+    config = ml_collections.ConfigDict(resume.with_added_defaults(stored))
     trained_on = not config.data.get("heldout_examples", 0)
     if trained_on:
         metrics.log(
@@ -195,7 +196,7 @@ def evaluate_workdir(
         where = paths.join(workdir, "config.json")
         spec = pretrained.spec_from_run_config(config.to_dict(), tokenizer.vocab_size, where)
         model = Electra(spec)
-        num_slots = objective.num_mask_slots(config.data.seq_length, config.objective.mask_prob)
+        num_slots = num_mask_slots(config.data.seq_length, config.objective.mask_prob)
         abstract = jax.eval_shape(lambda: _init_params(model))
         params_sharding = jax.tree_util.tree_map(lambda _: sharding.replicated(mesh), abstract)
         batch_size = config.get("eval", {}).get("batch_size", 0) or config.train.batch_size
@@ -230,7 +231,7 @@ def evaluate_workdir(
         kept = [r for r in metrics.read_rows(paths.join(workdir, EVAL_FILE))]
         done = {r["step"] for r in rows}
         merged = sorted([r for r in kept if r["step"] not in done] + rows, key=lambda r: r["step"])
-        _write_rows(paths.join(workdir, EVAL_FILE), merged)
+        jsonio.write_jsonl(paths.join(workdir, EVAL_FILE), merged)
     return rows
 
 
@@ -238,11 +239,6 @@ def _init_params(model):
     from electra_jax.model import init_params
 
     return init_params(model, jax.random.PRNGKey(0))
-
-
-def _write_rows(path: str, rows: list[dict]) -> None:
-    """The rows as JSON lines, atomically (a gs:// workdir too: one upload)."""
-    paths.write_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))
 
 
 def progress(step: int, row: dict) -> str:

@@ -32,7 +32,15 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from electra_jax import objective
+from electra_jax.objectives.core import (
+    Objective,
+    mlm_loss,
+    mlm_loss_and_probs,
+    replace_tokens,
+    rtd_counts,
+    rtd_loss,
+    sample_replacements,
+)
 
 EVAL_KEY = 0x5EED  # the evaluation's corruption key: fixed, the same for every run and seed
 
@@ -108,8 +116,7 @@ def batch_outputs(
     frequent,
     networks: dict,
     *,
-    name: str,
-    rtd: bool,
+    objective: Objective,
     mask_prob: float,
     num_slots: int,
     mask_id: int,
@@ -119,17 +126,17 @@ def batch_outputs(
 ) -> tuple[dict, dict]:
     """One held-out batch: (sums to add over batches, per-token arrays [B, L] for the AUCs).
 
-    networks: what objective `name` has, closing over the params, without dropout:
+    networks: what `objective` has, closing over the params, without dropout:
     'generator' (masked ids [B, L], positions [B, N]) -> logits [B, N, V];
     'discriminator' (ids) -> (states [B, L, H], replaced logits [B, L]);
     'mlm' (ids, positions) -> (replaced logits [B, L], MLM logits [B, N, V]).
-    rtd: whether the objective trains the replaced-token head (objective.trains_rtd_head): the
-    discriminator's readings only then. frequent: bool [V], the frequent pieces
+    The discriminator's readings come only where the objective trains the replaced-token head
+    (Objective.trains_rtd_head), the MLM head's where it reads it at the masked slots
+    (Objective.evaluates_mlm). frequent: bool [V], the frequent pieces
     (data/heldout.frequent_pieces).
     """
     ids, mask = batch["input_ids"], batch["input_mask"]
-    c = objective.objective_corruption(
-        name,
+    c = objective.corrupt(
         key,
         batch,
         mask_prob=mask_prob,
@@ -145,22 +152,22 @@ def batch_outputs(
     seen = m.input_ids  # what the discriminator-sized network reads: MLM reads the masked ids
     if "generator" in networks:
         logits = networks["generator"](m.input_ids, m.positions)
-        gen, gen_correct, probs = objective.mlm_loss_and_probs(logits, m.targets, m.weights)
-        samples = objective.sample_replacements(None, logits, 1.0, "inverse_cdf", c.uniform, probs)
-        seen, labels = objective.replace_tokens(ids, mask, m.positions, m.weights, samples)
+        gen, gen_correct, probs = mlm_loss_and_probs(logits, m.targets, m.weights)
+        samples = sample_replacements(None, logits, 1.0, "inverse_cdf", c.uniform, probs)
+        seen, labels = replace_tokens(ids, mask, m.positions, m.weights, samples)
         same = (samples == m.targets).astype(jnp.float32) * m.weights
         sums.update(gen_loss=gen.total, gen_correct=gen_correct.total, gen_same=jnp.sum(same))
-    if rtd and "generator" in networks:
+    if objective.trains_rtd_head and "generator" in networks:
         _, replaced_logits = networks["discriminator"](seen)
         real = (mask > 0).astype(jnp.float32)
-        disc = objective.rtd_loss(replaced_logits, labels, mask)
-        counts = objective.rtd_counts(replaced_logits, labels, mask)
+        disc = rtd_loss(replaced_logits, labels, mask)
+        counts = rtd_counts(replaced_logits, labels, mask)
         is_frequent = frequent[seen].astype(jnp.float32) * real
         sums.update(disc_loss=disc.total, frequent=jnp.sum(is_frequent), **counts)
         tokens.update(logits=replaced_logits, labels=labels, real=real, frequent=is_frequent)
-    if "mlm" in networks and name in ("mlm", "replaced_mlm"):
+    if objective.evaluates_mlm and "mlm" in networks:
         _, mlm_logits = networks["mlm"](seen, m.positions)
-        mlm, mlm_correct = objective.mlm_loss(mlm_logits, m.targets, m.weights)
+        mlm, mlm_correct = mlm_loss(mlm_logits, m.targets, m.weights)
         sums.update(mlm_loss=mlm.total, mlm_correct=mlm_correct.total)
     clean, _ = networks["discriminator"](ids)
     sums["cosine"], sums["pairs"] = cosine_sums(clean, _text_tokens(batch, special_ids))

@@ -7,6 +7,7 @@ readers above it read a tokenizer_config.json or a config.json the same way, loc
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import Any
 
 from electra_jax import paths
@@ -62,8 +63,23 @@ def read_json_object(path: str, what: str, error: type[Exception], default: Any 
     return value
 
 
+def write_atomic(path: str, text: str) -> None:
+    """`text` as the whole of `path`, or `path` left as it was (a reader, or a run killed
+    half-way, never sees part of it): locally written and synced to a temporary file beside it,
+    then moved over it with os.replace; in a gs:// bucket one upload (an object appears whole).
+    The package's one writer of whole files (paths.write_atomic does the writing).
+
+    Raises:
+      OSError: the folder is not writable, the disk is full, ... (the temporary file removed).
+    """
+    paths.write_atomic(path, text)
+
+
 def write_json(path: str, obj: Any) -> None:
-    """`obj` as indented JSON with sorted keys and a final newline."""
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2, sort_keys=True)
-        f.write("\n")
+    """`obj` as indented JSON with sorted keys and a final newline, written atomically."""
+    write_atomic(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def write_jsonl(path: str, rows: Iterable[Any]) -> None:
+    """`rows` as JSON lines (metrics.jsonl, eval.jsonl, predictions), written atomically."""
+    write_atomic(path, "".join(json.dumps(row) + "\n" for row in rows))

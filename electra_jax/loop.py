@@ -8,452 +8,29 @@ stream, so the resumed run logs what the uninterrupted one would have.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import json
 import os
 import time
-from collections.abc import Callable
 from typing import Any
 
 import jax
 import ml_collections
 import numpy as np
 
-from electra_jax import checkpointing, layer_stack, metrics, objective, paths, sharding, validate
-from electra_jax.model import (
-    Electra,
-    ElectraSpec,
-    network_param_counts,
-    param_logical_axes,
-    spec_from_config,
+from electra_jax import checkpointing, layer_stack, metrics, resume, sharding, validate
+from electra_jax.model import Electra
+from electra_jax.step_setup import (
+    StepSetup,
+    checked_mesh,
+    eval_batch_size,
+    eval_every,
+    init_on_mesh,
+    setup_step,
 )
-from electra_jax.optim import make_optimizer
-from electra_jax.train_step import (
-    DEFAULT_SPECIAL,
-    SpecialTokens,
-    guarded_train_step,
-    init_state,
-    multi_step,
-    special_tokens_of,
-)
-
-
-def _write_json_atomic(path: str, obj: Any) -> None:
-    paths.write_atomic(path, json.dumps(obj, indent=2, sort_keys=True))
-
-
-def build(config: ml_collections.ConfigDict, vocab_size: int, mesh=None):
-    """The model, optimizer, schedule and mask-slot count a config describes (for `mesh`, when
-    given: FSDP pins activations to the batch split)."""
-    name = config.objective.get("name", "electra")
-    spec = spec_from_config(
-        config.model,
-        config.generator,
-        vocab_size,
-        config.train.remat,
-        mlm_head=objective.needs_mlm_head(name, config.objective.get("disc_mlm_weight", 0.0)),
-        policy_baseline=objective.needs_policy_baseline(name),
-    )
-    if mesh is not None and mesh.shape["fsdp"] > 1:
-        spec = dataclasses.replace(spec, activation_sharding=sharding.batch_sharding(mesh))
-    model = Electra(spec)
-    tx, schedule = make_optimizer(config.train)
-    num_slots = objective.num_mask_slots(config.data.seq_length, config.objective.mask_prob)
-    return spec, model, tx, schedule, num_slots
-
-
-def rtd_prior_bias(config) -> float:
-    """The replaced-token head's starting bias: with train.rtd_prior_init, the logit of the
-    share of tokens a fresh generator replaces (about objective.mask_prob: its near-uniform
-    samples are almost never the original), so that the head starts calibrated and the
-    discriminator's first updates need not shift every token's state to lower its logit; else 0,
-    as the original."""
-    if not config.train.get("rtd_prior_init", False):
-        return 0.0
-    p = config.objective.mask_prob
-    return float(np.log(p / (1.0 - p)))
-
-
-@dataclasses.dataclass(frozen=True)
-class StepSetup:
-    """What a run compiles: the model's spec, how to make the state, and the jitted step."""
-
-    spec: ElectraSpec
-    num_slots: int
-    make_state: Callable  # () -> TrainState, for jax.jit(..., out_shardings=state_sharding)
-    abstract_state: Any  # jax.eval_shape(make_state)
-    state_sharding: Any
-    step_fn: Callable  # jitted (state, global batch) -> (state, metrics); the state is donated
-    # jitted (state, [K, B, L] batches) -> (state, [K] metrics): K = train.steps_per_call steps
-    # in one call (train_step.multi_step); None when K = 1
-    multi_step_fn: Callable | None = None
-
-
-def setup_step(
-    config: ml_collections.ConfigDict,
-    vocab_size: int,
-    mesh,
-    special: SpecialTokens = DEFAULT_SPECIAL,
-) -> StepSetup:
-    """The model, state layout and compiled-on-first-use train step a config describes
-    (`special`: the tokenizer's [PAD], [CLS], [SEP], [MASK] ids)."""
-    spec, model, tx, schedule, num_slots = build(config, vocab_size, mesh)
-    make_state = functools.partial(
-        init_state, model, tx, config.seed, rtd_bias=rtd_prior_bias(config)
-    )
-    abstract = jax.eval_shape(make_state)
-    params_sharding = sharding.param_shardings(param_logical_axes(model), abstract.params, mesh)
-    state_sharding = sharding.state_shardings(abstract, params_sharding, mesh)
-    one_step = functools.partial(
-        guarded_train_step,
-        nan_policy=config.train.nan_policy,
-        debug_nan_at_step=config.train.debug_nan_at_step,
-        model=model,
-        tx=tx,
-        schedule=schedule,
-        objective_cfg=config.objective,
-        num_slots=num_slots,
-        grad_accum_steps=config.train.grad_accum_steps,
-        special=special,
-    )
-
-    def jitted(fn, batch_sharding):
-        return jax.jit(
-            fn,
-            in_shardings=(state_sharding, batch_sharding),
-            out_shardings=(state_sharding, sharding.replicated(mesh)),
-            donate_argnums=(0,),
-        )
-
-    step_fn = jitted(one_step, sharding.batch_sharding(mesh))
-    multi_step_fn = None
-    if config.train.get("steps_per_call", 1) > 1:
-        multi_step_fn = jitted(
-            functools.partial(multi_step, step_fn=one_step), sharding.stacked_batch_sharding(mesh)
-        )
-    return StepSetup(spec, num_slots, make_state, abstract, state_sharding, step_fn, multi_step_fn)
-
-
-def init_on_mesh(setup: StepSetup):
-    """Fresh parameters and optimizer state, laid out as the step expects."""
-    return jax.jit(setup.make_state, out_shardings=setup.state_sharding)()
-
-
-def describe(
-    config: ml_collections.ConfigDict, vocab_size: int | None = None, compile: bool = True
-) -> dict:
-    """The dry run's summary, from shapes only: no parameter is allocated.
-
-    Parameter counts and counted FLOPs always; with `compile`, the train step is also lowered
-    and compiled ahead of time for a mesh over all devices (as the run would), adding the
-    per-device memory XLA planned for it and XLA's own FLOP count, so an out-of-memory or a
-    counting error shows before any hardware is booked.
-    """
-    vocab_size = vocab_size or config.data.vocab_size
-    spec, model, tx, _, num_slots = build(config, vocab_size)
-    abstract = jax.eval_shape(functools.partial(init_state, model, tx, config.seed))
-    counts = network_param_counts(abstract.params)
-    batch_size, seq_length = config.train.batch_size, config.data.seq_length
-    flops = metrics.count_flops(spec, batch_size, seq_length, num_slots, config.objective.name)
-    summary = {
-        "discriminator_params": counts["discriminator"],
-        "generator_params": counts["generator"],
-        "total_params": counts["total"],
-        "generator_hidden_size": spec.generator.hidden_size,
-        "generator_num_heads": spec.generator.num_heads,
-        "batch_size": batch_size,
-        "seq_length": seq_length,
-        "learning_rate": config.train.learning_rate,
-        "mask_prob": config.objective.mask_prob,
-        "mask_slots": num_slots,
-        "flops_per_step": flops["total"],
-    }
-    if compile:
-        summary.update(compile_report(config, vocab_size))
-    return summary
-
-
-def checked_mesh(config: ml_collections.ConfigDict, process_count: int):
-    """The run's mesh over all devices; ConfigError when it or the batch does not fit them."""
-    try:
-        mesh = sharding.make_mesh(config.mesh)
-    except ValueError as e:
-        raise validate.ConfigError(f"{e}; choose a mesh.fsdp that divides it") from e
-    validate.check_batch(
-        config.train.batch_size,
-        sharding.data_parallel_size(mesh),
-        process_count,
-        config.train.grad_accum_steps,
-    )
-    eval_batch = _eval_batch_size(config)
-    if _eval_every(config) and eval_batch != config.train.batch_size:
-        try:
-            validate.check_batch(eval_batch, sharding.data_parallel_size(mesh), process_count)
-        except validate.ConfigError as e:
-            message = str(e).replace("train.batch_size", "eval.batch_size")
-            raise validate.ConfigError(message) from None
-    return mesh
-
-
-def _eval_every(config) -> int:
-    """eval.every_steps (0 for configs without an eval section, or without held-out rows)."""
-    if not config.data.get("heldout_examples", 0):
-        return 0
-    return config.get("eval", {}).get("every_steps", 0)
-
-
-def _eval_batch_size(config) -> int:
-    return config.get("eval", {}).get("batch_size", 0) or config.train.batch_size
-
-
-def compile_report(config: ml_collections.ConfigDict, vocab_size: int) -> dict:
-    """Compiles the train step from abstract inputs; returns XLA's memory plan and FLOPs.
-
-    memory_per_device_bytes = arguments + outputs - donated aliases + temporaries: what one
-    device holds at the step's peak (state, batch, activations, gradients, optimizer update).
-    xla_flops_per_step is XLA's cost analysis of one device's program times the device count
-    (None with gradient accumulation or scanned layers: XLA counts a loop's body once; set
-    model.scan_layers=False to have it count the unrolled layers).
-    This is the one-step program; the run's calls of train.steps_per_call steps scan it and hold
-    about as much (configs/small.py at 32 x 128: 963 MB of temporaries for 4 steps, 945 for 1).
-    """
-    mesh = checked_mesh(config, process_count=1)
-    setup = setup_step(config, vocab_size, mesh)
-    state = checkpointing.abstract_with_shardings(setup.abstract_state, setup.state_sharding)
-    shape = (config.train.batch_size, config.data.seq_length)
-    row = jax.ShapeDtypeStruct(shape, jax.numpy.int32, sharding=sharding.batch_sharding(mesh))
-    batch = {"input_ids": row, "segment_ids": row, "input_mask": row}
-    t0 = time.time()
-    compiled = setup.step_fn.lower(state, batch).compile()
-    seconds = time.time() - t0
-    mem = compiled.memory_analysis()
-    per_device = (
-        mem.argument_size_in_bytes
-        + mem.output_size_in_bytes
-        - mem.alias_size_in_bytes
-        + mem.temp_size_in_bytes
-    )
-    cost = compiled.cost_analysis()
-    cost = cost[0] if isinstance(cost, list | tuple) else cost
-    xla_flops = float(cost.get("flops", 0.0)) * jax.device_count() if cost else None
-    if config.train.grad_accum_steps > 1 or config.model.get("scan_layers", False):
-        xla_flops = None  # XLA counts a loop's body once, not once per micro-batch or layer
-    return {
-        "devices": jax.device_count(),
-        "mesh": dict(mesh.shape),
-        "memory_per_device_bytes": int(per_device),
-        "memory_state_bytes": int(mem.argument_size_in_bytes),
-        "memory_temp_bytes": int(mem.temp_size_in_bytes),
-        "xla_flops_per_step": xla_flops,
-        "compile_seconds": round(seconds, 1),
-    }
-
-
-def _load_init_from(config: ml_collections.ConfigDict, workdir: str):
-    """train.init_from's weights (a `pretrained.Pretrained`), its tokenizer put in the workdir.
-
-    Only for a run without checkpoints: a resumed run continues from its own state.
-    """
-    from electra_jax import pretrained
-
-    if checkpointing.has_checkpoints(workdir):
-        return None
-    path = config.train.init_from
-    try:
-        loaded = pretrained.load_pretrained(path)
-    except pretrained.PretrainedError as e:
-        raise validate.ConfigError(f"train.init_from: {e}") from e
-    if config.data.tokenizer:
-        raise validate.ConfigError(
-            f"train.init_from={path} brings its own tokenizer; leave data.tokenizer empty"
-        )
-    if jax.process_index() == 0:
-        loaded.tokenizer.save(os.path.join(workdir, "tokenizer"))
-    return loaded
-
-
-def _with_params(state, loaded, setup: StepSetup):
-    """The fresh state with `loaded`'s parameters, laid out as the step expects."""
-    # A model saved in the other layer layout (unrolled vs stacked) starts this run in its own.
-    loaded_params = layer_stack.to_layout(loaded.params, setup.spec.scan_layers)
-    want = jax.tree_util.tree_map(lambda x: x.shape, setup.abstract_state.params)
-    have = jax.tree_util.tree_map(lambda x: tuple(x.shape), loaded_params)
-    if want != have:
-        raise validate.ConfigError(
-            f"train.init_from={loaded.source} holds a model of other shapes than the config's "
-            f"(discriminator {loaded.spec.discriminator}, generator {loaded.spec.generator}, "
-            f"vocab {loaded.spec.vocab_size}); set model.* and generator.* to match"
-        )
-    params = jax.device_put(loaded_params, setup.state_sharding.params)
-    return state.replace(params=params)
-
-
-def _barrier(name: str) -> None:
-    """Every process waits here until all have arrived (a no-op in a single-process run)."""
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
-        multihost_utils.sync_global_devices(name)
+from electra_jax.train_step import special_tokens_of
 
 
 class NonFiniteError(RuntimeError):
     """The loss or gradient norm became NaN/Inf under train.nan_policy='stop'."""
-
-
-def _read_stored_config(path: str) -> dict | None:
-    """WORKDIR/config.json as a dict; None when missing; ConfigError when unreadable."""
-    if not paths.exists(path):
-        return None
-    try:
-        stored = json.loads(paths.read_bytes(path))
-    except (OSError, ValueError) as e:
-        reason = " ".join(str(e).split())
-        raise validate.ConfigError(
-            f"{path} cannot be read ({reason}); restore it from a copy, or delete it to resume "
-            "with the current settings (the checkpoints' shapes are still checked)"
-        ) from None
-    if not isinstance(stored, dict) or not {"model", "generator"} <= set(stored):
-        raise validate.ConfigError(
-            f"{path} is not the config of an electra_jax run (no model and generator sections); "
-            "restore it from a copy, or delete it to resume with the current settings"
-        )
-    return stored
-
-
-def _check_resume(config, workdir: str, allow_changes: tuple[str, ...]) -> dict:
-    """Before any work: may this config resume what the workdir holds?
-
-    A workdir with checkpoints must be resumed with the model it was trained with and, but for
-    the settings in validate.FREE_ON_RESUME and `allow_changes`, the settings it was started
-    with. A workdir whose checkpoints were all set aside as damaged is not started over.
-    Returns the allowed changes, {key: (stored value, new value)}.
-    """
-    directory = checkpointing.checkpoint_dir(workdir)
-    if paths.exists(directory) and not paths.isdir(directory):
-        raise validate.ConfigError(
-            f"{directory} is a file, where the run keeps its checkpoints; move it away or use "
-            "a new --workdir"
-        )
-    unknown = [k for k in allow_changes if k not in validate.flatten(config.to_dict())]
-    if unknown:
-        raise validate.ConfigError(
-            f"--allow_change names {', '.join(unknown)}, which is not a config key"
-        )
-    if not checkpointing.has_checkpoints(workdir):
-        aside = checkpointing.set_aside(workdir)
-        if aside:
-            raise checkpointing.CheckpointError(
-                f"{directory} holds only checkpoints set aside as damaged ({', '.join(aside)}); "
-                "this run will not start over on its own: inspect them, or use a new --workdir"
-            )
-        return {}  # nothing to restore: the run starts over and rewrites config.json
-    path = os.path.join(workdir, "config.json")
-    stored = _read_stored_config(path)
-    if stored is None:
-        return {}
-    validate.check_same_model(stored, config, path)
-    return validate.check_same_run(stored, config, path, tuple(allow_changes))
-
-
-def _checkpoint_layout(config, workdir: str):
-    """`config`, or where the workdir's checkpoints hold their layers in the other layout (a
-    run started before model.scan_layers existed holds them unrolled) a copy that keeps theirs;
-    likewise for a run started before the held-out slice, which keeps training on every row.
-
-    The layout is how the parameters are stored, not what they compute, so a resume keeps the
-    checkpoints' own rather than refusing or rewriting them.
-    """
-    if not checkpointing.has_checkpoints(workdir):
-        return config
-    stored = _read_stored_config(os.path.join(workdir, "config.json"))
-    if stored is None:
-        return config
-    layout = validate.stored_scan_layers(stored)
-    if bool(config.model.get("scan_layers", False)) != layout:
-        config = config.copy_and_resolve_references()
-        with config.unlocked():
-            config.model.scan_layers = layout
-        held = "stacked (scanned)" if layout else "unrolled"
-        metrics.log(
-            f"this run's checkpoints hold their layers {held}; resuming with "
-            f"model.scan_layers={layout}"
-        )
-    if "heldout_examples" not in stored.get("data", {}) and config.data.get("heldout_examples"):
-        # Holding rows out now would change the rows it trains on: it keeps training on all.
-        config = config.copy_and_resolve_references()
-        with config.unlocked():
-            config.data.heldout_examples = 0
-        metrics.log(
-            "this run started before the held-out slice existed and trains on every row; "
-            "resuming with data.heldout_examples=0 (no held-out evaluation; "
-            "python -m electra_jax.evaluate reads its checkpoints on rows it has seen)"
-        )
-    return config
-
-
-def _record_changes(workdir: str, step: int, changes: dict, config) -> None:
-    """Rewrites config.json with the settings the run goes on with and appends what changed, at
-    which step, to config_changes.jsonl (process 0 only)."""
-    if jax.process_index() != 0:
-        return
-    row = {"step": step, "changes": {k: {"from": a, "to": b} for k, (a, b) in changes.items()}}
-    paths.append_text(
-        os.path.join(workdir, "config_changes.jsonl"), json.dumps(row, sort_keys=True) + "\n"
-    )
-    _write_json_atomic(os.path.join(workdir, "config.json"), config.to_dict())
-    shown = ", ".join(f"{k}={b!r} (was {a!r})" for k, (a, b) in changes.items())
-    metrics.log(f"resuming at step {step} with changed settings: {shown}")
-
-
-def _mismatch_message(e: checkpointing.CheckpointMismatch, workdir: str) -> str:
-    """One line for a checkpoint of another model or optimizer, naming the settings involved."""
-    names = [line.split(":", 1)[0] for line in e.differences]
-    params = [n for n in names if n.startswith("params.")]
-    if any(not n.startswith("params.generator") for n in params):
-        settings = "the model (model.*, data.vocab_size, objective.name)"
-    elif params:
-        settings = "the generator (generator.*)"
-    elif any(n.startswith("opt_state") for n in names):
-        # The optimizer's tree, not its numbers: e.g. train.adam_bias_correction.
-        settings = "the optimizer (train.adam_bias_correction, train.weight_decay, ...)"
-    else:
-        settings = "the train state"
-    return (
-        f"checkpoint {e.step} in {checkpointing.checkpoint_dir(workdir)} holds another state "
-        f"than this config describes, in {settings}: {checkpointing.shown(e.differences)}; "
-        "nothing was moved aside: resume with the settings the run was started with, or use a "
-        "new --workdir"
-    )
-
-
-def _claim_workdir(workdir: str):
-    """The workdir, locked by process 0 for the run; every process agrees before going on."""
-    from electra_jax import workdir as workdir_lib
-
-    error, held = None, None
-    try:
-        held = workdir_lib.claim(
-            workdir,
-            workdir_lib.PRETRAIN,
-            lock=jax.process_index() == 0,
-            command="electra_jax.train",
-        )
-    except validate.ConfigError as e:
-        error = e
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
-        ok = np.asarray(multihost_utils.process_allgather(np.int32(error is None)))
-        if error is None and not ok.all():
-            error = validate.ConfigError(
-                f"--workdir {workdir} cannot be used by process(es) "
-                f"{', '.join(map(str, np.flatnonzero(ok == 0)))}; see their error line"
-            )
-    if error is not None:
-        if held is not None:
-            held.release()
-        raise error
-    return held
 
 
 def train(
@@ -476,30 +53,29 @@ def train(
 
     The workdir is locked for the whole call (workdir.claim): a second run on it gets a
     ConfigError naming this one. A resume must keep the stored settings but for those in
-    validate.FREE_ON_RESUME and `allow_changes` (config keys), which are recorded in
+    resume.FREE_ON_RESUME and `allow_changes` (config keys), which are recorded in
     config_changes.jsonl.
     """
     validate.check_config(config)
-    held = _claim_workdir(workdir)
+    run = resume.plan(config, workdir, tuple(allow_changes))
     try:
-        config = _checkpoint_layout(config, workdir)
-        changes = _check_resume(config, workdir, tuple(allow_changes))
-        warning = validate.warmup_warning(config.train)
+        warning = validate.warmup_warning(run.config.train)
         if warning:
             metrics.log(f"warning: {warning}")
         watcher = checkpointing.PreemptionWatcher()
         try:
-            return _train(config, workdir, stop_after, watcher, changes)
+            return _train(run, stop_after, watcher)
         finally:
             watcher.close()
     finally:
-        held.release()
+        run.release()
 
 
-def _train(config, workdir, stop_after, watcher, changes) -> dict:
+def _train(run: resume.Resume, stop_after, watcher) -> dict:
     """The run, top to bottom: mesh -> data -> state -> restore -> compile -> steps."""
+    config, workdir = run.config, run.workdir
     mesh = checked_mesh(config, jax.process_count())
-    start_from, tokenizer, prepared, data_iter = _data(config, workdir)
+    tokenizer, prepared, data_iter = _data(config, workdir)
     # From here to the first compiled call, jax and orbax work in `watcher.deferred()` blocks: a
     # signal ends the run at the end of the block it arrives in, never inside their C++ state.
     with watcher.deferred():
@@ -508,9 +84,7 @@ def _train(config, workdir, stop_after, watcher, changes) -> dict:
         evaluator = _evaluator(config, setup, mesh, prepared, special)
     manager = checkpointing.make_manager(workdir, config.checkpoint)
     try:
-        state, start_step = _restore(
-            config, workdir, setup, manager, data_iter, start_from, changes, watcher
-        )
+        state, start_step = _restore(run, setup, manager, data_iter, watcher)
         calls = _Calls(config, setup, mesh, data_iter, stop_after)
         with watcher.deferred():
             # Compiled before the watcher is armed: a signal during compilation (minutes for a
@@ -527,7 +101,7 @@ def _train(config, workdir, stop_after, watcher, changes) -> dict:
 
 def _evaluator(config, setup: StepSetup, mesh, prepared, special):
     """The compiled held-out evaluation (evaluate.py), or None when the config asks for none."""
-    every = _eval_every(config)
+    every = eval_every(config)
     if not every:
         return None
     from electra_jax import evaluate
@@ -541,7 +115,7 @@ def _evaluator(config, setup: StepSetup, mesh, prepared, special):
         mesh=mesh,
         prepared=prepared,
         heldout_examples=config.data.heldout_examples,
-        batch_size=_eval_batch_size(config),
+        batch_size=eval_batch_size(config),
         every=every,
         special=special,
         process_index=jax.process_index(),
@@ -558,8 +132,7 @@ def _evaluator(config, setup: StepSetup, mesh, prepared, special):
 
 
 def _data(config, workdir: str):
-    """(init_from's weights or None, the run's tokenizer, its prepared data, the iterator over
-    its training batches).
+    """(the run's tokenizer, its prepared data, the iterator over its training batches).
 
     Process 0 trains the tokenizer and prepares the shards while the others wait; they then find
     both in the workdir (storage every host sees: gs://, written through paths.py, or NFS)
@@ -570,7 +143,6 @@ def _data(config, workdir: str):
     is_main = jax.process_index() == 0
     if not is_main:
         _barrier("electra_jax_prepared")
-    start_from = _load_init_from(config, workdir) if config.train.init_from else None
     tokenizer = prepare.ensure_tokenizer(
         config.data, os.path.join(workdir, "tokenizer"), config.seed
     )
@@ -588,16 +160,23 @@ def _data(config, workdir: str):
         process_count=jax.process_count(),
         heldout_examples=config.data.get("heldout_examples", 0),
     )
-    return start_from, tokenizer, prepared, data_iter
+    return tokenizer, prepared, data_iter
+
+
+def _barrier(name: str) -> None:
+    """Every process waits here until all have arrived (a no-op in a single-process run)."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
 
 
 # ---------------------------------------------------------------------------- state, restore
 
 
-def _restore(config, workdir, setup, manager, data_iter, start_from, changes, watcher):
+def _restore(run: resume.Resume, setup, manager, data_iter, watcher):
     """(state, its step): the newest checkpoint's (the iterator put back to its position), else
-    a new state (with init_from's weights), whose config.json is written."""
-    is_main = jax.process_index() == 0
+    a new state (with init_from's weights); what the run goes on with is recorded."""
     try:
         with watcher.deferred():
             state = checkpointing.restore_latest(
@@ -607,8 +186,8 @@ def _restore(config, workdir, setup, manager, data_iter, start_from, changes, wa
                 log=metrics.log,
             )
     except checkpointing.CheckpointMismatch as e:
-        raise validate.ConfigError(_mismatch_message(e, workdir)) from None
-    config_path = os.path.join(workdir, "config.json")
+        raise validate.ConfigError(resume.mismatch_message(e, run.workdir)) from None
+    start_from = run.init_from
     if state is None:
         with watcher.deferred():
             state = init_on_mesh(setup)
@@ -616,20 +195,28 @@ def _restore(config, workdir, setup, manager, data_iter, start_from, changes, wa
                 state = _with_params(state, start_from, setup)
         if start_from is not None:
             metrics.log(f"starting from the weights of {start_from.source}")
-        if is_main:
-            _write_json_atomic(config_path, config.to_dict())
+        run.record(None)
         return state, 0
     start_step = int(jax.device_get(state.step))
-    metrics.log(f"resumed from checkpoint {start_step} in {workdir}")
-    if changes:
-        _record_changes(workdir, start_step, changes, config)
-    elif is_main and not paths.exists(config_path):
-        _write_json_atomic(config_path, config.to_dict())
-        metrics.log(
-            "warning: config.json was missing; wrote this run's settings (the checkpoint's "
-            "shapes matched them)"
-        )
+    metrics.log(f"resumed from checkpoint {start_step} in {run.workdir}")
+    run.record(start_step)
     return state, start_step
+
+
+def _with_params(state, loaded, setup: StepSetup):
+    """The fresh state with `loaded`'s parameters, laid out as the step expects."""
+    # A model saved in the other layer layout (unrolled vs stacked) starts this run in its own.
+    loaded_params = layer_stack.to_layout(loaded.params, setup.spec.scan_layers)
+    want = jax.tree_util.tree_map(lambda x: x.shape, setup.abstract_state.params)
+    have = jax.tree_util.tree_map(lambda x: tuple(x.shape), loaded_params)
+    if want != have:
+        raise validate.ConfigError(
+            f"train.init_from={loaded.source} holds a model of other shapes than the config's "
+            f"(discriminator {loaded.spec.discriminator}, generator {loaded.spec.generator}, "
+            f"vocab {loaded.spec.vocab_size}); set model.* and generator.* to match"
+        )
+    params = jax.device_put(loaded_params, setup.state_sharding.params)
+    return state.replace(params=params)
 
 
 # ------------------------------------------------------------------------------------ compile
@@ -639,9 +226,9 @@ class _Calls:
     """How the steps are grouped into compiled calls, their batches and their programs.
 
     Steps run in whole calls of train.steps_per_call (K) on the grid of multiples of K. A call
-    ends early at a log or checkpoint step, or at the last step; such a short call, and one that
-    starts off the grid (a resume after stop_after), runs its steps one at a time. A whole call
-    computes what K single steps do, bit for bit (tests/test_loop.py).
+    ends early at a log, evaluation or checkpoint step, or at the last step; such a short call,
+    and one that starts off the grid (a resume after stop_after), runs its steps one at a time. A
+    whole call computes what K single steps do, bit for bit (tests/test_loop.py).
     """
 
     def __init__(self, config, setup: StepSetup, mesh, data_iter, stop_after: int | None):
@@ -650,7 +237,7 @@ class _Calls:
         self.last_step = self.num_steps if stop_after is None else min(self.num_steps, stop_after)
         self.per_call = config.train.get("steps_per_call", 1)
         self.log_every, self.save_every = config.log.every_steps, config.checkpoint.every_steps
-        self.eval_every = _eval_every(config)  # a row at each evaluation, too
+        self.eval_every = eval_every(config)  # a row at each evaluation, too
         self.programs: dict[bool, Any] = {}  # whole call of K (True) or one step (False)
 
     def size(self, step: int) -> int:

@@ -14,10 +14,12 @@ from typing import Any
 
 import jax
 
-from electra_jax import paths
+from electra_jax import jsonio, paths
 from electra_jax.data import progress
 from electra_jax.model import ElectraSpec, EncoderSpec
-from electra_jax.objective import OBJECTIVES
+from electra_jax.objectives import registry
+from electra_jax.objectives.core import FlopParts
+from electra_jax.objectives.names import DEFAULT
 
 # Dense bfloat16 peak FLOP/s per chip (vendor figures), matched against jax's device_kind.
 PEAK_FLOPS = {
@@ -58,48 +60,39 @@ def count_flops(
     batch_size: int,
     seq_length: int,
     num_slots: int,
-    objective: str = "electra",
+    objective: str = DEFAULT,
 ) -> dict:
     """Training FLOPs of one step (forward + backward = 3 x forward) by part, for `objective`.
 
-    Counts what the objective's step runs (objective.py), so that objectives compare at equal
-    compute: 'electra' and 'electra_15' run the generator (its head at the N masked slots) and
-    the discriminator with its replaced-token head at every token; 'mlm' runs no generator, only
-    the discriminator-sized network with an MLM head (dense + LayerNorm + the tied embedding
-    output over the vocabulary) at the slots; 'replaced_mlm' runs the generator and that MLM head
-    at the slots; 'all_tokens_mlm' the generator, the MLM head at every token and the
-    replaced-token head (the copy probability) at every token; 'adversarial' what 'electra' runs
-    plus the generator's 1-unit baseline at the slots. The MLM head counts with the
-    discriminator, as in `model.network_param_counts`. Parts an objective leaves unused (the
-    replaced-token head of 'mlm' and 'replaced_mlm') are left out, as XLA drops them.
+    Counts what the objective's step runs (the parts its `Objective.flops` adds up, in
+    objectives/), so that objectives compare at equal compute: the encoders at every token, the
+    generator's MLM head at the N masked slots, the replaced-token head at every token, the MLM
+    head (dense + LayerNorm + the tied embedding output over the vocabulary) at the slots or
+    every token, the generator's 1-unit baseline. The MLM head counts with the discriminator, as
+    in `model.network_param_counts`. Parts an objective leaves unused are left out, as XLA drops
+    them.
 
     Returns {'generator', 'discriminator', 'total'} in FLOPs for batch_size x seq_length tokens.
     """
-    if objective not in OBJECTIVES:
-        raise ValueError(f"objective={objective!r}: use one of {', '.join(OBJECTIVES)}")
+    step = registry.get(objective)
     tokens = batch_size * seq_length
     slots = batch_size * num_slots
     e, v = spec.embedding_size, spec.vocab_size
-    hd = spec.discriminator.hidden_size
-    gen = tokens * _encoder_flops_per_token(spec.generator, e, seq_length)
-    gen += slots * (2 * spec.generator.hidden_size * e + 2 * e * v)
-    disc = tokens * _encoder_flops_per_token(spec.discriminator, e, seq_length)
+    hd, hg = spec.discriminator.hidden_size, spec.generator.hidden_size
     rtd_head = 2 * hd * hd + 2 * hd  # dense, then the 1-unit output, per token
     mlm_head = 2 * hd * e + 2 * e * v  # dense to E, then the tied output over V, per position
-    if objective == "adversarial":  # the learned baseline: one unit on the generator's states
-        gen += slots * 2 * spec.generator.hidden_size
-    if objective in ("electra", "electra_15", "two_stage", "adversarial"):
-        # 'two_stage' runs both networks every step (the idle one's loss weighted 0).
-        disc += tokens * rtd_head
-        if spec.mlm_head:  # 'electra' with the discriminator's MLM term (disc_mlm_weight > 0)
-            disc += slots * mlm_head
-    elif objective == "replaced_mlm":
-        disc += slots * mlm_head
-    elif objective == "all_tokens_mlm":
-        disc += tokens * (rtd_head + mlm_head)
-    else:  # 'mlm': no generator
-        gen = 0
-        disc += slots * mlm_head
+    gen, disc = step.flops(
+        FlopParts(
+            generator=tokens * _encoder_flops_per_token(spec.generator, e, seq_length)
+            + slots * (2 * hg * e + 2 * e * v),
+            baseline=slots * 2 * hg,
+            discriminator=tokens * _encoder_flops_per_token(spec.discriminator, e, seq_length),
+            rtd_head=tokens * rtd_head,
+            mlm_head_slots=slots * mlm_head,
+            mlm_head_tokens=tokens * mlm_head,
+            has_mlm_head=spec.mlm_head,
+        )
+    )
     train = {"generator": 3 * gen, "discriminator": 3 * disc}
     train["total"] = sum(train.values())
     return train
@@ -159,10 +152,7 @@ class MetricsWriter:
             tb_dir = os.path.join(self._staging, "tensorboard")
             self._remote_tb = paths.join(workdir, "tensorboard")
             self._uploaded = time.monotonic()
-        tmp = local_path + ".tmp"
-        with open(tmp, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in kept)
-        os.replace(tmp, local_path)
+        jsonio.write_jsonl(local_path, kept)
         self._local_path = local_path
         if self._remote:
             paths.upload_file(local_path, self.path)

@@ -106,8 +106,8 @@ def spec_from_config(
 
     `remat` is `train.remat`: a training choice that changes memory and time, not the numbers.
     `mlm_head`: whether the objective needs the discriminator's MLM head
-    (`objective.needs_mlm_head(config.objective.name)`); `policy_baseline`, the generator's
-    baseline (`objective.needs_policy_baseline`).
+    (`Objective.needs_mlm_head`); `policy_baseline`, the generator's baseline
+    (`Objective.policy_baseline`); objectives/registry.model_heads gives both for a config.
     """
     disc = EncoderSpec(
         hidden_size=model_cfg.hidden_size,

@@ -166,16 +166,13 @@ def spec_from_run_config(config: dict, vocab_size: int, where: str) -> model.Ele
         if field in config["model"]:
             check_size(config["model"][field], f"model.{field}", field, where)
     try:
-        from electra_jax import objective
+        from electra_jax.objectives import registry
 
-        name = config.get("objective", {}).get("name", "electra")
-        disc_mlm_weight = config.get("objective", {}).get("disc_mlm_weight", 0.0)
         spec = model.spec_from_config(
             ml_collections.ConfigDict(config["model"]),
             ml_collections.ConfigDict(config["generator"]),
             vocab_size,
-            mlm_head=objective.needs_mlm_head(name, disc_mlm_weight),
-            policy_baseline=objective.needs_policy_baseline(name),
+            **registry.model_heads(config.get("objective", {})),
         )
     except (KeyError, AttributeError, TypeError, ValueError, OverflowError) as e:
         raise PretrainedError(

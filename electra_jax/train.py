@@ -193,12 +193,12 @@ def main(argv) -> None:
         if _VERBOSE.value:
             raise
         fail(str(e))
-    from electra_jax import loop
+    from electra_jax import dry_run, loop
     from electra_jax.checkpointing import CheckpointError, Preempted
 
     try:
         if _DRY_RUN.value:
-            print(json.dumps(loop.describe(config, compile=_COMPILE.value)))
+            print(json.dumps(dry_run.describe(config, compile=_COMPILE.value)))
             return
         _maybe_initialize_distributed()
         from electra_jax.data import progress

@@ -9,9 +9,11 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from electra_jax import evaluation, objective
+from electra_jax import evaluation
 from electra_jax.data.tokenizer import CLS_ID, MASK_ID, PAD_ID, SEP_ID
 from electra_jax.model import Electra
+from electra_jax.objectives import registry
+from electra_jax.objectives.core import Networks, schedule_value
 
 
 class SpecialTokens(NamedTuple):
@@ -64,8 +66,10 @@ def init_state(
     )
 
 
-def _network_fns(params, batch, *, model: Electra, train: bool):
-    """The two networks as functions of ids, closing over params, segments and padding mask."""
+def _networks(params, batch, *, model: Electra, train: bool) -> Networks:
+    """The networks as functions of ids, closing over params, segments and padding mask: the
+    generator, the discriminator and (when the model has the head) the discriminator-sized
+    network with both heads."""
     seg, mask = batch["segment_ids"], batch["input_mask"]
     det = not train
 
@@ -96,16 +100,6 @@ def _network_fns(params, batch, *, model: Electra, train: bool):
             method=Electra.discriminator_logits,
         )
 
-    return generator_fn, discriminator_fn
-
-
-def _mlm_fn(params, batch, *, model: Electra, train: bool):
-    """The discriminator-sized network with both heads: (ids [B, L], positions [B, N] or None,
-    key) -> (replaced logits [B, L], MLM logits [B, N or L, V]); for the MLM objectives."""
-    seg, mask = batch["segment_ids"], batch["input_mask"]
-    if not model.spec.mlm_head:
-        return None
-
     def mlm_fn(ids, positions, key):
         return model.apply(
             {"params": params},
@@ -113,49 +107,12 @@ def _mlm_fn(params, batch, *, model: Electra, train: bool):
             seg,
             mask,
             positions,
-            not train,
+            det,
             rngs={"dropout": key},
             method=Electra.discriminator_mlm,
         )
 
-    return mlm_fn
-
-
-def _name(objective_cfg) -> str:
-    return objective_cfg.get("name", "electra")
-
-
-def forward(
-    params,
-    batch,
-    rng,
-    *,
-    model: Electra,
-    objective_cfg: Any,
-    num_slots: int,
-    train: bool,
-    special: SpecialTokens = DEFAULT_SPECIAL,
-):
-    """The loss of one batch under objective_cfg.name: returns (loss, metrics)."""
-    generator_fn, discriminator_fn = _network_fns(params, batch, model=model, train=train)
-    return objective.objective_forward(
-        _name(objective_cfg),
-        rng,
-        batch,
-        generator_fn,
-        discriminator_fn,
-        _mlm_fn(params, batch, model=model, train=train),
-        vocab_size=model.spec.vocab_size,
-        mask_prob=objective_cfg.mask_prob,
-        num_slots=num_slots,
-        mask_id=special.mask,
-        special_ids=tuple(special),
-        gen_weight=objective_cfg.gen_weight,
-        disc_weight=objective_cfg.disc_weight,
-        temperature=objective_cfg.temperature,
-        mask_token_prob=objective_cfg.mask_token_prob,
-        sampler=objective_cfg.sampler,
-    )
+    return Networks(generator_fn, discriminator_fn, mlm_fn if model.spec.mlm_head else None)
 
 
 def micro_batches(tree, k: int):
@@ -192,37 +149,23 @@ def train_step(
     the whole batch's counts, so the update equals the full batch's (up to float rounding and
     dropout, whose masks are drawn per micro-batch).
     """
-    name = _name(objective_cfg)
-    params = state.params
+    objective = registry.of_config(objective_cfg)
     weights = {"gen_weight": objective_cfg.gen_weight, "disc_weight": objective_cfg.disc_weight}
-    two_stage = name == "two_stage"
-    if two_stage:
-        switch = objective_cfg.two_stage_steps
-        second = state.step >= switch  # the discriminator's stage
-        params = discriminator_from_generator(params, state.step == switch)
-        weights = two_stage_weights(second, **weights)
-    if name == "adversarial":
-        # The generator's maximum-likelihood warm start, then the policy gradient.
-        warm = objective_cfg.get("mle_warmup_steps", 0)
-        weights["adversarial"] = (state.step >= warm).astype(jnp.float32)
-    # The recipe's schedules (configs/tiny.py): Python floats, leaving the step as it was, when
-    # they are off.
-    temperature = objective.schedule_value(
+    # What the objective changes with the step (two_stage's switch, adversarial's warm start,
+    # the discriminator's fading MLM term): plain Python values when nothing does.
+    plan = objective.begin_step(objective_cfg, state.step, state.params, weights)
+    params, weights = plan.params, plan.weights
+    # The recipe's temperature schedule (configs/tiny.py): a Python float, leaving the step as
+    # it was, when it is off.
+    temperature = schedule_value(
         objective_cfg.temperature,
         objective_cfg.get("temperature_start", 0.0),
         objective_cfg.get("temperature_steps", 0),
         state.step,
     )
-    disc_mlm = objective_cfg.get("disc_mlm_weight", 0.0) > 0
-    if disc_mlm:
-        w, fade = objective_cfg.disc_mlm_weight, objective_cfg.get("disc_mlm_steps", 0)
-        weights["disc_mlm_weight"] = (
-            objective.schedule_value(0.0, w, fade, state.step) if fade else w
-        )
     rng = jax.random.fold_in(state.rng, state.step)
     k_corrupt, k_gen, k_sample, k_disc = jax.random.split(rng, 4)
-    corruption = objective.objective_corruption(
-        name,
+    corruption = objective.corrupt(
         k_corrupt,
         batch,
         mask_prob=objective_cfg.mask_prob,
@@ -239,20 +182,16 @@ def train_step(
 
     def grads_and_sums(part, part_corruption, keys):
         def loss_fn(params):
-            gen_fn, disc_fn = _network_fns(params, part, model=model, train=True)
-            sums = objective.objective_sums(
-                name,
+            networks = _networks(params, part, model=model, train=True)
+            sums = objective.sums(
                 part,
                 part_corruption,
-                gen_fn,
-                disc_fn,
-                _mlm_fn(params, part, model=model, train=True),
+                networks,
                 keys,
                 temperature=temperature,
                 sampler=objective_cfg.sampler,
-                disc_mlm=disc_mlm,
             )
-            return objective.objective_loss(name, sums, denominators, **weights), sums
+            return objective.loss(sums, denominators, **weights), sums
 
         return jax.grad(loss_fn, has_aux=True)(params)
 
@@ -275,67 +214,14 @@ def train_step(
         (grads, sums), _ = jax.lax.scan(accumulate, zeros, xs)
 
     updates, opt_state = tx.update(grads, state.opt_state, params)
-    if two_stage:
-        updates = frozen_generator(updates, second)
-    params = optax.apply_updates(params, updates)
-    metrics = objective.objective_metrics(name, sums, **weights)
-    if two_stage:
-        metrics["stage"] = jnp.where(second, 2.0, 1.0)
-    if "adversarial" in weights:
-        metrics["policy_gradient"] = weights["adversarial"]  # 0 during the warm start
+    params = optax.apply_updates(params, plan.updates(updates))
+    metrics = {**objective.metrics(sums, **weights), **plan.metrics}
     if not isinstance(temperature, float | int):
         metrics["temperature"] = temperature
     metrics["grad_norm"] = optax.global_norm(grads)
     metrics["learning_rate"] = jnp.asarray(schedule(state.step), jnp.float32)
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
     return new_state, metrics
-
-
-# ------------------------------------------------------------------------ two-stage training
-# The paper's Two-Stage ELECTRA (Section 3.2): the generator alone with the MLM loss for
-# objective.two_stage_steps steps; then the discriminator, initialised from the generator's
-# weights (so the two are the same size), with the generator frozen. Both stages are one run:
-# the stage is a function of the step, inside the compiled step, so a resume on either side of
-# the switch continues exactly. The embeddings are one block shared by both networks, so in the
-# second stage they train with the discriminator.
-
-# The generator's own parameters: frozen in the second stage.
-GENERATOR_ONLY = (
-    "generator",
-    "generator_predictions_dense",
-    "generator_predictions_LayerNorm",
-    "generator_lm_head_bias",
-)
-
-
-def two_stage_weights(second, *, gen_weight: float, disc_weight: float) -> dict:
-    """The loss weights: the generator's MLM loss alone in the first stage, the discriminator's
-    loss alone in the second (`second`, a boolean scalar); float32 scalars."""
-    return {
-        "gen_weight": jnp.where(second, 0.0, gen_weight),
-        "disc_weight": jnp.where(second, disc_weight, 0.0),
-    }
-
-
-def discriminator_from_generator(params: dict, at) -> dict:
-    """`params` with the discriminator's encoder replaced by the generator's where `at` (a
-    boolean scalar) is true: the second stage's initialisation. The two encoders must have the
-    same shapes (validate.check_config refuses 'two_stage' otherwise)."""
-    copied = jax.tree_util.tree_map(
-        lambda g, d: jnp.where(at, g, d), params["generator"], params["discriminator"]
-    )
-    return {**params, "discriminator": copied}
-
-
-def frozen_generator(updates: dict, frozen) -> dict:
-    """`updates` with those of GENERATOR_ONLY zeroed where `frozen` (a boolean scalar) is true,
-    weight decay included: the generator does not move in the second stage."""
-    return {
-        k: jax.tree_util.tree_map(lambda u: jnp.where(frozen, jnp.zeros_like(u), u), v)
-        if k in GENERATOR_ONLY
-        else v
-        for k, v in updates.items()
-    }
 
 
 def guarded_train_step(
@@ -404,7 +290,7 @@ def eval_step(
     batches); frequent: bool [V], the frequent pieces. Returns float32 scalars (NaN where an
     AUC is undefined).
     """
-    name = _name(objective_cfg)
+    objective = registry.of_config(objective_cfg)
 
     def networks_of(batch):
         seg, mask = batch["segment_ids"], batch["input_mask"]
@@ -412,7 +298,7 @@ def eval_step(
         networks = {
             "discriminator": lambda ids: run(Electra.discriminator_outputs, ids, seg, mask, True)
         }
-        if objective.has_generator(name):
+        if objective.has_generator:
             networks["generator"] = lambda ids, positions: run(
                 Electra.generator_logits, ids, seg, mask, positions, True
             )
@@ -426,8 +312,7 @@ def eval_step(
         batches,
         frequent,
         networks_of,
-        name=name,
-        rtd=objective.trains_rtd_head(name),
+        objective=objective,
         mask_prob=objective_cfg.mask_prob,
         num_slots=num_slots,
         mask_id=special.mask,

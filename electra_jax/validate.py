@@ -2,38 +2,21 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from typing import Any
+
+from electra_jax.data.uri import uri_scheme
+from electra_jax.objectives.names import OBJECTIVES
 
 
 class ConfigError(ValueError):
     """A config value that cannot work; the message names the key and what to do."""
 
 
-# The pre-training objectives (objective.py computes them; named here, where jax is not yet
-# imported, so that a config is checked in moments).
-OBJECTIVES = (
-    "electra",
-    "mlm",
-    "electra_15",
-    "replaced_mlm",
-    "all_tokens_mlm",
-    "two_stage",
-    "adversarial",
-)
-
-
 def _require(ok: bool, message: str) -> None:
     if not ok:
         raise ConfigError(message)
-
-
-def _uri_scheme(path: str) -> str | None:
-    from electra_jax.data.sources import uri_scheme
-
-    return uri_scheme(path)
 
 
 def mount_hint(path: str) -> str:
@@ -63,7 +46,7 @@ def check_workdir(workdir: str, flag: str = "--workdir", create: bool = True) ->
         raise ConfigError(
             f"{flag} {shown} is not valid UTF-8; use a path of UTF-8 characters"
         ) from None
-    scheme = _uri_scheme(workdir)
+    scheme = uri_scheme(workdir)
     if scheme and scheme not in WRITABLE_SCHEMES:
         raise ConfigError(
             f"{flag} {workdir} is a {scheme}:// URI, which electra_jax does not write directly; "
@@ -92,7 +75,7 @@ def _check_remote_workdir(workdir: str, flag: str, create: bool) -> None:
     """gs://BUCKET/PATH: a bucket and a path, not an object; with `create`, a probe object is
     written and removed (a missing bucket or package, or no access, is one line)."""
     from electra_jax import paths
-    from electra_jax.data.sources import remote_errors
+    from electra_jax.data.uri import remote_errors
 
     bucket = workdir.split("://", 1)[1].split("/", 1)[0]
     _require(bool(bucket), f"{flag} {workdir} names no bucket; use gs://BUCKET/PATH")
@@ -224,7 +207,7 @@ def check_config(config: Any) -> None:
         ("data.cache_dir", d.get("cache_dir", "")),
         ("train.init_from", t.get("init_from", "")),
     ):
-        scheme = _uri_scheme(str(value))
+        scheme = uri_scheme(str(value))
         if scheme and scheme not in WRITABLE_SCHEMES:
             raise ConfigError(
                 f"{key}={value} is a {scheme}:// URI, which electra_jax does not read or write "
@@ -505,39 +488,6 @@ def check_batch(
     )
 
 
-# The fields that fix the parameters' shapes and meaning. model.dtype is left out: it is the compute
-# type only (parameters stay float32), so resuming in bfloat16 what ran in float32 is legitimate.
-_MODEL_SECTIONS = ("model", "generator")
-_MODEL_KEYS = ("data.vocab_size", "data.seq_length", "objective.name")  # name: the MLM head
-_NOT_MODEL = ("model.dtype",)
-# What a run config written before these keys existed means by their absence: a run started
-# before model.scan_layers holds its layers unrolled; one started before the held-out slice
-# trained on every row.
-_ADDED_DEFAULTS = {
-    "model.embedding_sharing": "electra",
-    "model.scan_layers": False,
-    "data.heldout_examples": 0,
-}
-
-
-def with_added_defaults(stored: dict) -> dict:
-    """A stored run config (config.json) with the keys added since filled in as `_ADDED_DEFAULTS`
-    says the run had them; a new nested dict."""
-    out = json.loads(json.dumps(stored))
-    for key, value in _ADDED_DEFAULTS.items():
-        node = out
-        *parents, leaf = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node.setdefault(leaf, value)
-    return out
-
-
-def stored_scan_layers(stored: dict) -> bool:
-    """The layer layout of a stored run config (config.json): model.scan_layers."""
-    return bool(flatten(stored).get("model.scan_layers", _ADDED_DEFAULTS["model.scan_layers"]))
-
-
 def flatten(tree: dict, prefix: str = "") -> dict:
     """{"a.b": value} for a nested dict {"a": {"b": value}}."""
     out = {}
@@ -547,81 +497,3 @@ def flatten(tree: dict, prefix: str = "") -> dict:
         else:
             out[f"{prefix}{k}"] = v
     return out
-
-
-def check_same_model(stored: dict, config: Any, config_path: str) -> None:
-    """Raises ConfigError when a workdir's stored config describes another model than `config`.
-
-    stored: the parsed config.json of the workdir. Compares model.*, generator.*,
-    data.vocab_size and data.seq_length, so that a resume with other sizes fails here in one line
-    instead of as a shape error deep inside the restore.
-    """
-    # Keys added since a run was stored mean their default there.
-    old = {**_ADDED_DEFAULTS, **flatten(stored)}
-    new = flatten(config.to_dict())
-
-    def is_model_key(key: str) -> bool:
-        return (key.split(".", 1)[0] in _MODEL_SECTIONS or key in _MODEL_KEYS) and (
-            key not in _NOT_MODEL
-        )
-
-    keys = sorted(k for k in set(old) | set(new) if is_model_key(k))
-    differ = [k for k in keys if old.get(k) != new.get(k)]
-    if differ:
-        shown = ", ".join(f"{k}={old.get(k)!r} there vs {new.get(k)!r} now" for k in differ[:4])
-        more = f" (and {len(differ) - 4} more)" if len(differ) > 4 else ""
-        raise ConfigError(
-            f"{config_path} describes a different model than the one asked for: {shown}{more}; "
-            "to resume, run with the same settings; to train this model, use a new --workdir"
-        )
-
-
-# Settings a resumed run may change without saying so: how long it runs, how the same numbers are
-# computed and laid out, where files go and how often they are written. Every other setting
-# (data, schedule, optimizer, objective, seed) shapes what the run learns, so a resume that
-# changes one would no longer continue the run it resumes; it needs train's --allow_change.
-FREE_ON_RESUME = (
-    "train.num_steps",
-    "train.steps_per_call",
-    "train.remat",
-    "train.grad_accum_steps",
-    "train.nan_policy",
-    "train.debug_nan_at_step",
-    "train.init_from",  # read only by a fresh run
-    "data.cache_dir",
-    "data.tokenizer",  # a resumed run keeps its own; a different file is refused by fingerprint
-    "data.examples_per_shard",
-    "data.tfds_data_dir",
-    "mesh.",
-    "checkpoint.",
-    "log.",
-    "eval.",  # what is read and how often; never what is trained (data.heldout_examples is)
-)
-
-
-def _is_free(key: str) -> bool:
-    return any(key == k or (k.endswith(".") and key.startswith(k)) for k in FREE_ON_RESUME)
-
-
-def check_same_run(
-    stored: dict, config: Any, config_path: str, allowed: tuple[str, ...] = ()
-) -> dict[str, tuple[Any, Any]]:
-    """Raises ConfigError when `config` changes a setting of the stored run that a resume must
-    keep (see FREE_ON_RESUME), unless the key is in `allowed`.
-
-    Keys the stored config lacks (added to the framework since) are not compared. Returns the
-    allowed changes, {key: (stored value, new value)}, for the caller to record.
-    """
-    old, new = flatten(stored), flatten(config.to_dict())
-    differ = sorted(k for k in set(old) & set(new) if old[k] != new[k] and not _is_free(k))
-    refused = [k for k in differ if k not in allowed]
-    if refused:
-        shown = ", ".join(f"{k}={old[k]!r} there vs {new[k]!r} now" for k in refused[:4])
-        more = f" (and {len(refused) - 4} more)" if len(refused) > 4 else ""
-        raise ConfigError(
-            f"resuming with other settings than {config_path}: {shown}{more}; run with the "
-            "stored settings to continue exactly, or pass --allow_change="
-            f"{','.join(refused)} to change them from this step on (recorded in "
-            "config_changes.jsonl), or use a new --workdir"
-        )
-    return {k: (old[k], new[k]) for k in differ}

@@ -31,6 +31,7 @@ import sys
 import time
 
 from electra_jax import paths
+from electra_jax.jsonio import write_json
 from electra_jax.validate import ConfigError, check_workdir
 
 MARKER = ".electra_jax"
@@ -94,9 +95,13 @@ class Claim:
 
 
 def _our_by_product(name: str) -> bool:
-    """Files our tools put in a workdir beside a run's own: the write probe, and the logs of
+    """Files our tools put in a workdir beside a run's own: the write probe, the marker's
+    temporary while process 0 writes it (jsonio.write_atomic's `<file>.tmp<pid>`: the other
+    processes of a run look at the folder meanwhile), and the logs of
     launch/local_multiprocess.sh (process_<i>.log, written before the processes start)."""
     if name.startswith(".write_test"):
+        return True
+    if name.startswith(f"{MARKER}.tmp") and name[len(MARKER) + 4 :].isdigit():
         return True
     return name.startswith("process_") and name.endswith(".log") and name[8:-4].isdigit()
 
@@ -202,14 +207,8 @@ def _write_marker(path: str, kind: str) -> None:
     found = _read_json(marker)
     if isinstance(found, dict) and found.get("kind") == kind:
         return
-    if paths.is_remote(path):
-        paths.write_atomic(marker, json.dumps({"kind": kind, "format": 1}) + "\n")
-        return
-    tmp = f"{marker}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump({"kind": kind, "format": 1}, f)
-        f.write("\n")
-    os.replace(tmp, marker)
+    # Local: a temporary file and os.replace; gs://: one upload (jsonio.write_atomic).
+    write_json(marker, {"kind": kind, "format": 1})
 
 
 def _take_remote_lock(path: str, kind: str, flag: str, command: str):

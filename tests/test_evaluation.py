@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from electra_jax import evaluation, loop
+from electra_jax import evaluation, step_setup
+from electra_jax.objectives import registry
 from electra_jax.train_step import eval_step, init_state
 from tests.conftest import micro_config
 
@@ -79,7 +80,7 @@ def _batches(cfg, count=2, seed=0):
 def test_eval_step_is_deterministic_and_reads_what_the_objective_has(name):
     cfg = micro_config()
     cfg.objective.name = name
-    _, model, tx, _, slots = loop.build(cfg, cfg.data.vocab_size)
+    _, model, tx, _, slots = step_setup.build(cfg, cfg.data.vocab_size)
     params = init_state(model, tx, 0).params
     frequent = jnp.zeros((cfg.data.vocab_size,), bool).at[5:100].set(True)
     ev = jax.jit(
@@ -130,8 +131,7 @@ def test_the_readings_follow_the_networks_they_are_given():
 
     frequent = jnp.zeros((vocab,), bool).at[:60].set(True).at[target].set(True)
     kwargs = dict(
-        name="electra",
-        rtd=True,
+        objective=registry.get("electra"),
         mask_prob=0.15,
         num_slots=5,
         mask_id=4,

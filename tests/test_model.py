@@ -5,8 +5,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from electra_jax import loop
+from electra_jax import dry_run
 from electra_jax import model as model_lib
+from electra_jax.data.tokenizer import CLS_ID, SEP_ID
 from electra_jax.model import Electra, init_params, spec_from_config
 from tests.conftest import load_config, micro_config
 
@@ -15,13 +16,13 @@ from tests.conftest import load_config, micro_config
     "name,expected", [("small", 13.5e6), ("base", 108.9e6), ("large", 334.1e6)]
 )
 def test_discriminator_sizes_match_the_paper(name, expected):
-    summary = loop.describe(load_config(name), compile=False)
+    summary = dry_run.describe(load_config(name), compile=False)
     assert abs(summary["discriminator_params"] - expected) / expected < 0.03
 
 
 def test_generator_shapes_follow_the_fraction():
     for name, width, heads in [("small", 64, 1), ("base", 256, 4), ("large", 256, 4)]:
-        summary = loop.describe(load_config(name), compile=False)
+        summary = dry_run.describe(load_config(name), compile=False)
         assert summary["generator_hidden_size"] == width
         assert summary["generator_num_heads"] == heads
 
@@ -228,3 +229,55 @@ def test_the_two_dense_layers_without_an_initializer_in_the_original_start_gloro
         assert float(jnp.max(jnp.abs(kernel))) > 2 * spec.initializer_range  # not the normal
     dense = params["discriminator_predictions_dense"]["kernel"]
     assert float(jnp.max(jnp.abs(dense))) <= 2 * spec.initializer_range
+
+
+def test_embedding_sharing_modes_and_their_gradients():
+    """'gdes': the discriminator's loss gives the generator's tables no gradient (its deltas get
+    it); the deltas start at zero, so both networks start from the same embeddings. 'none': the
+    networks' tables are separate. 'electra': shared (the discriminator's gradient reaches)."""
+    from electra_jax.model import discriminator_embedding_params, network_param_counts
+
+    cfg = micro_config()
+    cfg.model.num_layers = 1
+    ids = jnp.array([[CLS_ID, 7, 8, 9, 10, 11, 12, SEP_ID]] * 2, jnp.int32)
+    seg, mask = jnp.zeros_like(ids), jnp.ones_like(ids)
+    positions = jnp.array([[1, 3]] * 2, jnp.int32)
+    grads, params = {}, {}
+    for sharing in ("electra", "gdes", "none"):
+        cfg.model.embedding_sharing = sharing
+        model = Electra(spec_from_config(cfg.model, cfg.generator, 300))
+        params[sharing] = p = init_params(model, jax.random.PRNGKey(0))
+
+        def disc_loss(p, model=model):
+            return jnp.sum(
+                model.apply({"params": p}, ids, seg, mask, method="discriminator_logits")
+            )
+
+        def gen_loss(p, model=model):
+            out = model.apply({"params": p}, ids, seg, mask, positions, method="generator_logits")
+            return jnp.sum(out)
+
+        grads[sharing] = jax.jit(lambda p: (jax.grad(disc_loss)(p), jax.grad(gen_loss)(p)))(p)
+        counts = network_param_counts(p)
+        assert counts["discriminator"] == network_param_counts(params["electra"])["discriminator"]
+
+    size = lambda t: float(sum(jnp.sum(jnp.abs(x)) for x in jax.tree_util.tree_leaves(t)))
+    d, g = grads["electra"]
+    assert size(d["embeddings"]) > 0 and size(g["embeddings"]) > 0
+    d, g = grads["gdes"]
+    assert size(d["embeddings"]) == 0.0  # the generator's tables: nothing from the discriminator
+    assert size(d["embeddings_delta"]) > 0 and size(g["embeddings"]) > 0
+    assert size(g["embeddings_delta"]) == 0.0
+    gdes = params["gdes"]
+    assert size({k: v for k, v in gdes["embeddings_delta"].items() if k != "LayerNorm"}) == 0.0
+    effective = discriminator_embedding_params(gdes, "gdes")
+    assert jax.tree_util.tree_structure(effective) == jax.tree_util.tree_structure(
+        gdes["embeddings"]
+    )
+    d, g = grads["none"]
+    assert size(d["generator_embeddings"]) == 0.0 and size(g["embeddings"]) == 0.0
+    assert size(d["embeddings"]) > 0 and size(g["generator_embeddings"]) > 0
+    # The default tree has none of the new parameters.
+    assert not {"embeddings_delta", "generator_embeddings", "mlm_lm_head_bias"} & set(
+        params["electra"]
+    )

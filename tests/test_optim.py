@@ -94,10 +94,10 @@ def test_bias_correction_option_gives_adam_first_step():
 
 def test_every_model_matrix_is_decayed_and_nothing_else():
     """Over the real parameter tree: biases and LayerNorm scales are exempt, all else decays."""
-    from electra_jax import loop
+    from electra_jax import step_setup
 
     cfg = micro_config()
-    _, model, tx, _, _ = loop.build(cfg, 64)
+    _, model, tx, _, _ = step_setup.build(cfg, 64)
     params = jax.eval_shape(lambda: init_params(model, jax.random.PRNGKey(0)))
     flat = jax.tree_util.tree_flatten_with_path(decay_mask(params))[0]
     for path, decayed in flat:

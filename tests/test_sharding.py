@@ -10,7 +10,7 @@ from tests.conftest import subprocess_env
 _EIGHT_DEVICES = """
 import json, jax
 jax.config.update("jax_disable_most_optimizations", True)
-from electra_jax import loop, sharding
+from electra_jax import sharding, step_setup
 from tests.conftest import micro_config
 from tests.test_train_step import run_steps
 cfg = micro_config()
@@ -18,7 +18,7 @@ assert jax.device_count() == 8
 out = {"one": run_steps(cfg, jax.devices()[:1], 10)}
 cfg.mesh.fsdp = -1
 out["fsdp"] = run_steps(cfg, jax.devices(), 10)
-setup = loop.setup_step(cfg, cfg.data.vocab_size, sharding.make_mesh(cfg.mesh))
+setup = step_setup.setup_step(cfg, cfg.data.vocab_size, sharding.make_mesh(cfg.mesh))
 layer = setup.state_sharding.params["discriminator"]["layers"]
 mu = setup.state_sharding.opt_state[1].mu["discriminator"]["layers"]
 out["specs"] = {

@@ -5,8 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from electra_jax import loop, sharding
-from electra_jax import train_step as train_step_lib
+from electra_jax import sharding, step_setup
+from electra_jax.objectives import two_stage
 from electra_jax.train_step import init_state
 from tests.conftest import micro_config
 
@@ -28,8 +28,8 @@ def run_steps(cfg, devices, num_steps=3, setup=None, state=None, same_batch=Fals
     `setup`'s compiled step and from `state` when given); a new random batch each step, or the
     first one again with `same_batch`."""
     mesh = sharding.make_mesh(cfg.mesh, devices)
-    setup = setup or loop.setup_step(cfg, cfg.data.vocab_size, mesh)
-    state = loop.init_on_mesh(setup) if state is None else state
+    setup = setup or step_setup.setup_step(cfg, cfg.data.vocab_size, mesh)
+    state = step_setup.init_on_mesh(setup) if state is None else state
     step = setup.step_fn
     out = []
     for i in range(num_steps):
@@ -53,8 +53,8 @@ def test_steps_update_state_and_learn():
 def test_randomness_is_a_function_of_the_step():
     cfg = micro_config()
     devices = jax.devices()[:1]
-    setup = loop.setup_step(cfg, cfg.data.vocab_size, sharding.make_mesh(cfg.mesh, devices))
-    _, model, tx, _, _ = loop.build(cfg, cfg.data.vocab_size)
+    setup = step_setup.setup_step(cfg, cfg.data.vocab_size, sharding.make_mesh(cfg.mesh, devices))
+    _, model, tx, _, _ = step_setup.build(cfg, cfg.data.vocab_size)
     # The seed is traced, so one compile of the init and one of the step serve all three runs.
     init = jax.jit(lambda seed: init_state(model, tx, seed), out_shardings=setup.state_sharding)
     a = run_steps(cfg, devices, 2, setup, init(0))
@@ -90,7 +90,7 @@ def test_accumulated_micro_batches_give_the_full_batch_gradient():
     cfg.model.dropout_rate = cfg.model.attention_dropout_rate = 0.0
     batch = {k: jnp.asarray(v) for k, v in _batch(cfg).items()}
     batch["input_mask"] = batch["input_mask"].at[:, -7:].set(0)  # uneven real lengths
-    spec, model, _, schedule, slots = loop.build(cfg, cfg.data.vocab_size)
+    spec, model, _, schedule, slots = step_setup.build(cfg, cfg.data.vocab_size)
     sgd = optax.sgd(1.0)  # the update is minus the gradient, unscaled by any optimizer state
     state = init_state(model, sgd, 0)
     grads, metrics = {}, {}
@@ -132,8 +132,8 @@ def test_two_stage_trains_the_generator_then_the_discriminator_from_it_with_the_
     cfg = two_stage_config()
     cfg.train.learning_rate = 1e-3
     mesh = sharding.make_mesh(cfg.mesh, jax.devices()[:1])
-    setup = loop.setup_step(cfg, cfg.data.vocab_size, mesh)
-    state = loop.init_on_mesh(setup)
+    setup = step_setup.setup_step(cfg, cfg.data.vocab_size, mesh)
+    state = step_setup.init_on_mesh(setup)
     params, rows = [jax.device_get(state.params)], []
     for i in range(5):
         state, m = setup.step_fn(state, sharding.global_batch(_batch(cfg, i), mesh))
@@ -150,7 +150,7 @@ def test_two_stage_trains_the_generator_then_the_discriminator_from_it_with_the_
     assert _max_difference(gen, disc) > 0.02
     assert _max_difference(gen, params[4]["discriminator"]) < 5 * cfg.train.learning_rate
     assert _max_difference(params[4]["discriminator"], params[5]["discriminator"]) > 0
-    for key in train_step_lib.GENERATOR_ONLY:  # frozen from the switch on, weight decay too
+    for key in two_stage.GENERATOR_ONLY:  # frozen from the switch on, weight decay too
         assert _max_difference(params[3][key], params[5][key]) == 0, key
     assert _max_difference(params[2]["generator"], params[3]["generator"]) > 0  # it learned
 
@@ -161,8 +161,8 @@ def test_adversarial_warms_up_by_maximum_likelihood_then_follows_the_policy_grad
     cfg.objective.name, cfg.objective.mle_warmup_steps = "adversarial", 2
     cfg.train.learning_rate = 1e-3
     mesh = sharding.make_mesh(cfg.mesh, jax.devices()[:1])
-    setup = loop.setup_step(cfg, cfg.data.vocab_size, mesh)
-    state = loop.init_on_mesh(setup)
+    setup = step_setup.setup_step(cfg, cfg.data.vocab_size, mesh)
+    state = step_setup.init_on_mesh(setup)
     assert state.params["adversarial_baseline"]["kernel"].shape == (16, 1)  # generator width
     params, rows = [jax.device_get(state.params)], []
     for i in range(4):
@@ -215,20 +215,10 @@ def test_the_adversarial_baseline_trains_its_own_weights_only():
     assert moved == {"adversarial_baseline"}
 
 
-def test_schedule_value_is_the_end_when_off_and_linear_when_on():
-    from electra_jax import objective
-
-    assert objective.schedule_value(1.0, 3.0, 0, jnp.int32(5)) == 1.0  # off: a Python float
-    values = [float(objective.schedule_value(1.0, 3.0, 10, jnp.int32(s))) for s in (0, 5, 10, 20)]
-    assert values == [3.0, 2.0, 1.0, 1.0]
-    fade = [float(objective.schedule_value(0.0, 2.0, 4, jnp.int32(s))) for s in (0, 1, 4, 9)]
-    assert fade == [2.0, 1.5, 0.0, 0.0]
-
-
 def test_the_temperature_schedule_and_the_fading_discriminator_mlm_term():
     """temperature_start/steps: the step samples at the scheduled temperature (logged; what a
-    temperature does to sampling is tests/test_objective.py's); disc_mlm_weight/steps: the loss
-    is electra's plus the weight x the discriminator's MLM mean, the weight fading to 0."""
+    temperature does to sampling is tests/objectives/test_core.py's); disc_mlm_weight/steps: the
+    loss is electra's plus the weight x the discriminator's MLM mean, the weight fading to 0."""
     cfg = micro_config()
     cfg.train.learning_rate = 1e-9  # the state barely moves: steps compare at the same weights
     cfg.objective.temperature_start = 5.0
@@ -246,10 +236,10 @@ def test_the_temperature_schedule_and_the_fading_discriminator_mlm_term():
     # The discriminator's MLM head exists only when asked for, and is counted.
     from electra_jax import metrics
 
-    spec, *_ = loop.build(cfg, cfg.data.vocab_size)
+    spec, *_ = step_setup.build(cfg, cfg.data.vocab_size)
     assert spec.mlm_head
     cfg.objective.disc_mlm_weight = 0.0
-    plain, *_ = loop.build(cfg, cfg.data.vocab_size)
+    plain, *_ = step_setup.build(cfg, cfg.data.vocab_size)
     assert not plain.mlm_head
     count = lambda s: metrics.count_flops(s, 8, 32, 5, "electra")["total"]
     assert count(spec) > count(plain)
@@ -261,10 +251,10 @@ def test_rtd_prior_init_starts_the_head_at_the_priors_logit():
     cfg = micro_config()
     cfg.train.rtd_prior_init = True
     p = cfg.objective.mask_prob
-    assert loop.rtd_prior_bias(cfg) == pytest.approx(np.log(p / (1 - p)))
+    assert step_setup.rtd_prior_bias(cfg) == pytest.approx(np.log(p / (1 - p)))
     first = run_steps(cfg, jax.devices()[:1], num_steps=1)[0]
     prior = -(p * np.log(p) + (1 - p) * np.log(1 - p))
     assert abs(first["disc_loss"] - prior) < 0.1 and first["disc_loss"] < 0.55
     cfg.train.rtd_prior_init = False
-    assert loop.rtd_prior_bias(cfg) == 0.0
+    assert step_setup.rtd_prior_bias(cfg) == 0.0
     assert run_steps(cfg, jax.devices()[:1], num_steps=1)[0]["disc_loss"] > 0.6  # about ln 2

@@ -1,44 +1,9 @@
 """validate: config checks that run before any work, each one line naming the key and the fix."""
 
-import json
-
 import pytest
 
 from electra_jax import validate
 from tests.conftest import micro_config
-
-
-def _stored(config):
-    return json.loads(json.dumps(config.to_dict()))  # what config.json holds
-
-
-def test_same_model_passes_and_ignores_non_model_keys():
-    stored = _stored(micro_config())
-    config = micro_config()
-    config.train.batch_size, config.train.num_steps = 16, 1000  # a longer run, other batch: fine
-    config.model.dtype = "bfloat16"  # compute type only; the parameters stay float32
-    validate.check_same_model(stored, config, "w/config.json")
-
-
-def test_different_model_names_the_keys_and_the_fix():
-    stored = _stored(micro_config())
-    config = micro_config()
-    config.model.hidden_size = 128
-    config.data.vocab_size = 400
-    with pytest.raises(validate.ConfigError) as e:
-        validate.check_same_model(stored, config, "w/config.json")
-    message = str(e.value)
-    assert message.startswith("w/config.json describes a different model")
-    assert "data.vocab_size=300 there vs 400 now" in message
-    assert "model.hidden_size=64 there vs 128 now" in message
-    assert "use a new --workdir" in message and "\n" not in message
-
-
-def test_missing_key_in_stored_config_counts_as_different():
-    stored = _stored(micro_config())
-    del stored["generator"]["layers_fraction"]
-    with pytest.raises(validate.ConfigError, match="generator.layers_fraction=None there"):
-        validate.check_same_model(stored, micro_config(), "config.json")
 
 
 def test_nan_policy_must_be_stop_or_skip():
@@ -76,36 +41,6 @@ def test_objective_and_embedding_sharing_are_checked_in_one_line():
         config = micro_config()
         config.objective.name = name
         validate.check_config(config)
-
-
-def test_a_resume_keeps_the_runs_settings_unless_a_change_is_allowed():
-    stored = _stored(micro_config())
-    config = micro_config()
-    # Free on resume: how long, how laid out, how often written.
-    config.train.num_steps, config.train.steps_per_call = 1000, 1
-    config.checkpoint.every_steps, config.log.every_steps, config.mesh.fsdp = 50, 7, -1
-    assert validate.check_same_run(stored, config, "w/config.json") == {}
-    # The data, the schedule and the optimizer are the run: refused, naming the keys and the way.
-    config.data.source = "text:other/*.txt"
-    config.train.adam_bias_correction = False
-    with pytest.raises(validate.ConfigError) as e:
-        validate.check_same_run(stored, config, "w/config.json")
-    message = str(e.value)
-    assert "data.source='builtin' there vs 'text:other/*.txt' now" in message
-    assert "train.adam_bias_correction=True there vs False now" in message
-    assert "--allow_change=data.source,train.adam_bias_correction" in message
-    assert "\n" not in message
-    # Allowed: returned for the caller to record.
-    changes = validate.check_same_run(
-        stored, config, "w/config.json", ("data.source", "train.adam_bias_correction")
-    )
-    assert changes == {
-        "data.source": ("builtin", "text:other/*.txt"),
-        "train.adam_bias_correction": (True, False),
-    }
-    # A key the stored config lacks (added to the framework later) is not compared.
-    del stored["train"]["steps_per_call"]
-    validate.check_same_run(stored, micro_config(), "w/config.json")
 
 
 @pytest.mark.parametrize(
@@ -204,7 +139,7 @@ def test_two_stage_needs_a_switch_inside_the_run_and_a_generator_of_the_discrimi
         validate.check_config(config)
 
 
-def test_adversarial_warm_start_and_the_layer_layout_are_checked():
+def test_adversarial_warm_start_is_checked():
     config = micro_config()
     config.objective.name = "adversarial"
     validate.check_config(config)  # no warm start: the paper's
@@ -213,10 +148,6 @@ def test_adversarial_warm_start_and_the_layer_layout_are_checked():
         validate.check_config(config)
     config.objective.mle_warmup_steps = 2
     validate.check_config(config)
-    stored = {"model": {"hidden_size": 64}, "generator": {}}
-    assert validate.stored_scan_layers(stored) is False  # written before the option existed
-    stored["model"]["scan_layers"] = True
-    assert validate.stored_scan_layers(stored) is True
 
 
 def test_the_discriminator_mlm_term_is_electras_and_evaluation_needs_whole_heldout_batches():

@@ -152,3 +152,16 @@ def test_other_processes_of_a_multihost_run_only_check(tmp_path):
     started = time.time()
     workdir.claim(path, workdir.PRETRAIN).release()
     assert time.time() - started < 5
+
+
+def test_the_markers_temporary_is_ours_while_another_process_looks(tmp_path):
+    """The other processes of a multi-host run check the folder while process 0 writes the
+    marker (jsonio.write_atomic: MARKER.tmp<pid>, then a rename): it is not someone else's."""
+    path = tmp_path / "w"
+    path.mkdir()
+    (path / workdir.LOCK).write_text("")
+    (path / f"{workdir.MARKER}.tmp12345").write_text('{"kind": "pre-training"')
+    assert workdir.kind_of(str(path)) == ""
+    workdir.claim(str(path), workdir.PRETRAIN, lock=False)  # process 1's check passes
+    (path / f"{workdir.MARKER}.tmpx").write_text("")  # not a temporary of ours
+    assert workdir.kind_of(str(path)) is None

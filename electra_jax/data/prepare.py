@@ -27,7 +27,7 @@ import numpy as np
 from array_record.python.array_record_module import ArrayRecordWriter
 
 from electra_jax import paths
-from electra_jax.data import DataError, progress, sources, wordpiece
+from electra_jax.data import DataError, progress, sources, uri, wordpiece
 from electra_jax.data import tokenizer as tokenizer_lib
 from electra_jax.data.packing import SentenceEnds, iter_packed
 
@@ -86,7 +86,7 @@ def _require_local(directory: str, field: str) -> None:
     """DataError for a remote directory we cannot write into: gs:// is written directly (the
     shards are built in a local temporary folder, then uploaded with the manifest last, whose
     presence means complete, as the rename does locally); other URIs are refused."""
-    scheme = sources.uri_scheme(directory)
+    scheme = uri.uri_scheme(directory)
     if scheme and scheme != "gs":
         raise DataError(
             f"{field} {directory} is a {scheme}:// URI, which electra_jax does not write; give "
@@ -137,9 +137,7 @@ def ensure_tokenizer(data_cfg, tokenizer_dir: str, seed: int) -> tokenizer_lib.T
     else:
         n = int(data_cfg.tokenizer_sample_sentences)
         stats = sources.SourceStats()
-        docs = sources.iter_documents(
-            data_cfg.source, stats, sources.SourceOptions.from_config(data_cfg)
-        )
+        docs = sources.from_config(data_cfg).documents(stats)
         report = progress.Progress("tokenizer")
         sentences = _reported_sentences(docs, stats, report, _TOKENIZER_SCAN_FACTOR * n)
         tok = tokenizer_lib.train_tokenizer(
@@ -188,15 +186,15 @@ def _files_read(stats: sources.SourceStats) -> str:
     return f"{stats.files:,} examples, " if stats.files else ""
 
 
-def _key_fields(data_cfg, tokenizer: tokenizer_lib.Tokenizer, seed: int) -> dict:
+def _key_fields(
+    data_cfg, source: sources.Source, tokenizer: tokenizer_lib.Tokenizer, seed: int
+) -> dict:
     # Shard size is left out: the loader reads all shards as one sequence, so it does not change
     # what training sees.
     return {
         "format": _FORMAT,
-        "source": data_cfg.source,
-        "source_fingerprint": sources.source_fingerprint(
-            data_cfg.source, sources.SourceOptions.from_config(data_cfg)
-        ),
+        "source": source.name,
+        "source_fingerprint": source.fingerprint(),
         "tokenizer_fingerprint": tokenizer.fingerprint,
         "seq_length": int(data_cfg.seq_length),
         "seed": int(seed),
@@ -212,7 +210,7 @@ def _hash(fields: dict) -> str:
 def content_key(data_cfg, tokenizer: tokenizer_lib.Tokenizer, seed: int) -> str:
     """Hex sha256 of everything the prepared rows depend on: source content, tokenizer,
     seq_length, seed and packing probabilities."""
-    return _hash(_key_fields(data_cfg, tokenizer, seed))
+    return _hash(_key_fields(data_cfg, sources.from_config(data_cfg), tokenizer, seed))
 
 
 def _document_chunks(docs: Iterable[list[str]]) -> Iterator[list[list[str]]]:
@@ -301,7 +299,7 @@ def _tokenized_documents(
             yield from _split_chunk(done, _unflatten(*result.get()))
 
 
-def auto_num_workers(source: str, cpus: int | None = None) -> int:
+def auto_num_workers(source: str | sources.Source, cpus: int | None = None) -> int:
     """Tokenizing processes for ``source`` on this host: one per ``_BYTES_PER_WORKER`` of input,
     at most one per core (``cpus``, default ``os.cpu_count()``), at least one.
 
@@ -312,9 +310,10 @@ def auto_num_workers(source: str, cpus: int | None = None) -> int:
       DataError: a bad source or a glob that matches no file (as reading it would).
     """
     cpus = max(1, cpus or os.cpu_count() or 1)
-    if source == "builtin":
+    source = sources.parse(source)
+    if source.kind == "builtin":
         return 1
-    size = sources.input_bytes(source)
+    size = source.input_bytes()
     if size is None:
         return cpus
     return max(1, min(cpus, size // _BYTES_PER_WORKER))
@@ -471,6 +470,7 @@ def _load(directory: str) -> PreparedData:
 
 def _write_shards(
     data_cfg,
+    source: sources.Source,
     tokenizer: tokenizer_lib.Tokenizer,
     out_dir: str,
     seed: int,
@@ -483,9 +483,7 @@ def _write_shards(
     if per_shard <= 0:
         raise DataError(f"data.examples_per_shard={per_shard} must be positive")
     source_stats = sources.SourceStats()
-    docs = sources.iter_documents(
-        data_cfg.source, source_stats, sources.SourceOptions.from_config(data_cfg)
-    )
+    docs = source.documents(source_stats)
     tokens_read = documents = 0
 
     def counted(token_docs: Iterable[list[list[int]]]) -> Iterator[list[list[int]]]:
@@ -618,8 +616,10 @@ def prepare(
     if not cache_dir:
         raise DataError("no cache directory for prepared data; set data.cache_dir")
     _require_local(cache_dir, "data.cache_dir")
+    # Parsed once, and asked for its content key, its size and its documents below.
+    source = sources.from_config(data_cfg)
     # Computed once: the manifest records exactly the fingerprint the directory is named after.
-    fields = _key_fields(data_cfg, tokenizer, seed)
+    fields = _key_fields(data_cfg, source, tokenizer, seed)
     key = _hash(fields)
     key16 = key[:16]
     if paths.is_remote(cache_dir):
@@ -653,8 +653,8 @@ def prepare(
         # and users' runs reading the same cache.
         os.chmod(tmp, 0o755)
         if num_workers is None:
-            num_workers = auto_num_workers(data_cfg.source)
-        stats = _write_shards(data_cfg, tokenizer, tmp, seed, num_workers, min_examples)
+            num_workers = auto_num_workers(source)
+        stats = _write_shards(data_cfg, source, tokenizer, tmp, seed, num_workers, min_examples)
         manifest = {
             **fields,
             "key": key,

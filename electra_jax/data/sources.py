@@ -46,6 +46,7 @@ import zlib
 from collections.abc import Iterable, Iterator
 
 from electra_jax.data import DataError
+from electra_jax.data.uri import remote_errors, remote_path, uri_scheme
 
 # Bumped whenever the way ``builtin`` text is extracted changes, so cached prepared data keyed on
 # the fingerprint is not silently reused with different content.
@@ -245,7 +246,7 @@ def _builtin_documents() -> Iterator[list[str]]:
 
 
 def _text_files(pattern: str) -> list[str]:
-    if _URI_RE.match(pattern):
+    if uri_scheme(pattern):
         return _remote_text_files(pattern)
     paths = _local_glob(os.path.expanduser(pattern))
     if not paths:
@@ -357,7 +358,7 @@ def _open_binary(path: str):
     # an ExitStack closes either, and the local file alike.
     closer = contextlib.ExitStack()
     try:
-        if _URI_RE.match(path):
+        if uri_scheme(path):
             with remote_errors(path, "data.source"):
                 f = closer.enter_context(remote_path(path, "data.source").open("rb"))
                 magic = f.read(2)
@@ -409,7 +410,7 @@ def _local_size(path: str) -> int | None:
 
 def _text_documents(paths: list[str], stats: SourceStats, opts: SourceOptions):
     for path in paths:
-        size = 0 if _URI_RE.match(path) else _local_size(path) or 0
+        size = 0 if uri_scheme(path) else _local_size(path) or 0
         try:
             stream, raw = _open_binary(path)
         except OSError as e:
@@ -464,7 +465,7 @@ def _nothing_usable(source: str, paths: list[str], stats: SourceStats) -> DataEr
 def _text_source(source: str, pattern: str, stats: SourceStats, opts: SourceOptions):
     paths = _text_files(pattern)
     stats.files_total = len(paths)
-    if not _URI_RE.match(pattern):  # a remote store's sizes would cost a round trip per file
+    if not uri_scheme(pattern):  # a remote store's sizes would cost a round trip per file
         stats.bytes_total = sum(_local_size(p) or 0 for p in paths)
 
     def generate():
@@ -480,66 +481,10 @@ def _text_source(source: str, pattern: str, stats: SourceStats, opts: SourceOpti
 
 # ---- remote files (gs://, s3://, ...) ---------------------------------------------------------
 
-# A path with a scheme (gs://bucket/x) is remote; anything else is a local path and keeps the
-# os/glob code path above untouched.
-_URI_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
-# The schemes etils.epath reads, and the package its fsspec backend needs for each. For gs://,
-# epath uses TensorFlow's gfile instead when tensorflow is installed.
-REMOTE_PACKAGES = {"gs": "gcsfs", "s3": "s3fs", "az": "adlfs", "hf": "huggingface_hub"}
 _MAGIC_RE = re.compile(r"[*?[]")
 # Concurrent stat calls when fingerprinting remote files: one round trip each, so a corpus of
 # thousands of objects is keyed in seconds rather than minutes.
 _STAT_THREADS = 32
-
-
-def uri_scheme(path: str) -> str | None:
-    """The scheme of a URI (``'gs'`` for ``gs://bucket/x``); None for a local path."""
-    match = _URI_RE.match(path)
-    return match.group(1) if match else None
-
-
-def remote_path(path: str, what: str):
-    """An ``etils.epath.Path`` for a remote URI.
-
-    Args:
-      path: e.g. ``gs://bucket/dir/file``.
-      what: the config field it came from, for messages (e.g. ``data.tokenizer``).
-
-    Raises:
-      DataError: a scheme etils.epath does not read, or etils itself missing.
-    """
-    scheme = uri_scheme(path)
-    if scheme not in REMOTE_PACKAGES:
-        schemes = ", ".join(f"{s}://" for s in REMOTE_PACKAGES)
-        raise DataError(
-            f"{what}: {path} has scheme {scheme}://, which cannot be read; use a local or "
-            f"mounted path, or one of {schemes}"
-        )
-    try:
-        from etils import epath
-    except ImportError:
-        raise DataError(
-            f"{what}: reading {path} needs etils.epath: pip install 'etils[epath]'"
-        ) from None
-    return epath.Path(path)
-
-
-@contextlib.contextmanager
-def remote_errors(path: str, what: str):
-    """Turns a missing filesystem backend into one DataError line naming the package.
-
-    etils.epath reaches gs:// through fsspec, which imports gcsfs (s3fs, ...) at the first call
-    and raises ImportError when it is not installed.
-    """
-    try:
-        yield
-    except ImportError as e:
-        package = REMOTE_PACKAGES.get(uri_scheme(path) or "", "")
-        alternative = " (or tensorflow)" if package == "gcsfs" else ""
-        raise DataError(
-            f"{what}: reading {path} needs {package}{alternative}, which is not installed "
-            f"({e}): pip install {package}"
-        ) from None
 
 
 def _hidden(name: str) -> bool:
@@ -789,99 +734,133 @@ def _tfds_source(source: str, arg: str, stats: SourceStats, opts: SourceOptions)
 # ---- entry points ----------------------------------------------------------------------------
 
 
-def _parse(source: str) -> tuple[str, str]:
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """A corpus as data.source names it, parsed once, with the options that read it: what
+    prepare asks of a corpus (its documents, its size, its content key)."""
+
+    name: str  # data.source as given: 'builtin', 'text:GLOB' or 'tfds:NAME[:VERSION][:SPLIT]'
+    kind: str  # 'builtin', 'text' or 'tfds'
+    arg: str  # the glob, or the TFDS name, version and split; '' for builtin
+    options: SourceOptions = SourceOptions()
+
+    def documents(self, stats: SourceStats | None = None) -> Iterator[list[str]]:
+        """Streams the documents of the corpus, in a deterministic order.
+
+        Args:
+          stats: filled in as the documents are read (bytes replaced, files skipped, ...).
+
+        Yields:
+          documents, each a non-empty list of non-empty stripped sentences (str).
+
+        Raises:
+          DataError: a glob that matches no file, a TFDS dataset that is not available (raised
+            at the call, before the first document). A source with nothing usable (only empty,
+            binary or unreadable files) raises when its iteration ends.
+        """
+        stats = SourceStats() if stats is None else stats
+        if self.kind == "builtin":
+            return _builtin_documents()
+        if self.kind == "text":
+            return _text_source(self.name, self.arg, stats, self.options)
+        return _tfds_source(self.name, self.arg, stats, self.options)
+
+    def input_bytes(self) -> int | None:
+        """The size on disk of a ``text:`` source's local files; None for other sources
+        (builtin, TFDS, remote globs), whose size is not known without reading or a round trip
+        per file.
+
+        Raises:
+          DataError: a glob that matches no file.
+        """
+        if self.kind != "text" or uri_scheme(self.arg):
+            return None
+        return sum(_local_size(p) or 0 for p in _text_files(self.arg))
+
+    def fingerprint(self) -> str:
+        """A content key of the corpus: equal keys mean the same documents (hex sha256).
+
+        For ``builtin`` the text is fixed by the interpreter, so the Python version and the
+        stdlib location identify it. For text files, (path, size, mtime_ns) of every matched
+        file changes whenever a file is added, removed or rewritten, without reading the corpus;
+        for remote files, (URI, size, mtime) as ``etils.epath`` stats them: mtime in whole
+        seconds (GCS: the object's update time), 0 where the store reports none. For TFDS, the
+        dataset's name, version, split, data_dir and text field.
+
+        Returns:
+          a 64-character hex string.
+        """
+        kind, arg, options = self.kind, self.arg, self.options
+        if kind == "builtin":
+            key: object = [_BUILTIN_VERSION, sys.version, sysconfig.get_paths()["stdlib"]]
+        elif kind == "text":
+            paths = _text_files(arg)
+            if uri_scheme(arg):
+                files = _remote_file_keys(self.name, paths)
+            else:
+                files = []
+                for path in paths:
+                    st = os.stat(path)
+                    files.append([os.path.abspath(path), st.st_size, st.st_mtime_ns])
+            key = [_TEXT_VERSION, files, options.max_line_chars, options.max_document_chars]
+        else:
+            name, split = _parse_tfds(arg)
+            builder = _tfds_builder(self.name, name, options)
+            key = [
+                _TFDS_VERSION,
+                builder.info.full_name,
+                str(builder.info.version),
+                split,
+                os.path.abspath(os.path.expanduser(options.tfds_data_dir))
+                if options.tfds_data_dir
+                else "",
+                options.tfds_text_field,
+                options.max_line_chars,
+                options.max_document_chars,
+            ]
+        return hashlib.sha256(json.dumps(key).encode("utf-8")).hexdigest()
+
+
+def parse(source: str | Source, options: SourceOptions | None = None) -> Source:
+    """data.source as a `Source` (a Source is returned as it is).
+
+    Raises:
+      DataError: not ``'builtin'``, ``'text:GLOB'`` or ``'tfds:NAME[:VERSION][:SPLIT]'``.
+    """
+    if isinstance(source, Source):
+        return source
+    options = SourceOptions() if options is None else options
     kind, _, arg = source.partition(":")
     if kind == "builtin" and not arg:
-        return kind, arg
+        return Source(source, kind, arg, options)
     if kind in ("text", "tfds") and arg:
-        return kind, arg
+        return Source(source, kind, arg, options)
     raise DataError(
         f"data.source '{source}' is not a known source; use 'builtin', 'text:GLOB' "
         "(e.g. text:corpus/**/*.txt) or 'tfds:NAME[:SPLIT]' (e.g. tfds:wikipedia/20230601.en)"
     )
 
 
+def from_config(data_cfg) -> Source:
+    """The ``data`` config section's source, with its reading options (``data.tfds_*``)."""
+    return parse(data_cfg.source, SourceOptions.from_config(data_cfg))
+
+
+# The source string's entry points, for callers that hold one (the tests, the prepare command).
+
+
 def iter_documents(
-    source: str, stats: SourceStats | None = None, options: SourceOptions | None = None
+    source: str | Source, stats: SourceStats | None = None, options: SourceOptions | None = None
 ) -> Iterator[list[str]]:
-    """Streams the documents of a corpus, in a deterministic order.
-
-    Args:
-      source: ``'builtin'``, ``'text:GLOB'`` or ``'tfds:NAME[:VERSION][:SPLIT]'``.
-      stats: filled in as the documents are read (bytes replaced, files skipped, ...).
-      options: TFDS field and data_dir, line and document limits.
-
-    Yields:
-      documents, each a non-empty list of non-empty stripped sentences (str).
-
-    Raises:
-      DataError: unknown source, a glob that matches no file, a TFDS dataset that is not
-        available (raised at the call, before the first document). A source with nothing usable
-        (only empty, binary or unreadable files) raises when its iteration ends.
-    """
-    stats = SourceStats() if stats is None else stats
-    options = SourceOptions() if options is None else options
-    kind, arg = _parse(source)
-    if kind == "builtin":
-        return _builtin_documents()
-    if kind == "text":
-        return _text_source(source, arg, stats, options)
-    return _tfds_source(source, arg, stats, options)
+    """`Source.documents` of `parse(source, options)`."""
+    return parse(source, options).documents(stats)
 
 
-def input_bytes(source: str) -> int | None:
-    """The size on disk of a ``text:`` source's local files; None for other sources (builtin,
-    TFDS, remote globs), whose size is not known without reading or a round trip per file.
-
-    Raises:
-      DataError: as ``iter_documents`` for a bad source or a glob that matches no file.
-    """
-    kind, arg = _parse(source)
-    if kind != "text" or _URI_RE.match(arg):
-        return None
-    return sum(_local_size(p) or 0 for p in _text_files(arg))
+def input_bytes(source: str | Source) -> int | None:
+    """`Source.input_bytes` of `parse(source)`."""
+    return parse(source).input_bytes()
 
 
-def source_fingerprint(source: str, options: SourceOptions | None = None) -> str:
-    """A content key of a source: equal keys mean the same documents (hex sha256).
-
-    For ``builtin`` the text is fixed by the interpreter, so the Python version and the stdlib
-    location identify it. For text files, (path, size, mtime_ns) of every matched file changes
-    whenever a file is added, removed or rewritten, without reading the corpus; for remote files,
-    (URI, size, mtime) as ``etils.epath`` stats them: mtime in whole seconds (GCS: the object's
-    update time), 0 where the store reports none. For TFDS, the
-    dataset's name, version, split, data_dir and text field.
-
-    Returns:
-      a 64-character hex string.
-    """
-    options = SourceOptions() if options is None else options
-    kind, arg = _parse(source)
-    if kind == "builtin":
-        key: object = [_BUILTIN_VERSION, sys.version, sysconfig.get_paths()["stdlib"]]
-    elif kind == "text":
-        paths = _text_files(arg)
-        if _URI_RE.match(arg):
-            files = _remote_file_keys(source, paths)
-        else:
-            files = []
-            for path in paths:
-                st = os.stat(path)
-                files.append([os.path.abspath(path), st.st_size, st.st_mtime_ns])
-        key = [_TEXT_VERSION, files, options.max_line_chars, options.max_document_chars]
-    else:
-        name, split = _parse_tfds(arg)
-        builder = _tfds_builder(source, name, options)
-        key = [
-            _TFDS_VERSION,
-            builder.info.full_name,
-            str(builder.info.version),
-            split,
-            os.path.abspath(os.path.expanduser(options.tfds_data_dir))
-            if options.tfds_data_dir
-            else "",
-            options.tfds_text_field,
-            options.max_line_chars,
-            options.max_document_chars,
-        ]
-    return hashlib.sha256(json.dumps(key).encode("utf-8")).hexdigest()
+def source_fingerprint(source: str | Source, options: SourceOptions | None = None) -> str:
+    """`Source.fingerprint` of `parse(source, options)`."""
+    return parse(source, options).fingerprint()

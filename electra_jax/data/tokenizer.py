@@ -28,7 +28,7 @@ import numpy as np
 import sentencepiece as spm
 
 from electra_jax import paths
-from electra_jax.data import SPECIAL_PIECES, DataError, sources, wordpiece
+from electra_jax.data import SPECIAL_PIECES, DataError, uri, wordpiece
 
 PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = 0, 1, 2, 3, 4
 MODEL_FILENAME = "spm.model"
@@ -72,7 +72,7 @@ class Tokenizer:
           DataError: the file does not exist, is not a SentencePiece model, or lacks the special
             pieces at ids 0-4; a remote path whose filesystem package is not installed.
         """
-        if sources.uri_scheme(path):
+        if uri.uri_scheme(path):
             model_path, proto = _read_remote_model(path)
         else:
             model_path = os.path.join(path, MODEL_FILENAME) if os.path.isdir(path) else path
@@ -177,8 +177,8 @@ def _read_remote_model(path: str) -> tuple[str, bytes]:
     what = "data.tokenizer"
     model_path = path
     try:
-        with sources.remote_errors(path, what):
-            model = sources.remote_path(path, what)
+        with uri.remote_errors(path, what):
+            model = uri.remote_path(path, what)
             if model.is_dir():
                 model = model / MODEL_FILENAME
             model_path = os.fspath(model)
@@ -491,7 +491,7 @@ def load_saved(tokenizer_dir: str):
     ):
         return wordpiece.WordPieceTokenizer.load(tokenizer_dir)
     model_path = os.path.join(tokenizer_dir, MODEL_FILENAME)
-    if sources.uri_scheme(tokenizer_dir):
+    if uri.uri_scheme(tokenizer_dir):
         return Tokenizer.load(model_path)
     recover = (
         "the run's checkpoints depend on it: restore it from a copy, or, if the run has no "

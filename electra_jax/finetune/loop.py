@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import math
 import time
 from typing import Any
@@ -24,7 +23,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from electra_jax import checkpointing, paths, sharding
+from electra_jax import checkpointing, jsonio, paths, sharding
 from electra_jax import workdir as workdir_lib
 from electra_jax.data import DataError
 from electra_jax.finetune import checks, heads, saved
@@ -565,9 +564,9 @@ def _finetune(config, workdir, family: Family, task, started, stop_after, comman
             "command": command,
             "num_steps": num_steps,
         }
-        saved.write_json(paths.join(workdir, saved.MODEL_FILE), record)
+        jsonio.write_json(paths.join(workdir, saved.MODEL_FILE), record)
         # config.json last: its presence says the run started and model.json is whole.
-        saved.write_json(paths.join(workdir, saved.CONFIG_FILE), config.to_dict())
+        jsonio.write_json(paths.join(workdir, saved.CONFIG_FILE), config.to_dict())
 
     # ---------------------------------------------------------------- restore
     manager = checkpointing.make_manager(workdir, config.checkpoint)
@@ -650,10 +649,8 @@ def _finetune(config, workdir, family: Family, task, started, stop_after, comman
         }
     )
     for name, text in files.items():
-        saved.write_text(paths.join(workdir, name), text)
+        jsonio.write_atomic(paths.join(workdir, name), text)
     # eval_results.json last: its presence (with the weights) says the run is finished.
-    saved.write_text(
-        paths.join(workdir, RESULTS_FILE), json.dumps(results, indent=2, sort_keys=True) + "\n"
-    )
+    jsonio.write_json(paths.join(workdir, RESULTS_FILE), results)
     log(f"wrote {paths.join(workdir, RESULTS_FILE)} ({score}) and {saved.WEIGHTS_FILE}")
     return results

@@ -13,7 +13,7 @@ The final weights are a safetensors file of the parameter tree (keys joined with
 orbax checkpoint: one file, written atomically (a temporary file renamed into place), readable
 with numpy alone (no orbax, no device layout, no optimizer state, a third of the checkpoint's
 size), memory-mapped by whoever reads it; the checkpoints are there to resume a run.
-Every file is written atomically (temporary file + os.replace).
+Every file is written atomically (jsonio.write_atomic: temporary file + os.replace).
 
 The workdir may be gs:// (paths.py): there a file is one upload, which appears whole when it
 completes; the weights and the tokenizer are written to a local temporary file or folder first
@@ -43,16 +43,6 @@ WEIGHTS_FILE = "model.safetensors"
 TOKENIZER_DIR = "tokenizer"
 RESULTS_FILE = "eval_results.json"
 FORMAT, VERSION = "electra_jax.finetuned", 1
-
-
-def write_text(path: str, text: str) -> None:
-    """`text` into `path` atomically: a temporary file beside it, renamed into place (in a
-    bucket: one upload)."""
-    paths.write_atomic(path, text)
-
-
-def write_json(path: str, obj: Any) -> None:
-    write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
 def read_json(path: str, what: str) -> dict:
@@ -251,8 +241,10 @@ def pretraining_record(init_from: str, pre: Any) -> dict:
     source; for a pre-training workdir also its corpus, objective, step, batch and sequence
     length, its counted training FLOPs up to that step (metrics.count_flops, as the run's MFU
     uses) and the metrics.jsonl row of that step; for an export, its export.json."""
-    from electra_jax import metrics, objective, pretrained
+    from electra_jax import metrics, pretrained
     from electra_jax.hf.read import HF_PREFIX
+    from electra_jax.objectives.core import num_mask_slots
+    from electra_jax.objectives.names import DEFAULT
 
     record: dict = {"source": pre.source, "init_from": init_from}
     path, _ = pretrained.split_step(init_from)
@@ -272,10 +264,10 @@ def pretraining_record(init_from: str, pre: Any) -> dict:
     try:
         config = read_json(paths.join(path, CONFIG_FILE), "")
         data, train, obj = config["data"], config["train"], config.get("objective", {})
-        name, mask_prob = obj.get("name", "electra"), obj.get("mask_prob", 0.15)
+        name, mask_prob = obj.get("name", DEFAULT), obj.get("mask_prob", 0.15)
         seq_length, batch_size = int(data["seq_length"]), int(train["batch_size"])
         flops = metrics.count_flops(
-            pre.spec, batch_size, seq_length, objective.num_mask_slots(seq_length, mask_prob), name
+            pre.spec, batch_size, seq_length, num_mask_slots(seq_length, mask_prob), name
         )["total"]
         record.update(
             corpus=data.get("source"),

@@ -340,3 +340,19 @@ def test_local_glob_matches_like_glob_without_links(tmp_path, pattern):
     full = os.path.join(str(tmp_path), pattern)
     expected = sorted(p for p in glob.glob(full, recursive=True) if os.path.isfile(p))
     assert sources._local_glob(full) == expected
+
+
+def test_a_source_is_parsed_once_into_what_prepare_asks(tmp_path):
+    (tmp_path / "a.txt").write_text("One sentence here. Another one.\n\nA second document.\n")
+    source = sources.parse(f"text:{tmp_path}/*.txt")
+    assert (source.kind, source.arg) == ("text", f"{tmp_path}/*.txt")
+    assert source.name == f"text:{tmp_path}/*.txt"
+    assert sources.parse(source) is source  # a Source is taken as it is
+    # The value answers as the source string's entry points do.
+    assert source.fingerprint() == sources.source_fingerprint(source.name)
+    assert source.input_bytes() == (tmp_path / "a.txt").stat().st_size
+    assert list(source.documents()) == list(sources.iter_documents(source.name))
+    builtin = sources.parse("builtin")
+    assert builtin.input_bytes() is None and builtin.options == sources.SourceOptions()
+    with pytest.raises(DataError, match="data.source 'text' is not a known source"):
+        sources.parse("text")

@@ -209,7 +209,8 @@ def _flat(tree, prefix=""):
 
 
 def test_fine_tuning_from_a_pretraining_workdir_leaves_it_untouched(tmp_path, tmp_path_factory):
-    from electra_jax import metrics, objective
+    from electra_jax import metrics
+    from electra_jax.objectives.core import num_mask_slots
     from tests.test_export import make_workdir
 
     run = make_workdir(tmp_path_factory)
@@ -227,7 +228,7 @@ def test_fine_tuning_from_a_pretraining_workdir_leaves_it_untouched(tmp_path, tm
         run["spec"],
         pre["train"]["batch_size"],
         pre["data"]["seq_length"],
-        objective.num_mask_slots(pre["data"]["seq_length"], pre["objective"]["mask_prob"]),
+        num_mask_slots(pre["data"]["seq_length"], pre["objective"]["mask_prob"]),
         pre["objective"]["name"],
     )["total"]
     assert record["kind"] == "workdir" and record["step"] == 6 and record["flops"] == 6 * flops

@@ -1,0 +1,44 @@
+"""Objective name -> its `Objective` (core.py): all the train step, the held-out evaluation and
+the FLOP count ask of an objective. Adding one is a module and a line here (and its name in
+names.py, which validate.py reads without jax); docs/development.md shows it."""
+
+from __future__ import annotations
+
+from electra_jax.objectives import ablations, adversarial, electra, mlm, two_stage
+from electra_jax.objectives.core import Objective
+from electra_jax.objectives.names import DEFAULT, OBJECTIVES
+
+REGISTRY: dict[str, Objective] = {
+    o.name: o
+    for o in (
+        electra.ELECTRA,
+        mlm.MLM,
+        ablations.ELECTRA_15,
+        ablations.REPLACED_MLM,
+        ablations.ALL_TOKENS_MLM,
+        two_stage.TWO_STAGE,
+        adversarial.ADVERSARIAL,
+    )
+}
+
+
+def get(name: str) -> Objective:
+    """The objective called `name` (config.objective.name); ValueError for another name."""
+    if name not in REGISTRY:
+        raise ValueError(f"objective.name={name!r}: use one of {', '.join(OBJECTIVES)}")
+    return REGISTRY[name]
+
+
+def of_config(objective_cfg) -> Objective:
+    """The objective an objective section (a ConfigDict or a config.json's dict) names."""
+    return get(objective_cfg.get("name", DEFAULT))
+
+
+def model_heads(objective_cfg) -> dict[str, bool]:
+    """The heads the model needs for an objective section: spec_from_config's mlm_head and
+    policy_baseline."""
+    objective = of_config(objective_cfg)
+    return {
+        "mlm_head": objective.needs_mlm_head(objective_cfg.get("disc_mlm_weight", 0.0)),
+        "policy_baseline": objective.policy_baseline,
+    }

@@ -1,0 +1,204 @@
+"""resume: what a run continues from (plan), and the rules it applies to a stored config."""
+
+import json
+import os
+
+import pytest
+
+from electra_jax import checkpointing, loop, resume, workdir
+from electra_jax.checkpointing import CheckpointError
+from electra_jax.validate import ConfigError
+from tests.conftest import micro_config
+from tests.test_loop import config_with, prepare_shared_data
+
+
+@pytest.fixture(scope="module")
+def shared_data(tmp_path_factory):
+    return prepare_shared_data(tmp_path_factory)
+
+
+def _run_workdir(path, stored: dict | None = None, steps=("3",)) -> str:
+    """A pre-training workdir as a run leaves it, as far as `plan` reads it: the marker,
+    config.json (`stored`, else the micro config's) and finished checkpoint steps."""
+    workdir.claim(str(path), workdir.PRETRAIN).release()
+    with open(path / "config.json", "w") as f:
+        json.dump(micro_config().to_dict() if stored is None else stored, f)
+    for step in steps:
+        os.makedirs(path / "checkpoints" / step)
+    return str(path)
+
+
+def _stored(config):
+    return json.loads(json.dumps(config.to_dict()))  # what config.json holds
+
+
+def test_same_model_passes_and_ignores_non_model_keys():
+    stored = _stored(micro_config())
+    config = micro_config()
+    config.train.batch_size, config.train.num_steps = 16, 1000  # a longer run, other batch: fine
+    config.model.dtype = "bfloat16"  # compute type only; the parameters stay float32
+    resume.check_same_model(stored, config, "w/config.json")
+
+
+def test_different_model_names_the_keys_and_the_fix():
+    stored = _stored(micro_config())
+    config = micro_config()
+    config.model.hidden_size = 128
+    config.data.vocab_size = 400
+    with pytest.raises(ConfigError) as e:
+        resume.check_same_model(stored, config, "w/config.json")
+    message = str(e.value)
+    assert message.startswith("w/config.json describes a different model")
+    assert "data.vocab_size=300 there vs 400 now" in message
+    assert "model.hidden_size=64 there vs 128 now" in message
+    assert "use a new --workdir" in message and "\n" not in message
+
+
+def test_missing_key_in_stored_config_counts_as_different():
+    stored = _stored(micro_config())
+    del stored["generator"]["layers_fraction"]
+    with pytest.raises(ConfigError, match="generator.layers_fraction=None there"):
+        resume.check_same_model(stored, micro_config(), "config.json")
+
+
+def test_a_resume_keeps_the_runs_settings_unless_a_change_is_allowed():
+    stored = _stored(micro_config())
+    config = micro_config()
+    # Free on resume: how long, how laid out, how often written.
+    config.train.num_steps, config.train.steps_per_call = 1000, 1
+    config.checkpoint.every_steps, config.log.every_steps, config.mesh.fsdp = 50, 7, -1
+    assert resume.check_same_run(stored, config, "w/config.json") == {}
+    # The data, the schedule and the optimizer are the run: refused, naming the keys and the way.
+    config.data.source = "text:other/*.txt"
+    config.train.adam_bias_correction = False
+    with pytest.raises(ConfigError) as e:
+        resume.check_same_run(stored, config, "w/config.json")
+    message = str(e.value)
+    assert "data.source='builtin' there vs 'text:other/*.txt' now" in message
+    assert "train.adam_bias_correction=True there vs False now" in message
+    assert "--allow_change=data.source,train.adam_bias_correction" in message
+    assert "\n" not in message
+    # Allowed: returned for the caller to record.
+    changes = resume.check_same_run(
+        stored, config, "w/config.json", ("data.source", "train.adam_bias_correction")
+    )
+    assert changes == {
+        "data.source": ("builtin", "text:other/*.txt"),
+        "train.adam_bias_correction": (True, False),
+    }
+    # A key the stored config lacks (added to the framework later) is not compared.
+    del stored["train"]["steps_per_call"]
+    resume.check_same_run(stored, micro_config(), "w/config.json")
+
+
+def test_stored_layer_layout_defaults_to_unrolled():
+    stored = {"model": {"hidden_size": 64}, "generator": {}}
+    assert resume.stored_scan_layers(stored) is False  # written before the option existed
+    stored["model"]["scan_layers"] = True
+    assert resume.stored_scan_layers(stored) is True
+    filled = resume.with_added_defaults(stored)
+    assert filled["data"]["heldout_examples"] == 0 and filled["model"]["scan_layers"] is True
+    assert "data" not in stored  # a new dict
+
+
+def test_a_new_workdir_starts_over_with_the_config_as_given(tmp_path):
+    config = micro_config()
+    run = resume.plan(config, str(tmp_path / "new"))
+    try:
+        assert run.config is config and run.changes == {} and run.init_from is None
+        assert run.workdir == str(tmp_path / "new")
+        # The claim is the run's: a second plan on the workdir is refused, in one line.
+        with pytest.raises(ConfigError, match="is in use by"):
+            resume.plan(micro_config(), str(tmp_path / "new"))
+        run.record(None)  # a new run writes its config.json
+        stored = json.loads((tmp_path / "new" / "config.json").read_text())
+        assert stored == json.loads(json.dumps(config.to_dict()))
+    finally:
+        run.release()
+    resume.plan(micro_config(), str(tmp_path / "new")).release()  # free again
+
+
+def test_a_resume_keeps_the_stored_run_and_records_the_allowed_changes(tmp_path):
+    path = _run_workdir(tmp_path / "w")
+    config = micro_config()
+    config.train.num_steps = 60  # free on resume: not a change to record
+    run = resume.plan(config, path)
+    assert run.changes == {}
+    run.release()
+
+    config.data.source = "text:other/*.txt"
+    with pytest.raises(ConfigError, match="--allow_change=data.source"):
+        resume.plan(config, path)
+    run = resume.plan(config, path, ("data.source",))  # the refusal released the claim
+    try:
+        assert run.changes == {"data.source": ("builtin", "text:other/*.txt")}
+        run.record(3)
+        rows = (tmp_path / "w" / "config_changes.jsonl").read_text().splitlines()
+        assert json.loads(rows[-1]) == {
+            "step": 3,
+            "changes": {"data.source": {"from": "builtin", "to": "text:other/*.txt"}},
+        }
+        stored = json.loads((tmp_path / "w" / "config.json").read_text())
+        assert stored["data"]["source"] == "text:other/*.txt"  # goes on with the new setting
+    finally:
+        run.release()
+
+    with pytest.raises(ConfigError, match="--allow_change names data.sauce, which is not"):
+        resume.plan(config, path, ("data.sauce",))
+    config.model.hidden_size = 128
+    with pytest.raises(ConfigError, match="describes a different model"):
+        resume.plan(config, path, ("data.source",))
+
+
+def test_a_run_from_before_a_setting_existed_keeps_what_it_meant(tmp_path):
+    """Its checkpoints hold the layers unrolled and it trained on every row: the plan's config
+    says so, whatever the config asks; the config itself is left as it was."""
+    stored = micro_config().to_dict()
+    del stored["model"]["scan_layers"], stored["data"]["heldout_examples"]
+    path = _run_workdir(tmp_path / "old", stored)
+    config = micro_config()
+    config.model.scan_layers, config.data.heldout_examples = True, 32
+    run = resume.plan(config, path)
+    run.release()
+    assert run.config.model.scan_layers is False and run.config.data.heldout_examples == 0
+    assert config.model.scan_layers is True and config.data.heldout_examples == 32
+    assert run.changes == {}  # a layout, not a change of the run
+
+
+def test_an_unreadable_config_or_only_damaged_checkpoints_are_refused(tmp_path):
+    path = _run_workdir(tmp_path / "w")
+    (tmp_path / "w" / "config.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="config.json cannot be read"):
+        resume.plan(micro_config(), path)
+    (tmp_path / "w" / "config.json").write_text("[1, 2]")
+    with pytest.raises(ConfigError, match="is not the config of an electra_jax run"):
+        resume.plan(micro_config(), path)
+    # A missing config.json: the checkpoints' shapes are checked at the restore instead.
+    os.remove(tmp_path / "w" / "config.json")
+    run = resume.plan(micro_config(), path)
+    run.release()
+    assert run.changes == {}
+
+    damaged = _run_workdir(tmp_path / "d", steps=())
+    os.makedirs(tmp_path / "d" / "checkpoints" / f"3{checkpointing.CORRUPT_SUFFIX}")
+    with pytest.raises(CheckpointError, match="only checkpoints set aside as damaged"):
+        resume.plan(micro_config(), damaged)
+
+
+def test_init_from_is_loaded_for_a_new_run_only(shared_data, tmp_path):
+    first = config_with(shared_data)
+    first.train.num_steps, first.checkpoint.every_steps = 1, 1
+    loop.train(first, str(tmp_path / "a"))
+    cfg = micro_config()
+    cfg.train.init_from = str(tmp_path / "a")
+    run = resume.plan(cfg, str(tmp_path / "b"))
+    run.release()
+    assert run.init_from.source == f"{tmp_path / 'a'} (checkpoint 1)"
+    assert (tmp_path / "b" / "tokenizer" / "spm.model").exists()  # its tokenizer comes along
+    # A workdir with checkpoints continues from its own state.
+    run = resume.plan(cfg, _run_workdir(tmp_path / "c"))
+    run.release()
+    assert run.init_from is None
+    cfg.data.tokenizer = shared_data[0]
+    with pytest.raises(ConfigError, match="brings its own tokenizer; leave data.tokenizer empty"):
+        resume.plan(cfg, str(tmp_path / "d"))
