@@ -1,22 +1,24 @@
 r"""Learning curves of electra_jax against an independent ELECTRA, on the same batches, as a plot.
 
-    python -m electra_jax.train --config=configs/tiny.py --workdir=runs/curves-s0 --config.seed=0
+    python -m electra_jax.train --config=configs/tiny.py --workdir=runs/curves-s0 --config.seed=0 \
+        --config.train.learning_rate=1e-3 --config.train.rtd_prior_init=False
     python ../shared/bench/hf_reference_pretrain.py --workdir runs/curves-s0 \
         --config runs/curves-s0/config.json --log_every 100
     ... the same for seeds 1, 2 ...
     python -m benchmarks.learning_curves --out=benchmarks/learning_curves.png runs/curves-s*
 
-For each workdir, reads electra_jax's WORKDIR/metrics.jsonl and the reference's
-WORKDIR/hf_reference_metrics.jsonl (written by ../shared/bench/hf_reference_pretrain.py, which
-trains transformers' ELECTRA with the original objective and optimizer on the batches electra_jax
-reads), and plots gen_loss, disc_loss, disc_recall and gen_accuracy against the step: per side,
-the mean over the workdirs (seeds) and a band from their minimum to their maximum, each curve
-smoothed by a running mean over --smooth logged rows (each row is one batch's value). The
-discriminator's loss is drawn with the entropy of the replaced fraction beside it: the loss of
-a discriminator that only knows how many tokens are replaced (the prior). With --each, one
-curve per workdir instead (runs that differ in a setting). Prints one JSON line: per side and
-metric, the mean over seeds of the last --tail rows, and the seeds' spread.
-"""
+The two overrides give the run the paper's rate and zero-initialised head, as the reference trains
+(configs/tiny.py holds the small-compute recipe instead). For each workdir, reads electra_jax's
+WORKDIR/metrics.jsonl and the reference's WORKDIR/hf_reference_metrics.jsonl (written by
+../shared/bench/hf_reference_pretrain.py, which trains transformers' ELECTRA with the original
+objective and optimizer on the batches electra_jax reads), and plots gen_loss, disc_loss,
+disc_recall and gen_accuracy against the step: per side, the mean over the workdirs (seeds) and a
+band from their minimum to their maximum, each curve smoothed by a running mean over --smooth
+logged rows (each row is one batch's value). The discriminator's loss is drawn with the entropy of
+the replaced fraction beside it: the loss of a discriminator that only knows how many tokens are
+replaced (the prior). With --each, one curve per workdir instead (runs that differ in a setting).
+Prints one JSON line: per side and metric, the mean over seeds of the last --tail rows, and the
+seeds' spread. """
 
 from __future__ import annotations
 

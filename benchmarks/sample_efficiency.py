@@ -80,6 +80,7 @@ PRESETS = {
             "model.embedding_size": 128,
             "train.batch_size": 32,
             "train.learning_rate": 1e-3,
+            "train.rtd_prior_init": False,  # the paper's head, not tiny.py's small-compute one
             "train.adam_bias_correction": True,  # a few thousand steps: as configs/tiny.py
         },
         "warmup_fraction": 0.1,  # of each objective's own full-budget steps
@@ -122,7 +123,17 @@ PRESETS = {
             "model.embedding_size": 128,
             "train.batch_size": 64,
             "train.learning_rate": 2e-3,
+            "train.rtd_prior_init": False,
             "train.adam_bias_correction": True,  # a few thousand steps: as configs/tiny.py
+        },
+        # ELECTRA with configs/tiny.py's small-compute recipe (benchmarks/RESULTS.md, "Recipe
+        # study": at 2e-3 its discriminator falls back to the prior with collapsed states); MLM
+        # keeps the rate above.
+        "variants": {
+            "electra": {
+                "objective": "electra",
+                "overrides": {"train.learning_rate": 1e-4, "train.rtd_prior_init": True},
+            },
         },
         "warmup_fraction": 0.05,
         # electra 1.5e10 FLOPs/step: ~1.9K steps of 64 x 64 tokens (~8 min); mlm ~2.1K.
