@@ -100,6 +100,7 @@ SETTINGS: dict[str, dict] = {
     "lr2e-4-prior": {"train.learning_rate": 2e-4, "train.rtd_prior_init": True},
     # Lower still: the generator learns the unigram later, so the fall may start later.
     "lr5e-5-prior": {"train.learning_rate": 5e-5, "train.rtd_prior_init": True},
+    "lr2.5e-5-prior": {"train.learning_rate": 2.5e-5, "train.rtd_prior_init": True},
     # BERT's MLM alone on the discriminator-sized network: does it learn at these rates?
     "mlm-lr1e-3": {"objective.name": "mlm"},
     "mlm-lr3e-4": {"objective.name": "mlm", "train.learning_rate": 3e-4},
