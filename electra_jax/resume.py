@@ -2,7 +2,11 @@
 
 A workdir with checkpoints is resumed with the model it was trained with and, but for the
 settings in FREE_ON_RESUME and those allowed (train's --allow_change), the settings it was
-started with; the allowed changes are recorded in config_changes.jsonl. A run started before a
+started with; the allowed changes are recorded in config_changes.jsonl. A workdir with
+checkpoints whose config.json is gone is refused: its settings are unknown, and resuming with
+the command line's would change the run without a word; `--allow_change=config.json` says to
+resume with them all the same (the checkpoints' shapes are still checked at the restore), and
+the run writes its config.json again. A run started before a
 setting existed keeps what it meant then (its checkpoints' layer layout, no held-out slice). A
 new run may start from train.init_from's weights. The workdir is claimed (workdir.claim) for the
 whole run.
@@ -22,6 +26,10 @@ import numpy as np
 from electra_jax import checkpointing, metrics, paths
 from electra_jax.jsonio import write_json
 from electra_jax.validate import ConfigError, flatten
+
+# The --allow_change name that lets a run whose config.json is gone resume with the command
+# line's settings.
+MISSING_CONFIG = "config.json"
 
 
 @dataclasses.dataclass
@@ -48,10 +56,16 @@ class Resume:
         elif self.changes:
             _record_changes(self.workdir, resumed_at, self.changes, self.config)
         elif is_main and not paths.exists(config_path):
+            # Only with --allow_change=config.json (plan refuses a resume without it).
             write_json(config_path, self.config.to_dict())
+            row = {"step": resumed_at, "changes": {}, "config.json": "missing, written again"}
+            paths.append_text(
+                os.path.join(self.workdir, "config_changes.jsonl"),
+                json.dumps(row, sort_keys=True) + "\n",
+            )
             metrics.log(
-                "warning: config.json was missing; wrote this run's settings (the checkpoint's "
-                "shapes matched them)"
+                "warning: config.json was missing; wrote this run's settings (allowed by "
+                "--allow_change=config.json; the checkpoint's shapes matched them)"
             )
 
     def release(self) -> None:
@@ -68,7 +82,8 @@ def plan(config: ml_collections.ConfigDict, workdir: str, allow: tuple[str, ...]
     """
     claim = _claim_workdir(workdir)
     try:
-        unknown = [k for k in allow if k not in flatten(config.to_dict())]
+        keys = flatten(config.to_dict())
+        unknown = [k for k in allow if k not in keys and k != MISSING_CONFIG]
         if unknown:
             raise ConfigError(
                 f"--allow_change names {', '.join(unknown)}, which is not a config key"
@@ -76,8 +91,16 @@ def plan(config: ml_collections.ConfigDict, workdir: str, allow: tuple[str, ...]
         resumes = _has_checkpoints(workdir)
         path = os.path.join(workdir, "config.json")
         # None for a run that starts over (it writes config.json), or whose config.json is
-        # gone (the checkpoints' shapes are still checked at the restore).
+        # gone and allowed to be (the checkpoints' shapes are still checked at the restore).
         stored = _read_stored_config(path) if resumes else None
+        if resumes and stored is None and MISSING_CONFIG not in allow:
+            raise ConfigError(
+                f"{path} is missing, but {checkpointing.checkpoint_dir(workdir)} holds the "
+                "run's checkpoints: the settings it was started with are unknown, so it is not "
+                "resumed with this command's without a word; put config.json back (from a "
+                f"copy), or pass --allow_change={MISSING_CONFIG} to resume with this command's "
+                "settings (the checkpoints' shapes are still checked), or use a new --workdir"
+            )
         config = _checkpoint_layout(config, stored)
         changes = _check_resume(config, stored, path, tuple(allow))
         new = config.train.init_from and not resumes  # a resumed run goes on from its state

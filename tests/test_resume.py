@@ -173,9 +173,12 @@ def test_an_unreadable_config_or_only_damaged_checkpoints_are_refused(tmp_path):
     (tmp_path / "w" / "config.json").write_text("[1, 2]")
     with pytest.raises(ConfigError, match="is not the config of an electra_jax run"):
         resume.plan(micro_config(), path)
-    # A missing config.json: the checkpoints' shapes are checked at the restore instead.
+    # A missing config.json: refused, never resumed with the command line's settings unsaid;
+    # allowed, the checkpoints' shapes are checked at the restore instead.
     os.remove(tmp_path / "w" / "config.json")
-    run = resume.plan(micro_config(), path)
+    with pytest.raises(ConfigError, match=r"config.json is missing, .*--allow_change=config.json"):
+        resume.plan(micro_config(), path)
+    run = resume.plan(micro_config(), path, ("config.json",))
     run.release()
     assert run.changes == {}
 
