@@ -61,6 +61,8 @@ _PRETRAIN_ENTRIES = frozenset(
         "hf",
         "hf_reference_metrics.jsonl",
         "config_changes.jsonl",
+        "data_record.json",
+        "eval.jsonl",
     }
 )
 _FINETUNE_ENTRIES = frozenset(
@@ -189,7 +191,7 @@ def kind_of(path: str) -> str | None:
 
 
 # The names a run writes at the top of its workdir: none may be a link (see the docstring).
-_WRITTEN = _PRETRAIN_ENTRIES | _FINETUNE_ENTRIES | {MARKER, LOCK, "eval.jsonl"}
+_WRITTEN = _PRETRAIN_ENTRIES | _FINETUNE_ENTRIES | {MARKER, LOCK}
 
 
 def _refuse_links(path: str, flag: str) -> None:
