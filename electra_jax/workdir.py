@@ -15,7 +15,9 @@ writes a config.json of its own, which would leave a pre-training run unloadable
 
 No file the run writes at the top of a workdir (the marker, .lock, config.json, metrics.jsonl,
 tokenizer/, ...) may be a symbolic link: it would lead the run's writes to a file outside the
-workdir, so the claim refuses it in one line naming it (the workdir itself may be a link).
+workdir, so the claim refuses it in one line naming it. The workdir itself may be a link, and so
+may checkpoints/, data/ and tensorboard/ when they lead to a folder: those hold only what the run
+writes, wherever the user keeps them.
 
 The lock is WORKDIR/.lock, held with flock(2) by one process for the whole run (process 0 of a
 multi-host run; the others write nothing that process 0 writes). The kernel releases it when the
@@ -190,8 +192,11 @@ def kind_of(path: str) -> str | None:
     return None
 
 
-# The names a run writes at the top of its workdir: none may be a link (see the docstring).
+# The names a run writes at the top of its workdir: none may be a link (see the docstring)...
 _WRITTEN = _PRETRAIN_ENTRIES | _FINETUNE_ENTRIES | {MARKER, LOCK}
+# ...but these folders, which hold only what the run itself writes there, may be links to a
+# folder elsewhere: where a user keeps a run's bulk (a scratch disk), not a file of theirs.
+_STORAGE = frozenset({"checkpoints", "data", "tensorboard"})
 
 
 def _refuse_links(path: str, flag: str) -> None:
@@ -201,7 +206,10 @@ def _refuse_links(path: str, flag: str) -> None:
         return
     for name in sorted(os.listdir(path)):
         written = name in _WRITTEN or name.rpartition(".tmp")[0] in _WRITTEN
-        if written and os.path.islink(os.path.join(path, name)):
+        link = os.path.join(path, name)
+        if name in _STORAGE and os.path.isdir(link):
+            continue
+        if written and os.path.islink(link):
             raise ConfigError(
                 f"{flag} {path}: {name} is a symbolic link (to "
                 f"{os.readlink(os.path.join(path, name))}); a run writes {name} and would "

@@ -262,3 +262,20 @@ def test_whole_file_writes_never_follow_a_link(tmp_path):
         f.write("row\n")
     assert outside.read_text() == "a user's file"
     assert not target.exists() or target.is_symlink()
+
+
+def test_checkpoints_and_data_may_live_elsewhere_through_a_link(tmp_path):
+    # A folder for the run's bulk on another disk is the user's choice of storage, not a file
+    # of theirs: a link to a folder there is followed; a link to a file at that name is not.
+    path = tmp_path / "w"
+    workdir.claim(str(path), workdir.PRETRAIN).release()
+    scratch = tmp_path / "scratch"
+    for name in ("checkpoints", "data", "tensorboard"):
+        (scratch / name).mkdir(parents=True)
+        (path / name).symlink_to(scratch / name)
+    workdir.claim(str(path), workdir.PRETRAIN).release()
+    (path / "data").unlink()
+    (tmp_path / "a_file").write_text("mine")
+    (path / "data").symlink_to(tmp_path / "a_file")
+    with pytest.raises(ConfigError, match="data is a symbolic link"):
+        workdir.claim(str(path), workdir.PRETRAIN)
