@@ -64,7 +64,8 @@ def refuse_link(path: str) -> None:
 def _open_no_follow(path: str, flags: int) -> int:
     """os.open with O_NOFOLLOW (a link at `path` is LinkRefused, not followed)."""
     try:
-        return os.open(path, flags | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o644)
+        # 0o666 (less the umask), as open() creates files.
+        return os.open(path, flags | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o666)
     except OSError as e:
         if os.path.islink(path):
             raise LinkRefused(path) from None

@@ -179,14 +179,14 @@ def kind_of(path: str) -> str | None:
         return marker["kind"]
     # A folder from before the marker (or whose marker was damaged): ours only by a config.json
     # of ours and nothing beside it that our commands do not write (see the module's docstring).
+    config = _read_json(paths.join(path, "config.json"))
+    if _is_our_pretraining_config(config):  # a user's notes beside an old run are kept
+        return PRETRAIN
     visible = {n for n in names if not n.startswith(".")}
     if not all(_our_hidden(n) for n in names - visible):
         return None
-    config = _read_json(paths.join(path, "config.json"))
     if _is_our_finetuning_config(config) and visible <= _FINETUNE_ENTRIES:
         return FINETUNE
-    if _is_our_pretraining_config(config):  # a user's notes beside an old run are kept
-        return PRETRAIN
     if "config.json" not in visible and _is_prepare_output(path, visible):
         return PRETRAIN
     return None
@@ -211,10 +211,9 @@ def _refuse_links(path: str, flag: str) -> None:
             continue
         if written and os.path.islink(link):
             raise ConfigError(
-                f"{flag} {path}: {name} is a symbolic link (to "
-                f"{os.readlink(os.path.join(path, name))}); a run writes {name} and would "
-                f"change the file it points at, outside the workdir: remove the link (or move "
-                f"the real file there), or choose another {flag}"
+                f"{flag} {path}: {name} is a symbolic link (to {os.readlink(link)}); a run "
+                f"writes {name} and would change the file it points at, outside the workdir: "
+                f"remove the link (or move the real file there), or choose another {flag}"
             )
 
 

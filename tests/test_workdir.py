@@ -188,6 +188,7 @@ def test_workdirs_written_before_the_marker_are_recognised(tmp_path):
     config = {"model": {}, "generator": {}, "train": {"num_steps": 6}, "data": {"source": "x"}}
     (pre / "config.json").write_text(json.dumps(config))
     (pre / "my_notes.txt").write_text("a user's file beside a run")
+    (pre / ".DS_Store").write_bytes(b"")  # hidden ones too
     assert workdir.kind_of(str(pre)) == workdir.PRETRAIN
     prepared_only = tmp_path / "prepared"  # what `prepare` wrote before the first train
     (prepared_only / "tokenizer").mkdir(parents=True)
