@@ -10,12 +10,13 @@ Locally every function is the os call the package made before this layer existed
 guarantees stay as they were: atomic writes are a temporary file, fsync and os.replace; appends are
 fsynced. No local write follows a symbolic link: a file to write, its temporary, or a file to append
 to that is a link raises LinkRefused (the file it points at, outside our folder, stays as it was);
-files are opened with O_NOFOLLOW, so a link put there after the check is refused too. On an object
-store there is no rename and no append, but an object is never seen half-written: a write is one
-upload that appears whole when it completes, so `write_atomic` is a plain upload, and `append_text`
-reads the object and writes it again (for small files only: config_changes.jsonl). Listings of a
-remote folder are read fresh each time (gcsfs caches them, and tensorstore's writes of a checkpoint
-do not pass through that cache).
+files are opened with O_NOFOLLOW, so a link put there after the check is refused too (and so is a
+file with other hard links, before it is truncated or appended to). On an object store there is no
+rename and no append, but an object is never seen half-written: a write is one upload that appears
+whole when it completes, so `write_atomic` is a plain upload, and `append_text` reads the object and
+writes it again (for small files only: config_changes.jsonl). Listings of a remote folder are read
+fresh each time (gcsfs caches them, and tensorstore's writes of a checkpoint do not pass through
+that cache).
 
 A leaf: it imports nothing of ours.
 """
@@ -39,15 +40,17 @@ class LinkRefused(OSError):
     """A write, append or replace of a path that is a symbolic link: refused, since it would
     change a file outside the folder (the message names the path and what to do)."""
 
-    def __init__(self, path: str):
-        try:
-            target = os.readlink(path)
-        except OSError:
-            target = "?"
+    def __init__(self, path: str, hard_links: int = 0):
+        if hard_links:
+            what = f"has {hard_links} hard links (it is also a file elsewhere)"
+        else:
+            try:
+                what = f"is a symbolic link (to {os.readlink(path)})"
+            except OSError:
+                what = "is a symbolic link"
         super().__init__(
-            f"{path} is a symbolic link (to {target}); electra_jax writes nothing through a "
-            "link, which would change a file outside its folder: remove the link (or move the "
-            "real file there)"
+            f"{path} {what}; electra_jax writes nothing through a link, which would change a "
+            "file outside its folder: remove the link (or move the real file there)"
         )
         self.filename = path
 
@@ -61,20 +64,33 @@ def refuse_link(path: str) -> None:
         raise LinkRefused(path)
 
 
-def _open_no_follow(path: str, flags: int) -> int:
-    """os.open with O_NOFOLLOW (a link at `path` is LinkRefused, not followed)."""
+def open_no_follow(path: str, flags: int) -> int:
+    """os.open with O_NOFOLLOW: a symbolic link at `path` is LinkRefused, not followed, and so
+    is a file with other hard links (the same file elsewhere), found before it is truncated or
+    written."""
     try:
-        # 0o666 (less the umask), as open() creates files.
-        return os.open(path, flags | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o666)
+        # 0o666 (less the umask), as open() creates files; O_TRUNC only once the file is known.
+        fd = os.open(
+            path,
+            (flags & ~os.O_TRUNC) | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0),
+            0o666,
+        )
     except OSError as e:
         if os.path.islink(path):
             raise LinkRefused(path) from None
         raise e from None
+    links = os.fstat(fd).st_nlink
+    if links > 1:
+        os.close(fd)
+        raise LinkRefused(path, links)
+    if flags & os.O_TRUNC:
+        os.ftruncate(fd, 0)
+    return fd
 
 
 def no_follow_opener(path, flags):
     """An `opener` for open(): the file opened with O_NOFOLLOW (LinkRefused for a link)."""
-    return _open_no_follow(path, flags)
+    return open_no_follow(path, flags)
 
 
 def scheme(path: str) -> str | None:
@@ -199,7 +215,7 @@ def write_atomic(path: str, data: bytes | str) -> None:
     # link there is somebody's: refused like every other write through a link.
     refuse_link(path)
     tmp = f"{path}.tmp{os.getpid()}"
-    fd = _open_no_follow(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    fd = open_no_follow(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)

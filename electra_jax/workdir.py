@@ -265,10 +265,10 @@ def _take_lock(path: str, kind: str, flag: str, command: str) -> int:
 
     lock_path = os.path.join(path, LOCK)
     try:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        fd = paths.open_no_follow(lock_path, os.O_RDWR | os.O_CREAT)
+    except paths.LinkRefused as e:  # a link put there after the claim's check
+        raise ConfigError(str(e)) from None
     except OSError as e:
-        if os.path.islink(lock_path):  # put there after the claim's check
-            raise ConfigError(str(paths.LinkRefused(lock_path))) from None
         raise ConfigError(
             f"{flag} {path} is not writable ({e.strerror}); choose another {flag}"
         ) from None

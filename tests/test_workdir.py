@@ -280,3 +280,24 @@ def test_checkpoints_and_data_may_live_elsewhere_through_a_link(tmp_path):
     (path / "data").symlink_to(tmp_path / "a_file")
     with pytest.raises(ConfigError, match="data is a symbolic link"):
         workdir.claim(str(path), workdir.PRETRAIN)
+
+
+def test_a_hard_link_is_never_truncated_or_appended_to(tmp_path):
+    # A hard link is the same file elsewhere: appending to it, or truncating it as a temporary,
+    # would change the user's file as surely as writing through a symbolic link.
+    outside = tmp_path / "outside"
+    outside.write_text("a user's file")
+    path = tmp_path / "w"
+    path.mkdir()
+    os.link(outside, path / "config_changes.jsonl")
+    with pytest.raises(paths.LinkRefused, match="has 2 hard links"):
+        paths.append_text(str(path / "config_changes.jsonl"), "row\n")
+    os.link(outside, path / f"config.json.tmp{os.getpid()}")
+    with pytest.raises(paths.LinkRefused, match="has 3 hard links"):
+        paths.write_atomic(str(path / "config.json"), "{}\n")
+    fresh = tmp_path / "fresh"  # holds only the lock: nothing before the open refuses it
+    fresh.mkdir()
+    os.link(outside, fresh / ".lock")
+    with pytest.raises(ConfigError, match=r"\.lock has 4 hard links"):
+        workdir.claim(str(fresh), workdir.PRETRAIN)
+    assert outside.read_text() == "a user's file"
