@@ -16,7 +16,12 @@ def fail(message: str) -> None:
 
 def cannot_write(error: OSError, then: str) -> str:
     """The one line for an environment error while writing (a full disk, a file size limit, a
-    lost mount): which file, the system's reason, what to do."""
+    lost mount): which file, the system's reason, what to do; a write refused because the file
+    is a link (paths.LinkRefused) says so, and nothing of free space."""
+    from electra_jax.paths import LinkRefused
+
+    if isinstance(error, LinkRefused):
+        return f"{error}; {then}"
     where = f" {error.filename}" if error.filename else ""
     return f"cannot write{where} ({error.strerror or error}); free space or fix the storage, {then}"
 

@@ -75,7 +75,7 @@ def _train(run: resume.Resume, stop_after, watcher) -> dict:
     """The run, top to bottom: mesh -> data -> state -> restore -> compile -> steps."""
     config, workdir = run.config, run.workdir
     mesh = checked_mesh(config, jax.process_count())
-    tokenizer, prepared, data_iter = _data(config, workdir)
+    tokenizer, prepared, data_iter = _data(config, workdir, run)
     # From here to the first compiled call, jax and orbax work in `watcher.deferred()` blocks: a
     # signal ends the run at the end of the block it arrives in, never inside their C++ state.
     with watcher.deferred():
@@ -131,12 +131,13 @@ def _evaluator(config, setup: StepSetup, mesh, prepared, special):
 # -------------------------------------------------------------------------------------- data
 
 
-def _data(config, workdir: str):
+def _data(config, workdir: str, run: resume.Resume | None = None):
     """(the run's tokenizer, its prepared data, the iterator over its training batches).
 
     Process 0 trains the tokenizer and prepares the shards while the others wait; they then find
     both in the workdir (storage every host sees: gs://, written through paths.py, or NFS)
-    instead of making their own.
+    instead of making their own. A resumed run's corpus and tokenizer are checked against what
+    the run started from (`run.check_data`) before anything is prepared.
     """
     from electra_jax.data import pipeline, prepare
 
@@ -146,6 +147,8 @@ def _data(config, workdir: str):
     tokenizer = prepare.ensure_tokenizer(
         config.data, os.path.join(workdir, "tokenizer"), config.seed
     )
+    if is_main and run is not None:
+        run.check_data(tokenizer)
     cache_dir = config.data.cache_dir or os.path.join(workdir, "data")
     # As many tokenizing processes as the corpus's size warrants on this host (the same rule as
     # `python -m electra_jax.prepare`); the shards are the same bytes for any number.

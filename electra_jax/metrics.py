@@ -156,7 +156,8 @@ class MetricsWriter:
         self._local_path = local_path
         if self._remote:
             paths.upload_file(local_path, self.path)
-        self._file = open(local_path, "a")  # noqa: SIM115 - kept open for the run
+        # Never through a link (paths.LinkRefused): the file it points at is not the run's.
+        self._file = open(local_path, "a", opener=paths.no_follow_opener)  # noqa: SIM115
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
         self._tb = EventFileWriter(tb_dir)

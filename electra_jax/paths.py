@@ -7,12 +7,16 @@ goes through the functions here. epath reaches gs:// through TensorFlow's gfile 
 is installed, else through fsspec and gcsfs (the `[gcs]` extra).
 
 Locally every function is the os call the package made before this layer existed, so local
-guarantees stay as they were: atomic writes are a temporary file, fsync and os.replace; appends
-are fsynced. On an object store there is no rename and no append, but an object is never seen
-half-written: a write is one upload that appears whole when it completes, so `write_atomic` is a
-plain upload, and `append_text` reads the object and writes it again (for small files only:
-config_changes.jsonl). Listings of a remote folder are read fresh each time (gcsfs caches them,
-and tensorstore's writes of a checkpoint do not pass through that cache).
+guarantees stay as they were: atomic writes are a temporary file, fsync and os.replace; appends are
+fsynced. No local write follows a symbolic link: a file to write, its temporary, or a file to append
+to that is a link raises LinkRefused (the file it points at, outside our folder, stays as it was);
+files are opened with O_NOFOLLOW, so a link put there after the check is refused too (and so is a
+file with other hard links, before it is truncated or appended to). On an object store there is no
+rename and no append, but an object is never seen half-written: a write is one upload that appears
+whole when it completes, so `write_atomic` is a plain upload, and `append_text` reads the object and
+writes it again (for small files only: config_changes.jsonl). Listings of a remote folder are read
+fresh each time (gcsfs caches them, and tensorstore's writes of a checkpoint do not pass through
+that cache).
 
 A leaf: it imports nothing of ours.
 """
@@ -30,6 +34,63 @@ _SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
 
 # Bytes per read or write when a file is copied to or from a bucket.
 COPY_CHUNK_BYTES = 16 << 20
+
+
+class LinkRefused(OSError):
+    """A write, append or replace of a path that is a symbolic link: refused, since it would
+    change a file outside the folder (the message names the path and what to do)."""
+
+    def __init__(self, path: str, hard_links: int = 0):
+        if hard_links:
+            what = f"has {hard_links} hard links (it is also a file elsewhere)"
+        else:
+            try:
+                what = f"is a symbolic link (to {os.readlink(path)})"
+            except OSError:
+                what = "is a symbolic link"
+        super().__init__(
+            f"{path} {what}; electra_jax writes nothing through a link, which would change a "
+            "file outside its folder: remove the link (or move the real file there)"
+        )
+        self.filename = path
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
+def refuse_link(path: str) -> None:
+    """LinkRefused when local `path` is a symbolic link (a dangling one included)."""
+    if not is_remote(path) and os.path.islink(path):
+        raise LinkRefused(path)
+
+
+def open_no_follow(path: str, flags: int) -> int:
+    """os.open with O_NOFOLLOW: a symbolic link at `path` is LinkRefused, not followed, and so
+    is a file with other hard links (the same file elsewhere), found before it is truncated or
+    written."""
+    try:
+        # 0o666 (less the umask), as open() creates files; O_TRUNC only once the file is known.
+        fd = os.open(
+            path,
+            (flags & ~os.O_TRUNC) | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0),
+            0o666,
+        )
+    except OSError as e:
+        if os.path.islink(path):
+            raise LinkRefused(path) from None
+        raise e from None
+    links = os.fstat(fd).st_nlink
+    if links > 1:
+        os.close(fd)
+        raise LinkRefused(path, links)
+    if flags & os.O_TRUNC:
+        os.ftruncate(fd, 0)
+    return fd
+
+
+def no_follow_opener(path, flags):
+    """An `opener` for open(): the file opened with O_NOFOLLOW (LinkRefused for a link)."""
+    return open_no_follow(path, flags)
 
 
 def scheme(path: str) -> str | None:
@@ -114,9 +175,11 @@ def makedirs(path: str) -> None:
 
 @contextlib.contextmanager
 def open_file(path: str, mode: str = "rb") -> Iterator[IO]:
-    """A file for reading (or a plain, non-atomic write) locally or in a bucket."""
+    """A file for reading (or a plain, non-atomic write, or an append) locally or in a bucket;
+    locally a write or append never follows a link at `path` (LinkRefused)."""
     if not is_remote(path):
-        with open(path, mode) as f:
+        writing = any(c in mode for c in "wax+")
+        with open(path, mode, opener=no_follow_opener if writing else None) as f:
             yield f
         return
     with _epath(path).open(mode) as f:
@@ -148,15 +211,19 @@ def write_atomic(path: str, data: bytes | str) -> None:
     if is_remote(path):
         _epath(path).write_bytes(data)
         return
+    # os.replace would put the file in place of a link rather than write through it, but the
+    # link there is somebody's: refused like every other write through a link.
+    refuse_link(path)
     tmp = f"{path}.tmp{os.getpid()}"
+    fd = open_no_follow(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     try:
-        with open(tmp, "wb") as f:
+        with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     finally:
-        if os.path.exists(tmp):
+        if os.path.isfile(tmp) and not os.path.islink(tmp):
             os.remove(tmp)
 
 
@@ -164,7 +231,7 @@ def append_text(path: str, text: str) -> None:
     """Appends `text` and syncs it to disk; in a bucket (no appends) the object is read and
     written again with `text` added: for small files."""
     if not is_remote(path):
-        with open(path, "a", encoding="utf-8") as f:
+        with open(path, "a", encoding="utf-8", opener=no_follow_opener) as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())

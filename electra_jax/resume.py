@@ -1,11 +1,22 @@
 """What a run continues from, asked once before any work: `plan(config, workdir, allow)`.
 
-A workdir with checkpoints is resumed with the model it was trained with and, but for the
-settings in FREE_ON_RESUME and those allowed (train's --allow_change), the settings it was
-started with; the allowed changes are recorded in config_changes.jsonl. A run started before a
-setting existed keeps what it meant then (its checkpoints' layer layout, no held-out slice). A
-new run may start from train.init_from's weights. The workdir is claimed (workdir.claim) for the
-whole run.
+A workdir with checkpoints is resumed with the model it was trained with and, but for the settings
+in FREE_ON_RESUME and those allowed (train's --allow_change), the settings it was started with; the
+allowed changes are recorded in config_changes.jsonl. A workdir with checkpoints whose config.json
+is gone is refused: its settings are unknown, and resuming with the command line's would change the
+run without a word; `--allow_change=config.json` says to resume with them all the same (the
+checkpoints' shapes are still checked at the restore), and the run writes its config.json again. A
+run started before a setting existed keeps what it meant then (its checkpoints' layer layout, no
+held-out slice). A new run may start from train.init_from's weights. The workdir is claimed
+(workdir.claim) for the whole run.
+
+The prepared data must be the run's too: WORKDIR/data_record.json records what the rows of a
+run depend on (prepare.key_fields: the corpus's content key, the tokenizer's fingerprint, the
+row format, ...) and the corpus's files, written when the run starts. A resume compares them
+before anything is prepared: a corpus that changed under the same data.source (a file added to
+a text: folder, one edited or removed) or another tokenizer is refused in one line saying what
+changed, unless --allow_change names it (data.source; data.tokenizer), which is recorded in
+config_changes.jsonl. A run started before the record resumes as it did, and gets one.
 """
 
 from __future__ import annotations
@@ -23,6 +34,23 @@ from electra_jax import checkpointing, metrics, paths
 from electra_jax.jsonio import write_json
 from electra_jax.validate import ConfigError, flatten
 
+# The --allow_change name that lets a run whose config.json is gone resume with the command
+# line's settings.
+MISSING_CONFIG = "config.json"
+DATA_RECORD = "data_record.json"
+# The --allow_change key that lets each field of the data record differ on a resume; the config
+# keys among them are refused earlier, by check_same_run, unless allowed.
+_DATA_ALLOW = {
+    "format": "data.source",
+    "source": "data.source",
+    "source_fingerprint": "data.source",
+    "tokenizer_fingerprint": "data.tokenizer",
+    "seq_length": "data.seq_length",
+    "seed": "seed",
+    "single_segment_prob": "data.single_segment_prob",
+    "short_seq_prob": "data.short_seq_prob",
+}
+
 
 @dataclasses.dataclass
 class Resume:
@@ -34,6 +62,46 @@ class Resume:
     changes: dict[str, tuple[Any, Any]]  # allowed changes since config.json: {key: (old, new)}
     init_from: Any  # train.init_from's weights (pretrained.Pretrained) for a new run, else None
     claim: Any  # workdir.Claim: the workdir, locked by process 0 until `release`
+    resumes: bool = False  # the workdir holds checkpoints
+    allow: tuple[str, ...] = ()  # --allow_change
+    # The data record to write at `record` (None: the one there stands), and its allowed
+    # changes, {field: (recorded, now)}.
+    data: dict | None = None
+    data_changes: dict = dataclasses.field(default_factory=dict)
+
+    def check_data(self, tokenizer) -> None:
+        """Before any data is prepared (process 0): ConfigError when a resumed run's corpus or
+        tokenizer is not what it started from (DATA_RECORD) and --allow_change does not name
+        the change. `tokenizer`: the run's, as prepare.ensure_tokenizer gives it."""
+        from electra_jax.data import prepare, sources
+
+        cfg = self.config
+        now = {
+            "format": 1,
+            "fields": prepare.key_fields(cfg.data, tokenizer, cfg.seed),
+            "files": sources.from_config(cfg.data).files(),
+        }
+        path = os.path.join(self.workdir, DATA_RECORD)
+        stored = _read_data_record(path) if self.resumes else None
+        self.data = now
+        if stored is None:  # a new run, or one started before the record: it gets one
+            return
+        old = stored["fields"]
+        differ = {k: (old.get(k), v) for k, v in now["fields"].items() if old.get(k) != v}
+        if not differ:
+            self.data = None
+            return
+        refused = [k for k in differ if _DATA_ALLOW.get(k, "data.source") not in self.allow]
+        if refused:
+            keys = sorted({_DATA_ALLOW.get(k, "data.source") for k in refused})
+            raise ConfigError(
+                f"resuming {self.workdir}: {_data_changes(refused, differ, stored, now, cfg)} "
+                f"since the run started ({path}), so it would go on training on other rows "
+                "without a word: restore them as they were, or pass "
+                f"--allow_change={','.join(keys)} to go on with these from the resumed step "
+                "(recorded in config_changes.jsonl), or use a new --workdir"
+            )
+        self.data_changes = differ
 
     def record(self, resumed_at: int | None) -> None:
         """Once the state is restored (`resumed_at`: its step; None for a new run), writes what
@@ -48,11 +116,31 @@ class Resume:
         elif self.changes:
             _record_changes(self.workdir, resumed_at, self.changes, self.config)
         elif is_main and not paths.exists(config_path):
+            # Only with --allow_change=config.json (plan refuses a resume without it).
             write_json(config_path, self.config.to_dict())
+            row = {"step": resumed_at, "changes": {}, "config.json": "missing, written again"}
+            _append_change(self.workdir, row)
             metrics.log(
-                "warning: config.json was missing; wrote this run's settings (the checkpoint's "
-                "shapes matched them)"
+                "warning: config.json was missing; wrote this run's settings (allowed by "
+                "--allow_change=config.json; the checkpoint's shapes matched them)"
             )
+        if is_main:
+            self._record_data(resumed_at)
+
+    def _record_data(self, resumed_at: int | None) -> None:
+        """DATA_RECORD for a new run, a run started before it, or an allowed change (which
+        config_changes.jsonl records too)."""
+        if self.data is None:
+            return
+        write_json(os.path.join(self.workdir, DATA_RECORD), self.data)
+        if resumed_at is None or not self.data_changes:
+            return
+        shown = {k: {"from": a, "to": b} for k, (a, b) in self.data_changes.items()}
+        _append_change(self.workdir, {"step": resumed_at, "changes": {}, "data": shown})
+        metrics.log(
+            f"resuming at step {resumed_at} with changed data ({', '.join(sorted(shown))}), "
+            "as --allow_change allows"
+        )
 
     def release(self) -> None:
         self.claim.release()
@@ -68,7 +156,8 @@ def plan(config: ml_collections.ConfigDict, workdir: str, allow: tuple[str, ...]
     """
     claim = _claim_workdir(workdir)
     try:
-        unknown = [k for k in allow if k not in flatten(config.to_dict())]
+        keys = flatten(config.to_dict())
+        unknown = [k for k in allow if k not in keys and k != MISSING_CONFIG]
         if unknown:
             raise ConfigError(
                 f"--allow_change names {', '.join(unknown)}, which is not a config key"
@@ -76,8 +165,16 @@ def plan(config: ml_collections.ConfigDict, workdir: str, allow: tuple[str, ...]
         resumes = _has_checkpoints(workdir)
         path = os.path.join(workdir, "config.json")
         # None for a run that starts over (it writes config.json), or whose config.json is
-        # gone (the checkpoints' shapes are still checked at the restore).
+        # gone and allowed to be (the checkpoints' shapes are still checked at the restore).
         stored = _read_stored_config(path) if resumes else None
+        if resumes and stored is None and MISSING_CONFIG not in allow:
+            raise ConfigError(
+                f"{path} is missing, but {checkpointing.checkpoint_dir(workdir)} holds the "
+                "run's checkpoints: the settings it was started with are unknown, so it is not "
+                "resumed with this command's without a word; put config.json back (from a "
+                f"copy), or pass --allow_change={MISSING_CONFIG} to resume with this command's "
+                "settings (the checkpoints' shapes are still checked), or use a new --workdir"
+            )
         config = _checkpoint_layout(config, stored)
         changes = _check_resume(config, stored, path, tuple(allow))
         new = config.train.init_from and not resumes  # a resumed run goes on from its state
@@ -85,7 +182,7 @@ def plan(config: ml_collections.ConfigDict, workdir: str, allow: tuple[str, ...]
     except BaseException:
         claim.release()
         raise
-    return Resume(workdir, config, changes, init_from, claim)
+    return Resume(workdir, config, changes, init_from, claim, bool(resumes), tuple(allow))
 
 
 def _claim_workdir(workdir: str):
@@ -136,6 +233,65 @@ def _read_stored_config(path: str) -> dict | None:
             "restore it from a copy, or delete it to resume with the current settings"
         )
     return stored
+
+
+def _read_data_record(path: str) -> dict | None:
+    """DATA_RECORD as written (a dict with a fields object); None when missing; ConfigError
+    when unreadable."""
+    if not paths.exists(path):
+        return None
+    try:
+        record = json.loads(paths.read_bytes(path))
+    except (OSError, ValueError) as e:
+        record = " ".join(str(e).split())
+    if not isinstance(record, dict) or not isinstance(record.get("fields"), dict):
+        raise ConfigError(
+            f"{path} cannot be read ({record if isinstance(record, str) else 'no fields'}); "
+            "restore it from a copy, or delete it to resume without checking that the corpus "
+            "is the one the run started from (a new record is written)"
+        )
+    return record
+
+
+def _few(names: list[str]) -> str:
+    shown = ", ".join(os.path.basename(n) for n in names[:3])
+    return shown + (f" (and {len(names) - 3} more)" if len(names) > 3 else "")
+
+
+def _data_changes(keys: list[str], differ: dict, stored: dict, now: dict, cfg) -> str:
+    """What changed in the data record's `keys`, in words."""
+    parts = []
+    for key in keys:
+        old, new = differ[key]
+        if key == "source_fingerprint":
+            parts.append(_corpus_change(stored.get("files"), now.get("files"), cfg.data.source))
+        elif key == "tokenizer_fingerprint":
+            parts.append("the tokenizer is another than the one the run started with")
+        elif key == "format":
+            parts.append(f"the prepared rows' format is {new!r} in this version, {old!r} there")
+        else:
+            parts.append(f"{key} is {new!r} now, {old!r} there")
+    return "; ".join(parts)
+
+
+def _corpus_change(old: list | None, new: list | None, source: str) -> str:
+    """The files added, removed or resized under data.source, or what is known."""
+    where = f"the corpus under data.source '{source}' changed"
+    if old is None or new is None:
+        return f"{where} (its content key is not the one recorded)"
+    before, after = dict(map(tuple, old)), dict(map(tuple, new))
+    added = sorted(set(after) - set(before))
+    removed = sorted(set(before) - set(after))
+    resized = sorted(p for p in set(before) & set(after) if before[p] != after[p])
+    said = [
+        f"{what} {_few(names)}"
+        for what, names in (("files added:", added), ("removed:", removed), ("resized:", resized))
+        if names
+    ]
+    if not said:
+        said = ["its files' modification times changed (same names and sizes: edited, or copied"]
+        said[0] += " without their times)"
+    return f"{where}: {', '.join(said)}"
 
 
 def _has_checkpoints(workdir: str) -> bool:
@@ -225,15 +381,20 @@ def _load_init_from(config: ml_collections.ConfigDict, workdir: str):
     return loaded
 
 
+def _append_change(workdir: str, row: dict) -> None:
+    """One row of WORKDIR/config_changes.jsonl: what a resume changed, at which step."""
+    paths.append_text(
+        os.path.join(workdir, "config_changes.jsonl"), json.dumps(row, sort_keys=True) + "\n"
+    )
+
+
 def _record_changes(workdir: str, step: int, changes: dict, config) -> None:
     """Rewrites config.json with the settings the run goes on with and appends what changed, at
     which step, to config_changes.jsonl (process 0 only)."""
     if jax.process_index() != 0:
         return
     row = {"step": step, "changes": {k: {"from": a, "to": b} for k, (a, b) in changes.items()}}
-    paths.append_text(
-        os.path.join(workdir, "config_changes.jsonl"), json.dumps(row, sort_keys=True) + "\n"
-    )
+    _append_change(workdir, row)
     write_json(os.path.join(workdir, "config.json"), config.to_dict())
     shown = ", ".join(f"{k}={b!r} (was {a!r})" for k, (a, b) in changes.items())
     metrics.log(f"resuming at step {step} with changed settings: {shown}")

@@ -52,7 +52,9 @@ _ALLOW_CHANGE = flags.DEFINE_string(
     "allow_change",
     "",
     "Resuming: comma-separated config keys (e.g. data.source,train.learning_rate) that may "
-    "differ from the workdir's config.json from the resumed step on; recorded in "
+    "differ from the workdir's config.json from the resumed step on (data.source also lets the "
+    "corpus under the same source differ from the one the run started from; config.json "
+    "resumes a run whose config.json is gone with this command's settings); recorded in "
     "config_changes.jsonl. Other differences are refused.",
 )
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in a multi-host run.")

@@ -1,11 +1,23 @@
 """Who owns a folder: the marker that makes it a workdir, and the lock that gives it to one run.
 
-A workdir is a folder that is missing, empty, or ours. Ours means it holds the marker
-`.electra_jax` (JSON: the kind of run, pre-training or fine-tuning) or, for folders written before
-the marker existed, only what our commands write there. Anything else (a Hugging Face model
-folder, a home directory) is refused, so a run never writes its config.json over somebody else's
+A workdir is a folder that is missing, empty, or ours. Ours means it holds the marker `.electra_jax`
+(JSON: the kind of run, pre-training or fine-tuning). One narrow exception, for the folders our
+commands wrote before the marker existed (version 2026-12-01): a folder without the marker is ours
+only when its config.json is one our commands write: a pre-training config (model, generator, train
+and data sections, data.source, train.num_steps; files of the user's beside it are left alone), or a
+fine-tuning config (family, task or version beside learning_rate, batch_size and seq_length) with
+nothing beside it that fine-tuning does not write; or, without config.json, when it holds only what
+`prepare` writes (tokenizer/ with a tokenizer in it, data/). Anything else that is not empty (a
+Hugging Face model folder, a home directory, another program's config.json beside a checkpoints/
+folder) is refused, whatever it contains, so a run never writes its config.json over somebody else's
 file. A pre-training workdir is never taken for a fine-tuning one, nor the reverse: fine-tuning
 writes a config.json of its own, which would leave a pre-training run unloadable.
+
+No file the run writes at the top of a workdir (the marker, .lock, config.json, metrics.jsonl,
+tokenizer/, ...) may be a symbolic link: it would lead the run's writes to a file outside the
+workdir, so the claim refuses it in one line naming it. The workdir itself may be a link, and so
+may checkpoints/, data/ and tensorboard/ when they lead to a folder: those hold only what the run
+writes, wherever the user keeps them.
 
 The lock is WORKDIR/.lock, held with flock(2) by one process for the whole run (process 0 of a
 multi-host run; the others write nothing that process 0 writes). The kernel releases it when the
@@ -51,6 +63,8 @@ _PRETRAIN_ENTRIES = frozenset(
         "hf",
         "hf_reference_metrics.jsonl",
         "config_changes.jsonl",
+        "data_record.json",
+        "eval.jsonl",
     }
 )
 _FINETUNE_ENTRIES = frozenset(
@@ -113,6 +127,46 @@ def _read_json(path: str):
         return None
 
 
+def _is_our_pretraining_config(config) -> bool:
+    """The config.json of one of our pre-training runs: its sections are objects, data names a
+    source, train a number of steps."""
+    if not isinstance(config, dict):
+        return False
+    sections = ("model", "generator", "train", "data")
+    if not all(isinstance(config.get(k), dict) for k in sections):
+        return False
+    return "source" in config["data"] and "num_steps" in config["train"]
+
+
+def _is_our_finetuning_config(config) -> bool:
+    """The config.json of one of our fine-tunings (GLUE: task; SQuAD: version; both: family)."""
+    if not isinstance(config, dict):
+        return False
+    named = "family" in config or "task" in config or "version" in config
+    return named and {"learning_rate", "batch_size", "seq_length"} <= set(config)
+
+
+def _is_prepare_output(path: str, visible: set[str]) -> bool:
+    """What `prepare` wrote before the marker: tokenizer/ (with a tokenizer's file) and data/."""
+    if not visible <= {"tokenizer", "data"} or "tokenizer" not in visible:
+        return False
+    from electra_jax.data.tokenizer import MODEL_FILENAME
+    from electra_jax.data.wordpiece import VOCAB_FILENAME
+
+    folder = paths.join(path, "tokenizer")
+    return paths.isdir(folder) and bool(
+        {MODEL_FILENAME, VOCAB_FILENAME} & set(paths.listdir(folder))
+    )
+
+
+def _our_hidden(name: str) -> bool:
+    """Hidden names our writes leave: the (damaged) marker and a temporary `<file>.tmp<pid>`."""
+    if name == MARKER:
+        return True
+    stem, _, pid = name.rpartition(".tmp")
+    return bool(stem) and pid.isdigit()
+
+
 def kind_of(path: str) -> str | None:
     """PRETRAIN or FINETUNE for a folder of ours, '' for a missing or empty one, None otherwise."""
     if not paths.isdir(path):
@@ -123,19 +177,44 @@ def kind_of(path: str) -> str | None:
     marker = _read_json(paths.join(path, MARKER))
     if isinstance(marker, dict) and marker.get("kind") in KINDS:
         return marker["kind"]
-    # A folder from before the marker (or whose marker was damaged): recognised by its
-    # config.json and what sits beside it. Hidden files (temporary files of an atomic write, the
-    # marker) are ignored.
-    visible = {n for n in names if not n.startswith(".")}
+    # A folder from before the marker (or whose marker was damaged): ours only by a config.json
+    # of ours and nothing beside it that our commands do not write (see the module's docstring).
     config = _read_json(paths.join(path, "config.json"))
-    finetuning = isinstance(config, dict) and ("task" in config or "family" in config)
-    if finetuning and visible <= _FINETUNE_ENTRIES:
-        return FINETUNE
-    if isinstance(config, dict) and {"model", "generator", "train"} <= set(config):
+    if _is_our_pretraining_config(config):  # a user's notes beside an old run are kept
         return PRETRAIN
-    if visible <= _PRETRAIN_ENTRIES and ({"checkpoints", "tokenizer"} & visible):
+    visible = {n for n in names if not n.startswith(".")}
+    if not all(_our_hidden(n) for n in names - visible):
+        return None
+    if _is_our_finetuning_config(config) and visible <= _FINETUNE_ENTRIES:
+        return FINETUNE
+    if "config.json" not in visible and _is_prepare_output(path, visible):
         return PRETRAIN
     return None
+
+
+# The names a run writes at the top of its workdir: none may be a link (see the docstring)...
+_WRITTEN = _PRETRAIN_ENTRIES | _FINETUNE_ENTRIES | {MARKER, LOCK}
+# ...but these folders, which hold only what the run itself writes there, may be links to a
+# folder elsewhere: where a user keeps a run's bulk (a scratch disk), not a file of theirs.
+_STORAGE = frozenset({"checkpoints", "data", "tensorboard"})
+
+
+def _refuse_links(path: str, flag: str) -> None:
+    """ConfigError naming the first name a run writes at the top of `path` (or its temporary,
+    `<name>.tmp<pid>`) that is a symbolic link."""
+    if paths.is_remote(path):
+        return
+    for name in sorted(os.listdir(path)):
+        written = name in _WRITTEN or name.rpartition(".tmp")[0] in _WRITTEN
+        link = os.path.join(path, name)
+        if name in _STORAGE and os.path.isdir(link):
+            continue
+        if written and os.path.islink(link):
+            raise ConfigError(
+                f"{flag} {path}: {name} is a symbolic link (to {os.readlink(link)}); a run "
+                f"writes {name} and would change the file it points at, outside the workdir: "
+                f"remove the link (or move the real file there), or choose another {flag}"
+            )
 
 
 def _what_it_is(path: str) -> str:
@@ -147,7 +226,27 @@ def _what_it_is(path: str) -> str:
         return "an electra_jax export"
     if paths.isfile(paths.join(path, MARKER)):
         return f"a folder whose {MARKER} marker is damaged and whose files are not a run's"
-    shown = sorted(paths.listdir(path))[:3]
+    names = sorted(paths.listdir(path))
+    if "config.json" in names and not (
+        _is_our_pretraining_config(config) or _is_our_finetuning_config(config)
+    ):
+        return (
+            f"not an electra_jax workdir: it has no {MARKER} marker, and its config.json is "
+            "not a run's (another program's?)"
+        )
+    if "config.json" not in names and "checkpoints" in names:
+        return (
+            f"not an electra_jax workdir: it holds checkpoints/ but neither the {MARKER} marker "
+            "nor a config.json (if it is a run of ours, put its config.json back)"
+        )
+    ours = _PRETRAIN_ENTRIES | _FINETUNE_ENTRIES
+    foreign = [n for n in names if n not in ours and n != LOCK and not _our_hidden(n)]
+    if foreign and "config.json" in names:
+        return (
+            f"not an electra_jax workdir: it has no {MARKER} marker, and it holds files no "
+            f"electra_jax command writes ({', '.join(foreign[:3])})"
+        )
+    shown = names[:3]
     return f"a non-empty folder that is not an electra_jax workdir (it holds {', '.join(shown)})"
 
 
@@ -166,7 +265,9 @@ def _take_lock(path: str, kind: str, flag: str, command: str) -> int:
 
     lock_path = os.path.join(path, LOCK)
     try:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = paths.open_no_follow(lock_path, os.O_RDWR | os.O_CREAT)
+    except paths.LinkRefused as e:  # a link put there after the claim's check
+        raise ConfigError(str(e)) from None
     except OSError as e:
         raise ConfigError(
             f"{flag} {path} is not writable ({e.strerror}); choose another {flag}"
@@ -265,6 +366,8 @@ def claim(
             f"{flag} {path} is a {found} workdir; a {kind} run would overwrite its files: "
             f"choose a new {flag}"
         )
+    if found is not None and paths.isdir(path):
+        _refuse_links(path, flag)
     if not lock:
         return Claim(path, kind)
     check_workdir(path, flag)

@@ -224,7 +224,51 @@ def _resume_other_setting(ctx: Context):
 def _resume_without_config_other_model(ctx: Context):
     w = ctx.copy("noconfig")
     (w / "config.json").unlink()
-    return _train(ctx, w, "--config.model.num_layers=3"), [w]
+    return _train(ctx, w, "--config.model.num_layers=3", "--allow_change=config.json"), [w]
+
+
+def _resume_without_config(ctx: Context):
+    w = ctx.copy("noconfig")
+    (w / "config.json").unlink()
+    return _train(ctx, w), [w]
+
+
+def _foreign_config_beside(entry: str):
+    """Another program's config.json beside a checkpoints/ or tokenizer/ folder."""
+
+    def argv(ctx: Context):
+        path = ctx.fresh("other-program")
+        (path / entry).mkdir(parents=True)
+        (path / entry / "state.bin").write_bytes(b"theirs")
+        (path / "config.json").write_text(json.dumps({"learning_rate": 0.1, "model": {}}))
+        return _train(ctx, path), [path]
+
+    return argv
+
+
+def _linked(name: str):
+    """The trained run's copy whose `name` is a link to a user's file outside it."""
+
+    def argv(ctx: Context):
+        w = ctx.copy("linked")
+        outside = ctx.fresh("outside.txt")
+        outside.write_text("a user's file")
+        if (w / name).exists() or (w / name).is_symlink():
+            (w / name).unlink()
+        (w / name).symlink_to(outside)
+        return _train(ctx, w), [outside]
+
+    return argv
+
+
+def _export_over_a_handed_list(ctx: Context):
+    """An export.json of ours that lists a user's files, beside them: none may go."""
+    out = ctx.fresh("handed")
+    out.mkdir()
+    (out / "important.txt").write_text("a user's file")
+    manifest = {"format": "electra_jax.export", "version": 2, "files": ["important.txt"]}
+    (out / "export.json").write_text(json.dumps(manifest))
+    return EXPORT + [f"--workdir={ctx.workdir}", f"--out={out}"], [out / "important.txt"]
 
 
 def _resume_other_source(ctx: Context):
@@ -521,7 +565,21 @@ def cases() -> list[Case]:
             _resume_without_config_other_model,
             contains="nothing was moved aside",
         ),
+        Case("resume, no config.json", _resume_without_config, contains="config.json is missing"),
         Case("resume, other data.source", _resume_other_source, contains="--allow_change"),
+        Case(
+            "another program's config.json beside checkpoints/",
+            _foreign_config_beside("checkpoints"),
+            contains="not a run's",
+        ),
+        Case(
+            "another program's config.json beside tokenizer/",
+            _foreign_config_beside("tokenizer"),
+            contains="not a run's",
+        ),
+        Case("WORKDIR/.lock a link out", _linked(".lock"), contains="is a symbolic link"),
+        Case("metrics.jsonl a link out", _linked("metrics.jsonl"), contains="is a symbolic link"),
+        Case("config.json a link out", _linked("config.json"), contains="is a symbolic link"),
         Case("config.json a JSON list", _config_json_list, contains="config.json"),
         Case("checkpoints/ a file", _checkpoints_a_file, contains="checkpoints is a file"),
         Case("cache_dir a file", _cache_dir_a_file, contains="data.cache_dir"),
@@ -611,6 +669,7 @@ def cases() -> list[Case]:
             _export_over_foreign_manifest,
             contains="export.json",
         ),
+        Case("export over a handed file list", _export_over_a_handed_list, expect="ok"),
         Case(
             "export over our export",
             _export_over_our_export,

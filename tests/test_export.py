@@ -5,6 +5,7 @@ through checkpointing.save) rather than by training, which would take most of th
 """
 
 import dataclasses
+import hashlib
 import json
 import os
 import shutil
@@ -307,7 +308,7 @@ def test_reexport_replaces_only_the_files_an_export_wrote(run, exported, tmp_pat
     out = tmp_path / "hf"
     shutil.copytree(exported, out)
     manifest = _manifest(out)
-    assert manifest["format"] == "electra_jax.export" and manifest["version"] == 2
+    assert manifest["format"] == "electra_jax.export" and manifest["version"] == 3
     written = sorted(
         os.path.relpath(os.path.join(folder, name), out).replace(os.sep, "/")
         for folder, _, names in os.walk(out)
@@ -320,7 +321,6 @@ def test_reexport_replaces_only_the_files_an_export_wrote(run, exported, tmp_pat
     (out / "sub").mkdir()
     (out / "sub" / "file").write_text("mine too")
     (out / "discriminator" / "notes.md").write_text("and this")
-    (out / "discriminator" / "config.json").write_text("damaged")  # the export's: replaced
     hf_write.write_export(_as_pretrained(run), str(out))
     assert (out / "important.txt").read_text() == "keep me"
     assert (out / "sub" / "file").read_text() == "mine too"
@@ -328,6 +328,8 @@ def test_reexport_replaces_only_the_files_an_export_wrote(run, exported, tmp_pat
     with open(out / "discriminator" / "config.json") as f:
         assert json.load(f)["model_type"] == "electra"
     assert _manifest(out)["files"] == written
+    assert set(_manifest(out)["sha256"]) == set(written)
+    assert set(written) <= hf_write.LAYOUT  # what a later export may replace
     assert sorted(os.listdir(out)) == [
         "discriminator",
         "export.json",
@@ -337,7 +339,7 @@ def test_reexport_replaces_only_the_files_an_export_wrote(run, exported, tmp_pat
     ]
 
 
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 3])
 def test_reexport_deletes_the_previous_exports_files_it_no_longer_writes(
     run, exported, tmp_path, version
 ):
@@ -350,18 +352,58 @@ def test_reexport_deletes_the_previous_exports_files_it_no_longer_writes(
     (out / "extra" / "old.bin").write_text("old")
     manifest = _manifest(out)
     if version == 1:  # exports of version 1 list no files: their known layout is theirs
-        del manifest["files"]
-        manifest["version"] = 1
+        del manifest["files"], manifest["sha256"]
     else:
-        manifest["files"] += ["generator/vocab.txt", "extra/old.bin"]
+        manifest["files"] += ["generator/vocab.txt", "extra/old.bin", "generator/user.txt"]
+    if version == 2:  # no digests: the files at an export's paths are its own
+        del manifest["sha256"]
+    if version == 3:  # the digests of what it wrote; the user's file is listed, unvouched
+        for rel in ("generator/vocab.txt", "extra/old.bin"):
+            manifest["sha256"][rel] = hashlib.sha256((out / rel).read_bytes()).hexdigest()
+        manifest["sha256"]["generator/user.txt"] = "0" * 64
+    manifest["version"] = version
     (out / "export.json").write_text(json.dumps(manifest))
     hf_write.write_export(_as_pretrained(run), str(out))
     assert not (out / "generator" / "vocab.txt").exists()
     assert (out / "generator" / "user.txt").read_text() == "mine"
-    # A folder that held only a file of the previous export goes with it; a version-1 export
-    # never wrote extra/, so there it is the user's.
-    assert (out / "extra").exists() == (version == 1)
-    assert _manifest(out)["version"] == 2
+    # extra/old.bin is at no path an export writes: whatever a manifest lists, it stays.
+    assert (out / "extra" / "old.bin").read_text() == "old"
+    assert _manifest(out)["version"] == 3
+
+
+@pytest.mark.parametrize("version", [2, 3])
+def test_a_manifest_never_makes_export_delete_or_replace_a_users_file(
+    run, exported, tmp_path, version
+):
+    # A folder that hands export a list of files (export.json copied beside a user's work, or
+    # written by a careless script) gets nothing of theirs deleted or replaced: only the paths
+    # an export writes and, from version 3, only the bytes its digests vouch for.
+    out = tmp_path / "hf"
+    shutil.copytree(exported, out)
+    (out / "important.txt").write_text("keep me")
+    (out / "notes").mkdir()
+    (out / "notes" / "a.md").write_text("mine")
+    manifest = _manifest(out)
+    manifest["files"] += ["important.txt", "notes/a.md"]
+    manifest.setdefault("sha256", {}).update(
+        {
+            "important.txt": hashlib.sha256(b"keep me").hexdigest(),  # a matching digest too
+            "notes/a.md": hashlib.sha256(b"mine").hexdigest(),
+        }
+    )
+    if version == 2:
+        manifest.pop("sha256")
+    manifest["version"] = version
+    (out / "export.json").write_text(json.dumps(manifest))
+    hf_write.write_export(_as_pretrained(run), str(out))
+    assert (out / "important.txt").read_text() == "keep me"
+    assert (out / "notes" / "a.md").read_text() == "mine"
+    # An export's own path whose file was changed since it wrote it: refused, nothing changed.
+    (out / "discriminator" / "config.json").write_text('{"edited": "by hand"}')
+    before = _snapshot(tmp_path)
+    with pytest.raises(pretrained.PretrainedError, match=r"config.json is there but is not the"):
+        hf_write.write_export(_as_pretrained(run), str(out))
+    assert _snapshot(tmp_path) == before
 
 
 def _in_the_way(out):
@@ -410,9 +452,11 @@ def test_an_interrupted_export_is_recognised_and_finished(run, exported, tmp_pat
     out = tmp_path / "hf"
     shutil.copytree(exported, out)
     (out / "important.txt").write_text("keep me")
-    (out / "discriminator" / "stale.txt").write_text("old")  # listed: the previous export's
+    stale = out / "discriminator" / "vocab.txt"  # listed: the previous export's
+    stale.write_text("old")
     manifest = _manifest(out)
-    manifest["files"].append("discriminator/stale.txt")
+    manifest["files"].append("discriminator/vocab.txt")
+    manifest["sha256"]["discriminator/vocab.txt"] = hashlib.sha256(b"old").hexdigest()
     (out / "export.json").write_text(json.dumps(manifest))
     replace, calls = os.replace, []
 
@@ -432,12 +476,12 @@ def test_an_interrupted_export_is_recognised_and_finished(run, exported, tmp_pat
     # Half replaced: no export.json, but the hidden list of both exports' files.
     assert not (out / "export.json").exists()
     assert (out / ".export.json.partial").exists()
-    assert "discriminator/stale.txt" in hf_write.check_out(str(out))
+    assert "discriminator/vocab.txt" in hf_write.check_out(str(out))
     # A crash while writing also leaves the hidden working folder; the next export removes it.
     (out / ".electra_jax-export-crashed").mkdir()
     hf_write.write_export(_as_pretrained(run), str(out))
     assert sorted(os.listdir(out)) == ["discriminator", "export.json", "generator", "important.txt"]
-    assert not (out / "discriminator" / "stale.txt").exists()
+    assert not stale.exists()
     assert (out / "important.txt").read_text() == "keep me"
     assert pretrained.load_pretrained(str(out)).spec == run["spec"]
 

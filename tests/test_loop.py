@@ -323,25 +323,32 @@ def test_resume_checks_settings_and_shapes_and_records_allowed_changes(shared_da
         loop.train(other, str(workdir))
     assert (workdir / "config.json").read_text() == stored
 
-    # Without config.json, another model is found in the checkpoint's shapes: one error,
+    # Without config.json, the run is not resumed with the command line's settings unless
+    # that is allowed; allowed, another model is found in the checkpoint's shapes: one error,
     # nothing moved aside (the data loss: both checkpoints renamed .corrupt).
     os.remove(workdir / "config.json")
+    with pytest.raises(loop.validate.ConfigError, match="config.json is missing"):
+        loop.train(cfg, str(workdir), stop_after=4)
     deeper = config_with(shared_data)
     deeper.model.num_layers = 3
     with pytest.raises(loop.validate.ConfigError) as e:
-        loop.train(deeper, str(workdir))
+        loop.train(deeper, str(workdir), allow_changes=("config.json",))
     assert "holds another state than this config describes, in the model" in str(e.value)
     assert "nothing was moved aside" in str(e.value)
     assert sorted(os.listdir(workdir / "checkpoints")) == ["3"]
 
-    # The right model resumes and writes config.json back; then the allowed change is recorded.
-    loop.train(cfg, str(workdir), stop_after=4)
+    # The right model, allowed, resumes and writes config.json back (and says so in
+    # config_changes.jsonl); then the allowed change is recorded.
+    loop.train(cfg, str(workdir), stop_after=4, allow_changes=("config.json",))
     assert (workdir / "config.json").read_text() == stored
     loop.train(other, str(workdir), stop_after=5, allow_changes=("train.learning_rate",))
     assert json.loads((workdir / "config.json").read_text())["train"]["learning_rate"] == 5e-4
     text = (workdir / "config_changes.jsonl").read_text()
     rows = [json.loads(line) for line in text.splitlines()]
-    assert rows == [{"changes": {"train.learning_rate": {"from": 1e-3, "to": 5e-4}}, "step": 4}]
+    assert rows == [
+        {"changes": {}, "config.json": "missing, written again", "step": 3},
+        {"changes": {"train.learning_rate": {"from": 1e-3, "to": 5e-4}}, "step": 4},
+    ]
     steps = [r["step"] for r in metrics.read_rows(str(workdir / "metrics.jsonl"))]
     assert steps == [1, 2, 3, 4, 5]
 

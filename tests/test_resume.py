@@ -2,6 +2,7 @@
 
 import json
 import os
+import pathlib
 
 import pytest
 
@@ -173,9 +174,12 @@ def test_an_unreadable_config_or_only_damaged_checkpoints_are_refused(tmp_path):
     (tmp_path / "w" / "config.json").write_text("[1, 2]")
     with pytest.raises(ConfigError, match="is not the config of an electra_jax run"):
         resume.plan(micro_config(), path)
-    # A missing config.json: the checkpoints' shapes are checked at the restore instead.
+    # A missing config.json: refused, never resumed with the command line's settings unsaid;
+    # allowed, the checkpoints' shapes are checked at the restore instead.
     os.remove(tmp_path / "w" / "config.json")
-    run = resume.plan(micro_config(), path)
+    with pytest.raises(ConfigError, match=r"config.json is missing, .*--allow_change=config.json"):
+        resume.plan(micro_config(), path)
+    run = resume.plan(micro_config(), path, ("config.json",))
     run.release()
     assert run.changes == {}
 
@@ -202,3 +206,141 @@ def test_init_from_is_loaded_for_a_new_run_only(shared_data, tmp_path):
     cfg.data.tokenizer = shared_data[0]
     with pytest.raises(ConfigError, match="brings its own tokenizer; leave data.tokenizer empty"):
         resume.plan(cfg, str(tmp_path / "d"))
+
+
+CORPUS_CONFIG = """import sys
+
+sys.path.insert(0, {root!r})
+from tests.micro import micro_config  # noqa: E402
+
+
+def get_config():
+    config = micro_config()
+    config.data.source = {source!r}
+    config.data.tokenizer, config.data.cache_dir = {tokenizer!r}, {cache!r}
+    config.data.heldout_examples = 0  # a small corpus
+    return config
+"""
+
+
+def _corpus_file(path, seed):
+    import random
+
+    rng = random.Random(seed)
+    words = ["the", "river", "house", "tree", "city", "king", "ship", "road", "garden"]
+    lines = [" ".join(rng.choice(words) for _ in range(10)) + "." for _ in range(300)]
+    path.write_text("\n".join(lines) + "\n")
+
+
+@pytest.fixture
+def text_run(shared_data, tmp_path):
+    """(config file, workdir): a micro run on a text: folder of two files, stopped at step 3."""
+    import runpy
+
+    from tests.conftest import ROOT
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(2):
+        _corpus_file(corpus / f"part{i}.txt", i)
+    config_file = tmp_path / "text.py"
+    source = f"text:{corpus}/*.txt"
+    tokenizer, _ = shared_data
+    config_file.write_text(
+        CORPUS_CONFIG.format(
+            root=str(ROOT), source=source, tokenizer=tokenizer, cache=str(tmp_path / "cache")
+        )
+    )
+    run = tmp_path / "w"
+    loop.train(runpy.run_path(str(config_file))["get_config"](), str(run), stop_after=3)
+    return config_file, run
+
+
+def _get(config_file):
+    import runpy
+
+    return runpy.run_path(str(config_file))["get_config"]()
+
+
+def test_a_resume_refuses_a_corpus_changed_under_the_same_source(text_run):
+    config_file, run = text_run
+    record = json.loads((run / resume.DATA_RECORD).read_text())
+    assert [os.path.basename(p) for p, _ in record["files"]] == ["part0.txt", "part1.txt"]
+    corpus = os.path.dirname(record["files"][0][0])
+    _corpus_file(tmp := pathlib.Path(corpus) / "part2.txt", 2)
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != ".lock"}
+    with pytest.raises(ConfigError) as e:
+        loop.train(_get(config_file), str(run))
+    message = str(e.value)
+    assert "the corpus under data.source 'text:" in message and "files added: part2.txt" in message
+    assert "--allow_change=data.source" in message and "\n" not in message
+    after = {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != ".lock"}
+    assert after == before  # nothing prepared, nothing written
+    # A file edited in place (another size) and one removed are named too.
+    tmp.unlink()
+    _corpus_file(pathlib.Path(corpus) / "part1.txt", 7)
+    os.truncate(os.path.join(corpus, "part1.txt"), 100)
+    with pytest.raises(ConfigError, match=r"resized: part1.txt"):
+        loop.train(_get(config_file), str(run))
+    os.remove(os.path.join(corpus, "part1.txt"))
+    with pytest.raises(ConfigError, match=r"removed: part1.txt"):
+        loop.train(_get(config_file), str(run))
+
+    # Allowed, the run goes on with the corpus as it is and says so in config_changes.jsonl.
+    loop.train(_get(config_file), str(run), stop_after=4, allow_changes=("data.source",))
+    rows = [json.loads(x) for x in (run / "config_changes.jsonl").read_text().splitlines()]
+    assert rows[-1]["step"] == 3 and "source_fingerprint" in rows[-1]["data"]
+    record = json.loads((run / resume.DATA_RECORD).read_text())
+    assert [os.path.basename(p) for p, _ in record["files"]] == ["part0.txt"]
+    loop.train(_get(config_file), str(run), stop_after=5)  # the new record stands
+
+
+def test_a_run_started_before_the_data_record_resumes_as_it_did(text_run):
+    config_file, run = text_run
+    os.remove(run / resume.DATA_RECORD)
+    corpus = os.path.dirname(str(_get(config_file).data.source).removeprefix("text:"))
+    _corpus_file(pathlib.Path(corpus) / "part2.txt", 2)
+    loop.train(_get(config_file), str(run), stop_after=4)  # no record: no new refusal
+    record = json.loads((run / resume.DATA_RECORD).read_text())
+    assert len(record["files"]) == 3  # from now on the corpus is checked
+
+
+def _train_cli(config_file, run, *flags):
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT, subprocess_env
+
+    return subprocess.run(
+        [sys.executable, "-m", "electra_jax.train", f"--config={config_file}", f"--workdir={run}"]
+        + list(flags),
+        cwd=ROOT,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def _one_error_line(out) -> str:
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    errors = [ln for ln in lines if ln.startswith("error: ")]
+    assert len(errors) == 1, out.stderr[-3000:]
+    return errors[0]
+
+
+def test_the_command_line_refuses_a_changed_corpus_or_a_lost_config_in_one_line(text_run):
+    config_file, run = text_run
+    corpus = os.path.dirname(str(_get(config_file).data.source).removeprefix("text:"))
+    _corpus_file(pathlib.Path(corpus) / "added.txt", 3)
+    line = _one_error_line(_train_cli(config_file, run))
+    assert "files added: added.txt" in line and "--allow_change=data.source" in line
+    os.remove(os.path.join(corpus, "added.txt"))
+    stored = (run / "config.json").read_bytes()
+    os.remove(run / "config.json")
+    line = _one_error_line(_train_cli(config_file, run))
+    assert "config.json is missing" in line and "--allow_change=config.json" in line
+    assert not (run / "config.json").exists()
+    assert sorted(os.listdir(run / "checkpoints")) == ["3"]
+    (run / "config.json").write_bytes(stored)

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -9,9 +10,11 @@ import time
 
 import pytest
 
-from electra_jax import workdir
+from electra_jax import paths, workdir
 from electra_jax.validate import ConfigError
 from tests.conftest import ROOT, subprocess_env
+
+_FINETUNING = {"task": "SST-2", "model": {}, "learning_rate": 0, "batch_size": 32, "seq_length": 8}
 
 
 def test_a_new_folder_gets_the_marker_and_the_lock(tmp_path):
@@ -78,9 +81,40 @@ def _damaged_marker_only(path):
     (path / "notes.txt").write_text("mine")
 
 
+def _foreign_config_beside(entry):
+    """Another program's config.json beside a folder named as ours (checkpoints/, tokenizer/)."""
+
+    def make(path):
+        (path / entry).mkdir(parents=True)
+        (path / "config.json").write_text(json.dumps({"lr": 0.1, "layers": 3, "model": {}}))
+
+    return make
+
+
+def _our_shaped_finetuning_config_with_other_files(path):
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps(_FINETUNING))
+    (path / "thesis.tex").write_text("mine")
+
+
+def _checkpoints_without_config_or_marker(path):
+    (path / "checkpoints" / "3").mkdir(parents=True)
+
+
+def _hidden_foreign_file(path):
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps(_FINETUNING))
+    (path / ".git").mkdir()
+
+
 @pytest.mark.parametrize(
     "make,expected",
     [
+        (_foreign_config_beside("checkpoints"), "its config.json is not a run's"),
+        (_foreign_config_beside("tokenizer"), "its config.json is not a run's"),
+        (_our_shaped_finetuning_config_with_other_files, r"no electra_jax command writes \(thesis"),
+        (_checkpoints_without_config_or_marker, "put its config.json back"),
+        (_hidden_foreign_file, "not an electra_jax workdir"),
         (_hf_folder, "is a Hugging Face model folder"),
         (_other_files, r"not an electra_jax workdir \(it holds important.txt, sub\)"),
         (_json_list_config, "not an electra_jax workdir"),
@@ -107,20 +141,63 @@ def test_a_workdir_of_the_other_kind_is_refused(tmp_path):
         workdir.claim(fine, workdir.PRETRAIN)
 
 
+def test_the_marker_makes_a_folder_ours_whatever_else_it_holds(tmp_path):
+    # Refused without the marker (another program's config.json beside checkpoints/), the same
+    # folder is a workdir once a run of ours has marked it: the marker, not the contents, decides.
+    path = tmp_path / "w"
+    _foreign_config_beside("checkpoints")(path)
+    assert workdir.kind_of(str(path)) is None
+    (path / workdir.MARKER).write_text(json.dumps({"kind": workdir.PRETRAIN, "format": 1}))
+    assert workdir.kind_of(str(path)) == workdir.PRETRAIN
+
+
+@pytest.mark.parametrize(
+    "name", [".lock", "config.json", "metrics.jsonl", "tokenizer", ".electra_jax", "eval.jsonl"]
+)
+def test_a_link_where_a_run_writes_is_refused_and_its_target_untouched(tmp_path, name):
+    path = tmp_path / "w"
+    workdir.claim(str(path), workdir.PRETRAIN).release()
+    outside = tmp_path / "outside"
+    outside.write_text("a user's file")
+    if (path / name).exists():
+        (path / name).unlink()
+    (path / name).symlink_to(outside)
+    # A marker that is a link to a user's file reads as a damaged marker: refused as not ours.
+    link = f"{re.escape(name)} is a symbolic link .*remove"
+    expected = "marker is damaged" if name == workdir.MARKER else link
+    with pytest.raises(ConfigError, match=expected):
+        workdir.claim(str(path), workdir.PRETRAIN)
+    assert outside.read_text() == "a user's file"
+
+
+def test_the_lock_is_never_opened_through_a_link(tmp_path):
+    # The folder holds only the link: no claim check sees a workdir, the open itself refuses.
+    path = tmp_path / "w"
+    path.mkdir()
+    outside = tmp_path / "outside"
+    outside.write_text("a user's file")
+    (path / ".lock").symlink_to(outside)
+    with pytest.raises(ConfigError, match=r"\.lock is a symbolic link"):
+        workdir.claim(str(path), workdir.PRETRAIN)
+    assert outside.read_text() == "a user's file"
+
+
 def test_workdirs_written_before_the_marker_are_recognised(tmp_path):
     pre = tmp_path / "pre"
     (pre / "checkpoints" / "3").mkdir(parents=True)
-    config = {"model": {}, "generator": {}, "train": {}, "data": {}}
+    config = {"model": {}, "generator": {}, "train": {"num_steps": 6}, "data": {"source": "x"}}
     (pre / "config.json").write_text(json.dumps(config))
     (pre / "my_notes.txt").write_text("a user's file beside a run")
+    (pre / ".DS_Store").write_bytes(b"")  # hidden ones too
     assert workdir.kind_of(str(pre)) == workdir.PRETRAIN
     prepared_only = tmp_path / "prepared"  # what `prepare` wrote before the first train
     (prepared_only / "tokenizer").mkdir(parents=True)
+    (prepared_only / "tokenizer" / "spm.model").write_bytes(b"x")
     (prepared_only / "data").mkdir()
     assert workdir.kind_of(str(prepared_only)) == workdir.PRETRAIN
     fine = tmp_path / "fine"
     fine.mkdir()
-    (fine / "config.json").write_text(json.dumps({"task": "SST-2", "model": {}}))
+    (fine / "config.json").write_text(json.dumps(_FINETUNING))
     (fine / "eval_results.json").write_text("{}")
     assert workdir.kind_of(str(fine)) == workdir.FINETUNE
     # Claiming one adds the marker and keeps everything else.
@@ -165,3 +242,62 @@ def test_the_markers_temporary_is_ours_while_another_process_looks(tmp_path):
     workdir.claim(str(path), workdir.PRETRAIN, lock=False)  # process 1's check passes
     (path / f"{workdir.MARKER}.tmpx").write_text("")  # not a temporary of ours
     assert workdir.kind_of(str(path)) is None
+
+
+def test_whole_file_writes_never_follow_a_link(tmp_path):
+    # paths.write_atomic's temporary file and paths.append_text's file: a link there (a
+    # careless script's, or one put after the claim) is refused, the file it points at kept.
+    outside = tmp_path / "outside"
+    outside.write_text("a user's file")
+    target = tmp_path / "metrics.jsonl"
+    tmp = tmp_path / f"metrics.jsonl.tmp{os.getpid()}"
+    tmp.symlink_to(outside)
+    with pytest.raises(paths.LinkRefused, match=r"metrics.jsonl.tmp\d+ is a symbolic link"):
+        paths.write_atomic(str(target), "row\n")
+    tmp.unlink()
+    target.symlink_to(outside)
+    for write in (paths.write_atomic, paths.append_text):
+        with pytest.raises(paths.LinkRefused, match=r"metrics.jsonl is a symbolic link"):
+            write(str(target), "row\n")
+    with pytest.raises(paths.LinkRefused), paths.open_file(str(target), "w") as f:
+        f.write("row\n")
+    assert outside.read_text() == "a user's file"
+    assert not target.exists() or target.is_symlink()
+
+
+def test_checkpoints_and_data_may_live_elsewhere_through_a_link(tmp_path):
+    # A folder for the run's bulk on another disk is the user's choice of storage, not a file
+    # of theirs: a link to a folder there is followed; a link to a file at that name is not.
+    path = tmp_path / "w"
+    workdir.claim(str(path), workdir.PRETRAIN).release()
+    scratch = tmp_path / "scratch"
+    for name in ("checkpoints", "data", "tensorboard"):
+        (scratch / name).mkdir(parents=True)
+        (path / name).symlink_to(scratch / name)
+    workdir.claim(str(path), workdir.PRETRAIN).release()
+    (path / "data").unlink()
+    (tmp_path / "a_file").write_text("mine")
+    (path / "data").symlink_to(tmp_path / "a_file")
+    with pytest.raises(ConfigError, match="data is a symbolic link"):
+        workdir.claim(str(path), workdir.PRETRAIN)
+
+
+def test_a_hard_link_is_never_truncated_or_appended_to(tmp_path):
+    # A hard link is the same file elsewhere: appending to it, or truncating it as a temporary,
+    # would change the user's file as surely as writing through a symbolic link.
+    outside = tmp_path / "outside"
+    outside.write_text("a user's file")
+    path = tmp_path / "w"
+    path.mkdir()
+    os.link(outside, path / "config_changes.jsonl")
+    with pytest.raises(paths.LinkRefused, match="has 2 hard links"):
+        paths.append_text(str(path / "config_changes.jsonl"), "row\n")
+    os.link(outside, path / f"config.json.tmp{os.getpid()}")
+    with pytest.raises(paths.LinkRefused, match="has 3 hard links"):
+        paths.write_atomic(str(path / "config.json"), "{}\n")
+    fresh = tmp_path / "fresh"  # holds only the lock: nothing before the open refuses it
+    fresh.mkdir()
+    os.link(outside, fresh / ".lock")
+    with pytest.raises(ConfigError, match=r"\.lock has 4 hard links"):
+        workdir.claim(str(fresh), workdir.PRETRAIN)
+    assert outside.read_text() == "a user's file"

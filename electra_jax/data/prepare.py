@@ -207,10 +207,17 @@ def _hash(fields: dict) -> str:
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode("utf-8")).hexdigest()
 
 
+def key_fields(data_cfg, tokenizer: tokenizer_lib.Tokenizer, seed: int) -> dict:
+    """Everything the prepared rows depend on (source content key, tokenizer, seq_length, seed,
+    packing probabilities, row format), found without reading the corpus: what a resume
+    compares with the run's start (resume.py) before any data is prepared."""
+    return _key_fields(data_cfg, sources.from_config(data_cfg), tokenizer, seed)
+
+
 def content_key(data_cfg, tokenizer: tokenizer_lib.Tokenizer, seed: int) -> str:
     """Hex sha256 of everything the prepared rows depend on: source content, tokenizer,
     seq_length, seed and packing probabilities."""
-    return _hash(_key_fields(data_cfg, sources.from_config(data_cfg), tokenizer, seed))
+    return _hash(key_fields(data_cfg, tokenizer, seed))
 
 
 def _document_chunks(docs: Iterable[list[str]]) -> Iterator[list[list[str]]]:

@@ -777,6 +777,18 @@ class Source:
             return None
         return sum(_local_size(p) or 0 for p in _text_files(self.arg))
 
+    def files(self) -> list[list] | None:
+        """[[absolute path, size], ...] of a ``text:`` source's local files, sorted; None for
+        other sources (builtin, TFDS, remote globs). What a resume names when the corpus under
+        the same data.source changed (resume.py).
+
+        Raises:
+          DataError: a glob that matches no file.
+        """
+        if self.kind != "text" or uri_scheme(self.arg):
+            return None
+        return [[os.path.abspath(p), _local_size(p) or 0] for p in _text_files(self.arg)]
+
     def fingerprint(self) -> str:
         """A content key of the corpus: equal keys mean the same documents (hex sha256).
 

@@ -418,6 +418,46 @@ def _differences(saved_config: dict, config: dict, prefix: str = "") -> list[str
     return out
 
 
+# What a run writes once it is under way (after config.json): a workdir holding one of these
+# holds a run, whatever else is missing.
+_RUN_OUTPUTS = (
+    saved.RESULTS_FILE,
+    saved.WEIGHTS_FILE,
+    GLUE.predictions_file,
+    SQUAD.predictions_file,
+    "dev_null_odds.json",
+)
+
+
+def _check_started_run(workdir: str, family: Family, task) -> None:
+    """ConfigError when WORKDIR, without its config.json, still holds a run: model.json of
+    another task, or what a run writes once under way (results, weights, checkpoints). A start
+    cut short (model.json of this task and the tokenizer only) is started over."""
+    model_path = paths.join(workdir, saved.MODEL_FILE)
+    now = family.describe(task)["task"]
+    if paths.exists(model_path):
+        try:
+            record = saved.read_model(workdir)
+        except PretrainedError as e:
+            raise ConfigError(str(e)) from None
+        there = record.get("task")
+        if there != now or record.get("family", family.name) != family.name:
+            raise ConfigError(
+                f"--workdir {workdir} holds a {record.get('family', '?')} fine-tuning of {there} "
+                f"({model_path}), not of {now}; a workdir holds one task and one run: choose a "
+                "new --workdir"
+            )
+    found = [n for n in _RUN_OUTPUTS if paths.exists(paths.join(workdir, n))]
+    if checkpointing.has_checkpoints(workdir):
+        found.append("checkpoints/")
+    if found:
+        raise ConfigError(
+            f"--workdir {workdir} holds a fine-tuning run ({', '.join(found)}) whose "
+            f"{saved.CONFIG_FILE} is missing, so what it ran is unknown and it is not replaced: "
+            f"put {saved.CONFIG_FILE} back (from a copy), or choose a new --workdir"
+        )
+
+
 def previous_run(config, workdir: str, family: Family, task) -> tuple[dict | None, dict | None]:
     """(model.json, eval_results.json) of the run WORKDIR holds, (None, None) when it holds none.
 
@@ -427,6 +467,7 @@ def previous_run(config, workdir: str, family: Family, task) -> tuple[dict | Non
     config_path = paths.join(workdir, saved.CONFIG_FILE)
     model_path = paths.join(workdir, saved.MODEL_FILE)
     if not paths.exists(config_path):
+        _check_started_run(workdir, family, task)
         return None, None
     try:
         there = saved.read_json(config_path, "restore it or use a new --workdir")

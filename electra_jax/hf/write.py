@@ -3,15 +3,22 @@
 An export D holds:
   D/discriminator/   ElectraForPreTraining: config.json, model.safetensors, tokenizer files
   D/generator/       ElectraForMaskedLM: the same files
-  D/export.json      what was exported (source, step, tokenizer fingerprint) and "files", the
-                     relative path of every other file the export wrote; marks D as an export
-An export into an existing D writes its own files and deletes those of the previous export (its
-manifest lists them) that it no longer writes: anything else a user keeps in D stays untouched.
+  D/export.json      what was exported (source, step, tokenizer fingerprint), "files", the
+                     relative path of every other file the export wrote, and "sha256", each
+                     one's digest as written; marks D as an export
+An export into an existing D writes its own files and deletes those of the previous export that
+it no longer writes: anything else a user keeps in D stays untouched. What it replaces or
+deletes is decided by what an export writes and can check, not by the list D hands it: a file
+is the previous export's only when its path is one an export writes (LAYOUT) and its bytes are
+those export.json's digest records. A file in the way that is not (a user's file, one edited
+since) is refused with one line, nothing changed. Exports of versions 1 and 2 recorded no
+digests: their files at LAYOUT's paths are taken as theirs.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -28,27 +35,37 @@ from electra_jax.jsonio import json_kind, one_line, write_json
 from electra_jax.weights import Pretrained, PretrainedError
 
 MANIFEST = "export.json"
-FORMAT, VERSION = "electra_jax.export", 2
+# Version 3: export.json records each file's sha256.
+FORMAT, VERSION = "electra_jax.export", 3
 # While one export replaces another, the union of both file lists waits here (hidden) in place of
 # export.json, so that a folder a crash leaves half replaced is still recognised as ours, with
 # every file either export wrote, and the next export finishes the job.
 PARTIAL_MANIFEST = ".export.json.partial"
 # Hidden folders in OUT where an export is written before each file is renamed into place.
 TMP_PREFIX = ".electra_jax-export-"
-# The files exports of version 1 wrote (their export.json lists none): only these are replaced.
-V1_FILES = tuple(
-    f"{network}/{name}"
-    for network in NETWORKS
-    for name in (
-        "config.json",
-        WEIGHTS,
-        "tokenizer.json",
-        "tokenizer_config.json",
-        "special_tokens_map.json",
-        MODEL_FILENAME,
-        VOCAB_FILENAME,
-    )
+_FILE_NAMES = (
+    "config.json",
+    WEIGHTS,
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    MODEL_FILENAME,
+    VOCAB_FILENAME,
 )
+# The files exports of version 1 wrote (their export.json lists none): only these are replaced.
+V1_FILES = tuple(f"{network}/{name}" for network in NETWORKS for name in _FILE_NAMES)
+# Every path an export of any version writes: a pre-training's per network, a fine-tuning's at
+# the top with its README.md. Nothing else in OUT is replaced or deleted, whatever a manifest
+# lists.
+LAYOUT = frozenset({*V1_FILES, *_FILE_NAMES, "README.md"})
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _relative_file(rel: Any) -> bool:
@@ -75,8 +92,10 @@ def _no_link_on_the_way(out: str, rel: str) -> bool:
     return True
 
 
-def _manifest_files(out: str, name: str) -> set[str]:
-    """The files the manifest OUT/name says an export wrote; PretrainedError unless it is ours."""
+def _manifest_files(out: str, name: str) -> dict[str, set[str] | None]:
+    """The files the manifest OUT/name says an export wrote, at LAYOUT's paths, each with the
+    digests it may have (None: an export of version 1 or 2, which recorded none);
+    PretrainedError unless the manifest is ours."""
     path = os.path.join(out, name)
     try:
         with open(path, encoding="utf-8") as f:
@@ -93,7 +112,7 @@ def _manifest_files(out: str, name: str) -> set[str]:
             f"{one_line(what, 60)}); choose another --out (nothing was changed)"
         )
     if "files" not in data:  # version 1: the layout it wrote, as far as it is there
-        return {rel for rel in V1_FILES if os.path.lexists(os.path.join(out, rel))}
+        return {rel: None for rel in V1_FILES if os.path.lexists(os.path.join(out, rel))}
     files = data["files"]
     if not isinstance(files, list):
         raise PretrainedError(
@@ -106,18 +125,32 @@ def _manifest_files(out: str, name: str) -> set[str]:
                 f"{path}: files lists {one_line(repr(rel), 80)}, which is not a path inside the "
                 "export; choose another --out (nothing was changed)"
             )
-    return set(files)
+    digests = data.get("sha256")
+    if digests is None and data.get("version", 1) < 3:
+        return {rel: None for rel in files if rel in LAYOUT}
+    out_files: dict[str, set[str] | None] = {}
+    for rel in files:
+        found = digests.get(rel) if isinstance(digests, dict) else None
+        found = [found] if isinstance(found, str) else found
+        if not (isinstance(found, list) and found and all(isinstance(d, str) for d in found)):
+            raise PretrainedError(
+                f"{path}: its sha256 gives no digest for {one_line(repr(rel), 80)}, so the file "
+                "cannot be checked as the export's; choose another --out (nothing was changed)"
+            )
+        if rel in LAYOUT:
+            out_files[rel] = set(found)
+    return out_files
 
 
-def check_out(out: str) -> list[str]:
-    """The files of the previous export at OUT that a new export replaces or deletes ([] when
-    OUT is missing or empty): an export replaces only what an export wrote.
+def _previous(out: str) -> dict[str, set[str] | None]:
+    """The previous export's files at OUT ({} when OUT is missing or empty), as _manifest_files
+    gives them.
 
     Raises:
       PretrainedError: OUT is a file, or a folder that holds anything but no export.json of ours.
     """
     if not os.path.lexists(out):
-        return []
+        return {}
     if not os.path.isdir(out):
         raise PretrainedError(f"--out {out} is a file; choose a directory path")
     names = [n for n in os.listdir(out) if not _is_tmp(out, n)]
@@ -127,10 +160,39 @@ def check_out(out: str) -> list[str]:
             f"--out {out} exists and is not an electra_jax export (no {MANIFEST}); choose "
             "another --out or empty it"
         )
-    files: set[str] = set()
+    files: dict[str, set[str] | None] = {}
     for name in manifests:
-        files |= _manifest_files(out, name)
-    return sorted(files)
+        for rel, digests in _manifest_files(out, name).items():
+            if digests is None or files.get(rel, set()) is None:
+                files[rel] = None
+            else:
+                files[rel] = files.get(rel, set()) | digests
+    return files
+
+
+def check_out(out: str) -> list[str]:
+    """The files of the previous export at OUT that a new export may replace or delete ([] when
+    OUT is missing or empty): an export replaces only what an export wrote.
+
+    Raises:
+      PretrainedError: OUT is a file, or a folder that holds anything but no export.json of ours.
+    """
+    return sorted(_previous(out))
+
+
+def _verified(out: str, previous: dict[str, set[str] | None]) -> dict[str, str]:
+    """{path: sha256} of the previous export's files that are there as it wrote them: a plain
+    file (no link on the way) whose digest is one its manifest records (any, for versions 1
+    and 2)."""
+    found = {}
+    for rel, digests in previous.items():
+        path = os.path.join(out, rel)
+        if not _no_link_on_the_way(out, rel) or os.path.islink(path) or not os.path.isfile(path):
+            continue
+        digest = _sha256(path)
+        if digests is None or digest in digests:
+            found[rel] = digest
+    return found
 
 
 def _files_below(folder: str) -> list[str]:
@@ -157,13 +219,17 @@ def _write_networks(pretrained: Pretrained, folder: str) -> None:
         write_tokenizer_files(tokenizer, sub, spec.max_position_embeddings)
 
 
-def _move_into_place(out: str, tmp: str, previous: list[str], files: list[str]) -> None:
-    """Renames each file of TMP (a new export, its manifest included) into OUT, deletes the
-    files of the previous export that the new one does not write, and leaves all else alone.
+def _move_into_place(out: str, tmp: str, previous: dict[str, set[str] | None], files: dict):
+    """Renames each file of TMP (a new export, its manifest included; `files`: {path: sha256})
+    into OUT, deletes the files of the previous export that the new one does not write, and
+    leaves all else alone.
 
     Every file is replaced by one os.replace, so each is whole, old or new; export.json, written
-    last, says the export is complete. Until then PARTIAL_MANIFEST lists both exports' files.
+    last, says the export is complete. Until then PARTIAL_MANIFEST lists both exports' files
+    with the digests each may have. A file in the way that is not the previous export's as it
+    wrote it (see `_verified`) is refused before anything is changed.
     """
+    ours = _verified(out, previous)
     for rel in files:
         target = os.path.join(out, rel)
         if not _no_link_on_the_way(out, rel) or (
@@ -173,7 +239,15 @@ def _move_into_place(out: str, tmp: str, previous: list[str], files: list[str]) 
                 f"--out {out}: {rel} cannot be written (a folder, a file or a link stands in its "
                 "way); move that away or choose another --out (nothing was changed)"
             )
-    partial = {"format": FORMAT, "version": VERSION, "files": sorted({*previous, *files})}
+        if os.path.lexists(target) and rel not in ours:
+            raise PretrainedError(
+                f"--out {out}: {rel} is there but is not the file the previous export wrote "
+                f"(changed since, a link, or never written by an export: its {MANIFEST} cannot "
+                "vouch for it); move it away or choose another --out (nothing was changed)"
+            )
+    digests = {rel: sorted({d for d in (ours.get(rel), files.get(rel)) if d}) for rel in ours}
+    digests.update({rel: sorted({d, *digests.get(rel, [])}) for rel, d in files.items()})
+    partial = {"format": FORMAT, "version": VERSION, "files": sorted(digests), "sha256": digests}
     write_json(os.path.join(tmp, PARTIAL_MANIFEST), partial)
     os.replace(os.path.join(tmp, PARTIAL_MANIFEST), os.path.join(out, PARTIAL_MANIFEST))
     with contextlib.suppress(FileNotFoundError):
@@ -182,14 +256,13 @@ def _move_into_place(out: str, tmp: str, previous: list[str], files: list[str]) 
         target = os.path.join(out, rel)
         os.makedirs(os.path.dirname(target), exist_ok=True)
         os.replace(os.path.join(tmp, rel), target)
-    for rel in sorted(set(previous) - set(files)):
+    for rel in sorted(set(ours) - set(files)):
         target = os.path.join(out, rel)
-        if _no_link_on_the_way(out, rel) and (os.path.islink(target) or os.path.isfile(target)):
-            os.remove(target)
-            parent = os.path.dirname(target)
-            while parent != out and not os.listdir(parent):  # folders only it filled
-                os.rmdir(parent)
-                parent = os.path.dirname(parent)
+        os.remove(target)
+        parent = os.path.dirname(target)
+        while parent != out and not os.listdir(parent):  # folders only it filled
+            os.rmdir(parent)
+            parent = os.path.dirname(parent)
     os.replace(os.path.join(tmp, MANIFEST), os.path.join(out, MANIFEST))
     os.remove(os.path.join(out, PARTIAL_MANIFEST))
 
@@ -224,7 +297,7 @@ def write_folder(out: str, manifest: dict, write) -> dict:
     write are deleted, anything else in OUT stays.
     """
     out = os.path.abspath(out)
-    previous = check_out(out)
+    previous = _previous(out)
     manifest = {"format": FORMAT, "version": VERSION, **manifest}
     created = not os.path.isdir(out)
     try:
@@ -235,9 +308,10 @@ def write_folder(out: str, manifest: dict, write) -> dict:
         tmp = tempfile.mkdtemp(prefix=TMP_PREFIX, dir=out)
         try:
             write(tmp)
-            manifest["files"] = _files_below(tmp)
+            written = {rel: _sha256(os.path.join(tmp, rel)) for rel in _files_below(tmp)}
+            manifest["files"], manifest["sha256"] = sorted(written), written
             write_json(os.path.join(tmp, MANIFEST), manifest)
-            _move_into_place(out, tmp, previous, manifest["files"])
+            _move_into_place(out, tmp, previous, written)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
             if created and not os.listdir(out):

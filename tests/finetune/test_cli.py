@@ -88,3 +88,70 @@ def test_a_diverged_run_is_one_line_exit_1_and_writes_no_results(tmp_path):
     assert "fine-tuning diverged" in line and "lower config.learning_rate" in line, line
     assert not (workdir / "eval_results.json").exists()
     assert not (workdir / "dev_predictions.jsonl").exists()
+
+
+def _run(workdir, config, *flags):
+    return subprocess.run(
+        [sys.executable, "-m", "electra_jax.finetune", f"--config={config}", *flags]
+        + [f"--workdir={workdir}"],
+        cwd=ROOT,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+
+
+def _files(workdir) -> dict:
+    """Every file's bytes but the lock's (each run that holds the workdir names itself there)."""
+    return {
+        p: p.read_bytes() for p in sorted(workdir.rglob("*")) if p.is_file() and p.name != ".lock"
+    }
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A finished SST-2 and a finished SQuAD 1.1 fine-tuning, and the flags of each."""
+    from tests.finetune.test_squad_data import write_squad
+    from tests.finetune.test_squad_loop import _flags
+
+    root = tmp_path_factory.mktemp("finished")
+    glue = ["configs/glue.py", f"--config.data_dir={_sst2(root / 'SST-2', 16, 8)}", *TINY]
+    glue.append("--config.num_epochs=1")
+    squad = [
+        "configs/squad.py",
+        *_flags(version="1.1", data_dir=write_squad(root / "q", "1.1", 12, 3)),
+    ]
+    runs = {}
+    for name, (config, *flags) in {"glue": glue, "squad": squad}.items():
+        out = _run(root / name, config, *flags)
+        assert out.returncode == 0, out.stderr[-3000:]
+        runs[name] = (root / name, [config, *flags])
+    return runs
+
+
+@pytest.mark.parametrize("without_config", [False, True], ids=["config.json", "no config.json"])
+@pytest.mark.parametrize(
+    "into,other",
+    [("glue", "squad"), ("squad", "glue"), ("glue", "glue:CoLA")],
+    ids=["squad into glue", "glue into squad", "CoLA into SST-2"],
+)
+def test_a_finished_fine_tuning_is_never_replaced_by_another_task(
+    finished, tmp_path, into, other, without_config
+):
+    # A fine-tuning workdir belongs to one task and one run: another family or task is refused
+    # before any work, also when the workdir's config.json is gone, and nothing there changes.
+    import shutil
+
+    workdir = tmp_path / "w"
+    shutil.copytree(finished[into][0], workdir)
+    if without_config:
+        (workdir / "config.json").unlink()
+    before = _files(workdir)
+    family, _, task = other.partition(":")
+    argv = finished[family][1] + ([f"--config.task={task}"] if task else [])
+    out = _run(workdir, *argv)
+    assert out.returncode == 2, out.stderr[-3000:]
+    line = _one_error_line(out)
+    assert ("holds" in line and "choose a new --workdir" in line) or "put config.json back" in line
+    assert _files(workdir) == before
