@@ -34,6 +34,44 @@ def json_kind(value: Any) -> str:
     return "null" if value is None else type(value).__name__
 
 
+# Deeper than any file the package reads (a SQuAD file nests 6 levels, a config 3), and far
+# below the depth where json's parser, or code that walks the value (ConfigDict, flatten), runs
+# out of Python's recursion limit.
+MAX_DEPTH = 100
+
+
+def _depth(value: Any) -> int:
+    """How many lists and objects deep `value` nests (0 for a number), counted without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        node, level = stack.pop()
+        if isinstance(node, dict):
+            node = node.values()
+        elif not isinstance(node, list):
+            continue
+        deepest = max(deepest, level)
+        stack.extend((child, level + 1) for child in node if isinstance(child, dict | list))
+    return deepest
+
+
+def loads(text: str | bytes) -> Any:
+    """json.loads for the package's readers: JSON nested deeper than MAX_DEPTH is a ValueError,
+    as malformed JSON is (callers name the file), never a RecursionError from the parser or from
+    code that walks the value later.
+
+    Raises:
+      ValueError: not JSON (json.JSONDecodeError), not UTF-8, or nested too deep.
+    """
+    too_deep = ValueError(f"JSON nested more than {MAX_DEPTH} lists or objects deep")
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise too_deep from None
+    if _depth(value) > MAX_DEPTH:
+        raise too_deep
+    return value
+
+
 def read_json(path: str, error: type[Exception], default: Any = None) -> Any:
     """The parsed file; `default` when it is given and the file is absent.
 
@@ -44,7 +82,7 @@ def read_json(path: str, error: type[Exception], default: Any = None) -> Any:
     if default is not None and not paths.exists(path):
         return default
     try:
-        return json.loads(paths.read_text(path))
+        return loads(paths.read_text(path))
     except FileNotFoundError:
         raise error(f"{path} is missing") from None
     except (OSError, ValueError) as e:

@@ -50,3 +50,19 @@ def subprocess_env(devices: int | None = None) -> dict:
     if devices:
         env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
     return env
+
+
+def run_command(module: str, *args: str, timeout: float = 180):
+    """`python -m module args...` as a user runs it, from the repository root: the finished
+    process (returncode, stdout, stderr as text)."""
+    import subprocess
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

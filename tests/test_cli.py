@@ -7,7 +7,7 @@ import textwrap
 import pytest
 
 from electra_jax import cli
-from tests.conftest import ROOT, subprocess_env
+from tests.conftest import ROOT, run_command, subprocess_env
 
 # A command as the package's are written: a config flag, parse_flags as absl's parser.
 APP = textwrap.dedent(
@@ -49,7 +49,7 @@ def get_config():
 """
 
 
-def test_a_good_config_and_its_overrides_reach_the_command(tmp_path):
+def test_a_good_config_and_its_overrides_reach_therun_command(tmp_path):
     out = _run(tmp_path, GOOD, "--config.model.hidden_size=128")
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == '{"model": {"hidden_size": 128}}'
@@ -58,7 +58,11 @@ def test_a_good_config_and_its_overrides_reach_the_command(tmp_path):
 @pytest.mark.parametrize(
     "config_text,args,expected",
     [
-        (GOOD, ["--config.model.hiden_size=3"], "error: unknown config key --config.model.hiden"),
+        (
+            GOOD,
+            ["--config.model.hiden_size=3"],
+            "error: unknown config key model.hiden_size (did you mean model.hidden_size?)",
+        ),
         (GOOD, ["--config.model.hidden_size=wide"], "error: "),
         ("def get_config(:\n", [], "is not valid Python"),
         ("x = 1\n", [], "has no get_config() function"),
@@ -85,3 +89,89 @@ def test_fail_and_cannot_write_say_one_line(capsys):
     assert cli._flag_value(["p", "--config", "c.py"], "--config") == "c.py"
     assert cli._flag_value(["p", "--config=c.py:arg"], "--config") == "c.py:arg"
     assert cli._flag_value(["p"], "--config") is None
+
+
+def _one_error_line(out) -> str:
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    assert "Traceback" not in out.stderr, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    return lines[0]
+
+
+def test_only_the_unknown_key_beside_valid_ones_is_named(tmp_path):
+    line = _one_error_line(
+        _run(
+            tmp_path,
+            GOOD,
+            "--config.model.hidden_size=9",
+            "--config.model.hidden_siz=9",
+            "--config.modle.hidden_size=9",
+            "--config.model.zzz=1",
+        )
+    )
+    named = line.split("unknown config keys ", 1)[1]
+    assert named.startswith(
+        "model.hidden_siz (did you mean model.hidden_size?), modle.hidden_size (did you mean "
+        "model.hidden_size?), model.zzz in "
+    ), line
+    assert "--config.model.hidden_size" not in line
+
+
+BOOM = """
+import ml_collections
+
+def get_config():
+    config = ml_collections.ConfigDict({"model": {"hidden_size": 64}})
+    raise ValueError("boom")
+"""
+
+
+@pytest.mark.parametrize(
+    "config_text,where",
+    [
+        (BOOM, "raised ValueError: boom (line 6, in get_config())"),
+        (
+            "import json\nraise RuntimeError('at import')\n",
+            "RuntimeError: at import (line 2, at its top level)",
+        ),
+        (
+            "import no_such_module_here\n",
+            "ModuleNotFoundError: No module named 'no_such_module_here' (line 1",
+        ),
+    ],
+)
+def test_a_config_file_that_raises_is_named_with_its_error_and_line(tmp_path, config_text, where):
+    line = _one_error_line(_run(tmp_path, config_text, "--config.model.hidden_size=9"))
+    assert line.startswith(f"error: config file {tmp_path / 'config.py'} "), line
+    assert where in line, line
+    verbose = _run(tmp_path, config_text, "--verbose")
+    assert verbose.returncode != 0 and "Traceback" in verbose.stderr
+
+
+@pytest.mark.parametrize(
+    "module,config,args,expected",
+    [
+        ("electra_jax.train", "configs/glue.py", ["--dry_run"], "is a fine-tuning config"),
+        ("electra_jax.train", "configs/squad.py", ["--workdir=W"], "is a fine-tuning config"),
+        ("electra_jax.prepare", "configs/squad.py", ["--workdir=W"], "is a fine-tuning config"),
+        ("electra_jax.finetune", "configs/tiny.py", ["--workdir=W"], "is a pre-training config"),
+    ],
+)
+def test_a_config_of_the_other_family_names_which_command_takes_which(
+    tmp_path, module, config, args, expected
+):
+    args = [a.replace("W", str(tmp_path / "w")) for a in args]
+    line = _one_error_line(run_command(module, f"--config={config}", *args))
+    assert f"config file {config} {expected}" in line, line
+    assert "electra_jax.finetune takes fine-tuning configs (configs/glue.py" in line, line
+    assert "electra_jax.train and electra_jax.prepare take pre-training configs" in line, line
+    assert not (tmp_path / "w").exists()  # refused before anything was created
+
+
+def test_a_config_without_the_pretraining_sections_is_named(tmp_path):
+    (tmp_path / "config.py").write_text(GOOD)
+    line = _one_error_line(
+        run_command("electra_jax.train", f"--config={tmp_path / 'config.py'}", "--dry_run")
+    )
+    assert "has no generator, data, train, objective, checkpoint, log sections" in line, line

@@ -23,13 +23,13 @@ tokens came from, whatever the tokenizer normalised (lower case, accents, NFKC).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from electra_jax import jsonio
 from electra_jax.data import DataError
 from electra_jax.jsonio import json_kind, one_line
 
@@ -92,7 +92,7 @@ def read_squad(path: str, version: str) -> list[Example]:
     name = os.path.basename(path)
     try:
         with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+            data = jsonio.loads(f.read())
     except FileNotFoundError:
         raise DataError(
             f"{path} is missing; download it from {URL}{name} into config.data_dir"

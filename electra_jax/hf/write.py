@@ -12,13 +12,12 @@ manifest lists them) that it no longer writes: anything else a user keeps in D s
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import tempfile
 from typing import Any
 
-from electra_jax import model
+from electra_jax import jsonio, model
 from electra_jax.data.tokenizer import MODEL_FILENAME
 from electra_jax.data.wordpiece import VOCAB_FILENAME
 from electra_jax.hf.config import hf_config
@@ -80,7 +79,7 @@ def _manifest_files(out: str, name: str) -> set[str]:
     path = os.path.join(out, name)
     try:
         with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+            data = jsonio.loads(f.read())
     except (OSError, ValueError):
         raise PretrainedError(
             f"--out {out}: its {name} is not JSON, so the folder is not an electra_jax export; "
