@@ -86,8 +86,8 @@ def read_squad(path: str, version: str) -> list[Example]:
     Raises:
       DataError: the file is missing or not JSON; a field is absent or of the wrong type; an
         answer is not at its answer_start in the context; an answerable question has no answer;
-        a question id repeats; a 1.1 file has an unanswerable question. The message names the
-        file and the field and says what to do.
+        a question id repeats; a 1.1 file has an unanswerable question; it has no question at
+        all. The message names the file and the field and says what to do.
     """
     name = os.path.basename(path)
     try:
@@ -103,9 +103,13 @@ def read_squad(path: str, version: str) -> list[Example]:
             f"{URL}{name}"
         ) from None
     try:
-        return _examples(data, name, version)
+        examples = _examples(data, name, version)
     except DataError as e:
         raise DataError(f"{path}: {e}; correct the file or download it again") from None
+    if not examples:
+        # A dev set of none would be scored 0 and written as a result.
+        raise DataError(f"{path} has no questions; download it again from {URL}{name}")
+    return examples
 
 
 def _examples(data: Any, name: str, version: str) -> list[Example]:
