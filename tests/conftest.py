@@ -66,3 +66,14 @@ def run_command(module: str, *args: str, timeout: float = 180):
         text=True,
         timeout=timeout,
     )
+
+
+def error_line(out, only: bool = False) -> str:
+    """The `error:` line a refused command ends with (exit code 2, no traceback); with `only`,
+    checked to be all it printed on stderr."""
+    assert out.returncode == 2, (out.returncode, out.stderr[-3000:])
+    assert "Traceback" not in out.stderr, out.stderr[-3000:]
+    lines = out.stderr.strip().splitlines()
+    assert lines and lines[-1].startswith("error: "), lines
+    assert not only or len(lines) == 1, lines
+    return lines[-1]

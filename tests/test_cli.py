@@ -7,7 +7,7 @@ import textwrap
 import pytest
 
 from electra_jax import cli
-from tests.conftest import ROOT, run_command, subprocess_env
+from tests.conftest import ROOT, error_line, run_command, subprocess_env
 
 # A command as the package's are written: a config flag, parse_flags as absl's parser.
 APP = textwrap.dedent(
@@ -91,16 +91,8 @@ def test_fail_and_cannot_write_say_one_line(capsys):
     assert cli._flag_value(["p"], "--config") is None
 
 
-def _one_error_line(out) -> str:
-    assert out.returncode == 2, (out.stdout, out.stderr)
-    assert "Traceback" not in out.stderr, out.stderr
-    lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), lines
-    return lines[0]
-
-
 def test_only_the_unknown_key_beside_valid_ones_is_named(tmp_path):
-    line = _one_error_line(
+    line = error_line(
         _run(
             tmp_path,
             GOOD,
@@ -108,7 +100,8 @@ def test_only_the_unknown_key_beside_valid_ones_is_named(tmp_path):
             "--config.model.hidden_siz=9",
             "--config.modle.hidden_size=9",
             "--config.model.zzz=1",
-        )
+        ),
+        only=True,
     )
     named = line.split("unknown config keys ", 1)[1]
     assert named.startswith(
@@ -142,7 +135,7 @@ def get_config():
     ],
 )
 def test_a_config_file_that_raises_is_named_with_its_error_and_line(tmp_path, config_text, where):
-    line = _one_error_line(_run(tmp_path, config_text, "--config.model.hidden_size=9"))
+    line = error_line(_run(tmp_path, config_text, "--config.model.hidden_size=9"), only=True)
     assert line.startswith(f"error: config file {tmp_path / 'config.py'} "), line
     assert where in line, line
     verbose = _run(tmp_path, config_text, "--verbose")
@@ -162,7 +155,7 @@ def test_a_config_of_the_other_family_names_which_command_takes_which(
     tmp_path, module, config, args, expected
 ):
     args = [a.replace("W", str(tmp_path / "w")) for a in args]
-    line = _one_error_line(run_command(module, f"--config={config}", *args))
+    line = error_line(run_command(module, f"--config={config}", *args), only=True)
     assert f"config file {config} {expected}" in line, line
     assert "electra_jax.finetune takes fine-tuning configs (configs/glue.py" in line, line
     assert "electra_jax.train and electra_jax.prepare take pre-training configs" in line, line
@@ -171,7 +164,8 @@ def test_a_config_of_the_other_family_names_which_command_takes_which(
 
 def test_a_config_without_the_pretraining_sections_is_named(tmp_path):
     (tmp_path / "config.py").write_text(GOOD)
-    line = _one_error_line(
-        run_command("electra_jax.train", f"--config={tmp_path / 'config.py'}", "--dry_run")
+    line = error_line(
+        only=True,
+        out=run_command("electra_jax.train", f"--config={tmp_path / 'config.py'}", "--dry_run"),
     )
     assert "has no generator, data, train, objective, checkpoint, log sections" in line, line
