@@ -19,9 +19,11 @@ def fail(message: str) -> None:
 
 def cannot_write(error: OSError, then: str) -> str:
     """The one line for an environment error while writing (a full disk, a file size limit, a
-    lost mount): which file, the system's reason, what to do."""
+    lost mount, a folder where a file goes): which file, the system's reason, what to do about
+    that reason (jsonio.write_advice), then `then`."""
     where = f" {error.filename}" if error.filename else ""
-    return f"cannot write{where} ({error.strerror or error}); free space or fix the storage, {then}"
+    reason = error.strerror or error
+    return f"cannot write{where} ({reason}); {jsonio.write_advice(error)}, {then}"
 
 
 PRINT_CONFIG_HELP = (

@@ -6,6 +6,7 @@ readers above it read a tokenizer_config.json or a config.json the same way, loc
 
 from __future__ import annotations
 
+import errno
 import json
 from collections.abc import Iterable
 from typing import Any
@@ -70,6 +71,30 @@ def loads(text: str | bytes) -> Any:
     if _depth(value) > MAX_DEPTH:
         raise too_deep
     return value
+
+
+# What to do about an OSError met writing, by its errno: the advice follows the error's own cause
+# (a folder where a file goes is no full disk).
+_WRITE_ADVICE = (
+    ((errno.ENOSPC, errno.EDQUOT), "free space on that disk (or raise the quota)"),
+    ((errno.EFBIG,), "raise the file size limit (ulimit -f) or use a filesystem without one"),
+    ((errno.EISDIR,), "a folder stands where that file goes: move it away"),
+    ((errno.ENOTDIR,), "a file stands where a folder of that path goes: move it away"),
+    ((errno.EACCES, errno.EPERM), "make it writable (its permissions) or write elsewhere"),
+    ((errno.EROFS,), "the filesystem is mounted read-only: write elsewhere"),
+    ((errno.ENOENT,), "a folder of that path is gone (a lost mount?): restore it"),
+    ((errno.ELOOP,), "a symbolic link is in the way: replace it with a real folder or file"),
+    ((errno.ENOMEM,), "the machine ran out of memory: free some or use a larger one"),
+)
+
+
+def write_advice(error: OSError) -> str:
+    """What to do about `error`, met writing, in a few words chosen by its errno (an unknown
+    one: check the storage)."""
+    for codes, advice in _WRITE_ADVICE:
+        if error.errno in codes:
+            return advice
+    return "check the storage (its mount, its free space, its errors)"
 
 
 def read_json(path: str, error: type[Exception], default: Any = None) -> Any:

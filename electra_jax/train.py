@@ -197,8 +197,11 @@ def main(argv) -> None:
         if _VERBOSE.value:
             raise
         fail(str(e))
-    from electra_jax import dry_run, loop
+    from electra_jax import checkpointing, dry_run, loop
     from electra_jax.checkpointing import CheckpointError, Preempted
+
+    if not _VERBOSE.value:
+        checkpointing.quiet_write_failures()  # orbax's threads' reports of a full disk
 
     try:
         if _DRY_RUN.value:

@@ -52,11 +52,17 @@ def subprocess_env(devices: int | None = None) -> dict:
     return env
 
 
-def run_command(module: str, *args: str, timeout: float = 180):
+def run_command(module: str, *args: str, timeout: float = 180, file_size_limit: int = 0):
     """`python -m module args...` as a user runs it, from the repository root: the finished
-    process (returncode, stdout, stderr as text)."""
+    process (returncode, stdout, stderr as text). `file_size_limit` > 0 (bytes, RLIMIT_FSIZE)
+    stands in for a full disk: a write past it fails with EFBIG (Python ignores SIGXFSZ)."""
     import subprocess
     import sys
+
+    def limit():
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_FSIZE, (file_size_limit, file_size_limit))
 
     return subprocess.run(
         [sys.executable, "-m", module, *args],
@@ -65,6 +71,7 @@ def run_command(module: str, *args: str, timeout: float = 180):
         capture_output=True,
         text=True,
         timeout=timeout,
+        preexec_fn=limit if file_size_limit else None,
     )
 
 

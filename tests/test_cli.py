@@ -1,5 +1,6 @@
 """cli: what the commands share, one `error:` line and exit code 2, through a real absl app."""
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -83,9 +84,26 @@ def test_fail_and_cannot_write_say_one_line(capsys):
     assert capsys.readouterr().err == "error: data.source 'x' is not a known source\n"
     error = OSError(28, "No space left on device", "/w/metrics.jsonl")
     assert cli.cannot_write(error, "then rerun") == (
-        "cannot write /w/metrics.jsonl (No space left on device); free space or fix the "
-        "storage, then rerun"
+        "cannot write /w/metrics.jsonl (No space left on device); free space on that disk (or "
+        "raise the quota), then rerun"
     )
+
+
+@pytest.mark.parametrize(
+    "code,advice",
+    [
+        (21, "a folder stands where that file goes: move it away"),  # EISDIR
+        (20, "a file stands where a folder of that path goes: move it away"),  # ENOTDIR
+        (13, "make it writable (its permissions) or write elsewhere"),  # EACCES
+        (30, "the filesystem is mounted read-only: write elsewhere"),  # EROFS
+        (27, "raise the file size limit (ulimit -f) or use a filesystem without one"),  # EFBIG
+        (5, "check the storage (its mount, its free space, its errors)"),  # EIO: unknown cause
+    ],
+)
+def test_the_advice_of_a_failed_write_follows_its_errno(code, advice):
+    """Never "free space" for a folder where a file goes, or for a permission."""
+    line = cli.cannot_write(OSError(code, os.strerror(code), "/w/metrics.jsonl"), "then rerun")
+    assert line == f"cannot write /w/metrics.jsonl ({os.strerror(code)}); {advice}, then rerun"
     assert cli._flag_value(["p", "--config", "c.py"], "--config") == "c.py"
     assert cli._flag_value(["p", "--config=c.py:arg"], "--config") == "c.py:arg"
     assert cli._flag_value(["p"], "--config") is None

@@ -49,7 +49,11 @@ def main(argv) -> None:
         logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
     import shlex
 
+    from electra_jax import checkpointing
     from electra_jax.checkpointing import CheckpointError, Preempted
+
+    if not _VERBOSE.value:
+        checkpointing.quiet_write_failures()  # orbax's threads' reports of a full disk
     from electra_jax.data import DataError
     from electra_jax.finetune import loop
     from electra_jax.validate import ConfigError

@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import tempfile
 from typing import Any
+
+from safetensors import SafetensorError
 
 from electra_jax import jsonio, model
 from electra_jax.data.tokenizer import MODEL_FILENAME
@@ -23,7 +26,7 @@ from electra_jax.data.wordpiece import VOCAB_FILENAME
 from electra_jax.hf.config import hf_config
 from electra_jax.hf.names import DISCRIMINATOR, GENERATOR, NETWORKS, WEIGHTS, params_to_hf
 from electra_jax.hf.tokenizer_files import write_tokenizer_files
-from electra_jax.jsonio import json_kind, one_line, write_json
+from electra_jax.jsonio import json_kind, one_line, write_advice, write_json
 from electra_jax.weights import Pretrained, PretrainedError
 
 MANIFEST = "export.json"
@@ -226,6 +229,7 @@ def write_folder(out: str, manifest: dict, write) -> dict:
     previous = check_out(out)
     manifest = {"format": FORMAT, "version": VERSION, **manifest}
     created = not os.path.isdir(out)
+    moving = False
     try:
         os.makedirs(out, exist_ok=True)
         for name in os.listdir(out):  # left by an export that was interrupted
@@ -233,17 +237,35 @@ def write_folder(out: str, manifest: dict, write) -> dict:
                 shutil.rmtree(os.path.join(out, name), ignore_errors=True)
         tmp = tempfile.mkdtemp(prefix=TMP_PREFIX, dir=out)
         try:
-            write(tmp)
+            try:
+                write(tmp)
+            except SafetensorError as e:  # an OSError (a full disk) in safetensors' own type
+                raise _os_error(e) from e
             manifest["files"] = _files_below(tmp)
             write_json(os.path.join(tmp, MANIFEST), manifest)
+            moving = True
             _move_into_place(out, tmp, previous, manifest["files"])
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
             if created and not os.listdir(out):
                 os.rmdir(out)
     except OSError as e:
+        if moving:
+            kept = "part of the new export is in place: run the same command to finish it"
+        elif previous:
+            kept = "the previous export there is intact"
+        else:
+            kept = "nothing was written there"
+        reason = e.strerror or one_line(e, 200)
         raise PretrainedError(
-            f"cannot write the export to {out} ({one_line(e, 200)}); check the folder's "
-            "permissions and free space, then export again"
+            f"cannot write the export to {out} ({reason}); {kept}: {write_advice(e)}, then "
+            "export again"
         ) from None
     return manifest
+
+
+def _os_error(error: Exception) -> OSError:
+    """The OSError a SafetensorError reports ('... I/O error: File too large (os error 27)')."""
+    found = re.search(r"os error (\d+)", str(error))
+    code = int(found.group(1)) if found else None
+    return OSError(code, os.strerror(code) if code else one_line(error, 200))
