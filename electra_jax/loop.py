@@ -17,9 +17,10 @@ import ml_collections
 import numpy as np
 
 from electra_jax import checkpointing, layer_stack, metrics, resume, sharding, validate
-from electra_jax.model import Electra
+from electra_jax.model import Electra, init_params
 from electra_jax.step_setup import (
     StepSetup,
+    build,
     checked_mesh,
     eval_batch_size,
     eval_every,
@@ -59,6 +60,8 @@ def train(
     validate.check_config(config)
     run = resume.plan(config, workdir, tuple(allow_changes))
     try:
+        if run.init_from is not None:  # before the data is prepared: minutes for a real corpus
+            _check_init_from(run.init_from, run.config)
         warning = validate.warmup_warning(run.config.train)
         if warning:
             metrics.log(f"warning: {warning}")
@@ -203,11 +206,11 @@ def _restore(run: resume.Resume, setup, manager, data_iter, watcher):
     return state, start_step
 
 
-def _with_params(state, loaded, setup: StepSetup):
-    """The fresh state with `loaded`'s parameters, laid out as the step expects."""
-    # A model saved in the other layer layout (unrolled vs stacked) starts this run in its own.
-    loaded_params = layer_stack.to_layout(loaded.params, setup.spec.scan_layers)
-    want = jax.tree_util.tree_map(lambda x: x.shape, setup.abstract_state.params)
+def _in_layout(loaded, abstract_params, scan_layers: bool):
+    """`loaded`'s parameters in the step's layer layout (a model saved unrolled or stacked
+    starts this run in its own); ConfigError when their shapes are not `abstract_params'`."""
+    loaded_params = layer_stack.to_layout(loaded.params, scan_layers)
+    want = jax.tree_util.tree_map(lambda x: tuple(x.shape), abstract_params)
     have = jax.tree_util.tree_map(lambda x: tuple(x.shape), loaded_params)
     if want != have:
         raise validate.ConfigError(
@@ -215,6 +218,21 @@ def _with_params(state, loaded, setup: StepSetup):
             f"(discriminator {loaded.spec.discriminator}, generator {loaded.spec.generator}, "
             f"vocab {loaded.spec.vocab_size}); set model.* and generator.* to match"
         )
+    return loaded_params
+
+
+def _check_init_from(loaded, config) -> None:
+    """The shape check of _with_params from the config alone (the vocabulary is init_from's
+    tokenizer's), by abstract evaluation: a model of another width is refused before the
+    corpus is tokenized and packed, not after."""
+    spec, model, *_ = build(config, loaded.tokenizer.vocab_size)
+    abstract = jax.eval_shape(lambda: init_params(model, jax.random.PRNGKey(0)))
+    _in_layout(loaded, abstract, spec.scan_layers)
+
+
+def _with_params(state, loaded, setup: StepSetup):
+    """The fresh state with `loaded`'s parameters, laid out as the step expects."""
+    loaded_params = _in_layout(loaded, setup.abstract_state.params, setup.spec.scan_layers)
     params = jax.device_put(loaded_params, setup.state_sharding.params)
     return state.replace(params=params)
 

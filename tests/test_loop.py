@@ -165,8 +165,10 @@ def test_init_from_starts_from_another_runs_weights(shared_data, tmp_path):
     assert b.tokenizer.fingerprint == a.tokenizer.fingerprint
 
     cfg.model.hidden_size = 32
+    cfg.data.cache_dir = ""  # WORKDIR/data: the corpus would be tokenized and packed there
     with pytest.raises(loop.validate.ConfigError, match="other shapes"):
         loop.train(cfg, str(tmp_path / "c"))
+    assert not (tmp_path / "c" / "data").exists()  # refused before the data was prepared
 
 
 def test_init_from_a_wordpiece_transformers_pair_continues_pretraining(tmp_path):
