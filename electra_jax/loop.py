@@ -16,7 +16,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from electra_jax import checkpointing, layer_stack, metrics, resume, sharding, validate
+from electra_jax import checkpointing, layer_stack, metrics, paths, resume, sharding, validate
 from electra_jax.model import Electra, init_params
 from electra_jax.step_setup import (
     StepSetup,
@@ -60,7 +60,9 @@ def train(
     validate.check_config(config)
     run = resume.plan(config, workdir, tuple(allow_changes))
     try:
-        if run.init_from is not None:  # before the data is prepared: minutes for a real corpus
+        # Before the data is prepared and the step compiled: minutes for a real corpus.
+        _check_outputs(run.workdir)
+        if run.init_from is not None:
             _check_init_from(run.init_from, run.config)
         warning = validate.warmup_warning(run.config.train)
         if warning:
@@ -204,6 +206,24 @@ def _restore(run: resume.Resume, setup, manager, data_iter, watcher):
     metrics.log(f"resumed from checkpoint {start_step} in {run.workdir}")
     run.record(start_step)
     return state, start_step
+
+
+# What the run writes in its workdir as a file, and as a folder (metrics.py, resume.py).
+_OUTPUT_FILES = ("metrics.jsonl", "config_changes.jsonl")
+_OUTPUT_FOLDERS = ("tensorboard",)
+
+
+def _check_outputs(workdir: str) -> None:
+    """ConfigError when a folder stands where the run writes a file (or a file where it writes
+    a folder): found at once, not when the first row is written after the step compiled."""
+    for name, folder in [(n, False) for n in _OUTPUT_FILES] + [(n, True) for n in _OUTPUT_FOLDERS]:
+        path = paths.join(workdir, name)
+        if paths.exists(path) and paths.isdir(path) != folder:
+            what, wants = ("a file", "a folder") if folder else ("a folder", "a file")
+            raise validate.ConfigError(
+                f"{path} is {what}, where the run writes {wants} of that name; move it away "
+                "(or choose another --workdir)"
+            )
 
 
 def _in_layout(loaded, abstract_params, scan_layers: bool):

@@ -75,6 +75,19 @@ def run_command(module: str, *args: str, timeout: float = 180, file_size_limit: 
     )
 
 
+def micro_config_file(path, shared_data) -> str:
+    """A config file at `path` for the commands: the micro config reading the shared tokenizer
+    and prepared data (tests/test_loop.py's shared_data: (tokenizer, cache dir))."""
+    tokenizer, cache_dir = shared_data
+    path.write_text(
+        f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nfrom tests.micro import micro_config\n\n"
+        "def get_config():\n    config = micro_config()\n"
+        f"    config.data.tokenizer, config.data.cache_dir = {tokenizer!r}, {cache_dir!r}\n"
+        "    return config\n"
+    )
+    return str(path)
+
+
 def error_line(out, only: bool = False) -> str:
     """The `error:` line a refused command ends with (exit code 2, no traceback); with `only`,
     checked to be all it printed on stderr."""

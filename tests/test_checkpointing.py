@@ -245,7 +245,7 @@ def test_a_full_disk_during_a_save_through_train_is_one_line_without_orbax_trace
     failure from each of its threads, hundreds of lines; the command says it in one, and
     --verbose shows them all."""
     from electra_jax import loop
-    from tests.conftest import ROOT, run_command
+    from tests.conftest import micro_config_file, run_command
     from tests.test_loop import config_with, prepare_shared_data
 
     tokenizer, cache_dir = prepare_shared_data(tmp_path_factory)
@@ -253,13 +253,7 @@ def test_a_full_disk_during_a_save_through_train_is_one_line_without_orbax_trace
     cfg.train.num_steps = 3
     workdir = tmp_path / "w"
     loop.train(cfg, str(workdir))
-    config = tmp_path / "config.py"
-    config.write_text(
-        f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nfrom tests.micro import micro_config\n\n"
-        "def get_config():\n    config = micro_config()\n"
-        f"    config.data.tokenizer, config.data.cache_dir = {tokenizer!r}, {cache_dir!r}\n"
-        "    return config\n"
-    )
+    config = micro_config_file(tmp_path / "config.py", (tokenizer, cache_dir))
 
     def train(*flags):  # every data file of a checkpoint is larger; metrics.jsonl is not
         return run_command(

@@ -413,3 +413,24 @@ def test_the_recipes_schedules_run_in_whole_calls_and_resume_exactly(shared_data
             assert a[k] == b[k], (a["step"], k)
     loaded = pretrained.load_pretrained(str(tmp_path / "one"))
     assert loaded.spec.mlm_head and "mlm_predictions_dense" in loaded.params
+
+
+@pytest.mark.slow
+def test_a_folder_where_the_run_writes_a_file_is_refused_before_the_work(shared_data, tmp_path):
+    """metrics.jsonl a folder (or tensorboard a file): one line at once, through the command,
+    not an IsADirectoryError once the step has compiled; its advice is not "free space"."""
+    from tests.conftest import error_line, micro_config_file, run_command
+
+    cfg = config_with(shared_data)
+    cfg.train.num_steps = 3
+    workdir = tmp_path / "w"
+    loop.train(cfg, str(workdir))
+    config = micro_config_file(tmp_path / "config.py", shared_data)
+    (workdir / "metrics.jsonl").unlink()
+    (workdir / "metrics.jsonl").mkdir()
+    out = run_command("electra_jax.train", f"--config={config}", f"--workdir={workdir}")
+    assert error_line(out) == (
+        f"error: {workdir / 'metrics.jsonl'} is a folder, where the run writes a file of that "
+        "name; move it away (or choose another --workdir)"
+    )
+    assert "compiled" not in out.stderr and sorted(os.listdir(workdir / "checkpoints")) == ["3"]
