@@ -211,6 +211,15 @@ def parse_flags(argv: list[str]) -> list[str]:
                 f"{jsonio.one_line(exc, 200)} (line {line}, {where}); fix the file "
                 "(--verbose shows the traceback)"
             )
+        if "Error whilst parsing config file" in text and config_file:
+            # get_config itself could not be called (an argument it does not take, ...).
+            cause = e
+            while cause.__cause__ or cause.__context__:
+                cause = cause.__cause__ or cause.__context__
+            fail(
+                f"config file {config_file}: get_config() cannot be called as --config asks "
+                f"({type(cause).__name__}: {jsonio.one_line(cause, 200)})"
+            )
         if "has no attribute 'get_config'" in text:
             fail(
                 f"config file {config_file} has no get_config() function; a config file defines "

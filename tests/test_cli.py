@@ -68,6 +68,11 @@ def test_a_good_config_and_its_overrides_reach_therun_command(tmp_path):
         ("def get_config(:\n", [], "is not valid Python"),
         ("x = 1\n", [], "has no get_config() function"),
         ("def get_config():\n    return {'a': 1}\n", [], "get_config() returned dict"),
+        (
+            "def get_config():\n    return 1\n",
+            ["--config.x=1"],
+            "config.py: get_config() returned int",
+        ),
     ],
 )
 def test_bad_config_input_is_one_line_and_exit_code_2(tmp_path, config_text, args, expected):
@@ -187,3 +192,15 @@ def test_a_config_without_the_pretraining_sections_is_named(tmp_path):
         out=run_command("electra_jax.train", f"--config={tmp_path / 'config.py'}", "--dry_run"),
     )
     assert "has no generator, data, train, objective, checkpoint, log sections" in line, line
+
+
+def test_a_config_argument_get_config_does_not_take_is_one_line(tmp_path):
+    (tmp_path / "config.py").write_text(GOOD)
+    line = error_line(
+        run_command("electra_jax.train", f"--config={tmp_path / 'config.py'}:big", "--dry_run"),
+        only=True,
+    )
+    assert line == (
+        f"error: config file {tmp_path / 'config.py'}:big: get_config() cannot be called as "
+        "--config asks (TypeError: get_config() takes 0 positional arguments but 1 was given)"
+    )
