@@ -428,10 +428,15 @@ def _quiet_late_callbacks() -> None:
 
 
 def _environment_message(manager: ocp.CheckpointManager, step: int, e: BaseException) -> str:
-    reason = " ".join(f"{type(e).__name__}: {e}".split())[:200]
+    code = _environment_errno(e)
+    reason = os.strerror(code) if code else " ".join(f"{type(e).__name__}: {e}".split())[:200]
+    if code in (errno.EACCES, errno.EPERM):
+        advice = "make its files readable (their permissions)"
+    else:  # memory, I/O, or the space orbax's restore writes to
+        advice = write_advice(OSError(code, ""))
     return (
         f"checkpoint {step} in {manager.directory} cannot be read on this machine ({reason}); "
-        "nothing was moved: fix the permissions, space or memory and run again"
+        f"nothing was moved: {advice}, then run again"
     )
 
 

@@ -176,9 +176,14 @@ def test_a_machine_error_moves_nothing(tmp_path, monkeypatch):
         raise PermissionError(13, "Permission denied", "state/d/abc")
 
     monkeypatch.setattr(checkpointing.ocp.CheckpointManager, "restore", denied)
-    with pytest.raises(checkpointing.CheckpointError, match="cannot be read on this machine"):
+    with pytest.raises(checkpointing.CheckpointError, match="cannot be read on this machine") as e:
         _restore(str(tmp_path))
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["2", "5"]
+    # The advice is the errno's: a permission, not space or memory.
+    assert str(e.value).endswith(
+        "(Permission denied); nothing was moved: make its files readable (their permissions), "
+        "then run again"
+    )
 
 
 def test_a_workdir_whose_checkpoints_were_all_set_aside_does_not_start_over(tmp_path):
