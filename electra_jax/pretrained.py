@@ -61,7 +61,7 @@ def load_pretrained(path: str) -> Pretrained:
             f"{path} does not exist or is not a directory; give a pre-training workdir, an "
             "export dir (python -m electra_jax.export) or hf:DIR"
         )
-    kind = _kind(path)
+    kind = folder_kind(path)
     if kind == "fine-tuning":
         raise PretrainedError(
             f"{path} is a fine-tuning workdir; electra_jax.load({path!r}) predicts with it, and "
@@ -86,7 +86,7 @@ def split_step(path: str) -> tuple[str, int | None]:
     return head, int(tail)
 
 
-def _kind(path: str) -> str | None:
+def folder_kind(path: str) -> str | None:
     """'workdir', 'hf' (an export or a transformers folder), 'fine-tuning' or None, from the
     files present."""
     from electra_jax import workdir as workdir_lib
