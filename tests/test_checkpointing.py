@@ -282,3 +282,21 @@ def test_a_full_disk_during_a_save_through_train_is_one_line_without_orbax_trace
     assert sorted(n for n in os.listdir(workdir / "checkpoints") if n.isdigit()) == ["3"]
     verbose = train("--verbose")
     assert verbose.returncode != 0 and verbose.stderr.count("Traceback") > 3
+
+
+def test_only_orbax_reports_of_an_environment_failure_are_dropped():
+    """quiet_write_failures hides that failure's echoes, never other errors."""
+    import logging
+
+    keep = checkpointing._OrbaxWriteFailureFilter().filter
+
+    def record(pathname, message, level=logging.ERROR):
+        return logging.LogRecord("absl", level, pathname, 1, message, None, None)
+
+    orbax = "/site-packages/orbax/checkpoint/_src/futures/future.py"
+    full = "raised an exception: OUT_OF_RANGE: ... File too large [os_error_code='27']"
+    assert not keep(record(orbax, full))
+    assert not keep(record("/asyncio/base_events.py", f"Task exception: orbax/x.py {full}"))
+    assert keep(record(orbax, "raised an exception: KeyError: 'params'"))  # not the machine's
+    assert keep(record("/electra_jax/loop.py", full))  # not orbax's
+    assert keep(record(orbax, full, logging.WARNING))  # below ERROR: absl's verbosity decides
