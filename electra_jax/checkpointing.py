@@ -19,10 +19,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
+import re
 import signal
 import sys
 import threading
+import traceback
 from typing import Any
 
 import grain
@@ -30,6 +33,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from electra_jax import paths
+from electra_jax.jsonio import write_advice
 
 CORRUPT_SUFFIX = ".corrupt"
 
@@ -122,12 +126,18 @@ def wait(manager: ocp.CheckpointManager) -> None:
 
 
 def _write_message(manager: ocp.CheckpointManager, e: BaseException) -> str:
-    reason = " ".join(f"{type(e).__name__}: {e}".split())[:200]
+    """The one line of a save that failed for the machine's reason (and, from now on, orbax's
+    reports of it are dropped where quiet_write_failures is on)."""
+    _WRITE_FAILED.set()
+    code = _environment_errno(e)
+    # The system's words for the errno: orbax's own text runs to hundreds of characters.
+    reason = os.strerror(code) if code else " ".join(f"{type(e).__name__}: {e}".split())[:200]
     done = manager.all_steps()
     kept = f"checkpoint {max(done)} is intact" if done else "no earlier checkpoint was made"
+    advice = write_advice(OSError(code, ""))
     return (
-        f"a checkpoint could not be written to {manager.directory} ({reason}); {kept}: free "
-        "space (or fix the permissions) and run the same command to resume"
+        f"a checkpoint could not be written to {manager.directory} ({reason}); {kept}: "
+        f"{advice}, then run the same command to resume"
     )
 
 
@@ -219,20 +229,112 @@ def tree_differences(saved: dict[str, tuple], expected: dict[str, tuple]) -> lis
 
 # Errors of the machine, not of the files: a checkpoint that fails with one of these is left
 # where it is, and the run stops with one line.
-_ENVIRONMENT_ERRNOS = (errno.EACCES, errno.EPERM, errno.ENOSPC, errno.ENOMEM, errno.EIO)
-_ENVIRONMENT_WORDS = ("PERMISSION_DENIED", "Permission denied", "RESOURCE_EXHAUSTED", "No space")
+_ENVIRONMENT_ERRNOS = (
+    errno.EACCES,
+    errno.EPERM,
+    errno.ENOSPC,
+    errno.EDQUOT,
+    errno.EFBIG,
+    errno.EROFS,
+    errno.ENOMEM,
+    errno.EIO,
+)
+# How tensorstore and Python write an errno into a message ("[os_error_code='28']", "[Errno 28]").
+_ERRNO_IN_TEXT = re.compile(r"os_error_code='(\d+)'|\[Errno (\d+)\]")
+_ENVIRONMENT_WORDS = (
+    ("PERMISSION_DENIED", errno.EACCES),
+    ("Permission denied", errno.EACCES),
+    ("RESOURCE_EXHAUSTED", errno.ENOSPC),
+    ("No space", errno.ENOSPC),
+    ("File too large", errno.EFBIG),
+    ("Disk quota exceeded", errno.EDQUOT),
+    ("Read-only file system", errno.EROFS),
+)
+
+
+def _errno_of_text(text: str) -> int | None:
+    """The environment errno a message of orbax or tensorstore names, or None."""
+    for match in _ERRNO_IN_TEXT.finditer(text):
+        code = int(match.group(1) or match.group(2))
+        if code in _ENVIRONMENT_ERRNOS:
+            return code
+    for words, code in _ENVIRONMENT_WORDS:
+        if words in text:
+            return code
+    return None
+
+
+def _environment_errno(e: BaseException | None) -> int | None:
+    """The errno of the machine's error (full disk, permission, memory, I/O) behind `e`, or
+    None when `e` is no such error."""
+    while e is not None:
+        if isinstance(e, MemoryError):
+            return errno.ENOMEM
+        if isinstance(e, OSError) and e.errno in _ENVIRONMENT_ERRNOS:
+            return e.errno
+        code = _errno_of_text(str(e))
+        if code is not None:
+            return code
+        e = e.__cause__ or e.__context__
+    return None
 
 
 def _is_environment_error(e: BaseException) -> bool:
-    while e is not None:
-        if isinstance(e, MemoryError):
+    return _environment_errno(e) is not None
+
+
+# Set once a save failed for the machine's reason: from then on, the reports of that failure
+# that orbax's threads and pending coroutines still make are dropped (quiet_write_failures).
+_WRITE_FAILED = threading.Event()
+
+
+def _from_orbax(tb) -> bool:
+    return any("orbax" in frame.filename for frame in traceback.extract_tb(tb))
+
+
+def quiet_write_failures() -> None:
+    """Drops orbax's own reports of a checkpoint write that failed for the machine's reason (a
+    full disk, a file size limit, a permission), which CheckpointError already says in one line:
+    orbax logs the error with a traceback from each of its threads (an absl ERROR record apiece),
+    asyncio logs each of its write tasks whose error nobody read, and at exit its pending write
+    coroutines each print an unraisable traceback: hundreds of lines around that one. Other
+    records and errors are untouched. For the commands, without --verbose (library callers see
+    everything); idempotent."""
+    loggers = [logging.getLogger(name) for name in ("absl", "asyncio")]
+    if any(isinstance(f, _OrbaxWriteFailureFilter) for f in loggers[0].filters):
+        return
+    for logger in loggers:  # orbax's own records; asyncio's "Task exception was never retrieved"
+        logger.addFilter(_OrbaxWriteFailureFilter())
+    previous_unraisable = sys.unraisablehook
+
+    def unraisable_hook(unraisable) -> None:
+        if _WRITE_FAILED.is_set() and _from_orbax(unraisable.exc_traceback):
+            return
+        previous_unraisable(unraisable)
+
+    sys.unraisablehook = unraisable_hook
+    previous_thread_hook = threading.excepthook
+
+    def thread_hook(args) -> None:
+        if _is_environment_error(args.exc_value) and _from_orbax(args.exc_traceback):
+            return
+        previous_thread_hook(args)
+
+    threading.excepthook = thread_hook
+
+
+class _OrbaxWriteFailureFilter(logging.Filter):
+    """Drops orbax's ERROR records of an environment failure (see quiet_write_failures)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR:
             return True
-        if isinstance(e, OSError) and e.errno in _ENVIRONMENT_ERRNOS:
+        text = record.getMessage()
+        if record.exc_info and record.exc_info[1] is not None:
+            text += f" {record.exc_info[1]}"
+        if "orbax" not in record.pathname and "orbax" not in text:
             return True
-        if any(w in str(e) for w in _ENVIRONMENT_WORDS):
-            return True
-        e = e.__cause__ or e.__context__
-    return False
+        return _errno_of_text(text) is None
 
 
 def set_aside(workdir: str) -> list[str]:
@@ -326,10 +428,15 @@ def _quiet_late_callbacks() -> None:
 
 
 def _environment_message(manager: ocp.CheckpointManager, step: int, e: BaseException) -> str:
-    reason = " ".join(f"{type(e).__name__}: {e}".split())[:200]
+    code = _environment_errno(e)
+    reason = os.strerror(code) if code else " ".join(f"{type(e).__name__}: {e}".split())[:200]
+    if code in (errno.EACCES, errno.EPERM):
+        advice = "make its files readable (their permissions)"
+    else:  # memory, I/O, or the space orbax's restore writes to
+        advice = write_advice(OSError(code, ""))
     return (
         f"checkpoint {step} in {manager.directory} cannot be read on this machine ({reason}); "
-        "nothing was moved: fix the permissions, space or memory and run again"
+        f"nothing was moved: {advice}, then run again"
     )
 
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 
 from absl import flags
+
+from electra_jax import jsonio
 
 
 def fail(message: str) -> None:
@@ -16,14 +19,16 @@ def fail(message: str) -> None:
 
 def cannot_write(error: OSError, then: str) -> str:
     """The one line for an environment error while writing (a full disk, a file size limit, a
-    lost mount): which file, the system's reason, what to do; a write refused because the file
-    is a link (paths.LinkRefused) says so, and nothing of free space."""
+    lost mount, a folder where a file goes): which file, the system's reason, what to do about
+    that reason (jsonio.write_advice), then `then`; a write refused because the file is a link
+    (paths.LinkRefused) says so, and nothing of free space."""
     from electra_jax.paths import LinkRefused
 
     if isinstance(error, LinkRefused):
         return f"{error}; {then}"
     where = f" {error.filename}" if error.filename else ""
-    return f"cannot write{where} ({error.strerror or error}); free space or fix the storage, {then}"
+    reason = error.strerror or error
+    return f"cannot write{where} ({reason}); {jsonio.write_advice(error)}, {then}"
 
 
 PRINT_CONFIG_HELP = (
@@ -49,23 +54,32 @@ def _flag_value(argv: list[str], name: str) -> str | None:
     return None
 
 
-def _config_type(config_file: str) -> str | None:
-    """The type name of what a config file's get_config() returns, when not a ConfigDict.
+_FAILED = object()
 
-    Overrides fail against anything else with a misleading "unknown key"; this finds the cause.
-    The file is the user's own and config_flags has just run it.
-    """
+
+def _run_config_file(config_file: str):
+    """What a config file's get_config() returns (`FILE:ARG` passes ARG), or _FAILED when it
+    raises. The file is the user's own and config_flags has just run it: the failed parse kept
+    nothing, so the file runs again to find the cause."""
     import runpy
-
-    import ml_collections
 
     path, _, arg = config_file.partition(":")
     try:
         get_config = runpy.run_path(path).get("get_config")
-        value = get_config(arg) if arg else get_config()
+        return get_config(arg) if arg else get_config()
     except Exception:
-        return None
-    if isinstance(value, ml_collections.ConfigDict):
+        return _FAILED
+
+
+def _config_type(config_file: str) -> str | None:
+    """The type name of what a config file's get_config() returns, when not a ConfigDict.
+
+    Overrides fail against anything else with a misleading "unknown key"; this finds the cause.
+    """
+    import ml_collections
+
+    value = _run_config_file(config_file)
+    if value is _FAILED or isinstance(value, ml_collections.ConfigDict):
         return None
     return type(value).__name__
 
@@ -92,6 +106,93 @@ def loaded_config(config, filename: str):
     return config
 
 
+# Which command takes which configs (a config's `family` key marks a fine-tuning config).
+PRETRAINING_CONFIGS = "pre-training configs (configs/tiny.py, small.py, base.py, large.py)"
+FINETUNING_CONFIGS = "fine-tuning configs (configs/glue.py, configs/squad.py)"
+_PRETRAINING_SECTIONS = ("model", "generator", "data", "train", "objective", "checkpoint", "log")
+
+
+def check_family(config, filename: str, command: str, finetuning: bool) -> None:
+    """One line and exit 2 when `config` is not of the family `command` takes: a fine-tuning
+    config (it has `family`) given to train or prepare, or a pre-training one to finetune.
+    Before anything reads a field, which would end in an AttributeError."""
+    family = config.get("family")
+    commands = (
+        f"electra_jax.train and electra_jax.prepare take {PRETRAINING_CONFIGS}; "
+        f"electra_jax.finetune takes {FINETUNING_CONFIGS}"
+    )
+    if finetuning:
+        if family is None:
+            fail(
+                f"config file {filename} is a pre-training config, not a fine-tuning one: "
+                f"{commands}"
+            )
+        return
+    if family is not None:
+        fail(f"config file {filename} is a fine-tuning config (family {family!r}): {commands}")
+    missing = [name for name in _PRETRAINING_SECTIONS if name not in config]
+    if missing:
+        fail(
+            f"config file {filename} has no {', '.join(missing)} section"
+            f"{'s' if len(missing) > 1 else ''}: {command} takes {PRETRAINING_CONFIGS}; start "
+            "from one of them"
+        )
+
+
+def _config_keys(config, prefix: str = "") -> list[str]:
+    """Every dotted key of a ConfigDict, sections included ('train', 'train.num_steps')."""
+    import ml_collections
+
+    keys = []
+    for name, value in config.items():
+        keys.append(prefix + name)
+        if isinstance(value, ml_collections.ConfigDict):
+            keys.extend(_config_keys(value, f"{prefix}{name}."))
+    return keys
+
+
+def unknown_keys(config, overrides: list[str]) -> list[str]:
+    """Of `overrides` (`--config.KEY=VALUE` arguments), the KEYs `config` does not have, each
+    with a did-you-mean of the closest key when there is one: ['train.num_step (did you mean
+    train.num_steps?)']."""
+    import difflib
+
+    known = _config_keys(config)
+    out = []
+    for arg in overrides:
+        key = arg.split("=", 1)[0].removeprefix("--config.")
+        if re.split(r"\[", key, maxsplit=1)[0] in known:  # a[0]: an element of a list field
+            continue
+        # Keys as deep as this one: 'model.zzz' is no misspelling of the section 'model'.
+        alike = [k for k in known if k.count(".") == key.count(".")]
+        close = difflib.get_close_matches(key, alike, n=1, cutoff=0.7)
+        out.append(f"{key} (did you mean {close[0]}?)" if close else key)
+    return out
+
+
+def _raised_in(error: BaseException, config_file: str) -> tuple[BaseException, int, str] | None:
+    """(the exception, its line, its function) when `error`, or an exception it was raised from,
+    was raised by code of the config file itself: the deepest frame of that file."""
+    import traceback
+
+    target = os.path.realpath(config_file.partition(":")[0])
+    seen = set()
+    chain = []
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        chain.append(error)
+        error = error.__cause__ or error.__context__
+    for exc in reversed(chain):  # the original error first: config_flags wraps it
+        frames = [
+            f
+            for f in traceback.extract_tb(exc.__traceback__)
+            if os.path.realpath(f.filename) == target
+        ]
+        if frames:
+            return exc, frames[-1].lineno, frames[-1].name
+    return None
+
+
 def parse_flags(argv: list[str]) -> list[str]:
     """absl's parser, with config errors (unknown key, wrong type) as one line.
 
@@ -106,13 +207,30 @@ def parse_flags(argv: list[str]) -> list[str]:
         config_file = _flag_value(argv, "--config")
         if isinstance(e, SyntaxError):
             fail(f"config file {config_file} is not valid Python ({e.msg}, line {e.lineno})")
-        if "get_config" in text:
+        raised = _raised_in(e, config_file) if config_file else None
+        if raised:
+            exc, line, function = raised
+            where = "at its top level" if function == "<module>" else f"in {function}()"
+            fail(
+                f"config file {config_file} raised {type(exc).__name__}: "
+                f"{jsonio.one_line(exc, 200)} (line {line}, {where}); fix the file "
+                "(--verbose shows the traceback)"
+            )
+        if "Error whilst parsing config file" in text and config_file:
+            # get_config itself could not be called (an argument it does not take, ...).
+            cause = e
+            while cause.__cause__ or cause.__context__:
+                cause = cause.__cause__ or cause.__context__
+            fail(
+                f"config file {config_file}: get_config() cannot be called as --config asks "
+                f"({type(cause).__name__}: {jsonio.one_line(cause, 200)})"
+            )
+        if "has no attribute 'get_config'" in text:
             fail(
                 f"config file {config_file} has no get_config() function; a config file defines "
                 "get_config() returning an ml_collections.ConfigDict (see configs/tiny.py)"
             )
         overrides = [a for a in argv[1:] if a.startswith("--config.")]
-        suggestion = re.search(r'Did you mean "([^"]+)"', text)
         if config_file:
             kind = _config_type(config_file)
             if kind:
@@ -121,9 +239,15 @@ def parse_flags(argv: list[str]) -> list[str]:
                     "ml_collections.ConfigDict (see configs/tiny.py)"
                 )
         if isinstance(e, (KeyError, AttributeError)):
-            keys = [a.split("=")[0] for a in overrides]
-            where = [k for k in keys if k.rsplit(".", 1)[-1] in text] or keys
+            config = _run_config_file(config_file) if config_file else _FAILED
+            unknown = [] if config is _FAILED else unknown_keys(config, overrides)
+            if unknown:
+                fail(
+                    f"unknown config key{'s' if len(unknown) > 1 else ''} "
+                    f"{', '.join(unknown)} in {config_file}; --print_config lists the keys"
+                )
+            suggestion = re.search(r'Did you mean "([^"]+)"', text)
             hint = f'; did you mean "{suggestion.group(1)}"?' if suggestion else ""
-            fail(f"unknown config key {' '.join(where)}{hint}")
+            fail(f"unknown config key in {' '.join(overrides)}{hint}")
         fail(" ".join(text.replace("flag --", "--").split()))
         raise AssertionError("unreachable") from e

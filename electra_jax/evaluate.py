@@ -173,6 +173,17 @@ def evaluate_workdir(
     from electra_jax.objectives.core import num_mask_slots
     from electra_jax.train_step import special_tokens_of
 
+    kind = pretrained.folder_kind(workdir)
+    if kind == "fine-tuning":
+        raise pretrained.PretrainedError(
+            f"--workdir {workdir} is a fine-tuning workdir, whose dev results are its "
+            "eval_results.json; python -m electra_jax.evaluate takes a pre-training workdir"
+        )
+    if kind == "hf":
+        raise pretrained.PretrainedError(
+            f"--workdir {workdir} is an export (transformers files); python -m "
+            "electra_jax.evaluate takes a pre-training workdir, such as the one exported"
+        )
     stored = pretrained.read_run_config(workdir)
     config = ml_collections.ConfigDict(resume.with_added_defaults(stored))
     trained_on = not config.data.get("heldout_examples", 0)

@@ -6,6 +6,7 @@ readers above it read a tokenizer_config.json or a config.json the same way, loc
 
 from __future__ import annotations
 
+import errno
 import json
 from collections.abc import Iterable
 from typing import Any
@@ -34,6 +35,68 @@ def json_kind(value: Any) -> str:
     return "null" if value is None else type(value).__name__
 
 
+# Deeper than any file the package reads (a SQuAD file nests 6 levels, a config 3), and far
+# below the depth where json's parser, or code that walks the value (ConfigDict, flatten), runs
+# out of Python's recursion limit.
+MAX_DEPTH = 100
+
+
+def _depth(value: Any) -> int:
+    """How many lists and objects deep `value` nests (0 for a number), counted without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        node, level = stack.pop()
+        if isinstance(node, dict):
+            node = node.values()
+        elif not isinstance(node, list):
+            continue
+        deepest = max(deepest, level)
+        stack.extend((child, level + 1) for child in node if isinstance(child, dict | list))
+    return deepest
+
+
+def loads(text: str | bytes) -> Any:
+    """json.loads for the package's readers: JSON nested deeper than MAX_DEPTH is a ValueError,
+    as malformed JSON is (callers name the file), never a RecursionError from the parser or from
+    code that walks the value later.
+
+    Raises:
+      ValueError: not JSON (json.JSONDecodeError), not UTF-8, or nested too deep.
+    """
+    too_deep = ValueError(f"JSON nested more than {MAX_DEPTH} lists or objects deep")
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise too_deep from None
+    if _depth(value) > MAX_DEPTH:
+        raise too_deep
+    return value
+
+
+# What to do about an OSError met writing, by its errno: the advice follows the error's own cause
+# (a folder where a file goes is no full disk).
+_WRITE_ADVICE = (
+    ((errno.ENOSPC, errno.EDQUOT), "free space on that disk (or raise the quota)"),
+    ((errno.EFBIG,), "raise the file size limit (ulimit -f) or use a filesystem without one"),
+    ((errno.EISDIR,), "a folder stands where that file goes: move it away"),
+    ((errno.ENOTDIR,), "a file stands where a folder of that path goes: move it away"),
+    ((errno.EACCES, errno.EPERM), "make it writable (its permissions) or write elsewhere"),
+    ((errno.EROFS,), "the filesystem is mounted read-only: write elsewhere"),
+    ((errno.ENOENT,), "a folder of that path is gone (a lost mount?): restore it"),
+    ((errno.ELOOP,), "a symbolic link is in the way: replace it with a real folder or file"),
+    ((errno.ENOMEM,), "the machine ran out of memory: free some or use a larger one"),
+)
+
+
+def write_advice(error: OSError) -> str:
+    """What to do about `error`, met writing, in a few words chosen by its errno (an unknown
+    one: check the storage)."""
+    for codes, advice in _WRITE_ADVICE:
+        if error.errno in codes:
+            return advice
+    return "check the storage (its mount, its free space, its errors)"
+
+
 def read_json(path: str, error: type[Exception], default: Any = None) -> Any:
     """The parsed file; `default` when it is given and the file is absent.
 
@@ -44,7 +107,7 @@ def read_json(path: str, error: type[Exception], default: Any = None) -> Any:
     if default is not None and not paths.exists(path):
         return default
     try:
-        return json.loads(paths.read_text(path))
+        return loads(paths.read_text(path))
     except FileNotFoundError:
         raise error(f"{path} is missing") from None
     except (OSError, ValueError) as e:

@@ -16,10 +16,11 @@ import jax
 import ml_collections
 import numpy as np
 
-from electra_jax import checkpointing, layer_stack, metrics, resume, sharding, validate
-from electra_jax.model import Electra
+from electra_jax import checkpointing, layer_stack, metrics, paths, resume, sharding, validate
+from electra_jax.model import Electra, init_params
 from electra_jax.step_setup import (
     StepSetup,
+    build,
     checked_mesh,
     eval_batch_size,
     eval_every,
@@ -59,6 +60,10 @@ def train(
     validate.check_config(config)
     run = resume.plan(config, workdir, tuple(allow_changes))
     try:
+        # Before the data is prepared and the step compiled: minutes for a real corpus.
+        _check_outputs(run.workdir)
+        if run.init_from is not None:
+            _check_init_from(run.init_from, run.config)
         warning = validate.warmup_warning(run.config.train)
         if warning:
             metrics.log(f"warning: {warning}")
@@ -206,11 +211,29 @@ def _restore(run: resume.Resume, setup, manager, data_iter, watcher):
     return state, start_step
 
 
-def _with_params(state, loaded, setup: StepSetup):
-    """The fresh state with `loaded`'s parameters, laid out as the step expects."""
-    # A model saved in the other layer layout (unrolled vs stacked) starts this run in its own.
-    loaded_params = layer_stack.to_layout(loaded.params, setup.spec.scan_layers)
-    want = jax.tree_util.tree_map(lambda x: x.shape, setup.abstract_state.params)
+# What the run writes in its workdir as a file, and as a folder (metrics.py, resume.py).
+_OUTPUT_FILES = ("metrics.jsonl", "config_changes.jsonl")
+_OUTPUT_FOLDERS = ("tensorboard",)
+
+
+def _check_outputs(workdir: str) -> None:
+    """ConfigError when a folder stands where the run writes a file (or a file where it writes
+    a folder): found at once, not when the first row is written after the step compiled."""
+    for name, folder in [(n, False) for n in _OUTPUT_FILES] + [(n, True) for n in _OUTPUT_FOLDERS]:
+        path = paths.join(workdir, name)
+        if paths.exists(path) and paths.isdir(path) != folder:
+            what, wants = ("a file", "a folder") if folder else ("a folder", "a file")
+            raise validate.ConfigError(
+                f"{path} is {what}, where the run writes {wants} of that name; move it away "
+                "(or choose another --workdir)"
+            )
+
+
+def _in_layout(loaded, abstract_params, scan_layers: bool):
+    """`loaded`'s parameters in the step's layer layout (a model saved unrolled or stacked
+    starts this run in its own); ConfigError when their shapes are not `abstract_params'`."""
+    loaded_params = layer_stack.to_layout(loaded.params, scan_layers)
+    want = jax.tree_util.tree_map(lambda x: tuple(x.shape), abstract_params)
     have = jax.tree_util.tree_map(lambda x: tuple(x.shape), loaded_params)
     if want != have:
         raise validate.ConfigError(
@@ -218,6 +241,21 @@ def _with_params(state, loaded, setup: StepSetup):
             f"(discriminator {loaded.spec.discriminator}, generator {loaded.spec.generator}, "
             f"vocab {loaded.spec.vocab_size}); set model.* and generator.* to match"
         )
+    return loaded_params
+
+
+def _check_init_from(loaded, config) -> None:
+    """The shape check of _with_params from the config alone (the vocabulary is init_from's
+    tokenizer's), by abstract evaluation: a model of another width is refused before the
+    corpus is tokenized and packed, not after."""
+    spec, model, *_ = build(config, loaded.tokenizer.vocab_size)
+    abstract = jax.eval_shape(lambda: init_params(model, jax.random.PRNGKey(0)))
+    _in_layout(loaded, abstract, spec.scan_layers)
+
+
+def _with_params(state, loaded, setup: StepSetup):
+    """The fresh state with `loaded`'s parameters, laid out as the step expects."""
+    loaded_params = _in_layout(loaded, setup.abstract_state.params, setup.spec.scan_layers)
     params = jax.device_put(loaded_params, setup.state_sharding.params)
     return state.replace(params=params)
 

@@ -108,8 +108,8 @@ def read_rows(path: str) -> list[dict]:
         return rows
     for line in text.splitlines(keepends=True):
         try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
+            rows.append(jsonio.loads(line))
+        except ValueError:  # half-written (or nested too deep to be a row of ours)
             break
     return rows
 

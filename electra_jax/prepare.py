@@ -27,6 +27,7 @@ from ml_collections import config_flags
 from electra_jax.cli import (
     PRINT_CONFIG_HELP,
     cannot_write,
+    check_family,
     fail,
     loaded_config,
     parse_flags,
@@ -108,6 +109,9 @@ def main(argv) -> None:
         fail(f"config file {flags.FLAGS['config'].config_filename} cannot be read; check --config")
     # The file is loaded lazily: fail here, not in the middle of a run.
     config = loaded_config(config, flags.FLAGS["config"].config_filename)
+    check_family(
+        config, flags.FLAGS["config"].config_filename, "electra_jax.prepare", finetuning=False
+    )
     if _PRINT_CONFIG.value:
         print_config(config, flags.FLAGS["config"].config_filename)
         return

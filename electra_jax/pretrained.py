@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import os
 from collections.abc import Mapping, Sequence
@@ -32,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from electra_jax import model, paths
+from electra_jax import jsonio, model, paths
 from electra_jax.hf.read import HF_PREFIX, read_hf
 from electra_jax.jsonio import json_kind, one_line
 from electra_jax.weights import (  # noqa: F401  (PretrainedError and Pretrained: public here too)
@@ -62,7 +61,7 @@ def load_pretrained(path: str) -> Pretrained:
             f"{path} does not exist or is not a directory; give a pre-training workdir, an "
             "export dir (python -m electra_jax.export) or hf:DIR"
         )
-    kind = _kind(path)
+    kind = folder_kind(path)
     if kind == "fine-tuning":
         raise PretrainedError(
             f"{path} is a fine-tuning workdir; electra_jax.load({path!r}) predicts with it, and "
@@ -87,7 +86,7 @@ def split_step(path: str) -> tuple[str, int | None]:
     return head, int(tail)
 
 
-def _kind(path: str) -> str | None:
+def folder_kind(path: str) -> str | None:
     """'workdir', 'hf' (an export or a transformers folder), 'fine-tuning' or None, from the
     files present."""
     from electra_jax import workdir as workdir_lib
@@ -101,7 +100,7 @@ def _kind(path: str) -> str | None:
     config_path = paths.join(path, "config.json")
     if paths.isfile(config_path):
         try:
-            config = json.loads(paths.read_bytes(config_path))
+            config = jsonio.loads(paths.read_bytes(config_path))
         except (OSError, ValueError):
             return "workdir"  # load_workdir reports the damaged file
         # Our run config has a `model` section; a transformers config says `model_type`.
@@ -116,7 +115,7 @@ def read_run_config(workdir: str) -> dict:
     """WORKDIR/config.json, the resolved config the run was started with."""
     path = paths.join(workdir, "config.json")
     try:
-        config = json.loads(paths.read_bytes(path))
+        config = jsonio.loads(paths.read_bytes(path))
     except FileNotFoundError:
         raise PretrainedError(
             f"{path} is missing: {workdir} is not a pre-training workdir (train writes "

@@ -30,7 +30,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from electra_jax import checkpointing, metrics, paths
+from electra_jax import checkpointing, jsonio, metrics, paths
 from electra_jax.jsonio import write_json
 from electra_jax.validate import ConfigError, flatten
 
@@ -220,7 +220,7 @@ def _read_stored_config(path: str) -> dict | None:
     if not paths.exists(path):
         return None
     try:
-        stored = json.loads(paths.read_bytes(path))
+        stored = jsonio.loads(paths.read_bytes(path))
     except (OSError, ValueError) as e:
         reason = " ".join(str(e).split())
         raise ConfigError(

@@ -21,6 +21,7 @@ from ml_collections import config_flags
 from electra_jax.cli import (
     PRINT_CONFIG_HELP,
     cannot_write,
+    check_family,
     fail,
     loaded_config,
     parse_flags,
@@ -182,6 +183,9 @@ def main(argv) -> None:
         fail(f"config file {flags.FLAGS['config'].config_filename} cannot be read; check --config")
     # The file is loaded lazily: fail here, not in the middle of a run.
     config = loaded_config(config, flags.FLAGS["config"].config_filename)
+    check_family(
+        config, flags.FLAGS["config"].config_filename, "electra_jax.train", finetuning=False
+    )
     if _PRINT_CONFIG.value:
         print_config(config, flags.FLAGS["config"].config_filename)
         return
@@ -195,8 +199,11 @@ def main(argv) -> None:
         if _VERBOSE.value:
             raise
         fail(str(e))
-    from electra_jax import dry_run, loop
+    from electra_jax import checkpointing, dry_run, loop
     from electra_jax.checkpointing import CheckpointError, Preempted
+
+    if not _VERBOSE.value:
+        checkpointing.quiet_write_failures()  # orbax's threads' reports of a full disk
 
     try:
         if _DRY_RUN.value:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import struct
 from typing import Any
 
 from electra_jax.data.uri import uri_scheme
@@ -221,6 +222,7 @@ def check_config(config: Any) -> None:
     _require(k >= 1, f"train.steps_per_call={k} must be >= 1")
     _check_eval(config)
     _check_ranges(config)
+    _check_float32(config)
     _check_choices(config)
     _check_source(d.source)
     cache_dir = d.get("cache_dir", "")
@@ -365,6 +367,102 @@ _RANGES = (
     ("train.generator_lr_scale", 0, None, False, True),
     ("log.peak_flops", 0, None, True, True),
 )
+
+
+# Settings that enter float32 arithmetic on the device, with the range (both ends included) in
+# which that arithmetic means something: a value finite in Python can still round to 0, 1 or
+# inf there, or drown everything else. (key, lowest, highest, why).
+_TINY = 1e-30  # well inside float32's normal range (from 1.2e-38): devices flush smaller to 0
+_STEPS = 2**31 - 1  # optax and the loop count steps in int32
+_DROPOUT_TOP = 1 - 1e-9  # the dropout mask keeps a unit if 32 random bits fall below (1-rate) 2^32
+_FLOAT32_RANGES = (
+    (
+        "train.learning_rate",
+        1e-9,
+        10.0,
+        "an Adam step moves each weight by about the learning rate; float32 rounds a smaller "
+        "step away against weights of ~0.02, and a larger one throws them past anything trained",
+    ),
+    (
+        "train.adam_eps",
+        _TINY,
+        1.0,
+        "it divides the update of every weight no batch touched yet, whose moments are 0: "
+        "smaller rounds to 0 in float32 and 0/0 is NaN",
+    ),
+    (
+        "model.layer_norm_eps",
+        _TINY,
+        1.0,
+        "it is added to the variance under a square root: smaller rounds to 0 in float32, and a "
+        "constant input divides by 0",
+    ),
+    ("train.clip_norm", _TINY, 1e30, "gradients are scaled by it in float32"),
+    (
+        "model.initializer_range",
+        _TINY,
+        1e3,
+        "the initial weights' products are squared in LayerNorm's variance, in float32",
+    ),
+    ("model.dropout_rate", 0.0, _DROPOUT_TOP, "the kept units are scaled by 1 / (1 - rate)"),
+    (
+        "model.attention_dropout_rate",
+        0.0,
+        _DROPOUT_TOP,
+        "the kept probabilities are scaled by 1 / (1 - rate)",
+    ),
+    *(
+        (
+            f"objective.{name}",
+            0.0,
+            1e6,
+            "the loss terms are summed in float32 and clipped by one global gradient norm: a "
+            "weight beyond 1e6 drowns the other terms below float32's resolution",
+        )
+        for name in ("gen_weight", "disc_weight", "disc_mlm_weight")
+    ),
+    ("train.num_steps", 1, _STEPS, "the step is counted in int32"),
+    ("train.warmup_steps", 0, _STEPS, "the step is counted in int32"),
+)
+
+
+def _num(x: float) -> str:
+    """x short ('1e-09', '10') where that is exact, else in full ('0.999999999')."""
+    short = f"{x:g}"
+    return short if float(short) == x else repr(x)
+
+
+def _check_float32(config: Any) -> None:
+    """The settings of _FLOAT32_RANGES, Adam's decay rates, and the learning rates derived from
+    train.learning_rate (the generator's, the weight decay's factor)."""
+    for key, lo, hi, why in _FLOAT32_RANGES:
+        value = _get(config, key)
+        if value is None or isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        _require(lo <= value <= hi, f"{key}={value} must be in [{_num(lo)}, {_num(hi)}]: {why}")
+    for key in ("train.adam_b1", "train.adam_b2"):
+        value = _get(config, key)
+        if isinstance(value, float):
+            # With no bias correction a rate that rounds to 1 keeps the moment at 0 forever.
+            _require(
+                struct.unpack("f", struct.pack("f", value))[0] < 1,
+                f"{key}={value} rounds to 1.0 in float32, which freezes Adam's moment at its "
+                "start; use at most 0.9999999",
+            )
+    t = config.train
+    lr, scale = t.learning_rate, t.get("generator_lr_scale", 1.0)
+    _require(
+        1e-9 <= lr * scale <= 10,
+        f"train.generator_lr_scale={scale} gives the generator a learning rate of "
+        f"{lr * scale:g}, outside [1e-09, 10] as train.learning_rate must be",
+    )
+    decay = t.get("weight_decay", 0.0)
+    _require(
+        lr * decay < 1,
+        f"train.weight_decay={decay} x train.learning_rate={lr} = {lr * decay:g}: AdamW "
+        "multiplies every weight by (1 - that) each step, so from 1 on it zeroes or flips them; "
+        "lower train.weight_decay",
+    )
 
 
 def _interval(lo, hi, lo_in, hi_in) -> str:

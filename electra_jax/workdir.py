@@ -42,7 +42,7 @@ import socket
 import sys
 import time
 
-from electra_jax import paths
+from electra_jax import jsonio, paths
 from electra_jax.jsonio import write_json
 from electra_jax.validate import ConfigError, check_workdir
 
@@ -122,7 +122,7 @@ def _our_by_product(name: str) -> bool:
 
 def _read_json(path: str):
     try:
-        return json.loads(paths.read_bytes(path))
+        return jsonio.loads(paths.read_bytes(path))
     except (OSError, ValueError):
         return None
 

@@ -50,3 +50,50 @@ def subprocess_env(devices: int | None = None) -> dict:
     if devices:
         env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
     return env
+
+
+def run_command(module: str, *args: str, timeout: float = 180, file_size_limit: int = 0):
+    """`python -m module args...` as a user runs it, from the repository root: the finished
+    process (returncode, stdout, stderr as text). `file_size_limit` > 0 (bytes, RLIMIT_FSIZE)
+    stands in for a full disk: a write past it fails with EFBIG (Python ignores SIGXFSZ)."""
+    import subprocess
+    import sys
+
+    def limit():
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_FSIZE, (file_size_limit, file_size_limit))
+
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        preexec_fn=limit if file_size_limit else None,
+    )
+
+
+def micro_config_file(path, shared_data) -> str:
+    """A config file at `path` for the commands: the micro config reading the shared tokenizer
+    and prepared data (tests/test_loop.py's shared_data: (tokenizer, cache dir))."""
+    tokenizer, cache_dir = shared_data
+    path.write_text(
+        f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nfrom tests.micro import micro_config\n\n"
+        "def get_config():\n    config = micro_config()\n"
+        f"    config.data.tokenizer, config.data.cache_dir = {tokenizer!r}, {cache_dir!r}\n"
+        "    return config\n"
+    )
+    return str(path)
+
+
+def error_line(out, only: bool = False) -> str:
+    """The `error:` line a refused command ends with (exit code 2, no traceback); with `only`,
+    checked to be all it printed on stderr."""
+    assert out.returncode == 2, (out.returncode, out.stderr[-3000:])
+    assert "Traceback" not in out.stderr, out.stderr[-3000:]
+    lines = out.stderr.strip().splitlines()
+    assert lines and lines[-1].startswith("error: "), lines
+    assert not only or len(lines) == 1, lines
+    return lines[-1]

@@ -176,9 +176,14 @@ def test_a_machine_error_moves_nothing(tmp_path, monkeypatch):
         raise PermissionError(13, "Permission denied", "state/d/abc")
 
     monkeypatch.setattr(checkpointing.ocp.CheckpointManager, "restore", denied)
-    with pytest.raises(checkpointing.CheckpointError, match="cannot be read on this machine"):
+    with pytest.raises(checkpointing.CheckpointError, match="cannot be read on this machine") as e:
         _restore(str(tmp_path))
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["2", "5"]
+    # The advice is the errno's: a permission, not space or memory.
+    assert str(e.value).endswith(
+        "(Permission denied); nothing was moved: make its files readable (their permissions), "
+        "then run again"
+    )
 
 
 def test_a_workdir_whose_checkpoints_were_all_set_aside_does_not_start_over(tmp_path):
@@ -225,3 +230,73 @@ def test_keep_every_steps_keeps_the_multiples_beside_the_newest(tmp_path):
     _write(str(tmp_path / "plain"), [2, 4, 6, 8], _cfg(keep=2))
     plain = os.listdir(checkpointing.checkpoint_dir(str(tmp_path / "plain")))
     assert sorted(int(n) for n in plain if n.isdigit()) == [6, 8]
+
+
+def test_environment_errors_are_told_by_errno_in_orbax_and_tensorstore_words():
+    text = "Failed to write 137660 bytes to file 8: File too large [os_error_code='27']"
+    assert checkpointing._environment_errno(ValueError(f"OUT_OF_RANGE: {text}")) == 27
+    assert checkpointing._environment_errno(ValueError("RESOURCE_EXHAUSTED: ...")) == 28
+    assert checkpointing._environment_errno(OSError(30, "Read-only file system")) == 30
+    assert checkpointing._environment_errno(ValueError("[Errno 2] No such file")) is None
+    assert checkpointing._environment_errno(KeyError("params")) is None
+
+
+@pytest.mark.slow
+def test_a_full_disk_during_a_save_through_train_is_one_line_without_orbax_tracebacks(
+    tmp_path, tmp_path_factory
+):
+    """A file size limit stands in for a full disk (SIGXFSZ ignored: writes fail with EFBIG):
+    checkpoint 3 is written without it, then the save of step 6 meets it. orbax reports the
+    failure from each of its threads, hundreds of lines; the command says it in one, and
+    --verbose shows them all."""
+    from electra_jax import loop
+    from tests.conftest import micro_config_file, run_command
+    from tests.test_loop import config_with, prepare_shared_data
+
+    tokenizer, cache_dir = prepare_shared_data(tmp_path_factory)
+    cfg = config_with((tokenizer, cache_dir))
+    cfg.train.num_steps = 3
+    workdir = tmp_path / "w"
+    loop.train(cfg, str(workdir))
+    config = micro_config_file(tmp_path / "config.py", (tokenizer, cache_dir))
+
+    def train(*flags):  # every data file of a checkpoint is larger; metrics.jsonl is not
+        return run_command(
+            "electra_jax.train",
+            f"--config={config}",
+            f"--workdir={workdir}",
+            *flags,
+            timeout=300,
+            file_size_limit=60_000,
+        )
+
+    out = train()
+    assert out.returncode == 2, out.stderr[-3000:]
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) < 12 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert lines[-1] == (
+        f"error: a checkpoint could not be written to {workdir / 'checkpoints'} (File too "
+        "large); checkpoint 3 is intact: raise the file size limit (ulimit -f) or use a "
+        "filesystem without one, then run the same command to resume"
+    )
+    assert sorted(n for n in os.listdir(workdir / "checkpoints") if n.isdigit()) == ["3"]
+    verbose = train("--verbose")
+    assert verbose.returncode != 0 and verbose.stderr.count("Traceback") > 3
+
+
+def test_only_orbax_reports_of_an_environment_failure_are_dropped():
+    """quiet_write_failures hides that failure's echoes, never other errors."""
+    import logging
+
+    keep = checkpointing._OrbaxWriteFailureFilter().filter
+
+    def record(pathname, message, level=logging.ERROR):
+        return logging.LogRecord("absl", level, pathname, 1, message, None, None)
+
+    orbax = "/site-packages/orbax/checkpoint/_src/futures/future.py"
+    full = "raised an exception: OUT_OF_RANGE: ... File too large [os_error_code='27']"
+    assert not keep(record(orbax, full))
+    assert not keep(record("/asyncio/base_events.py", f"Task exception: orbax/x.py {full}"))
+    assert keep(record(orbax, "raised an exception: KeyError: 'params'"))  # not the machine's
+    assert keep(record("/electra_jax/loop.py", full))  # not orbax's
+    assert keep(record(orbax, full, logging.WARNING))  # below ERROR: absl's verbosity decides

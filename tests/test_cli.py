@@ -1,5 +1,6 @@
 """cli: what the commands share, one `error:` line and exit code 2, through a real absl app."""
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -7,7 +8,7 @@ import textwrap
 import pytest
 
 from electra_jax import cli
-from tests.conftest import ROOT, subprocess_env
+from tests.conftest import ROOT, error_line, run_command, subprocess_env
 
 # A command as the package's are written: a config flag, parse_flags as absl's parser.
 APP = textwrap.dedent(
@@ -49,7 +50,7 @@ def get_config():
 """
 
 
-def test_a_good_config_and_its_overrides_reach_the_command(tmp_path):
+def test_a_good_config_and_its_overrides_reach_therun_command(tmp_path):
     out = _run(tmp_path, GOOD, "--config.model.hidden_size=128")
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == '{"model": {"hidden_size": 128}}'
@@ -58,11 +59,20 @@ def test_a_good_config_and_its_overrides_reach_the_command(tmp_path):
 @pytest.mark.parametrize(
     "config_text,args,expected",
     [
-        (GOOD, ["--config.model.hiden_size=3"], "error: unknown config key --config.model.hiden"),
+        (
+            GOOD,
+            ["--config.model.hiden_size=3"],
+            "error: unknown config key model.hiden_size (did you mean model.hidden_size?)",
+        ),
         (GOOD, ["--config.model.hidden_size=wide"], "error: "),
         ("def get_config(:\n", [], "is not valid Python"),
         ("x = 1\n", [], "has no get_config() function"),
         ("def get_config():\n    return {'a': 1}\n", [], "get_config() returned dict"),
+        (
+            "def get_config():\n    return 1\n",
+            ["--config.x=1"],
+            "config.py: get_config() returned int",
+        ),
     ],
 )
 def test_bad_config_input_is_one_line_and_exit_code_2(tmp_path, config_text, args, expected):
@@ -79,9 +89,118 @@ def test_fail_and_cannot_write_say_one_line(capsys):
     assert capsys.readouterr().err == "error: data.source 'x' is not a known source\n"
     error = OSError(28, "No space left on device", "/w/metrics.jsonl")
     assert cli.cannot_write(error, "then rerun") == (
-        "cannot write /w/metrics.jsonl (No space left on device); free space or fix the "
-        "storage, then rerun"
+        "cannot write /w/metrics.jsonl (No space left on device); free space on that disk (or "
+        "raise the quota), then rerun"
     )
+
+
+@pytest.mark.parametrize(
+    "code,advice",
+    [
+        (21, "a folder stands where that file goes: move it away"),  # EISDIR
+        (20, "a file stands where a folder of that path goes: move it away"),  # ENOTDIR
+        (13, "make it writable (its permissions) or write elsewhere"),  # EACCES
+        (30, "the filesystem is mounted read-only: write elsewhere"),  # EROFS
+        (27, "raise the file size limit (ulimit -f) or use a filesystem without one"),  # EFBIG
+        (5, "check the storage (its mount, its free space, its errors)"),  # EIO: unknown cause
+    ],
+)
+def test_the_advice_of_a_failed_write_follows_its_errno(code, advice):
+    """Never "free space" for a folder where a file goes, or for a permission."""
+    line = cli.cannot_write(OSError(code, os.strerror(code), "/w/metrics.jsonl"), "then rerun")
+    assert line == f"cannot write /w/metrics.jsonl ({os.strerror(code)}); {advice}, then rerun"
     assert cli._flag_value(["p", "--config", "c.py"], "--config") == "c.py"
     assert cli._flag_value(["p", "--config=c.py:arg"], "--config") == "c.py:arg"
     assert cli._flag_value(["p"], "--config") is None
+
+
+def test_only_the_unknown_key_beside_valid_ones_is_named(tmp_path):
+    line = error_line(
+        _run(
+            tmp_path,
+            GOOD,
+            "--config.model.hidden_size=9",
+            "--config.model.hidden_siz=9",
+            "--config.modle.hidden_size=9",
+            "--config.model.zzz=1",
+        ),
+        only=True,
+    )
+    named = line.split("unknown config keys ", 1)[1]
+    assert named.startswith(
+        "model.hidden_siz (did you mean model.hidden_size?), modle.hidden_size (did you mean "
+        "model.hidden_size?), model.zzz in "
+    ), line
+    assert "--config.model.hidden_size" not in line
+
+
+BOOM = """
+import ml_collections
+
+def get_config():
+    config = ml_collections.ConfigDict({"model": {"hidden_size": 64}})
+    raise ValueError("boom")
+"""
+
+
+@pytest.mark.parametrize(
+    "config_text,where",
+    [
+        (BOOM, "raised ValueError: boom (line 6, in get_config())"),
+        (
+            "import json\nraise RuntimeError('at import')\n",
+            "RuntimeError: at import (line 2, at its top level)",
+        ),
+        (
+            "import no_such_module_here\n",
+            "ModuleNotFoundError: No module named 'no_such_module_here' (line 1",
+        ),
+    ],
+)
+def test_a_config_file_that_raises_is_named_with_its_error_and_line(tmp_path, config_text, where):
+    line = error_line(_run(tmp_path, config_text, "--config.model.hidden_size=9"), only=True)
+    assert line.startswith(f"error: config file {tmp_path / 'config.py'} "), line
+    assert where in line, line
+    verbose = _run(tmp_path, config_text, "--verbose")
+    assert verbose.returncode != 0 and "Traceback" in verbose.stderr
+
+
+@pytest.mark.parametrize(
+    "module,config,args,expected",
+    [
+        ("electra_jax.train", "configs/glue.py", ["--dry_run"], "is a fine-tuning config"),
+        ("electra_jax.train", "configs/squad.py", ["--workdir=W"], "is a fine-tuning config"),
+        ("electra_jax.prepare", "configs/squad.py", ["--workdir=W"], "is a fine-tuning config"),
+        ("electra_jax.finetune", "configs/tiny.py", ["--workdir=W"], "is a pre-training config"),
+    ],
+)
+def test_a_config_of_the_other_family_names_which_command_takes_which(
+    tmp_path, module, config, args, expected
+):
+    args = [a.replace("W", str(tmp_path / "w")) for a in args]
+    line = error_line(run_command(module, f"--config={config}", *args), only=True)
+    assert f"config file {config} {expected}" in line, line
+    assert "electra_jax.finetune takes fine-tuning configs (configs/glue.py" in line, line
+    assert "electra_jax.train and electra_jax.prepare take pre-training configs" in line, line
+    assert not (tmp_path / "w").exists()  # refused before anything was created
+
+
+def test_a_config_without_the_pretraining_sections_is_named(tmp_path):
+    (tmp_path / "config.py").write_text(GOOD)
+    line = error_line(
+        only=True,
+        out=run_command("electra_jax.train", f"--config={tmp_path / 'config.py'}", "--dry_run"),
+    )
+    assert "has no generator, data, train, objective, checkpoint, log sections" in line, line
+
+
+def test_a_config_argument_get_config_does_not_take_is_one_line(tmp_path):
+    (tmp_path / "config.py").write_text(GOOD)
+    line = error_line(
+        run_command("electra_jax.train", f"--config={tmp_path / 'config.py'}:big", "--dry_run"),
+        only=True,
+    )
+    assert line == (
+        f"error: config file {tmp_path / 'config.py'}:big: get_config() cannot be called as "
+        "--config asks (TypeError: get_config() takes 0 positional arguments but 1 was given)"
+    )

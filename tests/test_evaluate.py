@@ -99,3 +99,23 @@ def test_the_command_refuses_bad_input_in_one_line(tmp_path):
     empty = run(f"--workdir={tmp_path}")
     assert empty.returncode == 2 and "config.json" in empty.stderr
     assert "Traceback" not in empty.stderr
+
+
+def test_a_fine_tuning_workdir_or_an_export_is_named_as_such(tmp_path):
+    """Not "config.json has no generator section ... restore it from a copy": the folder is
+    fine, it is only not what evaluate takes."""
+    import json
+
+    from electra_jax import workdir as workdir_lib
+    from tests.conftest import error_line, run_command
+
+    finetuned = tmp_path / "sst2"
+    with workdir_lib.claimed(str(finetuned), workdir_lib.FINETUNE, command="test"):
+        (finetuned / "config.json").write_text(json.dumps({"family": "glue", "task": "SST-2"}))
+    exported = tmp_path / "hf" / "discriminator"
+    exported.mkdir(parents=True)
+    (exported / "config.json").write_text(json.dumps({"model_type": "electra"}))
+    for folder, what in ((finetuned, "a fine-tuning workdir"), (exported.parent, "an export")):
+        line = error_line(run_command("electra_jax.evaluate", f"--workdir={folder}"), only=True)
+        assert line.startswith(f"error: --workdir {folder} is {what}"), line
+        assert "takes a pre-training workdir" in line, line

@@ -515,3 +515,32 @@ def test_cli_refuses_a_foreign_export_json(tmp_path):
         "'someone.else'); choose another --out (nothing was changed)"
     ], result.stderr
     assert sorted(os.listdir(out)) == ["export.json", "important.txt"]
+
+
+@pytest.mark.parametrize("previous", [True, False])
+def test_a_full_disk_while_exporting_is_one_line_and_the_previous_export_stays(
+    run, exported, tmp_path, previous
+):
+    """A file size limit stands in for a full disk: the weights (safetensors, which reports it
+    as its own error type) cannot be written. One line says what stayed as it was."""
+    import hashlib
+
+    from tests.conftest import run_command
+
+    out = tmp_path / "hf"
+    if previous:
+        shutil.copytree(exported, out)
+    before = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in out.rglob("*") if p.is_file()}
+
+    # config.json and the tokenizer files fit under the limit; the weights do not.
+    result = run_command(
+        "electra_jax.export", f"--workdir={run['path']}", f"--out={out}", file_size_limit=60_000
+    )
+    kept = "the previous export there is intact" if previous else "nothing was written there"
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines() == [
+        f"error: cannot write the export to {out} (File too large); {kept}: raise the file size "
+        "limit (ulimit -f) or use a filesystem without one, then export again"
+    ]
+    after = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in out.rglob("*") if p.is_file()}
+    assert after == before and (out.exists() == previous)

@@ -6,6 +6,7 @@ import os
 import pytest
 
 from electra_jax import jsonio
+from tests.conftest import error_line, run_command
 
 
 class _Error(ValueError):
@@ -54,3 +55,50 @@ def test_values_are_named_as_json_names_them_and_text_is_one_line():
     assert kinds == ["object", "list", "string", "boolean", "number", "number", "null"]
     assert jsonio.one_line("a\n  b\tc") == "a b c"
     assert jsonio.one_line("x" * 50, limit=10) == "xxxxxxx..."
+
+
+DEEP = "[" * 50_000 + "]" * 50_000  # past the parser's recursion limit
+
+
+def test_json_nested_too_deep_is_a_value_error_like_malformed_json(tmp_path):
+    assert jsonio.loads("[" * jsonio.MAX_DEPTH + "]" * jsonio.MAX_DEPTH) is not None
+    for text in (DEEP, '{"a": ' * 5_000 + "1" + "}" * 5_000, "[" * 101 + "]" * 101):
+        with pytest.raises(ValueError, match="nested more than 100"):
+            jsonio.loads(text)
+    (tmp_path / "x.json").write_text(DEEP)
+    with pytest.raises(_Error, match=r"x.json cannot be read \(JSON nested more than 100"):
+        jsonio.read_json(str(tmp_path / "x.json"), _Error)
+
+
+def _deep_object() -> str:
+    return '{"data": ' + DEEP + "}"
+
+
+@pytest.mark.parametrize("where", ["squad", "hf_config", "workdir_config"])
+def test_deep_json_through_the_commands_is_one_line_naming_the_file(tmp_path, where):
+    """A SQuAD file, a transformers config.json, a workdir's config.json: each read by the
+    command a user runs, each one `error:` line naming the file, never a RecursionError."""
+    args = [f"--workdir={tmp_path / 'run'}"]
+    if where == "squad":
+        bad = tmp_path / "squad" / "train-v1.1.json"
+        bad.parent.mkdir()
+        bad.write_text(_deep_object())
+        (bad.parent / "dev-v1.1.json").write_text(_deep_object())
+        args += ["--config=configs/squad.py", f"--config.data_dir={bad.parent}"]
+    else:
+        bad = tmp_path / "model" / ("discriminator" if where == "hf_config" else "") / "config.json"
+        bad.parent.mkdir(parents=True)
+        bad.write_text(_deep_object())
+        glue = tmp_path / "SST-2"
+        glue.mkdir()
+        for name in ("train.tsv", "dev.tsv"):
+            (glue / name).write_text("sentence\tlabel\nthe river\t1\nthe king\t0\n")
+        args += [
+            "--config=configs/glue.py",
+            f"--config.data_dir={glue}",
+            f"--config.init_from={tmp_path / 'model'}",
+        ]
+    out = run_command("electra_jax.finetune", *args)
+    last = error_line(out)
+    assert "RecursionError" not in out.stderr, out.stderr
+    assert last.startswith("error: ") and f"{bad} " in last and "nested more than" in last, last

@@ -165,8 +165,10 @@ def test_init_from_starts_from_another_runs_weights(shared_data, tmp_path):
     assert b.tokenizer.fingerprint == a.tokenizer.fingerprint
 
     cfg.model.hidden_size = 32
+    cfg.data.cache_dir = ""  # WORKDIR/data: the corpus would be tokenized and packed there
     with pytest.raises(loop.validate.ConfigError, match="other shapes"):
         loop.train(cfg, str(tmp_path / "c"))
+    assert not (tmp_path / "c" / "data").exists()  # refused before the data was prepared
 
 
 def test_init_from_a_wordpiece_transformers_pair_continues_pretraining(tmp_path):
@@ -418,3 +420,24 @@ def test_the_recipes_schedules_run_in_whole_calls_and_resume_exactly(shared_data
             assert a[k] == b[k], (a["step"], k)
     loaded = pretrained.load_pretrained(str(tmp_path / "one"))
     assert loaded.spec.mlm_head and "mlm_predictions_dense" in loaded.params
+
+
+@pytest.mark.slow
+def test_a_folder_where_the_run_writes_a_file_is_refused_before_the_work(shared_data, tmp_path):
+    """metrics.jsonl a folder (or tensorboard a file): one line at once, through the command,
+    not an IsADirectoryError once the step has compiled; its advice is not "free space"."""
+    from tests.conftest import error_line, micro_config_file, run_command
+
+    cfg = config_with(shared_data)
+    cfg.train.num_steps = 3
+    workdir = tmp_path / "w"
+    loop.train(cfg, str(workdir))
+    config = micro_config_file(tmp_path / "config.py", shared_data)
+    (workdir / "metrics.jsonl").unlink()
+    (workdir / "metrics.jsonl").mkdir()
+    out = run_command("electra_jax.train", f"--config={config}", f"--workdir={workdir}")
+    assert error_line(out) == (
+        f"error: {workdir / 'metrics.jsonl'} is a folder, where the run writes a file of that "
+        "name; move it away (or choose another --workdir)"
+    )
+    assert "compiled" not in out.stderr and sorted(os.listdir(workdir / "checkpoints")) == ["3"]

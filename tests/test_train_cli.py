@@ -33,7 +33,7 @@ def test_dry_run_prints_one_json_line():
     [
         (
             ["--config.model.hidden_sz=3"],
-            'unknown config key --config.model.hidden_sz; did you mean "hidden_size"',
+            "unknown config key model.hidden_sz (did you mean model.hidden_size?)",
         ),
         (["--config.train.batch_size=abc"], "--config.train.batch_size=abc"),
         (

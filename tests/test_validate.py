@@ -179,3 +179,68 @@ def test_keep_every_steps_must_be_a_multiple_of_the_save_interval():
         validate.check_config(config)
     config.checkpoint.keep_every_steps = 30
     validate.check_config(config)
+
+
+@pytest.mark.parametrize(
+    "key,value,expected",
+    [
+        ("train.learning_rate", 1e-30, "train.learning_rate=1e-30 must be in [1e-09, 10]: an Adam"),
+        ("train.learning_rate", 1e30, "train.learning_rate=1e+30 must be in [1e-09, 10]"),
+        ("train.adam_eps", 1e-45, "train.adam_eps=1e-45 must be in [1e-30, 1]: it divides"),
+        ("model.layer_norm_eps", 1e-40, "model.layer_norm_eps=1e-40 must be in [1e-30, 1]"),
+        ("model.initializer_range", 1e-40, "model.initializer_range=1e-40 must be in [1e-30"),
+        ("train.clip_norm", 1e-40, "train.clip_norm=1e-40 must be in [1e-30, 1e+30]"),
+        ("model.dropout_rate", 1 - 1e-12, "model.dropout_rate=0.999999999999 must be in [0, 0.99"),
+        ("model.attention_dropout_rate", 1 - 1e-12, "model.attention_dropout_rate=0.99999"),
+        ("objective.disc_weight", 1e30, "objective.disc_weight=1e+30 must be in [0, 1e+06]"),
+        ("objective.gen_weight", 1e7, "objective.gen_weight=10000000.0 must be in [0, 1e+06]"),
+        ("train.num_steps", 2**31, "train.num_steps=2147483648 must be in [1, 2147483647]"),
+        ("train.warmup_steps", 2**40, "train.warmup_steps=1099511627776 must be in [0, 21474"),
+        ("train.adam_b2", 1 - 1e-9, "train.adam_b2=0.999999999 rounds to 1.0 in float32"),
+        ("train.adam_b1", 1 - 1e-8, "train.adam_b1=0.99999999 rounds to 1.0 in float32"),
+        ("train.generator_lr_scale", 1e-20, "train.generator_lr_scale=1e-20 gives the generator"),
+        ("train.weight_decay", 1e4, "train.weight_decay=10000.0 x train.learning_rate="),
+    ],
+)
+def test_settings_meaningless_in_float32_are_refused_with_their_range(key, value, expected):
+    """Finite for Python, but 0, 1 or inf (or everything drowned) in the device's float32."""
+    config = micro_config()
+    section, name = key.split(".")
+    with config.unlocked():
+        config[section][name] = value
+    with pytest.raises(validate.ConfigError) as e:
+        validate.check_config(config)
+    assert str(e.value).startswith(expected) and "\n" not in str(e.value), str(e.value)
+
+
+def test_the_edges_of_the_float32_ranges_are_accepted():
+    config = micro_config()
+    with config.unlocked():
+        config.train.learning_rate = 1e-9
+        config.train.adam_eps = 1e-30
+        config.train.adam_b2 = 0.9999999
+        config.model.dropout_rate = 0.999999999
+        config.objective.disc_weight = 1e6
+    validate.check_config(config)
+
+
+@pytest.mark.parametrize("name", ["tiny", "small", "base", "large"])
+def test_the_shipped_configs_are_within_every_range(name):
+    from tests.conftest import load_config
+
+    validate.check_config(load_config(name))
+
+
+def test_a_float32_range_through_the_command_is_one_line():
+    from tests.conftest import error_line, run_command
+
+    out = run_command(
+        "electra_jax.train",
+        "--config=configs/tiny.py",
+        "--config.model.layer_norm_eps=1e-300",
+        "--dry_run",
+        "--nocompile",
+    )
+    assert error_line(out, only=True).startswith(
+        "error: model.layer_norm_eps=1e-300 must be in [1e-30, 1]: it is added to the variance"
+    )

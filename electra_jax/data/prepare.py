@@ -26,7 +26,7 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 from array_record.python.array_record_module import ArrayRecordWriter
 
-from electra_jax import paths
+from electra_jax import jsonio, paths
 from electra_jax.data import DataError, progress, sources, uri, wordpiece
 from electra_jax.data import tokenizer as tokenizer_lib
 from electra_jax.data.packing import SentenceEnds, iter_packed
@@ -385,10 +385,10 @@ def _read_manifest(directory: str) -> dict:
     """
     path = paths.join(directory, MANIFEST)
     try:
-        manifest = json.loads(paths.read_bytes(path))
+        manifest = jsonio.loads(paths.read_bytes(path))
     except OSError as e:
         raise _rebuild(directory, f"{path} cannot be read ({e.strerror or e})") from None
-    except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, nested too deep
         reason = " ".join(str(e).split())
         raise _rebuild(directory, f"{path} is damaged: not JSON ({reason})") from None
     if not isinstance(manifest, dict):

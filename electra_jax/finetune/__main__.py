@@ -19,7 +19,14 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
-from electra_jax.cli import PRINT_CONFIG_HELP, fail, loaded_config, parse_flags, print_config
+from electra_jax.cli import (
+    PRINT_CONFIG_HELP,
+    check_family,
+    fail,
+    loaded_config,
+    parse_flags,
+    print_config,
+)
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config",
@@ -42,7 +49,11 @@ def main(argv) -> None:
         logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
     import shlex
 
+    from electra_jax import checkpointing
     from electra_jax.checkpointing import CheckpointError, Preempted
+
+    if not _VERBOSE.value:
+        checkpointing.quiet_write_failures()  # orbax's threads' reports of a full disk
     from electra_jax.data import DataError
     from electra_jax.finetune import loop
     from electra_jax.validate import ConfigError
@@ -53,6 +64,9 @@ def main(argv) -> None:
         fail(f"config file {flags.FLAGS['config'].config_filename} cannot be read; check --config")
     # The file is loaded lazily: fail here, not in the middle of a run.
     config = loaded_config(config, flags.FLAGS["config"].config_filename)
+    check_family(
+        config, flags.FLAGS["config"].config_filename, "electra_jax.finetune", finetuning=True
+    )
     if _PRINT_CONFIG.value:
         print_config(config, flags.FLAGS["config"].config_filename)
         return

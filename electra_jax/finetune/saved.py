@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import shutil
 import tempfile
@@ -32,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from electra_jax import jsonio, paths
 from electra_jax import model as model_lib
-from electra_jax import paths
 from electra_jax.jsonio import json_kind, one_line
 from electra_jax.weights import PretrainedError, check_spec
 
@@ -48,7 +47,7 @@ FORMAT, VERSION = "electra_jax.finetuned", 1
 def read_json(path: str, what: str) -> dict:
     """A JSON object from `path`; PretrainedError naming the file otherwise."""
     try:
-        value = json.loads(paths.read_text(path))
+        value = jsonio.loads(paths.read_text(path))
     except FileNotFoundError:
         raise PretrainedError(f"{path} is missing; {what}") from None
     except (OSError, ValueError) as e:

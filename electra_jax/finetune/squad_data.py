@@ -23,13 +23,13 @@ tokens came from, whatever the tokenizer normalised (lower case, accents, NFKC).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from electra_jax import jsonio
 from electra_jax.data import DataError
 from electra_jax.jsonio import json_kind, one_line
 
@@ -86,13 +86,13 @@ def read_squad(path: str, version: str) -> list[Example]:
     Raises:
       DataError: the file is missing or not JSON; a field is absent or of the wrong type; an
         answer is not at its answer_start in the context; an answerable question has no answer;
-        a question id repeats; a 1.1 file has an unanswerable question. The message names the
-        file and the field and says what to do.
+        a question id repeats; a 1.1 file has an unanswerable question; it has no question at
+        all. The message names the file and the field and says what to do.
     """
     name = os.path.basename(path)
     try:
         with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+            data = jsonio.loads(f.read())
     except FileNotFoundError:
         raise DataError(
             f"{path} is missing; download it from {URL}{name} into config.data_dir"
@@ -103,9 +103,13 @@ def read_squad(path: str, version: str) -> list[Example]:
             f"{URL}{name}"
         ) from None
     try:
-        return _examples(data, name, version)
+        examples = _examples(data, name, version)
     except DataError as e:
         raise DataError(f"{path}: {e}; correct the file or download it again") from None
+    if not examples:
+        # A dev set of none would be scored 0 and written as a result.
+        raise DataError(f"{path} has no questions; download it again from {URL}{name}")
+    return examples
 
 
 def _examples(data: Any, name: str, version: str) -> list[Example]:

@@ -393,10 +393,25 @@ def read_tfds_split(task: Task, split: Split, tfds_data_dir: str = "") -> list[E
 
 
 def load_split(task: Task, split: Split, data_dir: str, tfds_data_dir: str = "") -> list[Example]:
-    """The split's examples from the TSVs in data_dir, or from TFDS when data_dir is empty."""
+    """The split's examples from the TSVs in data_dir, or from TFDS when data_dir is empty.
+
+    Raises:
+      DataError: what the readers raise, and a split without a single example (a file with
+        only its header): a dev set of none would be scored 0 and written as a result, a
+        training set of none trains nothing.
+    """
     if data_dir:
-        return read_tsv_split(task, data_dir, split)
-    return read_tfds_split(task, split, tfds_data_dir)
+        examples = read_tsv_split(task, data_dir, split)
+        where = os.path.join(task_dir(task, data_dir), split.filename)
+    else:
+        examples = read_tfds_split(task, split, tfds_data_dir)
+        where = f"tfds:{task.tfds_name}/{split.tfds_split}"
+    if not examples:
+        raise DataError(
+            f"{where} has no examples{'' if task.headerless else ' (only a header row)'}; "
+            f"give {task.name}'s full {split.name} set in config.data_dir"
+        )
+    return examples
 
 
 def label_text(task: Task, label: int | float) -> str | float:

@@ -19,19 +19,21 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
+import re
 import shutil
 import tempfile
 from typing import Any
 
-from electra_jax import model
+from safetensors import SafetensorError
+
+from electra_jax import jsonio, model
 from electra_jax.data.tokenizer import MODEL_FILENAME
 from electra_jax.data.wordpiece import VOCAB_FILENAME
 from electra_jax.hf.config import hf_config
 from electra_jax.hf.names import DISCRIMINATOR, GENERATOR, NETWORKS, WEIGHTS, params_to_hf
 from electra_jax.hf.tokenizer_files import write_tokenizer_files
-from electra_jax.jsonio import json_kind, one_line, write_json
+from electra_jax.jsonio import json_kind, one_line, write_advice, write_json
 from electra_jax.weights import Pretrained, PretrainedError
 
 MANIFEST = "export.json"
@@ -99,7 +101,7 @@ def _manifest_files(out: str, name: str) -> dict[str, set[str] | None]:
     path = os.path.join(out, name)
     try:
         with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+            data = jsonio.loads(f.read())
     except (OSError, ValueError):
         raise PretrainedError(
             f"--out {out}: its {name} is not JSON, so the folder is not an electra_jax export; "
@@ -300,6 +302,7 @@ def write_folder(out: str, manifest: dict, write) -> dict:
     previous = _previous(out)
     manifest = {"format": FORMAT, "version": VERSION, **manifest}
     created = not os.path.isdir(out)
+    moving = False
     try:
         os.makedirs(out, exist_ok=True)
         for name in os.listdir(out):  # left by an export that was interrupted
@@ -307,18 +310,36 @@ def write_folder(out: str, manifest: dict, write) -> dict:
                 shutil.rmtree(os.path.join(out, name), ignore_errors=True)
         tmp = tempfile.mkdtemp(prefix=TMP_PREFIX, dir=out)
         try:
-            write(tmp)
+            try:
+                write(tmp)
+            except SafetensorError as e:  # an OSError (a full disk) in safetensors' own type
+                raise _os_error(e) from e
             written = {rel: _sha256(os.path.join(tmp, rel)) for rel in _files_below(tmp)}
             manifest["files"], manifest["sha256"] = sorted(written), written
             write_json(os.path.join(tmp, MANIFEST), manifest)
+            moving = True
             _move_into_place(out, tmp, previous, written)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
             if created and not os.listdir(out):
                 os.rmdir(out)
     except OSError as e:
+        if moving:
+            kept = "part of the new export is in place: run the same command to finish it"
+        elif previous:
+            kept = "the previous export there is intact"
+        else:
+            kept = "nothing was written there"
+        reason = e.strerror or one_line(e, 200)
         raise PretrainedError(
-            f"cannot write the export to {out} ({one_line(e, 200)}); check the folder's "
-            "permissions and free space, then export again"
+            f"cannot write the export to {out} ({reason}); {kept}: {write_advice(e)}, then "
+            "export again"
         ) from None
     return manifest
+
+
+def _os_error(error: Exception) -> OSError:
+    """The OSError a SafetensorError reports ('... I/O error: File too large (os error 27)')."""
+    found = re.search(r"os error (\d+)", str(error))
+    code = int(found.group(1)) if found else None
+    return OSError(code, os.strerror(code) if code else one_line(error, 200))

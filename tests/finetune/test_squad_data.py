@@ -230,3 +230,23 @@ def test_a_question_that_leaves_no_room_is_a_data_error(tmp_path):
         wordpiece(), examples, seq_length=8, doc_stride=2, max_query_length=4
     )
     assert features.window_length.min() == 1
+
+
+@pytest.mark.parametrize("data", [[], [{"title": "t", "paragraphs": []}]])
+def test_a_file_without_questions_is_refused_naming_it(tmp_path, data):
+    """A dev file of no questions would be scored 0 and written as a result."""
+    from tests.conftest import error_line, run_command
+
+    (tmp_path / "train-v1.1.json").write_text(json.dumps(squad_json(4, "1.1", seed=0)))
+    (tmp_path / "dev-v1.1.json").write_text(json.dumps({"data": data, "version": "1.1"}))
+    out = run_command(
+        "electra_jax.finetune",
+        "--config=configs/squad.py",
+        f"--config.data_dir={tmp_path}",
+        f"--workdir={tmp_path / 'run'}",
+    )
+    assert error_line(out) == (
+        f"error: {tmp_path / 'dev-v1.1.json'} has no questions; download it again from "
+        f"{squad_data.URL}dev-v1.1.json"
+    )
+    assert not (tmp_path / "run" / "eval_results.json").exists()

@@ -207,3 +207,35 @@ def test_tfds_examples_and_unprepared_dataset(tmp_path):
     assert ex[0].source == "tfds:glue/mnli/validation_mismatched[0]"
     with pytest.raises(DataError, match=r"glue/rte is not prepared .* tfds build glue/rte"):
         tasks.load_split(tasks.get_task("RTE"), tasks.TRAIN, "", str(tmp_path / "tfds"))
+
+
+@pytest.mark.parametrize("empty", ["train.tsv", "dev.tsv"])
+def test_a_split_of_a_header_and_no_examples_is_refused_naming_the_file(tmp_path, empty):
+    """Never scored 0.0 and written as a result (a dev set), never trained on (a train set):
+    through the command, before the tokenizer or any step."""
+    from tests.conftest import error_line, run_command
+
+    glue = tmp_path / "SST-2"
+    for name in ("train.tsv", "dev.tsv"):
+        rows = [] if name == empty else ["the river ran\t1", "the king spoke\t0"]
+        _write(glue / name, ["sentence\tlabel", *rows])
+    out = run_command(
+        "electra_jax.finetune",
+        "--config=configs/glue.py",
+        f"--config.data_dir={glue}",
+        f"--workdir={tmp_path / 'run'}",
+    )
+    assert error_line(out) == (
+        f"error: {glue / empty} has no examples (only a header row); give SST-2's full "
+        f"{empty[:-4]} set in config.data_dir"
+    )
+    assert not (tmp_path / "run" / "eval_results.json").exists()
+
+
+def test_an_empty_headerless_split_is_refused_too(tmp_path):
+    _write(tmp_path / "train.tsv", ["gj04\t1\t\tThe sailors rode the breeze."])
+    _write(tmp_path / "dev.tsv", [])
+    cola = tasks.get_task("CoLA")
+    assert len(tasks.load_split(cola, tasks.TRAIN, str(tmp_path))) == 1
+    with pytest.raises(DataError, match=r"dev.tsv has no examples; give CoLA's full dev set"):
+        tasks.load_split(cola, cola.dev_splits[0], str(tmp_path))
