@@ -241,7 +241,7 @@ def _read_data_record(path: str) -> dict | None:
     if not paths.exists(path):
         return None
     try:
-        record = json.loads(paths.read_bytes(path))
+        record = jsonio.loads(paths.read_bytes(path))
     except (OSError, ValueError) as e:
         record = " ".join(str(e).split())
     if not isinstance(record, dict) or not isinstance(record.get("fields"), dict):
