@@ -244,7 +244,8 @@ def table(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(results: dict, path: str) -> None:
+def plot(results: dict, path: str, only: list[str] | None = None) -> None:
+    """The four readings against counted FLOPs, a line per setting (those in `only` if given)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -254,7 +255,7 @@ def plot(results: dict, path: str) -> None:
     fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 4))
     for name, runs in results["settings"].items():
         runs = [r for r in runs.values() if r["rows"] and r.get("finished", True)]
-        if not runs:
+        if not runs or (only and name not in only):
             continue
         for ax, key in zip(axes, keys, strict=True):
             steps = [row["step"] for row in runs[0]["rows"]]
@@ -312,6 +313,9 @@ def main(argv=None) -> None:
     parser.add_argument(
         "--join", default="", help="OUT folders of earlier studies to report with this one"
     )
+    parser.add_argument(
+        "--plot_settings", default="", help="the settings drawn in the plot (default: all)"
+    )
     args = parser.parse_args(argv)
     if args.join:
         results = joined([*args.join.split(","), args.out])
@@ -319,7 +323,8 @@ def main(argv=None) -> None:
         _write_json(os.path.join(args.out, "results.json"), results)
         with open(os.path.join(args.out, "table.md"), "w") as f:
             f.write(table(results))
-        plot(results, os.path.join(args.out, "recipe_study.png"))
+        only = [n for n in args.plot_settings.split(",") if n]
+        plot(results, os.path.join(args.out, "recipe_study.png"), only)
         print(table(results))
         return
     names = args.settings.split(",")
