@@ -50,7 +50,7 @@ def hold(hold_dir, what: str, wait: bool = True) -> None:
 
 
 def wait_held(
-    hold_dir, proc: subprocess.Popen | None = None, timeout: float = 300, read_stderr: bool = True
+    hold_dir, proc: subprocess.Popen | None = None, timeout: float = 600, read_stderr: bool = True
 ) -> str:
     """What the run holds, once it is there. Raises AssertionError when `proc` ends first, with
     the end of its stderr unless another reader has it (`read_stderr`); or, a guard against a
