@@ -13,11 +13,9 @@ scale, and `ok` when each difference is within `--tolerance` of that scale. Exit
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
-import runpy
 import sys
 
 import jax
@@ -25,21 +23,26 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks import _cli  # noqa: E402
 from electra_jax import model as model_lib  # noqa: E402
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = _cli.Parser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="configs/tiny.py")
     ap.add_argument("--attention", default="cudnn", choices=["xla", "cudnn"])
-    ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--batch", type=int, default=4)
-    ap.add_argument("--seq", type=int, default=128)
-    ap.add_argument("--vocab", type=int, default=30522)
-    ap.add_argument("--tolerance", type=float, default=0.05, help="of the logits' max |value|")
+    ap.add_argument("--dtype", default="bfloat16", choices=_cli.DTYPES)
+    ap.add_argument("--batch", type=_cli.positive_int, default=4)
+    ap.add_argument("--seq", type=_cli.positive_int, default=128)
+    ap.add_argument("--vocab", type=_cli.positive_int, default=30522)
+    ap.add_argument(
+        "--tolerance", type=_cli.positive_float, default=0.05, help="of the logits' max |value|"
+    )
     args = ap.parse_args()
+    if args.vocab <= 5:  # the ids drawn are 5..vocab-1, above the special tokens
+        ap.error(f"argument --vocab: {args.vocab} is out of range; give a whole number > 5")
 
-    config = runpy.run_path(args.config)["get_config"]()
+    config = _cli.config("--config", args.config)
     config.model.dtype = args.dtype
     config.model.attention_dropout_rate = 0.0
     base = model_lib.spec_from_config(config.model, config.generator, args.vocab)

@@ -12,10 +12,8 @@ config's default cadence (`checkpoint.every_steps`). Prints one JSON line.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import runpy
 import statistics
 import sys
 import tempfile
@@ -28,19 +26,22 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import grain  # noqa: E402
 
+from benchmarks import _cli  # noqa: E402
 from electra_jax import checkpointing, sharding, step_setup  # noqa: E402
 from electra_jax.data.tokenizer import CLS_ID, SEP_ID  # noqa: E402
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = _cli.Parser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="configs/tiny.py")
-    ap.add_argument("--interval", type=int, default=10, help="steps timed after each save")
-    ap.add_argument("--saves", type=int, default=3)
-    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument(
+        "--interval", type=_cli.positive_int, default=10, help="steps timed after each save"
+    )
+    ap.add_argument("--saves", type=_cli.positive_int, default=3)
+    ap.add_argument("--warmup", type=_cli.natural_int, default=3)
     args = ap.parse_args()
 
-    config = runpy.run_path(args.config)["get_config"]()
+    config = _cli.config("--config", args.config)
     batch_size, seq = config.train.batch_size, config.data.seq_length
     mesh = sharding.make_mesh(config.mesh)
     setup = step_setup.setup_step(config, config.data.vocab_size, mesh)

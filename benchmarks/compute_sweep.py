@@ -24,7 +24,6 @@ sweep cut short still reports what it measured. Rerunning with the same --out co
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import runpy
@@ -32,7 +31,7 @@ import statistics
 import sys
 import time
 
-from benchmarks import probe, sample_efficiency
+from benchmarks import _cli, probe, sample_efficiency
 
 ROOT = sample_efficiency.ROOT
 SHARED = sample_efficiency.SHARED
@@ -230,7 +229,7 @@ def report(results: dict, out: str) -> dict:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = _cli.Parser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="cpu", choices=sorted(PRESETS))
     ap.add_argument("--out", required=True)
     ap.add_argument("--corpus", default=os.path.join(SHARED, "corpus", "*", "*.txt"))
@@ -242,10 +241,14 @@ def main(argv=None) -> None:
     if args.report_only:
         done = os.path.join(args.out, "results.json")
         path = done if os.path.isfile(done) else os.path.join(args.out, "results.partial.json")
-        with open(path) as f:
+        if not os.path.isfile(path):
+            ap.error(f"--report_only: --out {args.out} holds no results.json; run without it")
+        _cli.directory("--glue_dir", args.glue_dir, "GLUE's folder (<TASK>/*.tsv)")
+        with _cli.failures(path, also=(OSError, ValueError)), open(path) as f:
             results = json.load(f)
         results["probe"] = probes(results, preset, args.out, args.glue_dir, log)
     else:
+        sample_efficiency.check_inputs(args.corpus, args.glue_dir)
         results = sample_efficiency.run(
             preset,
             args.out,

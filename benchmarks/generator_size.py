@@ -26,12 +26,12 @@ an hour per generator, the wider ones longer).
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
 import time
 
+from benchmarks import _cli
 from benchmarks import sample_efficiency as se
 
 FRACTIONS = (0.125, 0.25, 0.5, 0.75, 1.0)
@@ -118,19 +118,21 @@ def run(preset: dict, out: str, **kwargs) -> dict:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = _cli.Parser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="cpu", choices=sorted(PRESETS))
     ap.add_argument("--out", required=True, help="where every run goes; a rerun continues it")
     ap.add_argument("--tasks", default="", help="comma-separated; '' = the preset's")
-    ap.add_argument("--seeds", type=int, default=0, help="0 = the preset's")
+    ap.add_argument("--seeds", type=_cli.natural_int, default=0, help="0 = the preset's")
     ap.add_argument("--corpus", default=os.path.join(se.SHARED, "corpus", "*", "*.txt"))
     ap.add_argument("--glue_dir", default=os.path.join(se.SHARED, "glue"), help="<TASK>/*.tsv")
     args = ap.parse_args(argv)
     started = time.time()
+    tasks = _cli.glue_tasks("--tasks", args.tasks) if args.tasks else None
+    se.check_inputs(args.corpus, args.glue_dir)
     results = run(
         PRESETS[args.preset],
         args.out,
-        tasks=args.tasks.split(",") if args.tasks else None,
+        tasks=tasks,
         seeds=args.seeds or None,
         corpus=args.corpus,
         glue_dir=args.glue_dir,

@@ -16,7 +16,6 @@ reports medians of 10 seeds for the small GLUE tasks, whose dev scores vary by p
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import runpy
@@ -26,7 +25,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from electra_jax.finetune import loop, tasks  # noqa: E402
+from benchmarks import _cli  # noqa: E402
+from electra_jax.finetune import loop  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_TASKS = "SST-2,MRPC,STS-B,CoLA,RTE"
@@ -78,12 +78,19 @@ def run_config(args, task: str, seed: int, init: str, pretrain_config: dict):
     fields["log_every_steps"] = args.log_every_steps
     config = glue_config(task, seed, args.data_dir, fields)
     for item in args.set:
-        key, value = item.split("=", 1)
+        key, eq, value = item.partition("=")
+        if not eq or key not in config:
+            raise ValueError(f"{item!r}: give KEY=VALUE, KEY a key of configs/glue.py")
         current = config[key]
         if isinstance(current, bool):
             config[key] = value.lower() in ("1", "true", "yes")
+        elif isinstance(current, str):
+            config[key] = value
         else:
-            config[key] = value if isinstance(current, str) else type(current)(value)
+            try:
+                config[key] = type(current)(value)
+            except (TypeError, ValueError):
+                raise ValueError(f"{item!r}: {key} takes {type(current).__name__} values") from None
     return with_init(config, init, args.workdir, pretrain_config)
 
 
@@ -112,17 +119,21 @@ def table(results: list[dict], inits: list[str]) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = _cli.Parser(description=__doc__.splitlines()[0])
     ap.add_argument("--workdir", required=True, help="a pre-training workdir (config.json, ...)")
     ap.add_argument("--data_dir", required=True, help="GLUE's root: one folder of TSVs per task")
     ap.add_argument("--out", required=True, help="where each run's workdir goes")
     ap.add_argument("--tasks", default=DEFAULT_TASKS)
-    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--seeds", type=_cli.positive_int, default=3)
     ap.add_argument("--inits", default="pretrained,random")
-    ap.add_argument("--max_train_examples", type=int, default=0, help="0: the whole training set")
-    ap.add_argument("--num_epochs", type=float, default=0.0, help="0: the task's (3, or 10)")
-    ap.add_argument("--seq_length", type=int, default=0, help="0: configs/glue.py's 128")
-    ap.add_argument("--log_every_steps", type=int, default=100)
+    ap.add_argument(
+        "--max_train_examples", type=_cli.natural_int, default=0, help="0: the whole training set"
+    )
+    ap.add_argument(
+        "--num_epochs", type=_cli.natural_float, default=0.0, help="0: the task's (3, or 10)"
+    )
+    ap.add_argument("--seq_length", type=_cli.natural_int, default=0, help="0: glue.py's 128")
+    ap.add_argument("--log_every_steps", type=_cli.positive_int, default=100)
     ap.add_argument(
         "--set",
         action="append",
@@ -132,12 +143,23 @@ def main() -> None:
     )
     args = ap.parse_args()
 
-    with open(os.path.join(args.workdir, "config.json")) as f:
+    _cli.directory("--workdir", args.workdir, "a pre-training workdir (electra_jax.train's)")
+    record = os.path.join(args.workdir, "config.json")
+    if not os.path.isfile(record):
+        ap.error(f"--workdir {args.workdir} has no config.json; give a pre-training workdir")
+    _cli.directory("--data_dir", args.data_dir, "GLUE's root: one folder of TSVs per task")
+    with _cli.failures(record, also=(OSError, ValueError)), open(record) as f:
         pretrain_config = json.load(f)
-    inits = args.inits.split(",")
+    inits = _cli.names("--inits", args.inits, ("pretrained", "random"), "inits")
+    task_names = _cli.glue_tasks("--tasks", args.tasks)
+    for init in inits:  # every override and init applies, before the first run
+        with _cli.failures("--set", also=(ValueError,)):
+            try:
+                run_config(args, task_names[0], 0, init, pretrain_config)
+            except (KeyError, TypeError) as e:  # the record lacks a model field
+                ap.error(f"--workdir {record} is not a pre-training run's record (no model.{e})")
     results = []
-    for task_name in args.tasks.split(","):
-        task = tasks.get_task(task_name).name
+    for task in task_names:
         for seed in range(args.seeds):
             for init in inits:
                 workdir = os.path.join(args.out, f"{task}-{init}-seed{seed}")

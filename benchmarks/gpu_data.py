@@ -29,7 +29,6 @@ is refused.
 
 from __future__ import annotations
 
-import argparse
 import glob
 import gzip
 import hashlib
@@ -44,6 +43,10 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from benchmarks import _cli  # noqa: E402
+
 SHARED = os.path.join(os.path.dirname(ROOT), "shared")
 FORMAT = "electra_jax-gpu-data-v1"
 MANIFEST = "gpu_data.json"
@@ -336,13 +339,15 @@ def build(args, log=lambda m: print(m, file=sys.stderr)) -> dict:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = _cli.Parser(description=__doc__.splitlines()[0])
     ap.add_argument("--corpus", default=os.path.join(SHARED, "data", "corpus"))
     ap.add_argument("--glue", default=os.path.join(SHARED, "data", "glue"), help="TASK/*.tsv")
     ap.add_argument("--tasks", default=",".join(TASKS))
     ap.add_argument("--config", default=os.path.join(ROOT, "configs", "gpu_quality.py"))
-    ap.add_argument("--vocab_size", type=int, default=0, help="0: the config's (30,522)")
-    ap.add_argument("--seq_length", type=int, default=0, help="0: the config's (128)")
+    ap.add_argument(
+        "--vocab_size", type=_cli.natural_int, default=0, help="0: the config's (30,522)"
+    )
+    ap.add_argument("--seq_length", type=_cli.natural_int, default=0, help="0: the config's (128)")
     ap.add_argument("--out", default=os.path.join(ROOT, ".gpu_data"))
     ap.add_argument("--staged_at", default="/tmp/electra_jax_gpu_corpus")
     ap.add_argument(
@@ -352,6 +357,7 @@ def main(argv=None) -> None:
         "when present; '' for none)",
     )
     args = ap.parse_args(argv)
+    _cli.glue_tasks("--tasks", args.tasks)
     if args.peer is None:
         default = os.path.join(SHARED, "bench", "peer_torch_electra.py")
         args.peer = default if os.path.isfile(default) else ""

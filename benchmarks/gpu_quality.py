@@ -37,7 +37,6 @@ import os
 _CHILD_ENV = dict(os.environ)
 os.environ["JAX_PLATFORMS"] = "cpu"
 
-import argparse  # noqa: E402
 import json  # noqa: E402
 import runpy  # noqa: E402
 import shutil  # noqa: E402
@@ -49,7 +48,7 @@ import time  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks import gpu_data  # noqa: E402
+from benchmarks import _cli, gpu_data  # noqa: E402
 
 ROOT = gpu_data.ROOT
 INITS = ("electra", "random_init")
@@ -360,21 +359,23 @@ def finetune(args, jobs: list[dict], summary: Summary) -> None:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = _cli.Parser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default=os.path.join(ROOT, ".gpu_data"))
     ap.add_argument("--out", required=True, help="h200_quality.json and the metrics go here")
     ap.add_argument("--workdir", default="", help="runs and logs; default: a new /tmp folder")
     ap.add_argument("--config", default=os.path.join(ROOT, "configs", "gpu_quality.py"))
-    ap.add_argument("--steps", type=int, default=0, help="train.num_steps; 0: the config's")
-    ap.add_argument("--pretrain_seconds", type=float, default=240.0)
-    ap.add_argument("--finetune_seconds", type=float, default=120.0)
-    ap.add_argument("--parallel", type=int, default=10, help="fine-tuning runs at a time")
+    ap.add_argument(
+        "--steps", type=_cli.natural_int, default=0, help="train.num_steps; 0: the config's"
+    )
+    ap.add_argument("--pretrain_seconds", type=_cli.positive_float, default=240.0)
+    ap.add_argument("--finetune_seconds", type=_cli.positive_float, default=120.0)
+    ap.add_argument(
+        "--parallel", type=_cli.positive_int, default=10, help="fine-tuning runs at a time"
+    )
     ap.add_argument("--tasks", default=",".join(gpu_data.TASKS))
     ap.add_argument("--cpu", action="store_true", help="tiny shapes, to test the plumbing")
     args = ap.parse_args(argv)
-    args.tasks = [t for t in args.tasks.split(",") if t]
-    if args.parallel < 1 or args.steps < 0:
-        ap.error("--parallel must be >= 1 and --steps >= 0")
+    args.tasks = _cli.glue_tasks("--tasks", args.tasks)
     try:
         run(args)
     except gpu_data.Refused as e:

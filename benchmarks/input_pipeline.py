@@ -14,11 +14,9 @@ Prints one JSON line.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
-import runpy
 import statistics
 import sys
 import time
@@ -28,6 +26,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks import _cli  # noqa: E402
 from electra_jax import sharding, step_setup  # noqa: E402
 from electra_jax.data import pipeline, prepare  # noqa: E402
 from electra_jax.data.tokenizer import CLS_ID, SEP_ID  # noqa: E402
@@ -48,24 +47,26 @@ def _time_interleaved(compiled, state, fetchers, warmup: int, steps: int):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = _cli.Parser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="configs/small.py")
     ap.add_argument("--source", required=True)
     ap.add_argument("--workdir", default="/tmp/electra_jax_input_bench")
-    ap.add_argument("--batch", type=int, default=128)
-    ap.add_argument("--seq", type=int, default=128)
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--loader_batches", type=int, default=200)
+    ap.add_argument("--batch", type=_cli.positive_int, default=128)
+    ap.add_argument("--seq", type=_cli.positive_int, default=128)
+    ap.add_argument("--steps", type=_cli.positive_int, default=10)
+    ap.add_argument("--warmup", type=_cli.natural_int, default=3)
+    ap.add_argument("--loader_batches", type=_cli.positive_int, default=200)
     args = ap.parse_args()
 
-    config = runpy.run_path(args.config)["get_config"]()
+    config = _cli.config("--config", args.config)
     config.data.source = args.source
     config.train.batch_size, config.data.seq_length = args.batch, args.seq
-    tok = prepare.ensure_tokenizer(
-        config.data, os.path.join(args.workdir, "tokenizer"), config.seed
-    )
-    prep = prepare.prepare(config.data, tok, os.path.join(args.workdir, "data"), config.seed)
+    _cli.checked(config)
+    with _cli.failures(f"--source {args.source}"):  # e.g. a glob that matches no file
+        tok = prepare.ensure_tokenizer(
+            config.data, os.path.join(args.workdir, "tokenizer"), config.seed
+        )
+        prep = prepare.prepare(config.data, tok, os.path.join(args.workdir, "data"), config.seed)
 
     # 1. The loader alone.
     it = pipeline.make_iterator(prep, args.batch, config.seed)

@@ -22,12 +22,12 @@ seeds' spread. """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
 import statistics
 
+from benchmarks import _cli
 from electra_jax import metrics
 
 METRICS = ("gen_loss", "disc_loss", "disc_recall", "gen_accuracy")
@@ -130,11 +130,13 @@ def plot(data: dict, path: str, title: str) -> None:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = _cli.Parser(description=__doc__.splitlines()[0])
     ap.add_argument("workdirs", nargs="+", help="one workdir per seed, trained by both sides")
     ap.add_argument("--out", required=True, help="the PNG to write")
-    ap.add_argument("--smooth", type=int, default=5, help="rows in the running mean")
-    ap.add_argument("--tail", type=int, default=5, help="rows averaged for the summary line")
+    ap.add_argument("--smooth", type=_cli.positive_int, default=5, help="rows in the running mean")
+    ap.add_argument(
+        "--tail", type=_cli.positive_int, default=5, help="rows averaged for the summary line"
+    )
     ap.add_argument("--title", default="electra_jax and the reference on the same batches")
     ap.add_argument(
         "--each",
@@ -143,6 +145,8 @@ def main(argv=None) -> None:
         "them: for runs that differ in a setting rather than in the seed",
     )
     args = ap.parse_args(argv)
+    for w in args.workdirs:
+        _cli.directory("WORKDIR", w, "workdirs trained by both sides (metrics.jsonl)")
     if args.each:
         data = {}
         for w in args.workdirs:

@@ -10,18 +10,17 @@ shards are byte-identical to the first count's.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
 import platform
-import runpy
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks import _cli  # noqa: E402
 from electra_jax.data import prepare  # noqa: E402
 
 
@@ -34,16 +33,18 @@ def _digest(prepared) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = _cli.Parser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="configs/tiny.py")
     ap.add_argument("--source", required=True)
-    ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--workers", type=_cli.positive_int, nargs="+", default=[1, 2])
     args = ap.parse_args()
-    config = runpy.run_path(args.config)["get_config"]()
+    config = _cli.config("--config", args.config)
     config.data.source = args.source
+    _cli.checked(config)
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
-        tok = prepare.ensure_tokenizer(config.data, os.path.join(tmp, "tokenizer"), config.seed)
+        with _cli.failures(f"--source {args.source}"):  # e.g. a glob that matches no file
+            tok = prepare.ensure_tokenizer(config.data, os.path.join(tmp, "tokenizer"), config.seed)
         tokenizer_s = time.perf_counter() - t0
         first = None
         for i, n in enumerate(args.workers):

@@ -12,7 +12,6 @@ the same accuracy. `features` and `fit` are the pieces; `probe_score` runs a tas
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -21,6 +20,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks import _cli  # noqa: E402
 from electra_jax.finetune import tasks as glue_tasks  # noqa: E402
 
 L2 = 1e-3  # on standardised features: the probe's one setting, the same for every model
@@ -118,14 +118,19 @@ def random_model(like):
 def main(argv=None) -> None:
     import electra_jax
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = _cli.Parser(description=__doc__.splitlines()[0])
     ap.add_argument("--init_from", required=True, help="a workdir (WORKDIR@STEP), an export")
     ap.add_argument("--task", default="SST-2")
     ap.add_argument("--data_dir", required=True, help="the task's folder of TSV files")
-    ap.add_argument("--max_train_examples", type=int, default=20000)
+    ap.add_argument("--max_train_examples", type=_cli.positive_int, default=20000)
     ap.add_argument("--random", action="store_true", help="probe random weights of that shape")
     args = ap.parse_args(argv)
-    model = electra_jax.load(args.init_from)
+    [args.task] = _cli.glue_tasks("--task", args.task)
+    if glue_tasks.get_task(args.task).is_regression:
+        ap.error(f"argument --task: {args.task} is a regression task; the probe classifies")
+    _cli.directory("--data_dir", args.data_dir, "the task's folder of TSV files")
+    with _cli.failures(f"--init_from {args.init_from}", also=(OSError,)):
+        model = electra_jax.load(args.init_from)
     if args.random:
         model = random_model(model)
     print(json.dumps(probe_score(model, args.task, args.data_dir, args.max_train_examples)))

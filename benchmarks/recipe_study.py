@@ -21,7 +21,6 @@ seeds per setting). Rerunning with the same --out skips the runs that finished.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import runpy
@@ -29,6 +28,7 @@ import statistics
 import sys
 import time
 
+from benchmarks import _cli
 from electra_jax import evaluate, loop, metrics, step_setup
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -304,12 +304,14 @@ def _write_json(path: str, obj) -> None:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = _cli.Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--settings", default=",".join(SETTINGS))
     parser.add_argument("--seeds", default="0,1")
     parser.add_argument("--base", choices=("tiny", "small-data"), default="tiny")
-    parser.add_argument("--steps", type=int, default=0, help="train.num_steps (0: the base's)")
+    parser.add_argument(
+        "--steps", type=_cli.natural_int, default=0, help="train.num_steps (0: the base's)"
+    )
     parser.add_argument(
         "--join", default="", help="OUT folders of earlier studies to report with this one"
     )
@@ -327,10 +329,9 @@ def main(argv=None) -> None:
         plot(results, os.path.join(args.out, "recipe_study.png"), only)
         print(table(results))
         return
-    names = args.settings.split(",")
-    unknown = [n for n in names if n not in SETTINGS]
-    if unknown:
-        parser.error(f"unknown settings {unknown}; known: {', '.join(SETTINGS)}")
+    names = _cli.names("--settings", args.settings, tuple(SETTINGS), "settings")
+    if not all(s.strip().isdigit() for s in args.seeds.split(",")):
+        parser.error(f"argument --seeds: {args.seeds!r}: give whole numbers >= 0, e.g. 0,1")
     seeds = [int(s) for s in args.seeds.split(",")]
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "results.json")

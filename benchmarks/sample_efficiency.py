@@ -44,7 +44,6 @@ of them, which finds everything done and reports the whole table).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -53,7 +52,7 @@ import statistics
 import sys
 import time
 
-from benchmarks import glue
+from benchmarks import _cli, glue
 from electra_jax import loop, metrics, step_setup
 from electra_jax.finetune import tasks as glue_tasks
 from electra_jax.objectives.names import OBJECTIVES as ALL_OBJECTIVES
@@ -677,23 +676,34 @@ def _run(preset, out, objectives, tasks, seeds, corpus, glue_dir, log) -> dict:
     return results
 
 
+def check_inputs(corpus: str, glue_dir: str) -> None:
+    """One line, before any run, when --corpus matches no file or --glue_dir is no folder."""
+    _cli.matches("--corpus", corpus, "a glob of the pre-training corpus' text files")
+    _cli.directory("--glue_dir", glue_dir, "GLUE's folder (<TASK>/*.tsv)")
+
+
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = _cli.Parser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="cpu", choices=sorted(PRESETS))
     ap.add_argument("--out", required=True, help="where every run goes; a rerun continues it")
     ap.add_argument("--objectives", default="", help="comma-separated; '' = the preset's")
     ap.add_argument("--tasks", default="", help="comma-separated; '' = the preset's")
-    ap.add_argument("--seeds", type=int, default=0, help="0 = the preset's")
+    ap.add_argument("--seeds", type=_cli.natural_int, default=0, help="0 = the preset's")
     ap.add_argument("--corpus", default=os.path.join(SHARED, "corpus", "*", "*.txt"))
     ap.add_argument("--glue_dir", default=os.path.join(SHARED, "glue"), help="<TASK>/*.tsv")
     args = ap.parse_args(argv)
     started = time.time()
     preset = PRESETS[args.preset]
+    known = (*ALL_OBJECTIVES, *preset.get("variants", {}))
+    objectives = args.objectives or ",".join(preset.get("objectives", OBJECTIVES))
+    objectives = _cli.names("--objectives", objectives, known, "objectives")
+    tasks = _cli.glue_tasks("--tasks", args.tasks) if args.tasks else None
+    check_inputs(args.corpus, args.glue_dir)
     results = run(
         preset,
         args.out,
-        objectives=(args.objectives or ",".join(preset.get("objectives", OBJECTIVES))).split(","),
-        tasks=args.tasks.split(",") if args.tasks else None,
+        objectives=objectives,
+        tasks=tasks,
         seeds=args.seeds or None,
         corpus=args.corpus,
         glue_dir=args.glue_dir,

@@ -12,11 +12,9 @@ device's peak is known. The ids are drawn like ../shared/bench's PyTorch referen
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
-import runpy
 import statistics
 import sys
 import time
@@ -27,18 +25,19 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks import _cli  # noqa: E402
 from electra_jax import metrics, sharding, step_setup  # noqa: E402
 from electra_jax.data.tokenizer import CLS_ID, SEP_ID  # noqa: E402
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = _cli.Parser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="configs/small.py")
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--seq", type=int, default=128)
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--warmup", type=int, default=8)
-    ap.add_argument("--dtype", default=None, help="override model.dtype")
+    ap.add_argument("--batch", type=_cli.positive_int, default=32)
+    ap.add_argument("--seq", type=_cli.positive_int, default=128)
+    ap.add_argument("--steps", type=_cli.positive_int, default=20)
+    ap.add_argument("--warmup", type=_cli.natural_int, default=8)
+    ap.add_argument("--dtype", default=None, choices=_cli.DTYPES, help="override model.dtype")
     ap.add_argument(
         "--set",
         action="append",
@@ -48,20 +47,12 @@ def main() -> None:
     )
     args = ap.parse_args()
 
-    config = runpy.run_path(args.config)["get_config"]()
+    config = _cli.config("--config", args.config)
     config.train.batch_size, config.data.seq_length = args.batch, args.seq
     if args.dtype:
         config.model.dtype = args.dtype
     for item in args.set:
-        key, value = item.split("=", 1)
-        section, field = key.split(".")
-        current = config[section][field]
-        if isinstance(current, bool):  # bool("False") is True
-            if value not in ("True", "False"):
-                ap.error(f"--set {key}={value}: use True or False")
-            config[section][field] = value == "True"
-        else:
-            config[section][field] = type(current)(value) if not isinstance(current, str) else value
+        _cli.set_field("--set", config, item, sections=True)
     mesh = sharding.make_mesh(config.mesh)
     setup = step_setup.setup_step(config, config.data.vocab_size, mesh)
     spec, slots, step = setup.spec, setup.num_slots, setup.step_fn

@@ -39,7 +39,7 @@ import pytest
 # 60 s for it per bucket; set before gcsfs is imported anywhere in the test process.
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
-READY_SECONDS = 30.0
+READY_SECONDS = 120.0
 
 
 def _free_port() -> int:

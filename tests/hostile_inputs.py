@@ -302,12 +302,17 @@ def _held(ctx: Context):
     """The trained run's copy, held by a process that claimed it (as a running train does)."""
     w = ctx.copy("held")
     code = (
-        "import sys, time\nfrom electra_jax import workdir\n"
+        "import sys\nfrom electra_jax import workdir\n"
         f"workdir.claim({str(w)!r}, workdir.PRETRAIN, command='electra_jax.train')\n"
-        "print('held', flush=True)\ntime.sleep(300)\n"
+        # Held until killed (or until this process ends and its pipe closes): a time limit
+        # would let the lock go while a slow case still runs.
+        "print('held', flush=True)\nsys.stdin.read()\n"
     )
-    holder = subprocess.Popen(PY + ["-c", code], cwd=ROOT, env=_env(), stdout=subprocess.PIPE)
-    holder.stdout.readline()
+    holder = subprocess.Popen(
+        PY + ["-c", code], cwd=ROOT, env=_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    if holder.stdout.readline().strip() != b"held":
+        raise RuntimeError(f"the holder of {w} did not claim it (exit {holder.wait()})")
     _HOLDERS.append(holder)
     return w
 
@@ -626,7 +631,8 @@ def cases() -> list[Case]:
                 [],
             ),
             contains="did not all join",
-            timeout=60,
+            # Far below jax's own wait (300 s), far above a start on a loaded machine.
+            timeout=150,
         ),
         # ---- config files
         Case(

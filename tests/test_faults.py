@@ -13,6 +13,7 @@ import time
 import pytest
 
 from electra_jax import metrics
+from tests import held
 from tests.conftest import ROOT, subprocess_env
 from tests.test_loop import prepare_shared_data
 
@@ -38,11 +39,14 @@ def _config_file(tmp_path, tokenizer: str, cache_dir: str) -> str:
     return str(path)
 
 
-def _start(config: str, workdir) -> subprocess.Popen:
+def _start(config: str, workdir, hold_dir=None) -> subprocess.Popen:
+    """`python -m electra_jax.train`; with `hold_dir`, held in its first checkpoint's commit
+    (tests/held.py)."""
+    args = ["electra_jax.train", f"--config={config}", f"--workdir={workdir}"]
     # subprocess_env passes on the suite's compilation cache: every start after the first loads
     # the step instead of compiling it (the same executable, so the same numbers).
     return subprocess.Popen(
-        [sys.executable, "-m", "electra_jax.train", f"--config={config}", f"--workdir={workdir}"],
+        held.command(hold_dir, "save", *args) if hold_dir else [sys.executable, "-m", *args],
         cwd=ROOT,
         env=subprocess_env(),
         stdout=subprocess.DEVNULL,
@@ -63,19 +67,15 @@ def _rows(workdir) -> int:
     return len(metrics.read_rows(str(workdir / "metrics.jsonl")))
 
 
-def _kill_at(proc: subprocess.Popen, workdir, how: str, rng: random.Random) -> str:
+def _kill_at(proc: subprocess.Popen, workdir, how: str, rng: random.Random, hold_dir) -> str:
     """SIGKILLs `proc` at a moment chosen by `how`; returns what the moment was."""
     deadline = time.time() + 240
     start_rows = _rows(workdir)
     if how == "startup":  # importing, preparing, restoring or compiling
         time.sleep(rng.uniform(0.5, 6.0))
-    elif how == "save":  # inside an asynchronous save, after at least one new step
-        while time.time() < deadline and proc.poll() is None:
-            # The cheap listing first: parsing the rows every 2 ms would take a core from the
-            # run it waits on.
-            if _saving(workdir) and _rows(workdir) > start_rows:
-                break
-            time.sleep(0.002)
+    elif how == "save":  # inside an asynchronous save: `proc` is held in its commit
+        held.wait_held(hold_dir, proc)
+        assert _saving(workdir) and _rows(workdir) > start_rows
     else:  # at a random moment among the steps
         while time.time() < deadline and proc.poll() is None and _rows(workdir) <= start_rows:
             time.sleep(0.01)
@@ -104,8 +104,13 @@ def test_sigkill_at_random_moments_loses_nothing(tmp_path, tmp_path_factory):
     kills: list[str] = []
     plan = ["save", "startup", "random"]
     for how in plan:
-        proc = _start(config, workdir)
-        kills.append(_kill_at(proc, workdir, how, rng))
+        # The save is held in its commit until the kill, written in full but not yet renamed
+        # into place: polling for orbax's temporary folder raced the commit, which a fast
+        # machine finishes before the kill.
+        hold_dir = tmp_path / f"hold-{how}"
+        hold_dir.mkdir()
+        proc = _start(config, workdir, hold_dir if how == "save" else None)
+        kills.append(_kill_at(proc, workdir, how, rng, hold_dir))
         assert not [n for n in os.listdir(workdir / "checkpoints") if "corrupt" in n]
         if proc.returncode == 0:
             break  # the run finished before the kill

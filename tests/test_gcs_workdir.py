@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from electra_jax import metrics, paths
+from tests import held
 from tests.conftest import ROOT, subprocess_env
 from tests.finetune.test_loop import _sst2
 from tests.test_preemption import LINE, _wait_for
@@ -33,9 +34,11 @@ def _cmd(module, *args):
     return [sys.executable, "-m", module, *args]
 
 
-def _start(config, workdir):
+def _start(config, workdir, hold_dir=None, point=""):
+    """`python -m electra_jax.train`; held at `point` (tests/held.py) when `hold_dir` is given."""
+    args = ["electra_jax.train", f"--config={config}", f"--workdir={workdir}"]
     return subprocess.Popen(
-        _cmd("electra_jax.train", f"--config={config}", f"--workdir={workdir}"),
+        held.command(hold_dir, point, *args) if hold_dir else _cmd(*args),
         cwd=ROOT,
         env=subprocess_env(),
         stdout=subprocess.PIPE,
@@ -102,14 +105,18 @@ def test_a_gs_workdir_trains_resumes_exactly_after_sigkill_exports_loads_and_fin
             f"c.data.cache_dir = {straight + '/data'!r}",
         ],
     )
-    proc = _start(config2, killed)
+    # Held after the step past the second checkpoint (whose save has started) until the kill:
+    # the run cannot finish before it, however slow the polling of the bucket.
+    (tmp_path / "hold").mkdir()
+    proc = _start(config2, killed, tmp_path / "hold", f"step={2 * every + 1}")
     try:
+        held.wait_held(tmp_path / "hold", proc)
         _wait_for(lambda: _committed(killed, 2 * every), proc, what="the second checkpoint")
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
     finally:
         proc.kill()
-    assert proc.returncode == -signal.SIGKILL, "finished before the kill"
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.read()[-2000:]
     rerun = _start(config2, killed)
     _, err = rerun.communicate(timeout=300)
     assert rerun.returncode == 0, err[-2000:]
@@ -186,9 +193,13 @@ def test_a_gs_workdir_trains_resumes_exactly_after_sigkill_exports_loads_and_fin
 @pytest.mark.slow
 def test_sigterm_saves_to_the_bucket_and_a_second_run_is_refused_meanwhile(gcs, tmp_path):
     config = _config_file(tmp_path, 10_000, 4)
-    workdir = f"{gcs}/w"
-    proc = _start(config, workdir)
+    workdir, hold_dir = f"{gcs}/w", tmp_path / "hold"
+    hold_dir.mkdir()
+    # Held after step 5 (the first checkpoint's save started) while the second run is refused
+    # and until the SIGTERM has come: it stops at step 6, however fast the steps.
+    proc = _start(config, workdir, hold_dir, "step=5")
     try:
+        held.wait_held(hold_dir, proc)
         _wait_for(lambda: _committed(workdir, 4), proc, timeout=300, what="the first checkpoint")
         second = subprocess.run(
             _cmd("electra_jax.train", f"--config={config}", f"--workdir={workdir}"),
@@ -204,13 +215,14 @@ def test_sigterm_saves_to_the_bucket_and_a_second_run_is_refused_meanwhile(gcs, 
         assert lines[0].startswith(f"error: --workdir {workdir} is in use by electra_jax.train")
         assert f"(pid {proc.pid} on host " in lines[0] and "its lease was renewed" in lines[0]
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=120)
+        held.release(hold_dir)
+        _, err = proc.communicate(timeout=300)  # a guard against a hang
     finally:
         proc.kill()
     assert proc.returncode == 0, err[-2000:]
     [line] = [ln for ln in err.splitlines() if ln.startswith("preempted at step")]
     step = int(line.split()[3].rstrip(";"))
-    assert line == LINE.format(step) and step >= 4
+    assert line == LINE.format(step) and step == 6  # honoured after the step after the hold
     assert _committed(workdir, step)
     assert metrics.read_rows(f"{workdir}/metrics.jsonl")[-1]["step"] == step
     # Released on the way out: the next run takes it without a word.

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from electra_jax import checkpointing, loop, metrics
+from tests import held
 from tests.conftest import ROOT, subprocess_env
 from tests.test_loop import config_with, prepare_shared_data
 
@@ -40,15 +41,11 @@ def _config_file(tmp_path, shared_data, num_steps, every, extra=()):
     return str(path)
 
 
-def _start(config_path, workdir):
+def _start(config_path, workdir, hold_dir=None, point=""):
+    """`python -m electra_jax.train`; held at `point` (tests/held.py) when `hold_dir` is given."""
+    args = ["electra_jax.train", f"--config={config_path}", f"--workdir={workdir}"]
     return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "electra_jax.train",
-            f"--config={config_path}",
-            f"--workdir={workdir}",
-        ],
+        held.command(hold_dir, point, *args) if hold_dir else [sys.executable, "-m", *args],
         cwd=ROOT,
         env=subprocess_env(),
         stdout=subprocess.PIPE,
@@ -89,7 +86,9 @@ def test_sigkill_at_a_random_moment_then_rerun_logs_identical_losses(shared_data
     rng = random.Random()  # a different moment each run; the message says which one failed
     target, delay = rng.randint(every + 1, num_steps - 3), rng.uniform(0, 0.05)
     workdir = str(tmp_path / "killed")
-    proc = _start(config_path, workdir)
+    # Held after step 14 until the kill: however fast the steps, the run cannot finish first.
+    (tmp_path / "hold").mkdir()
+    proc = _start(config_path, workdir, tmp_path / "hold", f"step={num_steps - 2}")
     try:
         first = os.path.join(workdir, "checkpoints", str(every))
         _wait_for(lambda: os.path.isdir(first), proc, what="the first checkpoint")
@@ -100,7 +99,7 @@ def test_sigkill_at_a_random_moment_then_rerun_logs_identical_losses(shared_data
     finally:
         proc.kill()
     killed_at = _last_row_step(workdir)
-    assert proc.returncode == -signal.SIGKILL, f"finished before the kill at step {target}"
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.read()[-2000:]
 
     rerun = _start(config_path, workdir)
     _, err = rerun.communicate(timeout=300)
@@ -116,24 +115,26 @@ def test_sigkill_at_a_random_moment_then_rerun_logs_identical_losses(shared_data
 @pytest.mark.slow
 def test_sigterm_saves_the_current_step_and_exits_0(shared_data, tmp_path):
     config_path = _config_file(tmp_path, shared_data, num_steps=10_000, every=5)
-    workdir = str(tmp_path / "w")
-    proc = _start(config_path, workdir)
+    workdir, hold_dir = str(tmp_path / "w"), tmp_path / "hold"
+    hold_dir.mkdir()
+    # Held after step 7 (its answer "go on" already given) until the signal has come: the
+    # signal arrives after the first checkpoint and long before the last step, however fast
+    # or slow the steps.
+    proc = _start(config_path, workdir, hold_dir, "step=7")
     try:
-        first = os.path.join(workdir, "checkpoints", "5")
+        held.wait_held(hold_dir, proc)
+        first = os.path.join(workdir, "checkpoints", "5")  # committed by orbax's thread
         _wait_for(lambda: os.path.isdir(first), proc, what="the first checkpoint")
-        _wait_for(lambda: _last_row_step(workdir) >= 7, proc, what="step 7")
-        sent = time.time()
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-        took = time.time() - sent
+        held.release(hold_dir)
+        _, err = proc.communicate(timeout=300)  # a guard against a hang
     finally:
         proc.kill()
     assert proc.returncode == 0, err[-2000:]
-    assert took < 60
     lines = [ln for ln in err.splitlines() if ln.startswith("preempted at step")]
     assert len(lines) == 1, err[-2000:]
     step = int(lines[0].split()[3].rstrip(";"))
-    assert lines[0] == LINE.format(step) and 7 <= step < 10_000
+    assert lines[0] == LINE.format(step) and step == 8  # honoured after the next step
     assert str(step) in os.listdir(os.path.join(workdir, "checkpoints"))
     assert _last_row_step(workdir) == step  # the step in the line is the last one done
 
@@ -163,13 +164,15 @@ def test_sigterm_right_after_compile_exits_0_within_a_call(shared_data, tmp_path
         f"c.log.every_steps = {far}",
     ]
     config_path = _config_file(tmp_path, shared_data, num_steps=100_000, every=far, extra=extra)
-    workdir = str(tmp_path / "w")
-    proc = _start(config_path, workdir)
+    workdir, hold_dir = str(tmp_path / "w"), tmp_path / "hold"
+    hold_dir.mkdir()
+    # The signal goes once the loop has compiled, armed the watcher and answered "stop after
+    # step 0?" (no): it comes while the first calls run (a signal before the arming would end
+    # the run with nothing to save, and test nothing of this).
+    proc = _start(config_path, workdir, hold_dir, "mark=0")
     try:
         lines, reader = _stderr_lines(proc)
-        compiled = f"compiled the {per_call} train steps per call"
-        _wait_for(lambda: any(compiled in ln for _, ln in lines), proc, what="the compile line")
-        time.sleep(0.5)  # into the first calls (a signal before them ends with nothing to save)
+        held.wait_held(hold_dir, proc, read_stderr=False)
         sent = time.time()
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=120)
@@ -180,9 +183,6 @@ def test_sigterm_right_after_compile_exits_0_within_a_call(shared_data, tmp_path
     err = "\n".join(ln for _, ln in lines)
     assert proc.returncode == 0, err[-2000:]
     assert took < 120
-    if "preempted before training started" in err:  # the signal beat the arming: nothing ran
-        assert not checkpointing.has_checkpoints(workdir), err[-2000:]
-        return
     done = [(t, ln) for t, ln in lines if ln.startswith("preempted at step")]
     assert len(done) == 1, err[-2000:]
     at, line = done[0]
@@ -231,7 +231,9 @@ def test_preempted_between_logs_resumes_exactly(shared_data, tmp_path, monkeypat
 
 
 @pytest.mark.slow
-def test_sigint_in_process_returns_after_saving_and_restores_handlers(shared_data, tmp_path):
+def test_sigint_in_process_returns_after_saving_and_restores_handlers(
+    shared_data, tmp_path, monkeypatch
+):
     cfg = config_with(shared_data)
     cfg.train.num_steps = 10_000
     workdir = tmp_path / "w"
@@ -241,12 +243,24 @@ def test_sigint_in_process_returns_after_saving_and_restores_handlers(shared_dat
         _wait_for(lambda: (workdir / "checkpoints" / "3").is_dir(), None, what="checkpoint 3")
         os.kill(os.getpid(), signal.SIGINT)
 
+    class HeldAfterStep3(checkpointing.PreemptionWatcher):
+        """From step 4 on, "stop after this step?" waits for the signal's handler to have said
+        yes: the thread's signal, not the speed of the steps, decides where the run stops."""
+
+        def requested(self, step):
+            deadline = time.monotonic() + 300  # a guard against a hang
+            while step > 3 and not super().requested(step):
+                assert time.monotonic() < deadline, "no SIGINT reached the run"
+                time.sleep(0.01)  # the handler runs here, in the main thread
+            return super().requested(step)
+
+    monkeypatch.setattr(checkpointing, "PreemptionWatcher", HeldAfterStep3)
     thread = threading.Thread(target=interrupt_after_first_checkpoint, daemon=True)
     thread.start()
     row = loop.train(cfg, str(workdir))
-    thread.join(timeout=10)
+    thread.join(timeout=60)
     step = row["preempted_at"]
-    assert 3 <= step < 10_000
+    assert step == 4
     assert str(step) in os.listdir(workdir / "checkpoints")
     assert signal.getsignal(signal.SIGINT) is before
 
@@ -256,17 +270,16 @@ def test_watcher_before_and_after_arming():
     watcher = checkpointing.PreemptionWatcher()
     try:
         # During startup a signal stops at once: no step ran, nothing to save.
+        # signal.raise_signal runs the handler before it returns (in this thread): no sleep
+        # waits for a signal to arrive.
         with pytest.raises(checkpointing.Preempted, match="SIGTERM before training started"):
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(1)
+            signal.raise_signal(signal.SIGTERM)
         watcher.arm()
         assert not watcher.requested(1)
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(0.1)
+        signal.raise_signal(signal.SIGTERM)
         assert watcher.requested(2)  # honoured after the step in flight
         with pytest.raises(KeyboardInterrupt):  # a second signal means "now"
-            os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(1)
+            signal.raise_signal(signal.SIGINT)
     finally:
         watcher.close()
     assert signal.getsignal(signal.SIGTERM) == before
@@ -280,17 +293,14 @@ def test_watcher_holds_a_signal_inside_deferred_until_the_block_ends():
         finished = False
         preempted = pytest.raises(checkpointing.Preempted, match="SIGTERM before training started")
         with preempted, watcher.deferred():
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(0.2)
+            signal.raise_signal(signal.SIGTERM)  # its handler has run when this returns
             finished = True
         assert finished
         with watcher.deferred():  # nothing pending: the block ends quietly
             pass
         # A second signal still means "now".
         with pytest.raises(KeyboardInterrupt), watcher.deferred():
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(0.2)
-            os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(1)
+            signal.raise_signal(signal.SIGTERM)
+            signal.raise_signal(signal.SIGINT)
     finally:
         watcher.close()

@@ -39,14 +39,18 @@ def test_the_lock_dies_with_its_process(tmp_path):
     """SIGKILL (or the OOM killer) leaves no stale lock: a rerun takes the workdir at once."""
     path = str(tmp_path / "run")
     code = (
-        "import sys, time\n"
+        "import sys\n"
         "from electra_jax import workdir\n"
         f"workdir.claim({path!r}, workdir.PRETRAIN, command='holder')\n"
         "print('held', flush=True)\n"
-        "time.sleep(600)\n"
+        "sys.stdin.read()\n"  # held until killed (or this test's end closes the pipe), not a time
     )
     holder = subprocess.Popen(
-        [sys.executable, "-c", code], cwd=ROOT, env=subprocess_env(), stdout=subprocess.PIPE
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env=subprocess_env(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
     )
     try:
         assert holder.stdout.readline().strip() == b"held"

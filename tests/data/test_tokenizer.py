@@ -16,6 +16,8 @@ import pytest
 from electra_jax.data import DataError, sources
 from electra_jax.data import tokenizer as tokenizer_lib
 from electra_jax.data.tokenizer import Tokenizer, train_tokenizer
+from tests import held
+from tests.conftest import ROOT, subprocess_env
 
 
 def _small_corpus():
@@ -186,20 +188,36 @@ def test_load_rejects_model_without_special_pieces(tmp_path):
 # ---- interrupts and write failures ----------------------------------------------------------
 
 
-_INTERRUPTED_TRAINING = """
-import os, sys, time
-import numpy as np
-from electra_jax.data.tokenizer import train_tokenizer
+# The child that trains SentencePiece (tokenizer._TRAIN_IN_CHILD), with one change: once
+# SentencePiece has read every sentence, inside its training call, it holds (tests/held.py) until
+# the test releases it. The training then lasts until the Ctrl-C, however fast the machine: the
+# signal never races the training. It is released only once the test is over, so a
+# train_tokenizer that waits for its child (or holds the interrupt until the training ends)
+# never returns within the test's timeout.
+_HELD_CHILD = """
+import sentencepiece as _spm
+from tests import held as _held
+_train = _spm.SentencePieceTrainer.train
+def _read_then_hold(sentence_iterator):
+    yield from sentence_iterator
+    _held.hold(HOLD_DIR, "SentencePiece's training, every sentence read")
+_spm.SentencePieceTrainer.train = lambda sentence_iterator, **options: _train(
+    sentence_iterator=_read_then_hold(sentence_iterator), **options
+)
+"""
 
-rng = np.random.default_rng(0)
-letters = rng.integers(0, 26, size=(20000, 8)) + ord("a")
-words = ["".join(map(chr, row[: 3 + i % 6])) for i, row in enumerate(letters)]
-sentences = [" ".join(words[j] for j in row) for row in rng.integers(0, 20000, (50000, 12))]
-print("training", flush=True)
-start = time.monotonic()
+_INTERRUPTED_TRAINING = """
+import sys
+from electra_jax.data import tokenizer as tokenizer_lib
+
+out, hold_dir, held_child = sys.argv[1:]
+assert "SentencePieceTrainer.train(" in tokenizer_lib._TRAIN_IN_CHILD
+tokenizer_lib._TRAIN_IN_CHILD = held_child.replace("HOLD_DIR", repr(hold_dir)) + (
+    tokenizer_lib._TRAIN_IN_CHILD
+)
+sentences = [f"sentence {i} with words like w{i % 97} and v{i % 31}" for i in range(3000)]
 try:
-    # Takes several seconds: far longer than the interrupt is allowed to take.
-    train_tokenizer(sentences, sys.argv[1], 8000, 1.0, seed=0, sample_sentences=10**6)
+    tokenizer_lib.train_tokenizer(sentences, out, 300, 1.0, seed=0, sample_sentences=10**6)
     print("finished", flush=True)
 except KeyboardInterrupt:
     print("interrupted", flush=True)
@@ -209,24 +227,27 @@ except KeyboardInterrupt:
 def test_ctrl_c_during_training_returns_at_once_and_writes_nothing(tmp_path):
     # SentencePiece trains in one C++ call; run in this process, it delays KeyboardInterrupt
     # until the whole training is done.
-    out = tmp_path / "run" / "tokenizer"
+    out, hold_dir = tmp_path / "run" / "tokenizer", tmp_path / "hold"
+    hold_dir.mkdir()
     proc = subprocess.Popen(
-        [sys.executable, "-c", _INTERRUPTED_TRAINING, str(out)],
+        [sys.executable, "-c", _INTERRUPTED_TRAINING, str(out), str(hold_dir), _HELD_CHILD],
+        cwd=ROOT,
+        env=subprocess_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
     try:
-        assert proc.stdout.readline().strip() == "training"
-        time.sleep(1.0)  # Sampling is done; SentencePiece is training.
+        held.wait_held(hold_dir, proc, timeout=120)  # SentencePiece is training
         sent = time.monotonic()
         proc.send_signal(signal.SIGINT)
         stdout, stderr = proc.communicate(timeout=60)
         took = time.monotonic() - sent
     finally:
         proc.kill()
+        held.release(hold_dir)  # the child, if it is still there
     assert stdout.strip() == "interrupted", stderr
-    assert took < 3.0
+    assert took < 30  # a guard against a hang: the hold, not a clock, orders the events
     assert not (tmp_path / "run").exists() or os.listdir(tmp_path / "run") == []
 
 

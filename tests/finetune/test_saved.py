@@ -13,6 +13,7 @@ from safetensors.numpy import load_file
 import electra_jax
 from electra_jax.finetune import loop, predictor, saved
 from electra_jax.validate import ConfigError
+from tests import held
 from tests.conftest import ROOT, subprocess_env
 from tests.finetune import test_squad_loop
 from tests.finetune.test_loop import _config, _sst2
@@ -245,23 +246,27 @@ def test_sigterm_saves_a_checkpoint_exits_0_and_the_rerun_finishes_as_one_run(tm
     straight = loop.finetune(config, str(tmp_path / "straight"))
     workdir = tmp_path / "w"
     flags = [f"--config.{k}={v}" for k, v in _flat(config.to_dict())]
+    hold_dir = tmp_path / "hold"
+    hold_dir.mkdir()
+    # Held after step 10 until the SIGTERM has come (tests/held.py): sent on the "step 10" line
+    # instead, it raced the remaining 290 steps, a second's work on a fast machine.
     proc = subprocess.Popen(
-        [sys.executable, "-m", "electra_jax.finetune", "--config=configs/glue.py", *flags,
-         f"--workdir={workdir}"],
+        held.command(hold_dir, "step=10", "electra_jax.finetune", "--config=configs/glue.py",
+                     *flags, f"--workdir={workdir}"),
         cwd=ROOT, env=subprocess_env(), stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        for line in proc.stderr:
-            if line.startswith("step 10/300"):
-                proc.send_signal(signal.SIGTERM)
-                break
-        rest = proc.stderr.read()
-        assert proc.wait(timeout=120) == 0, rest[-3000:]
+        held.wait_held(hold_dir, proc)
+        proc.send_signal(signal.SIGTERM)
+        held.release(hold_dir)
+        _, rest = proc.communicate(timeout=300)  # a guard against a hang
+        assert proc.returncode == 0, rest[-3000:]
     finally:
         proc.kill()
     assert "preempted at step" in rest and "Traceback" not in rest, rest[-3000:]
     stopped = int(rest.split("preempted at step ")[1].split(";")[0])
-    assert 10 <= stopped < 300 and str(stopped) in os.listdir(workdir / "checkpoints")
+    # Honoured after the step after the hold.
+    assert stopped == 11 and str(stopped) in os.listdir(workdir / "checkpoints")
     assert not (workdir / loop.RESULTS_FILE).exists()
     again = loop.finetune(config, str(workdir))
     assert _without_time(again) == _without_time(straight)

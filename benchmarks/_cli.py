@@ -1,0 +1,169 @@
+"""What the benchmarks' command lines share with the package's commands (electra_jax/cli.py):
+bad input is one `error:` line naming the flag or file and what to do, exit code 2, no traceback
+unless --verbose, and it is found before any expensive work (compiling, training) starts."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import glob
+import os
+import runpy
+import sys
+
+from electra_jax import cli
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with its usage-and-error answer to a bad flag as `cli.fail`'s one line, and
+    --verbose (a failure keeps its traceback)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.add_argument("--verbose", action="store_true", help="keep a failure's traceback")
+
+    def error(self, message: str) -> None:
+        cli.fail(f"{message} (see --help)")
+
+
+def _number(kind, low: float, words: str):
+    noun = "a whole number" if kind is int else "a number"
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {noun}; give {words}") from None
+        if not value >= low or value != value or value in (float("inf"), float("-inf")):
+            raise argparse.ArgumentTypeError(f"{text} is out of range; give {words}")
+        return value
+
+    return parse
+
+
+positive_int = _number(int, 1, "a whole number >= 1")
+natural_int = _number(int, 0, "a whole number >= 0")
+positive_float = _number(float, sys.float_info.min, "a finite number > 0")
+natural_float = _number(float, 0.0, "a finite number >= 0")
+
+
+def names(flag: str, value: str, known, what: str) -> list[str]:
+    """The comma-separated `value` of `flag`, each one of `known`; one line naming the unknown
+    ones and what is known otherwise."""
+    got = [v for v in value.split(",") if v]
+    unknown = [v for v in got if v not in known]
+    if unknown or not got:
+        which = f"unknown {what} {', '.join(unknown)}" if unknown else f"no {what}"
+        cli.fail(f"{flag} {value!r}: {which}; use some of {', '.join(known)}")
+    return got
+
+
+def directory(flag: str, path: str, what: str) -> str:
+    """`path`, a folder; one line otherwise."""
+    if not os.path.isdir(path):
+        state = "is not a folder" if os.path.exists(path) else "does not exist"
+        cli.fail(f"{flag} {path} {state}; give {what}")
+    return path
+
+
+def file(flag: str, path: str, what: str) -> str:
+    """`path`, a file; one line otherwise."""
+    if not os.path.isfile(path):
+        state = "is not a file" if os.path.exists(path) else "does not exist"
+        cli.fail(f"{flag} {path} {state}; give {what}")
+    return path
+
+
+def matches(flag: str, pattern: str, what: str) -> list[str]:
+    """The files `pattern` names (a glob); one line when none."""
+    found = sorted(p for p in glob.glob(pattern) if os.path.isfile(p))
+    if not found:
+        cli.fail(f"{flag} {pattern} matches no file; give {what}")
+    return found
+
+
+def config(flag: str, path: str):
+    """The ConfigDict of the config file `path` (its get_config()); one line when the file is
+    missing, does not run or gives no ConfigDict."""
+    import ml_collections
+
+    file(flag, path, "a config file such as configs/tiny.py")
+    with failures(f"{flag} {path}", also=(Exception,)):  # the user's file runs here
+        get_config = runpy.run_path(path).get("get_config")
+        if get_config is None:
+            cli.fail(f"{flag} {path} has no get_config() function (see configs/tiny.py)")
+        value = get_config()
+    if not isinstance(value, ml_collections.ConfigDict):
+        cli.fail(f"{flag} {path}: get_config() returned {type(value).__name__}, not a ConfigDict")
+    return value
+
+
+def glue_tasks(flag: str, value: str) -> list[str]:
+    """The GLUE tasks the comma-separated `value` names, by their names ('sst2' is SST-2); one
+    line naming an unknown one and the known ones."""
+    from electra_jax.data import DataError
+    from electra_jax.finetune import tasks
+
+    found = []
+    for name in [v for v in value.split(",") if v] or [""]:
+        try:
+            found.append(tasks.get_task(name).name)
+        except DataError:
+            cli.fail(f"{flag} {value!r}: {name!r} is not a GLUE task; use {', '.join(tasks.TASKS)}")
+    return found
+
+
+DTYPES = ("float32", "bfloat16")  # validate.check_config's model.dtype
+
+
+def set_field(flag: str, config, item: str, sections: bool) -> None:
+    """Applies `KEY=VALUE` (`SECTION.KEY=VALUE` when `sections`) to `config`, the value parsed
+    as the field's type; one line for an unknown key or a value of another type."""
+    key, eq, value = item.partition("=")
+    path = key.split(".")
+    if not eq or len(path) != (2 if sections else 1):
+        form = "SECTION.KEY=VALUE" if sections else "KEY=VALUE"
+        cli.fail(f"{flag} {item!r}: give {form}")
+    node = config
+    for part in path[:-1]:
+        node = node.get(part) if hasattr(node, "get") else None
+    if not hasattr(node, "keys") or path[-1] not in node:
+        cli.fail(f"{flag} {item!r}: {key} is not a config key")
+    current = node[path[-1]]
+    if isinstance(current, bool):  # bool("False") is True
+        if value not in ("True", "False"):
+            cli.fail(f"{flag} {item!r}: use True or False")
+        node[path[-1]] = value == "True"
+    elif isinstance(current, (int, float)):
+        try:
+            node[path[-1]] = type(current)(value)
+        except ValueError:
+            cli.fail(f"{flag} {item!r}: {key} takes {type(current).__name__} values")
+    else:
+        node[path[-1]] = value
+
+
+def checked(config) -> None:
+    """validate.check_config, before the work: its line names the config key (the flags set
+    data.source, train.batch_size, data.seq_length)."""
+    from electra_jax import validate
+
+    with failures(""):
+        validate.check_config(config)
+
+
+@contextlib.contextmanager
+def failures(where: str, also: tuple = ()):
+    """The block's bad-input errors (the package's ConfigError, DataError and PretrainedError,
+    and the classes in `also`) as one line starting with `where`; a traceback with --verbose."""
+    from electra_jax.data import DataError
+    from electra_jax.validate import ConfigError
+    from electra_jax.weights import PretrainedError
+
+    try:
+        yield
+    except (ConfigError, DataError, PretrainedError, *also) as e:
+        if "--verbose" in sys.argv:
+            raise
+        reason = " ".join(str(e).split()) or type(e).__name__
+        cli.fail(f"{where}: {reason}" if where else reason)

@@ -1,0 +1,190 @@
+"""benchmarks/_cli.py and the benchmarks' command lines: bad input (a missing workdir or file, a
+bogus task, preset or setting, a number out of range) is one `error:` line naming the flag, exit
+code 2, no traceback, before any work. Each case stops before a model is built: seconds each."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT, subprocess_env
+
+
+def _run(*argv):
+    out = subprocess.run(
+        [sys.executable, *argv],
+        cwd=ROOT,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,  # a guard against a hang: each case ends within seconds
+    )
+    return out.returncode, out.stderr
+
+
+def _glue_workdir(tmp_path):
+    """A folder with a pre-training record (config.json), and an empty GLUE root."""
+    workdir, data = tmp_path / "pretrained", tmp_path / "glue"
+    workdir.mkdir()
+    (workdir / "config.json").write_text(json.dumps({"model": {}}))
+    data.mkdir()
+    return ["benchmarks/glue.py", f"--workdir={workdir}", f"--data_dir={data}", "--out=x"]
+
+
+# (case, argv from tmp_path, what the one line says)
+CASES = [
+    (
+        "glue, missing workdir",
+        lambda t: ["benchmarks/glue.py", f"--workdir={t}/nope", f"--data_dir={t}", "--out=x"],
+        "--workdir {t}/nope does not exist",
+    ),
+    (
+        "glue, a folder without a run's record",
+        lambda t: ["benchmarks/glue.py", f"--workdir={t}", f"--data_dir={t}", "--out=x"],
+        "--workdir {t} has no config.json",
+    ),
+    (
+        "glue, bogus task",
+        lambda t: [*_glue_workdir(t), "--tasks=SST-2,bogus"],
+        "'bogus' is not a GLUE task",
+    ),
+    (
+        "glue, another program's config.json",
+        _glue_workdir,
+        "config.json is not a pre-training run's record (no model.",
+    ),
+    (
+        "glue, bogus init",
+        lambda t: [*_glue_workdir(t), "--inits=pretrained,warm"],
+        "--inits 'pretrained,warm': unknown inits warm",
+    ),
+    (
+        "glue, an unknown --set key",
+        lambda t: [*_glue_workdir(t), "--set=no_such_key=1"],
+        "'no_such_key=1': give KEY=VALUE, KEY a key of configs/glue.py",
+    ),
+    (
+        "glue, a --set value of another type",
+        lambda t: [*_glue_workdir(t), "--set=learning_rate=fast"],
+        "learning_rate takes float values",
+    ),
+    (
+        "probe, a regression task",
+        lambda t: ["benchmarks/probe.py", f"--init_from={t}", f"--data_dir={t}", "--task=stsb"],
+        "STS-B is a regression task",
+    ),
+    (
+        "probe, not a model",
+        lambda t: ["benchmarks/probe.py", f"--init_from={t}/nope", f"--data_dir={t}"],
+        "--init_from {t}/nope",
+    ),
+    (
+        "sample_efficiency, bogus preset",
+        lambda t: ["-m", "benchmarks.sample_efficiency", "--preset=huge", f"--out={t}/o"],
+        "argument --preset: invalid choice: 'huge'",
+    ),
+    (
+        "sample_efficiency, bogus objective",
+        lambda t: ["-m", "benchmarks.sample_efficiency", "--objectives=electra,bert", f"--out={t}"],
+        "--objectives 'electra,bert': unknown objectives bert",
+    ),
+    (
+        "sample_efficiency, a corpus that matches nothing",
+        lambda t: ["-m", "benchmarks.sample_efficiency", f"--corpus={t}/*.txt", f"--out={t}/o"],
+        "--corpus {t}/*.txt matches no file",
+    ),
+    (
+        "generator_size, bogus task",
+        lambda t: ["-m", "benchmarks.generator_size", "--tasks=MNLI-mm", f"--out={t}/o"],
+        "'MNLI-mm' is not a GLUE task",
+    ),
+    (
+        "compute_sweep, a report of nothing",
+        lambda t: ["-m", "benchmarks.compute_sweep", "--report_only", f"--out={t}"],
+        "holds no results.json",
+    ),
+    (
+        "recipe_study, bogus setting",
+        lambda t: ["-m", "benchmarks.recipe_study", "--settings=default,fast", f"--out={t}/o"],
+        "unknown settings fast",
+    ),
+    (
+        "recipe_study, seeds not numbers",
+        lambda t: ["-m", "benchmarks.recipe_study", "--seeds=0,one", f"--out={t}/o"],
+        "argument --seeds",
+    ),
+    (
+        "learning_curves, missing workdir",
+        lambda t: ["-m", "benchmarks.learning_curves", f"{t}/nope", f"--out={t}/c.png"],
+        "WORKDIR {t}/nope does not exist",
+    ),
+    (
+        "train_step, missing config",
+        lambda t: ["benchmarks/train_step.py", f"--config={t}/nope.py"],
+        "--config {t}/nope.py does not exist",
+    ),
+    (
+        "train_step, batch 0",
+        lambda t: ["benchmarks/train_step.py", "--batch=0"],
+        "argument --batch: 0 is out of range",
+    ),
+    (
+        "train_step, an unknown --set key",
+        lambda t: ["benchmarks/train_step.py", "--set=model.no_such=1"],
+        "model.no_such is not a config key",
+    ),
+    (
+        "train_step, a --set value of another type",
+        lambda t: ["benchmarks/train_step.py", "--set=train.batch_size=big"],
+        "train.batch_size takes int values",
+    ),
+    (
+        "attention_parity, a vocabulary of special tokens only",
+        lambda t: ["benchmarks/attention_parity.py", "--vocab=3"],
+        "argument --vocab",
+    ),
+    (
+        "checkpoint_overhead, no saves",
+        lambda t: ["benchmarks/checkpoint_overhead.py", "--saves=0"],
+        "argument --saves",
+    ),
+    (
+        "input_pipeline, bogus source",
+        lambda t: ["benchmarks/input_pipeline.py", "--source=ftp://corpus"],
+        "data.source='ftp://corpus' is not a known source",
+    ),
+    (
+        "prepare_throughput, a corpus that matches nothing",
+        lambda t: ["benchmarks/prepare_throughput.py", f"--source=text:{t}/*.txt"],
+        "--source text:{t}/*.txt",
+    ),
+    (
+        "gpu_data, bogus task",
+        lambda t: ["benchmarks/gpu_data.py", "--tasks=SST-2,XNLI", f"--out={t}/o"],
+        "'XNLI' is not a GLUE task",
+    ),
+    (
+        "gpu_quality, no parallel runs",
+        lambda t: ["benchmarks/gpu_quality.py", "--parallel=0", f"--out={t}/o"],
+        "argument --parallel",
+    ),
+]
+
+
+@pytest.mark.parametrize("name,argv,says", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_is_one_error_line_and_exit_2(tmp_path, name, argv, says):
+    code, err = _run(*argv(tmp_path))
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert code == 2 and len(lines) == 1, err[-3000:]
+    assert lines[0].startswith("error: ") and "Traceback" not in err, err[-3000:]
+    assert says.format(t=tmp_path) in lines[0], lines[0]
+
+
+def test_verbose_keeps_the_traceback_of_a_config_that_fails(tmp_path):
+    config = tmp_path / "boom.py"
+    config.write_text("def get_config():\n    raise ValueError('boom')\n")
+    code, err = _run("benchmarks/train_step.py", f"--config={config}")
+    assert code == 2 and err.strip() == f"error: --config {config}: boom", err[-3000:]
+    code, err = _run("benchmarks/train_step.py", f"--config={config}", "--verbose")
+    assert code != 0 and "Traceback" in err and "ValueError: boom" in err, err[-3000:]
