@@ -142,7 +142,7 @@ def base_config(base: str, out: str):
     tokenizer and prepared rows of OUT/shared, made by the first run."""
     config = runpy.run_path(os.path.join(ROOT, "configs", "tiny.py"))["get_config"]()
     # Every setting is measured against the paper's recipe on tiny.py's shape, which tiny.py ran
-    # before it took this study's winner (lr5e-5-prior): the settings' names stay true.
+    # before it took this study's winner (lr2.5e-5-prior): the settings' names stay true.
     apply(config, PAPER)
     if base == "small-data":
         from benchmarks import sample_efficiency

@@ -131,7 +131,7 @@ PRESETS = {
         "variants": {
             "electra": {
                 "objective": "electra",
-                "overrides": {"train.learning_rate": 5e-5, "train.rtd_prior_init": True},
+                "overrides": {"train.learning_rate": 2.5e-5, "train.rtd_prior_init": True},
             },
         },
         "warmup_fraction": 0.05,
