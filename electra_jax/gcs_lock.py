@@ -39,6 +39,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from electra_jax import jsonio
+
 DEFAULT_LEASE_SECONDS = 60.0
 LEASE_ENV = "ELECTRA_JAX_LOCK_LEASE_SECONDS"
 # Attempts at taking the lock when other runs keep changing it under us.
@@ -170,8 +172,8 @@ class GcsLock:
         except (errors.PreconditionFailed, errors.NotFound):
             return "changed"
         try:
-            info = json.loads(data)
-        except ValueError:
+            info = jsonio.loads(data)
+        except ValueError:  # malformed, or nested too deep: a lock object that is not ours
             info = None
         if not isinstance(info, dict):
             info = {}

@@ -298,7 +298,8 @@ def _take_lock(path: str, kind: str, flag: str, command: str) -> int:
     except OSError as e:
         os.close(fd)
         raise ConfigError(
-            f"{flag} {path} is not writable ({e.strerror}); free space or choose another {flag}"
+            f"{flag} {path} is not writable ({e.strerror}); {jsonio.write_advice(e)}, or choose "
+            f"another {flag}"
         ) from None
     return fd
 

@@ -62,13 +62,13 @@ NUMBERS = (
     ("layer_decay", "[0, 1]", "0: the paper's for the model's size; 1: no decay"),
     ("warmup_fraction", "[0, 1)", ""),
     ("weight_decay", ">= 0", ""),
-    ("adam_eps", "> 0", ""),
-    ("clip_norm", "> 0", ""),
+    ("adam_eps", "[1e-30, 1]", "smaller rounds to 0 in float32 and 0/0 is NaN"),
+    ("clip_norm", "[1e-30, 1e30]", "gradients are scaled by it in float32"),
     ("batch_size", ">= 1 int", ""),
     ("eval_batch_size", ">= 1 int", ""),
     ("seq_length", ">= 8 int", ""),
     ("max_train_examples", ">= 0 int", "0: all"),
-    ("dropout_rate", "[0, 1)", ""),
+    ("dropout_rate", "[0, 0.999999999]", "the kept units are scaled by 1 / (1 - rate)"),
     ("log_every_steps", ">= 1 int", ""),
     ("checkpoint.every_steps", ">= 1 int", ""),
     ("checkpoint.keep", ">= 1 int", ""),
@@ -84,8 +84,8 @@ RANDOM_INIT_NUMBERS = (
     ("model.embedding_size", ">= 1 int", ""),
     ("model.max_position_embeddings", ">= 8 int", ""),
     ("model.type_vocab_size", ">= 2 int", "segments A and B"),
-    ("model.initializer_range", "> 0", ""),
-    ("model.layer_norm_eps", "> 0", ""),
+    ("model.initializer_range", "[1e-30, 1000]", "squared in LayerNorm's float32 variance"),
+    ("model.layer_norm_eps", "[1e-30, 1]", "smaller rounds to 0 in float32"),
 )
 
 
@@ -95,6 +95,19 @@ def check_common(config) -> None:
     c = config
     for key, rule, note in NUMBERS:
         check_number(c, key, rule, note)
+    # As pre-training's (validate._FLOAT32_RANGES): an Adam step moves a weight by about the
+    # learning rate, which float32 rounds away below 1e-9 against weights of ~0.02.
+    require(
+        c.learning_rate == 0 or 1e-9 <= c.learning_rate <= 10,
+        f"config.learning_rate={c.learning_rate!r} must be 0 (the paper's for the model's size) "
+        "or in [1e-9, 10]: float32 rounds a smaller Adam step away, a larger one throws the "
+        "weights past anything trained",
+    )
+    require(
+        c.learning_rate * c.weight_decay < 1,
+        f"config.weight_decay={c.weight_decay!r} x config.learning_rate={c.learning_rate!r} "
+        "must be below 1: AdamW multiplies every weight by (1 - that) each step",
+    )
     require(
         c.dtype in DTYPES,
         f"config.dtype={c.dtype!r} is not supported; use 'float32' or 'bfloat16'",
