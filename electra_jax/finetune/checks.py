@@ -96,17 +96,12 @@ def check_common(config) -> None:
     for key, rule, note in NUMBERS:
         check_number(c, key, rule, note)
     # As pre-training's (validate._FLOAT32_RANGES): an Adam step moves a weight by about the
-    # learning rate, which float32 rounds away below 1e-9 against weights of ~0.02.
+    # learning rate, which float32 rounds away below 1e-9 against weights of ~0.02. A huge rate
+    # is no float32 nonsense but a run that diverges, which the loop stops with one line.
     require(
-        c.learning_rate == 0 or 1e-9 <= c.learning_rate <= 10,
+        c.learning_rate == 0 or c.learning_rate >= 1e-9,
         f"config.learning_rate={c.learning_rate!r} must be 0 (the paper's for the model's size) "
-        "or in [1e-9, 10]: float32 rounds a smaller Adam step away, a larger one throws the "
-        "weights past anything trained",
-    )
-    require(
-        c.learning_rate * c.weight_decay < 1,
-        f"config.weight_decay={c.weight_decay!r} x config.learning_rate={c.learning_rate!r} "
-        "must be below 1: AdamW multiplies every weight by (1 - that) each step",
+        "or at least 1e-9: float32 rounds a smaller Adam step away against the weights",
     )
     require(
         c.dtype in DTYPES,

@@ -196,10 +196,9 @@ def test_finetune_from_pretrained_regression(tmp_path, monkeypatch):
         ({"learning_rate": -1e-4}, ConfigError, r"config.learning_rate=-0.0001 must be finite"),
         ({"layer_decay": 1.5}, ConfigError, r"config.layer_decay=1.5 must be in \[0, 1\]"),
         # Finite but meaningless in float32 arithmetic.
-        ({"learning_rate": 1e-12}, ConfigError, r"config.learning_rate=1e-12 must be 0 .* or in"),
+        ({"learning_rate": 1e-12}, ConfigError, r"config.learning_rate=1e-12 must be 0 .* or at"),
         ({"adam_eps": 1e-40}, ConfigError, r"config.adam_eps=1e-40 must be in \[1e-30, 1\]"),
         ({"dropout_rate": 0.9999999999}, ConfigError, r"config.dropout_rate=0.9999999999 must"),
-        ({"weight_decay": 2e4}, ConfigError, r"config.weight_decay=20000.0 x config.learning"),
         ({"num_epochs": math.inf}, ConfigError, r"config.num_epochs=inf must be finite and >= 0"),
         ({"warmup_fraction": math.nan}, ConfigError, r"config.warmup_fraction=nan must be in"),
         ({"model.type_vocab_size": 1}, ConfigError, r"config.model.type_vocab_size=1 must be"),
