@@ -207,7 +207,11 @@ _spm.SentencePieceTrainer.train = lambda sentence_iterator, **options: _train(
 """
 
 _INTERRUPTED_TRAINING = """
-import sys
+import faulthandler, signal, sys
+# Ctrl-C as a shell delivers it: Python raises KeyboardInterrupt only where SIGINT was at its
+# default when it started, and a process started with SIGINT ignored keeps ignoring it.
+signal.signal(signal.SIGINT, signal.default_int_handler)
+faulthandler.register(signal.SIGUSR1)  # the test asks for the stacks if this never returns
 from electra_jax.data import tokenizer as tokenizer_lib
 
 out, hold_dir, held_child = sys.argv[1:]
@@ -241,7 +245,13 @@ def test_ctrl_c_during_training_returns_at_once_and_writes_nothing(tmp_path):
         held.wait_held(hold_dir, proc, timeout=120)  # SentencePiece is training
         sent = time.monotonic()
         proc.send_signal(signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=60)
+        try:
+            stdout, stderr = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGUSR1)  # where it hangs, for the failure's message
+            time.sleep(2)  # a hang is already the failure; this only lets the stacks be written
+            proc.kill()
+            raise AssertionError(f"no return 60 s after Ctrl-C: {proc.communicate()}") from None
         took = time.monotonic() - sent
     finally:
         proc.kill()
