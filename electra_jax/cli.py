@@ -139,6 +139,20 @@ def check_family(config, filename: str, command: str, finetuning: bool) -> None:
         )
 
 
+def command_config(flag_name: str, command: str, finetuning: bool):
+    """The ConfigDict of the config flag `flag_name`, loaded now (the flag loads its file
+    lazily: fail here, not in the middle of a run) and of the family `command` takes; one line
+    and exit 2 otherwise (loaded_config, check_family)."""
+    filename = flags.FLAGS[flag_name].config_filename
+    try:
+        config = flags.FLAGS[flag_name].value
+    except OSError:
+        fail(f"config file {filename} cannot be read; check --config")
+    config = loaded_config(config, filename)
+    check_family(config, filename, command, finetuning=finetuning)
+    return config
+
+
 def _config_keys(config, prefix: str = "") -> list[str]:
     """Every dotted key of a ConfigDict, sections included ('train', 'train.num_steps')."""
     import ml_collections

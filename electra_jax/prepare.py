@@ -27,9 +27,8 @@ from ml_collections import config_flags
 from electra_jax.cli import (
     PRINT_CONFIG_HELP,
     cannot_write,
-    check_family,
+    command_config,
     fail,
-    loaded_config,
     parse_flags,
     print_config,
 )
@@ -103,15 +102,7 @@ def main(argv) -> None:
         fail(f"unexpected arguments {argv[1:]}; settings go in --config.KEY=VALUE")
     if _CONFIG.value is None:
         fail("--config is required, e.g. --config=configs/tiny.py")
-    try:
-        config = _CONFIG.value
-    except OSError:
-        fail(f"config file {flags.FLAGS['config'].config_filename} cannot be read; check --config")
-    # The file is loaded lazily: fail here, not in the middle of a run.
-    config = loaded_config(config, flags.FLAGS["config"].config_filename)
-    check_family(
-        config, flags.FLAGS["config"].config_filename, "electra_jax.prepare", finetuning=False
-    )
+    config = command_config("config", "electra_jax.prepare", finetuning=False)
     if _PRINT_CONFIG.value:
         print_config(config, flags.FLAGS["config"].config_filename)
         return

@@ -21,9 +21,8 @@ from ml_collections import config_flags
 from electra_jax.cli import (
     PRINT_CONFIG_HELP,
     cannot_write,
-    check_family,
+    command_config,
     fail,
-    loaded_config,
     parse_flags,
     print_config,
 )
@@ -177,15 +176,7 @@ def main(argv) -> None:
     from electra_jax.data import DataError
     from electra_jax.validate import ConfigError, check_config
 
-    try:
-        config = _CONFIG.value
-    except OSError:
-        fail(f"config file {flags.FLAGS['config'].config_filename} cannot be read; check --config")
-    # The file is loaded lazily: fail here, not in the middle of a run.
-    config = loaded_config(config, flags.FLAGS["config"].config_filename)
-    check_family(
-        config, flags.FLAGS["config"].config_filename, "electra_jax.train", finetuning=False
-    )
+    config = command_config("config", "electra_jax.train", finetuning=False)
     if _PRINT_CONFIG.value:
         print_config(config, flags.FLAGS["config"].config_filename)
         return

@@ -21,9 +21,8 @@ from ml_collections import config_flags
 
 from electra_jax.cli import (
     PRINT_CONFIG_HELP,
-    check_family,
+    command_config,
     fail,
-    loaded_config,
     parse_flags,
     print_config,
 )
@@ -58,15 +57,7 @@ def main(argv) -> None:
     from electra_jax.finetune import loop
     from electra_jax.validate import ConfigError
 
-    try:
-        config = _CONFIG.value
-    except OSError:
-        fail(f"config file {flags.FLAGS['config'].config_filename} cannot be read; check --config")
-    # The file is loaded lazily: fail here, not in the middle of a run.
-    config = loaded_config(config, flags.FLAGS["config"].config_filename)
-    check_family(
-        config, flags.FLAGS["config"].config_filename, "electra_jax.finetune", finetuning=True
-    )
+    config = command_config("config", "electra_jax.finetune", finetuning=True)
     if _PRINT_CONFIG.value:
         print_config(config, flags.FLAGS["config"].config_filename)
         return
