@@ -11,7 +11,7 @@ import pytest
 
 from electra_jax import metrics, paths
 from tests import held
-from tests.conftest import ROOT, subprocess_env
+from tests.conftest import ROOT, run_command, subprocess_env
 from tests.finetune.test_loop import _sst2
 from tests.test_preemption import LINE, _wait_for
 
@@ -67,13 +67,8 @@ def test_a_gs_workdir_trains_resumes_exactly_after_sigkill_exports_loads_and_fin
     straight = f"{gcs}/straight"
     config = _config_file(tmp_path, num_steps, every)
     # prepare, then train: the tokenizer and shards go to the bucket (WORKDIR/data).
-    out = subprocess.run(
-        _cmd("electra_jax.prepare", f"--config={config}", f"--workdir={straight}"),
-        cwd=ROOT,
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
+    out = run_command(
+        "electra_jax.prepare", f"--config={config}", f"--workdir={straight}", timeout=300
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert paths.isfile(f"{straight}/tokenizer/spm.model")
@@ -127,14 +122,7 @@ def test_a_gs_workdir_trains_resumes_exactly_after_sigkill_exports_loads_and_fin
 
     # export to a local folder; load() reads the workdir itself and the export alike.
     hf = tmp_path / "hf"
-    out = subprocess.run(
-        _cmd("electra_jax.export", f"--workdir={killed}", f"--out={hf}"),
-        cwd=ROOT,
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    out = run_command("electra_jax.export", f"--workdir={killed}", f"--out={hf}", timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert (hf / "discriminator" / "config.json").is_file()
     import electra_jax
@@ -146,14 +134,7 @@ def test_a_gs_workdir_trains_resumes_exactly_after_sigkill_exports_loads_and_fin
     )
 
     # The held-out evaluation of its checkpoints, read from the bucket and written back there.
-    out = subprocess.run(
-        _cmd("electra_jax.evaluate", f"--workdir={killed}", "--steps=6,12"),
-        cwd=ROOT,
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    out = run_command("electra_jax.evaluate", f"--workdir={killed}", "--steps=6,12", timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     printed = json.loads(out.stdout.splitlines()[-1])["rows"]
     assert [r["step"] for r in printed] == [6, 12]
@@ -163,21 +144,15 @@ def test_a_gs_workdir_trains_resumes_exactly_after_sigkill_exports_loads_and_fin
     # fine-tuning from the bucket, into the bucket.
     data = _sst2(tmp_path / "SST-2", n_train=16, n_dev=8)
     tuned = f"{gcs}/sst2"
-    out = subprocess.run(
-        _cmd(
-            "electra_jax.finetune",
-            "--config=configs/glue.py",
-            f"--config.data_dir={data}",
-            f"--config.init_from={killed}",
-            "--config.num_epochs=1",
-            "--config.batch_size=8",
-            "--config.seq_length=32",
-            f"--workdir={tuned}",
-        ),
-        cwd=ROOT,
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
+    out = run_command(
+        "electra_jax.finetune",
+        "--config=configs/glue.py",
+        f"--config.data_dir={data}",
+        f"--config.init_from={killed}",
+        "--config.num_epochs=1",
+        "--config.batch_size=8",
+        "--config.seq_length=32",
+        f"--workdir={tuned}",
         timeout=300,
     )
     assert out.returncode == 0, out.stderr[-2000:]
@@ -201,13 +176,8 @@ def test_sigterm_saves_to_the_bucket_and_a_second_run_is_refused_meanwhile(gcs, 
     try:
         held.wait_held(hold_dir, proc)
         _wait_for(lambda: _committed(workdir, 4), proc, timeout=300, what="the first checkpoint")
-        second = subprocess.run(
-            _cmd("electra_jax.train", f"--config={config}", f"--workdir={workdir}"),
-            cwd=ROOT,
-            env=subprocess_env(),
-            capture_output=True,
-            text=True,
-            timeout=120,
+        second = run_command(
+            "electra_jax.train", f"--config={config}", f"--workdir={workdir}", timeout=120
         )
         assert second.returncode == 2, second.stderr[-2000:]
         lines = [ln for ln in second.stderr.splitlines() if ln.strip()]
