@@ -213,9 +213,17 @@ def in_domain_corpus(corpus_glob: str, glue_dir: str, tasks, out: str) -> str:
             for i in range(0, len(lines), _TASK_DOCUMENT_LINES)
         ]
         path = os.path.join(folder, f"task-{task.name}.txt")
+        text = "\n\n".join(documents) + "\n"
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as f:
+                if f.read() == text:
+                    # Left as it is: a rewrite would change its time, and a pre-training run
+                    # of this --out (another objective's process) refuses to resume on a corpus
+                    # file retimed under it.
+                    continue
         tmp = f"{path}.tmp{os.getpid()}"
         with open(tmp, "w", encoding="utf-8") as f:
-            f.write("\n\n".join(documents) + "\n")
+            f.write(text)
         os.replace(tmp, path)
     return f"{folder}/*.txt"
 
@@ -511,9 +519,13 @@ def run(
     corpus: str = os.path.join(SHARED, "corpus", "*", "*.txt"),
     glue_dir: str = os.path.join(SHARED, "glue"),
     log=None,
+    pretrain_only: bool = False,
 ) -> dict:
     """Pre-trains, fine-tunes and reports as the module docstring says; returns the results
-    (also in OUT/results.json) with 'table' (markdown) and 'plot' (the PNG's path)."""
+    (also in OUT/results.json) with 'table' (markdown) and 'plot' (the PNG's path).
+
+    pretrain_only: pre-train the objectives and return their records (no fine-tuning, no
+    report), so that each objective's run can go in a process of its own into one `out`."""
     log = log or (lambda m: print(m, file=sys.stderr, flush=True))
     tasks = [glue_tasks.get_task(t).name for t in (tasks or preset["tasks"])]
     seeds = seeds or preset["seeds"]
@@ -523,7 +535,9 @@ def run(
             raise ValueError(f"objective {name!r}: use some of {', '.join(known)}")
     os.makedirs(out, exist_ok=True)
     with _cached_compilations(os.path.join(out, "jax_cache")):
-        results = _run(preset, out, objectives, tasks, seeds, corpus, glue_dir, log)
+        results = _run(preset, out, objectives, tasks, seeds, corpus, glue_dir, log, pretrain_only)
+    if pretrain_only:
+        return results
     results["summary"] = summary(results)
     _write_json(os.path.join(out, "summary.json"), results["summary"])
     results["table"] = tables(results)
@@ -580,7 +594,7 @@ def summary(results: dict) -> dict:
     return out
 
 
-def _run(preset, out, objectives, tasks, seeds, corpus, glue_dir, log) -> dict:
+def _run(preset, out, objectives, tasks, seeds, corpus, glue_dir, log, pretrain_only) -> dict:
     """Pre-training and fine-tuning, skipping what is done: the results without the report."""
     from electra_jax.data import prepare
 
@@ -616,13 +630,21 @@ def _run(preset, out, objectives, tasks, seeds, corpus, glue_dir, log) -> dict:
             f"({info['seconds']:.0f}s of pre-training)"
         )
         results["pretrain"].append(info)
+    if pretrain_only:
+        return results
 
-    starts = [
-        (p["objective"], s, f"{workdirs[p['objective']]}@{s}")
-        for p in results["pretrain"]
-        for s in p["steps"]
+    # The full budget first (every objective, then random init: the headline), then the
+    # smaller budgets from the largest down, so that a sweep cut short has its most telling
+    # readings; each run is independent of the others, so the order changes no number.
+    by_budget = [
+        [
+            (p["objective"], p["steps"][i], f"{workdirs[p['objective']]}@{p['steps'][i]}")
+            for p in results["pretrain"]
+        ]
+        for i in reversed(range(len(results["fractions"])))
     ]
-    starts.append((RANDOM, 0, out))  # with_init's 'random' reads OUT/tokenizer
+    random_init = (RANDOM, 0, out)  # with_init's 'random' reads OUT/tokenizer
+    starts = [*by_budget[0], random_init, *(s for budget in by_budget[1:] for s in budget)]
     pretrain_config_dict = results["pretrain"][0]["config"]
     rates = tuple(preset.get("learning_rates", ()))
 

@@ -105,6 +105,11 @@ CASES = [
         "holds no results.json",
     ),
     (
+        "compute_sweep, a model not in the preset",
+        lambda t: ["-m", "benchmarks.compute_sweep", "--objectives=bert", f"--out={t}/o"],
+        "unknown models of the preset bert",
+    ),
+    (
         "recipe_study, bogus setting",
         lambda t: ["-m", "benchmarks.recipe_study", "--settings=default,fast", f"--out={t}/o"],
         "unknown settings fast",

@@ -207,3 +207,48 @@ def test_in_domain_corpus_sweep_and_summary(tmp_path, monkeypatch):
     assert summary["pretrain_flops"] == MICRO["budget_flops"]
     # Two pre-trainings of 1 s, twelve fine-tunings of 10 s (the chosen sweep runs counted once).
     assert summary["wall_seconds"] == 2 * 1.0 + 12 * 10.0
+
+
+def test_pretrain_only_then_the_full_budget_first_and_the_corpus_left_untouched(
+    tmp_path, monkeypatch
+):
+    """Each objective can pre-train in a process of its own (pretrain_only: no fine-tuning);
+    the fine-tuning then starts at the full budget (every objective, then random init) and goes
+    down the budgets; a second call leaves the tasks' corpus files as they are (a retimed file
+    stops another process's pre-training from resuming)."""
+    corpus, glue_dir = _write_inputs(tmp_path)
+    order = []
+
+    def fake_finetune(config, workdir):
+        order.append(workdir.split(os.sep)[-2])
+        return {
+            "score": 0.5,
+            "score_metric": "dev/accuracy",
+            "elapsed_sec": 1.0,
+            "learning_rate": 1e-3,
+        }
+
+    from electra_jax.data import prepare
+
+    monkeypatch.setattr(se, "pretrain", lambda config, workdir, steps, log: 1.0)
+    monkeypatch.setattr(se, "finetune", fake_finetune)
+    monkeypatch.setattr(prepare, "ensure_tokenizer", lambda *a, **k: None)
+    preset = dict(MICRO, in_domain=True)
+    out = tmp_path / "out"
+    kw = dict(corpus=corpus, glue_dir=glue_dir, log=lambda m: None)
+    only = se.run(preset, str(out), objectives=["mlm"], pretrain_only=True, **kw)
+    assert [p["objective"] for p in only["pretrain"]] == ["mlm"] and order == []
+    assert not (out / "results.json").exists()
+    task_file = out / "corpus" / "task-SST-2.txt"
+    os.utime(task_file, (1_000_000_000, 1_000_000_000))
+
+    results = se.run(preset, str(out), objectives=["electra", "mlm"], **kw)
+    assert task_file.stat().st_mtime == 1_000_000_000
+    e, m = (p["steps"] for p in results["pretrain"])
+    assert order == [
+        f"electra-{e[1]}",
+        f"mlm-{m[1]}",
+        f"{se.RANDOM}-0",
+        f"electra-{e[0]}",
+        f"mlm-{m[0]}",
+    ]
