@@ -15,11 +15,13 @@ low-noise second reading.
 
 It writes OUT/summary.json (sample_efficiency's summary at the largest budget, plus `budgets`:
 per budget and model the pre-training FLOPs and steps, the average dev score and its std over
-seeds, and the probe's accuracy), OUT/table.md, OUT/results.json and OUT/compute_sweep.png
-(average dev score and probe accuracy against counted pre-training FLOPs: a line per objective
-with its seed band, random init as a band, the budgets where ELECTRA first passes random init
-and MLM marked). `--report_only` writes the report from the runs that have finished, so that a
-sweep cut short still reports what it measured. Rerunning with the same --out continues.
+seeds, and the probe's accuracy; `pretraining`: each run's held-out readings against FLOPs),
+OUT/table.md, OUT/results.json, OUT/compute_sweep.png (average dev score and probe accuracy
+against counted pre-training FLOPs: a line per objective with its seed band, random init as a
+band, the budgets where ELECTRA first passes random init and MLM marked) and
+OUT/pretraining.png (the held-out readings against FLOPs). `--report_only` writes the report
+from the runs that have finished, so that a sweep cut short still reports what it measured.
+Rerunning with the same --out continues.
 
 The order is the readings' worth: pre-training, the probe at every checkpoint (minutes), then
 the fine-tunings from the full budget down (every objective and random init first: the
@@ -88,7 +90,8 @@ PRESETS = {
             "CoLA": {**_SMALL_DATA["finetune_tasks"]["CoLA"], "seq_length": 64},
         },
         "learning_rates": (1e-4, 3e-4, 1e-3),
-        "probe": {"task": "SST-2", "max_train_examples": 20000},
+        # SST-2's sentences fit in 64 tokens (99.96% of its training set with this tokenizer).
+        "probe": {"task": "SST-2", "max_train_examples": 20000, "max_length": 64},
     },
 }
 
@@ -119,7 +122,11 @@ def probes(results: dict, preset: dict, out: str, glue_dir: str, log) -> list[di
             first = first or model
         t0 = time.time()
         row = probe.probe_score(
-            model, spec["task"], os.path.join(glue_dir, spec["task"]), spec["max_train_examples"]
+            model,
+            spec["task"],
+            os.path.join(glue_dir, spec["task"]),
+            spec["max_train_examples"],
+            spec.get("max_length", 128),
         )
         row.update(objective=name, step=step, seconds=round(time.time() - t0, 1))
         log(f"probe {name}@{step}: {row['task']} accuracy {row['accuracy']:.4f}")
@@ -221,6 +228,66 @@ def plot(rows: list[dict], path: str) -> None:
     plt.close(fig)
 
 
+# The held-out readings of the pre-training runs (docs/evaluation.md) shown against FLOPs.
+READINGS = (
+    "disc_auc",
+    "disc_auc_frequent",
+    "disc_loss_gain",
+    "collapse_cosine",
+    "gen_accuracy",
+    "mlm_accuracy",
+)
+
+
+def pretraining_readings(results: dict, out: str) -> dict:
+    """Per pre-trained model, its held-out rows: [{step, pretrain_flops, <READINGS it has>}],
+    read from OUT/pretrain/<model>/ (metrics.jsonl and any eval.jsonl)."""
+    from electra_jax import evaluate
+
+    found = {}
+    for p in results["pretrain"]:
+        rows = evaluate.read_rows(os.path.join(out, "pretrain", p["objective"]))
+        found[p["objective"]] = [
+            {
+                "step": r["step"],
+                "pretrain_flops": r["step"] * p["flops_per_step"],
+                **{
+                    k: round(r[evaluate.PREFIX + k], 4)
+                    for k in READINGS
+                    if r.get(evaluate.PREFIX + k) is not None
+                },
+            }
+            for r in rows
+        ]
+    return found
+
+
+def plot_pretraining(readings: dict, path: str) -> None:
+    """PNG: each held-out reading against counted pre-training FLOPs, a line per model that
+    has it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(READINGS), figsize=(4 * len(READINGS), 3.8))
+    for ax, key in zip(axes, READINGS, strict=True):
+        for name, rows in readings.items():
+            mine = [r for r in rows if key in r]
+            if mine:
+                xs = [r["pretrain_flops"] for r in mine]
+                ax.plot(xs, [r[key] for r in mine], "-o", markersize=3, label=name)
+        ax.set_xscale("log")
+        ax.set_title(f"held-out {key}", fontsize=9)
+        ax.set_xlabel("counted pre-training FLOPs")
+        ax.grid(True, which="both", alpha=0.3)
+        if ax.has_data():
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def report(results: dict, out: str) -> dict:
     """summary.json (sample_efficiency's summary plus `budgets` and `crossovers`), table.md and
     the plot, from whatever `results` holds."""
@@ -228,6 +295,9 @@ def report(results: dict, out: str) -> dict:
     rows = budgets(results)
     summary["budgets"] = rows
     summary["crossovers"] = {"average": crossovers(rows), "probe": crossovers(rows, "probe")}
+    summary["pretraining"] = pretraining_readings(results, out)
+    if any(summary["pretraining"].values()):
+        plot_pretraining(summary["pretraining"], os.path.join(out, "pretraining.png"))
     sample_efficiency._write_json(os.path.join(out, "summary.json"), summary)
     lines = [
         "| budget FLOPs | model | steps | average +- std (seeds) | probe |",
@@ -290,6 +360,9 @@ def main(argv=None) -> None:
             for p in pretrained["pretrain"]:
                 log(f"{p['objective']}: checkpoints {p['steps']}, {p['seconds']:.0f}s")
             return
+        # What --report_only reads until the first fine-tuning writes its own.
+        partial = os.path.join(args.out, "results.partial.json")
+        sample_efficiency._write_json(partial, {**pretrained, "probe": probe_rows})
         results = sample_efficiency.run(preset, args.out, **common)
         results["probe"] = probe_rows
         sample_efficiency._write_json(os.path.join(args.out, "results.json"), results)

@@ -156,8 +156,8 @@ def plan(config: ml_collections.ConfigDict, workdir: str, allow: tuple[str, ...]
     """
     claim = _claim_workdir(workdir)
     try:
-        keys = flatten(config.to_dict())
-        unknown = [k for k in allow if k not in keys and k != MISSING_CONFIG]
+        new = flatten(config.to_dict())  # the settings asked for, {"a.b": value}, read once
+        unknown = [k for k in allow if k not in new and k != MISSING_CONFIG]
         if unknown:
             raise ConfigError(
                 f"--allow_change names {', '.join(unknown)}, which is not a config key"
@@ -175,10 +175,21 @@ def plan(config: ml_collections.ConfigDict, workdir: str, allow: tuple[str, ...]
                 f"copy), or pass --allow_change={MISSING_CONFIG} to resume with this command's "
                 "settings (the checkpoints' shapes are still checked), or use a new --workdir"
             )
-        config = _checkpoint_layout(config, stored)
-        changes = _check_resume(config, stored, path, tuple(allow))
-        new = config.train.init_from and not resumes  # a resumed run goes on from its state
-        init_from = _load_init_from(config, workdir) if new else None
+        changes = {}
+        if stored is not None:
+            old = flatten(stored)
+            kept = _checkpoint_layout(old, new)
+            if kept:
+                new.update(kept)
+                config = config.copy_and_resolve_references()
+                with config.unlocked():
+                    for key, value in kept.items():
+                        section, field = key.split(".")
+                        config[section][field] = value
+            check_same_model(old, new, path)
+            changes = check_same_run(old, new, path, tuple(allow))
+        new_run = config.train.init_from and not resumes  # a resumed run goes on from its state
+        init_from = _load_init_from(config, workdir) if new_run else None
     except BaseException:
         claim.release()
         raise
@@ -314,50 +325,33 @@ def _has_checkpoints(workdir: str) -> bool:
     return False
 
 
-def _check_resume(config, stored: dict | None, path: str, allow_changes: tuple[str, ...]) -> dict:
-    """May this config resume the run `stored` (its config.json at `path`) describes?
-
-    A workdir with checkpoints must be resumed with the model it was trained with and, but for
-    the settings in FREE_ON_RESUME and `allow_changes`, the settings it was started with.
-    Returns the allowed changes, {key: (stored value, new value)}; {} without a stored run.
-    """
-    if stored is None:
-        return {}
-    check_same_model(stored, config, path)
-    return check_same_run(stored, config, path, tuple(allow_changes))
-
-
-def _checkpoint_layout(config, stored: dict | None):
-    """`config`, or where the stored run's checkpoints hold their layers in the other layout (a
-    run started before model.scan_layers existed holds them unrolled) a copy that keeps theirs;
-    likewise for a run started before the held-out slice, which keeps training on every row.
+def _checkpoint_layout(old: dict, new: dict) -> dict:
+    """The settings a resume keeps from the stored run (`old`, flat) over the asked ones (`new`,
+    flat): the stored checkpoints' layer layout (a run started before model.scan_layers existed
+    holds them unrolled), and for a run started before the held-out slice, training on every
+    row. {key: value}, {} when nothing is kept.
 
     The layout is how the parameters are stored, not what they compute, so a resume keeps the
     checkpoints' own rather than refusing or rewriting them.
     """
-    if stored is None:
-        return config
-    layout = stored_scan_layers(stored)
-    if bool(config.model.get("scan_layers", False)) != layout:
-        config = config.copy_and_resolve_references()
-        with config.unlocked():
-            config.model.scan_layers = layout
+    kept = {}
+    layout = stored_scan_layers(old)
+    if bool(new.get("model.scan_layers", False)) != layout:
+        kept["model.scan_layers"] = layout
         held = "stacked (scanned)" if layout else "unrolled"
         metrics.log(
             f"this run's checkpoints hold their layers {held}; resuming with "
             f"model.scan_layers={layout}"
         )
-    if "heldout_examples" not in stored.get("data", {}) and config.data.get("heldout_examples"):
+    if "data.heldout_examples" not in old and new.get("data.heldout_examples"):
         # Holding rows out now would change the rows it trains on: it keeps training on all.
-        config = config.copy_and_resolve_references()
-        with config.unlocked():
-            config.data.heldout_examples = 0
+        kept["data.heldout_examples"] = 0
         metrics.log(
             "this run started before the held-out slice existed and trains on every row; "
             "resuming with data.heldout_examples=0 (no held-out evaluation; "
             "python -m electra_jax.evaluate reads its checkpoints on rows it has seen)"
         )
-    return config
+    return kept
 
 
 def _load_init_from(config: ml_collections.ConfigDict, workdir: str):
@@ -449,9 +443,9 @@ def with_added_defaults(stored: dict) -> dict:
     return out
 
 
-def stored_scan_layers(stored: dict) -> bool:
-    """The layer layout of a stored run config (config.json): model.scan_layers."""
-    return bool(flatten(stored).get("model.scan_layers", _ADDED_DEFAULTS["model.scan_layers"]))
+def stored_scan_layers(old: dict) -> bool:
+    """The layer layout of a stored run's settings (config.json, flat): model.scan_layers."""
+    return bool(old.get("model.scan_layers", _ADDED_DEFAULTS["model.scan_layers"]))
 
 
 def _shown(keys: list[str], old: dict, new: dict) -> str:
@@ -460,16 +454,16 @@ def _shown(keys: list[str], old: dict, new: dict) -> str:
     return shown + (f" (and {len(keys) - 4} more)" if len(keys) > 4 else "")
 
 
-def check_same_model(stored: dict, config: Any, config_path: str) -> None:
-    """Raises ConfigError when a workdir's stored config describes another model than `config`.
+def check_same_model(old: dict, new: dict, config_path: str) -> None:
+    """Raises ConfigError when a workdir's stored settings describe another model than the new.
 
-    stored: the parsed config.json of the workdir. Compares model.*, generator.*,
-    data.vocab_size and data.seq_length, so that a resume with other sizes fails here in one line
-    instead of as a shape error deep inside the restore.
+    old: the workdir's config.json, new: the settings asked for, both flat ({"a.b": value},
+    validate.flatten). Compares model.*, generator.*, data.vocab_size and data.seq_length, so
+    that a resume with other sizes fails here in one line instead of as a shape error deep
+    inside the restore.
     """
     # Keys added since a run was stored mean their default there.
-    old = {**_ADDED_DEFAULTS, **flatten(stored)}
-    new = flatten(config.to_dict())
+    old = {**_ADDED_DEFAULTS, **old}
 
     def is_model_key(key: str) -> bool:
         return (key.split(".", 1)[0] in _MODEL_SECTIONS or key in _MODEL_KEYS) and (
@@ -514,15 +508,15 @@ def _is_free(key: str) -> bool:
 
 
 def check_same_run(
-    stored: dict, config: Any, config_path: str, allowed: tuple[str, ...] = ()
+    old: dict, new: dict, config_path: str, allowed: tuple[str, ...] = ()
 ) -> dict[str, tuple[Any, Any]]:
-    """Raises ConfigError when `config` changes a setting of the stored run that a resume must
-    keep (see FREE_ON_RESUME), unless the key is in `allowed`.
+    """Raises ConfigError when the new settings change one of the stored run's that a resume
+    must keep (see FREE_ON_RESUME), unless the key is in `allowed`.
 
-    Keys the stored config lacks (added to the framework since) are not compared. Returns the
-    allowed changes, {key: (stored value, new value)}, for the caller to record.
+    old: the workdir's config.json, new: the settings asked for, both flat. Keys the stored
+    config lacks (added to the framework since) are not compared. Returns the allowed
+    changes, {key: (stored value, new value)}, for the caller to record.
     """
-    old, new = flatten(stored), flatten(config.to_dict())
     differ = sorted(k for k in set(old) & set(new) if old[k] != new[k] and not _is_free(k))
     refused = [k for k in differ if k not in allowed]
     if refused:

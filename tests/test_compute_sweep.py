@@ -42,6 +42,15 @@ def test_budgets_and_crossovers_read_each_checkpoint_against_random_init_and_mlm
     probes = {("electra", 10): 0.6, ("electra", 40): 0.7, ("mlm", 12): 0.62, ("mlm", 48): 0.65}
     probes[(cs.RANDOM, 0)] = 0.55
     results = _results(scores, probes)
+    # ELECTRA's held-out readings as its training logged them (MLM's run logged none here).
+    run = tmp_path / "pretrain" / "electra"
+    run.mkdir(parents=True)
+    logged = [
+        {"step": 20, "loss": 3.0, "eval/disc_auc": 0.7, "eval/collapse_cosine": 0.2},
+        {"step": 30, "loss": 2.9},
+        {"step": 40, "eval/disc_auc": 0.75123, "eval/gen_accuracy": 0.1},
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in logged))
     rows = cs.budgets(results)
     assert [r["pretrain_flops"] for r in rows] == [1e12, 4e12]
     assert rows[0]["models"]["electra"] == {
@@ -58,6 +67,15 @@ def test_budgets_and_crossovers_read_each_checkpoint_against_random_init_and_mlm
     summary = cs.report(results, str(tmp_path))
     assert summary["average"] == {"electra": 81.0, "mlm": 70.5, cs.RANDOM: 65.5}
     assert summary["budgets"] == rows and summary["pretrain_flops"] == 4e12
+    assert summary["pretraining"] == {
+        "electra": [
+            {"step": 20, "pretrain_flops": 2e12, "disc_auc": 0.7, "collapse_cosine": 0.2},
+            {"step": 40, "pretrain_flops": 4e12, "disc_auc": 0.7512, "gen_accuracy": 0.1},
+        ],
+        "mlm": [],
+    }
+    with open(tmp_path / "pretraining.png", "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     with open(tmp_path / "summary.json") as f:
         assert json.load(f)["crossovers"]["average"]["mlm"] == 4e12
     with open(tmp_path / "compute_sweep.png", "rb") as f:

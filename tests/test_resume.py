@@ -8,7 +8,7 @@ import pytest
 
 from electra_jax import checkpointing, loop, resume, workdir
 from electra_jax.checkpointing import CheckpointError
-from electra_jax.validate import ConfigError
+from electra_jax.validate import ConfigError, flatten
 from tests.conftest import micro_config
 from tests.test_loop import config_with, prepare_shared_data
 
@@ -33,12 +33,20 @@ def _stored(config):
     return json.loads(json.dumps(config.to_dict()))  # what config.json holds
 
 
+def _same_model(stored: dict, config, path: str) -> None:
+    resume.check_same_model(flatten(stored), flatten(config.to_dict()), path)
+
+
+def _same_run(stored: dict, config, path: str, allowed=()) -> dict:
+    return resume.check_same_run(flatten(stored), flatten(config.to_dict()), path, allowed)
+
+
 def test_same_model_passes_and_ignores_non_model_keys():
     stored = _stored(micro_config())
     config = micro_config()
     config.train.batch_size, config.train.num_steps = 16, 1000  # a longer run, other batch: fine
     config.model.dtype = "bfloat16"  # compute type only; the parameters stay float32
-    resume.check_same_model(stored, config, "w/config.json")
+    _same_model(stored, config, "w/config.json")
 
 
 def test_different_model_names_the_keys_and_the_fix():
@@ -47,7 +55,7 @@ def test_different_model_names_the_keys_and_the_fix():
     config.model.hidden_size = 128
     config.data.vocab_size = 400
     with pytest.raises(ConfigError) as e:
-        resume.check_same_model(stored, config, "w/config.json")
+        _same_model(stored, config, "w/config.json")
     message = str(e.value)
     assert message.startswith("w/config.json describes a different model")
     assert "data.vocab_size=300 there vs 400 now" in message
@@ -59,7 +67,7 @@ def test_missing_key_in_stored_config_counts_as_different():
     stored = _stored(micro_config())
     del stored["generator"]["layers_fraction"]
     with pytest.raises(ConfigError, match="generator.layers_fraction=None there"):
-        resume.check_same_model(stored, micro_config(), "config.json")
+        _same_model(stored, micro_config(), "config.json")
 
 
 def test_a_resume_keeps_the_runs_settings_unless_a_change_is_allowed():
@@ -68,19 +76,19 @@ def test_a_resume_keeps_the_runs_settings_unless_a_change_is_allowed():
     # Free on resume: how long, how laid out, how often written.
     config.train.num_steps, config.train.steps_per_call = 1000, 1
     config.checkpoint.every_steps, config.log.every_steps, config.mesh.fsdp = 50, 7, -1
-    assert resume.check_same_run(stored, config, "w/config.json") == {}
+    assert _same_run(stored, config, "w/config.json") == {}
     # The data, the schedule and the optimizer are the run: refused, naming the keys and the way.
     config.data.source = "text:other/*.txt"
     config.train.adam_bias_correction = False
     with pytest.raises(ConfigError) as e:
-        resume.check_same_run(stored, config, "w/config.json")
+        _same_run(stored, config, "w/config.json")
     message = str(e.value)
     assert "data.source='builtin' there vs 'text:other/*.txt' now" in message
     assert "train.adam_bias_correction=True there vs False now" in message
     assert "--allow_change=data.source,train.adam_bias_correction" in message
     assert "\n" not in message
     # Allowed: returned for the caller to record.
-    changes = resume.check_same_run(
+    changes = _same_run(
         stored, config, "w/config.json", ("data.source", "train.adam_bias_correction")
     )
     assert changes == {
@@ -89,14 +97,14 @@ def test_a_resume_keeps_the_runs_settings_unless_a_change_is_allowed():
     }
     # A key the stored config lacks (added to the framework later) is not compared.
     del stored["train"]["steps_per_call"]
-    resume.check_same_run(stored, micro_config(), "w/config.json")
+    _same_run(stored, micro_config(), "w/config.json")
 
 
 def test_stored_layer_layout_defaults_to_unrolled():
     stored = {"model": {"hidden_size": 64}, "generator": {}}
-    assert resume.stored_scan_layers(stored) is False  # written before the option existed
+    assert resume.stored_scan_layers(flatten(stored)) is False  # written before the option
     stored["model"]["scan_layers"] = True
-    assert resume.stored_scan_layers(stored) is True
+    assert resume.stored_scan_layers(flatten(stored)) is True
     filled = resume.with_added_defaults(stored)
     assert filled["data"]["heldout_examples"] == 0 and filled["model"]["scan_layers"] is True
     assert "data" not in stored  # a new dict
