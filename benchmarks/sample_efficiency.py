@@ -298,7 +298,8 @@ def plan(config, preset: dict) -> dict:
     config.train.warmup_steps = max(1, int(preset["warmup_fraction"] * steps[-1]))
     # The loop saves at every_steps multiples and at stop_after; `pretrain` stops at each budget.
     config.checkpoint.every_steps = steps[-1]
-    config.checkpoint.keep = len(steps) + 1
+    # Every budget's checkpoint, and room for those that interruptions save between two.
+    config.checkpoint.keep = len(steps) + 4
     config.log.every_steps = max(1, steps[-1] // 20)
     # Held-out readings (docs/evaluation.md) every 5 rows and at the last step.
     config.eval.every_steps = 5 * config.log.every_steps
@@ -331,10 +332,17 @@ def pretrain(config, workdir: str, steps: list[int], log=print) -> float:
             continue
         log(f"pre-training {config.objective.name} to step {step} of {steps[-1]}")
         started = time.time()
-        loop.train(config, workdir, stop_after=step)
+        row = loop.train(config, workdir, stop_after=step)
         spent += time.time() - started
         with open(path, "w") as f:
             json.dump(spent, f)
+        if "preempted_at" in row:
+            # SIGTERM / Ctrl-C: the run saved its step; the benchmark stops with it instead of
+            # going on to the next budget, and the same command continues from that checkpoint.
+            raise SystemExit(
+                f"pre-training of {workdir} stopped at step {row['preempted_at']} by a signal; "
+                "run the same command to continue"
+            )
     return spent
 
 

@@ -252,3 +252,27 @@ def test_pretrain_only_then_the_full_budget_first_and_the_corpus_left_untouched(
         f"electra-{e[0]}",
         f"mlm-{m[0]}",
     ]
+
+
+def test_a_signal_stops_the_pretraining_at_its_checkpoint_not_the_next_budget(
+    tmp_path, monkeypatch
+):
+    """loop.train returns after SIGTERM with the step it saved: `pretrain` stops there (it used
+    to go on to the next budget, so the signal never ended the benchmark)."""
+    from electra_jax import loop
+
+    calls = []
+
+    def interrupted(config, workdir, stop_after):
+        calls.append(stop_after)
+        return {"step": 5, "preempted_at": 5}
+
+    monkeypatch.setattr(loop, "train", interrupted)
+    config = se.pretrain_config(MICRO, "electra", "corpus/*.txt", str(tmp_path))
+    workdir = str(tmp_path / "w")
+    os.makedirs(workdir)
+    with pytest.raises(SystemExit, match="stopped at step 5 by a signal"):
+        se.pretrain(config, workdir, [10, 20], log=lambda m: None)
+    assert calls == [10]
+    with open(os.path.join(workdir, "pretrain_seconds.json")) as f:
+        assert float(f.read()) >= 0.0
