@@ -20,7 +20,8 @@ OUT/table.md, OUT/results.json, OUT/compute_sweep.png (average dev score and pro
 against counted pre-training FLOPs: a line per objective with its seed band, random init as a
 band, the budgets where ELECTRA first passes random init and MLM marked) and
 OUT/pretraining.png (the held-out readings against FLOPs). `--report_only` writes the report
-from the runs that have finished, so that a sweep cut short still reports what it measured.
+from the runs that have finished (while pre-training too: the probe at each saved checkpoint
+and the held-out readings), so that a sweep cut short still reports what it measured.
 Rerunning with the same --out continues.
 
 The order is the readings' worth: pre-training, the probe at every checkpoint (minutes), then
@@ -98,14 +99,18 @@ PRESETS = {
 
 def probes(results: dict, preset: dict, out: str, glue_dir: str, log) -> list[dict]:
     """The probe at every checkpoint of every objective and at random init: rows of {objective,
-    step, task, accuracy}; each kept in OUT/probe/<model>-<step>.json and read back on a rerun."""
+    step, task, accuracy}; each kept in OUT/probe/<model>-<step>.json and read back on a rerun.
+    Budgets whose checkpoint is not saved yet (a sweep still pre-training) are left out."""
     import electra_jax
 
     spec = preset["probe"]
     folder = os.path.join(out, "probe")
     os.makedirs(folder, exist_ok=True)
     rows = []
-    starts = [(p["objective"], s) for p in results["pretrain"] for s in p["steps"]]
+    starts = []
+    for p in results["pretrain"]:
+        saved = sample_efficiency._saved_steps(os.path.join(out, "pretrain", p["objective"]))
+        starts += [(p["objective"], s) for s in p["steps"] if s in saved]
     first = None
     for name, step in [*starts, (RANDOM, 0)]:
         path = os.path.join(folder, f"{name}-{step}.json")
@@ -222,7 +227,8 @@ def plot(rows: list[dict], path: str) -> None:
         ax.set_xlabel("counted pre-training FLOPs")
         ax.set_ylabel(label)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend()
+        if ax.get_legend_handles_labels()[0]:  # nothing fine-tuned yet: an empty panel
+            ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -281,7 +287,7 @@ def plot_pretraining(readings: dict, path: str) -> None:
         ax.set_title(f"held-out {key}", fontsize=9)
         ax.set_xlabel("counted pre-training FLOPs")
         ax.grid(True, which="both", alpha=0.3)
-        if ax.has_data():
+        if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -343,18 +349,33 @@ def main(argv=None) -> None:
     if args.report_only:
         done = os.path.join(args.out, "results.json")
         path = done if os.path.isfile(done) else os.path.join(args.out, "results.partial.json")
-        if not os.path.isfile(path):
-            ap.error(f"--report_only: --out {args.out} holds no results.json; run without it")
         _cli.directory("--glue_dir", args.glue_dir, "GLUE's folder (<TASK>/*.tsv)")
-        with _cli.failures(path, also=(OSError, ValueError)), open(path) as f:
-            results = json.load(f)
+        if os.path.isfile(path):
+            with _cli.failures(path, also=(OSError, ValueError)), open(path) as f:
+                results = json.load(f)
+        elif os.path.isdir(os.path.join(args.out, "pretrain")) and os.path.isdir(
+            os.path.join(args.out, "tokenizer")
+        ):
+            # Still pre-training: the runs' plan, and what they have saved so far.
+            sample_efficiency.check_inputs(args.corpus, args.glue_dir)
+            results = sample_efficiency.run(
+                preset,
+                args.out,
+                objectives=objectives,
+                corpus=args.corpus,
+                glue_dir=args.glue_dir,
+                log=log,
+                until="plan",
+            )
+        else:
+            ap.error(f"--report_only: --out {args.out} holds no sweep yet; run without it")
         results["probe"] = probes(results, preset, args.out, args.glue_dir, log)
     else:
         sample_efficiency.check_inputs(args.corpus, args.glue_dir)
         common = dict(objectives=objectives, corpus=args.corpus, glue_dir=args.glue_dir, log=log)
         # Pre-training (or finding it done), then the probe at every checkpoint: minutes
         # against the fine-tunings' hours, and the low-noise reading, so it comes first.
-        pretrained = sample_efficiency.run(preset, args.out, pretrain_only=True, **common)
+        pretrained = sample_efficiency.run(preset, args.out, until="pretrain", **common)
         probe_rows = probes(pretrained, preset, args.out, args.glue_dir, log)
         if args.pretrain_only:
             for p in pretrained["pretrain"]:

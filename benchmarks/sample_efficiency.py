@@ -61,6 +61,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.join(os.path.dirname(ROOT), "shared", "data")
 OBJECTIVES = ("electra", "electra_15", "mlm", "replaced_mlm", "all_tokens_mlm")
 TASKS = ("SST-2", "MRPC", "STS-B", "CoLA", "RTE")
+UNTIL = ("plan", "pretrain", "report")  # how far `run` goes
 RANDOM = "random_init"
 
 # Each preset: `pretrain` overrides configs/<base>.py ('data.x' / 'model.x' / 'train.x' keys),
@@ -317,15 +318,21 @@ def _saved_steps(workdir: str) -> set[int]:
     return {int(n) for n in os.listdir(directory) if n.isdigit()}
 
 
+def seconds_spent(workdir: str) -> float:
+    """The seconds `pretrain` has spent on this workdir so far, over all its calls."""
+    path = os.path.join(workdir, "pretrain_seconds.json")
+    if not os.path.isfile(path):
+        return 0.0
+    with open(path) as f:
+        return float(json.load(f))
+
+
 def pretrain(config, workdir: str, steps: list[int], log=print) -> float:
     """Trains to each budget step in turn (stop_after: one schedule, a checkpoint at each);
     skips steps already saved. Returns the seconds spent on this workdir over all calls (kept
     in WORKDIR/pretrain_seconds.json, so a resumed benchmark still reports the whole)."""
     path = os.path.join(workdir, "pretrain_seconds.json")
-    spent = 0.0
-    if os.path.isfile(path):
-        with open(path) as f:
-            spent = float(json.load(f))
+    spent = seconds_spent(workdir)
     for step in steps:
         saved = _saved_steps(workdir)
         if step in saved or max(saved, default=0) > step:
@@ -527,13 +534,17 @@ def run(
     corpus: str = os.path.join(SHARED, "corpus", "*", "*.txt"),
     glue_dir: str = os.path.join(SHARED, "glue"),
     log=None,
-    pretrain_only: bool = False,
+    until: str = "report",
 ) -> dict:
     """Pre-trains, fine-tunes and reports as the module docstring says; returns the results
     (also in OUT/results.json) with 'table' (markdown) and 'plot' (the PNG's path).
 
-    pretrain_only: pre-train the objectives and return their records (no fine-tuning, no
-    report), so that each objective's run can go in a process of its own into one `out`."""
+    until: "report" (all of it), "pretrain" (pre-train the objectives and return their records:
+    no fine-tuning, no report, so that each objective's run can go in a process of its own into
+    one `out`) or "plan" (the same records without training: what a report of a sweep still
+    pre-training reads)."""
+    if until not in UNTIL:
+        raise ValueError(f"until={until!r}: use one of {', '.join(UNTIL)}")
     log = log or (lambda m: print(m, file=sys.stderr, flush=True))
     tasks = [glue_tasks.get_task(t).name for t in (tasks or preset["tasks"])]
     seeds = seeds or preset["seeds"]
@@ -543,8 +554,8 @@ def run(
             raise ValueError(f"objective {name!r}: use some of {', '.join(known)}")
     os.makedirs(out, exist_ok=True)
     with _cached_compilations(os.path.join(out, "jax_cache")):
-        results = _run(preset, out, objectives, tasks, seeds, corpus, glue_dir, log, pretrain_only)
-    if pretrain_only:
+        results = _run(preset, out, objectives, tasks, seeds, corpus, glue_dir, log, until)
+    if until != "report":
         return results
     results["summary"] = summary(results)
     _write_json(os.path.join(out, "summary.json"), results["summary"])
@@ -602,7 +613,7 @@ def summary(results: dict) -> dict:
     return out
 
 
-def _run(preset, out, objectives, tasks, seeds, corpus, glue_dir, log, pretrain_only) -> dict:
+def _run(preset, out, objectives, tasks, seeds, corpus, glue_dir, log, until) -> dict:
     """Pre-training and fine-tuning, skipping what is done: the results without the report."""
     from electra_jax.data import prepare
 
@@ -631,14 +642,17 @@ def _run(preset, out, objectives, tasks, seeds, corpus, glue_dir, log, pretrain_
         config.data.tokenizer = tokenizer_dir
         info = {**plan(config, preset), "objective": name}  # a variant's name, not its objective
         workdirs[name] = os.path.join(out, "pretrain", name)
-        info["seconds"] = pretrain(config, workdirs[name], info["steps"], log)
+        if until == "plan":
+            info["seconds"] = seconds_spent(workdirs[name])
+        else:
+            info["seconds"] = pretrain(config, workdirs[name], info["steps"], log)
         info["config"] = config.to_dict()
         log(
             f"{name}: {info['flops_per_step']:.3g} FLOPs/step, checkpoints {info['steps']} "
             f"({info['seconds']:.0f}s of pre-training)"
         )
         results["pretrain"].append(info)
-    if pretrain_only:
+    if until != "report":
         return results
 
     # The full budget first (every objective, then random init: the headline), then the

@@ -102,7 +102,7 @@ CASES = [
     (
         "compute_sweep, a report of nothing",
         lambda t: ["-m", "benchmarks.compute_sweep", "--report_only", f"--out={t}"],
-        "holds no results.json",
+        "holds no sweep yet",
     ),
     (
         "compute_sweep, a model not in the preset",

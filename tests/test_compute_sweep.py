@@ -141,3 +141,35 @@ def test_features_are_mean_pooled_states_of_real_tokens(tmp_path):
     states = model.encode(ids)[0][ids["input_mask"][0] > 0]
     np.testing.assert_allclose(got[0], states.mean(axis=0), rtol=1e-5, atol=1e-6)
     assert os.path.isdir(tmp_path / "tok")
+
+
+def test_a_report_while_pretraining_reads_what_is_saved(tmp_path, monkeypatch):
+    """--report_only before the sweep's results exist: the runs' plan, the probe at each saved
+    checkpoint (and random init), the held-out readings, no fine-tuning."""
+    from tests.test_sample_efficiency import MICRO, _write_inputs
+
+    corpus, glue_dir = _write_inputs(tmp_path)
+    preset = dict(
+        MICRO,
+        variants={"electra": {"objective": "electra", "overrides": {}}},
+        probe={"task": "SST-2", "max_train_examples": 40, "max_length": 32},
+    )
+    preset["pretrain"] = dict(preset["pretrain"], **{"data.heldout_examples": 16})
+    monkeypatch.setitem(cs.PRESETS, "cpu", preset)
+    out = tmp_path / "out"
+    argv = [f"--out={out}", f"--corpus={corpus}", f"--glue_dir={glue_dir}"]
+    cs.main([*argv, "--pretrain_only"])
+    # The last budget's checkpoint "not saved yet": moved away, as if its run were still going.
+    steps = sorted(int(n) for n in os.listdir(out / "pretrain" / "electra" / "checkpoints"))
+    os.rename(out / "pretrain" / "electra" / "checkpoints" / str(steps[-1]), tmp_path / "later")
+
+    cs.main([*argv, "--report_only"])
+    summary = json.loads((out / "summary.json").read_text())
+    first, last = summary["budgets"]
+    assert first["models"]["electra"]["steps"] == steps[0]
+    assert first["models"]["electra"]["probe"] is not None
+    assert last["models"]["electra"]["probe"] is None  # not saved: not probed
+    assert last["models"][cs.RANDOM]["probe"] is not None
+    assert first["models"]["electra"]["average"] is None  # nothing fine-tuned
+    assert summary["pretraining"]["electra"], "the held-out readings"
+    assert not (out / "finetune").exists()

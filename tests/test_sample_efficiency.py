@@ -209,10 +209,10 @@ def test_in_domain_corpus_sweep_and_summary(tmp_path, monkeypatch):
     assert summary["wall_seconds"] == 2 * 1.0 + 12 * 10.0
 
 
-def test_pretrain_only_then_the_full_budget_first_and_the_corpus_left_untouched(
+def test_pretraining_alone_then_the_full_budget_first_and_the_corpus_left_untouched(
     tmp_path, monkeypatch
 ):
-    """Each objective can pre-train in a process of its own (pretrain_only: no fine-tuning);
+    """Each objective can pre-train in a process of its own (until='pretrain': no fine-tuning);
     the fine-tuning then starts at the full budget (every objective, then random init) and goes
     down the budgets; a second call leaves the tasks' corpus files as they are (a retimed file
     stops another process's pre-training from resuming)."""
@@ -236,7 +236,7 @@ def test_pretrain_only_then_the_full_budget_first_and_the_corpus_left_untouched(
     preset = dict(MICRO, in_domain=True)
     out = tmp_path / "out"
     kw = dict(corpus=corpus, glue_dir=glue_dir, log=lambda m: None)
-    only = se.run(preset, str(out), objectives=["mlm"], pretrain_only=True, **kw)
+    only = se.run(preset, str(out), objectives=["mlm"], until="pretrain", **kw)
     assert [p["objective"] for p in only["pretrain"]] == ["mlm"] and order == []
     assert not (out / "results.json").exists()
     task_file = out / "corpus" / "task-SST-2.txt"
