@@ -10,7 +10,10 @@ held-out evaluation (docs/evaluation.md) they log every 60 steps: the discrimina
 AUC over frequent pieces (the reading of context), its loss against the prior's entropy, and the
 collapse cosine of its states. `--base=small-data` runs the small-data preset's model and corpus
 instead (benchmarks/sample_efficiency.py, preset small-data-cpu: the shared corpus plus the GLUE
-tasks' training sentences, 2 x 128, 64 tokens), `--steps` changes the number of steps.
+tasks' training sentences, 2 x 128, 64 tokens), `--base=sweep` the compute sweep's ELECTRA run
+(benchmarks/compute_sweep.py: tiny.py's shape on that corpus, 10,378 steps to 3e14 counted
+FLOPs, read every 1,036 steps), `--steps` changes the number of steps and `--stop_after` ends
+each run early with its schedule unchanged (the first part of a long run).
 
 It writes OUT/results.json (every evaluation row of every run, with the counted FLOPs per step),
 OUT/table.md (per setting: the final readings as mean +- std over seeds, the targets met, and
@@ -98,6 +101,18 @@ SETTINGS: dict[str, dict] = {
     },
     "lr1e-4-prior": {"train.learning_rate": 1e-4, "train.rtd_prior_init": True},
     "lr2e-4-prior": {"train.learning_rate": 2e-4, "train.rtd_prior_init": True},
+    # A discriminator that learns faster than its generator (generator_lr_scale below 1): for
+    # the long runs (--base=sweep), where the generator catches up with the low rates above.
+    "lr1e-4-glr0.1-prior": {
+        "train.learning_rate": 1e-4,
+        "train.generator_lr_scale": 0.1,
+        "train.rtd_prior_init": True,
+    },
+    "lr2.5e-5-glr0.25-prior": {
+        "train.learning_rate": 2.5e-5,
+        "train.generator_lr_scale": 0.25,
+        "train.rtd_prior_init": True,
+    },
     # Lower still: the generator learns the unigram later, so the fall may start later.
     "lr5e-5-prior": {"train.learning_rate": 5e-5, "train.rtd_prior_init": True},
     "lr2.5e-5-prior": {"train.learning_rate": 2.5e-5, "train.rtd_prior_init": True},
@@ -140,6 +155,8 @@ SHOWN = (
 def base_config(base: str, out: str):
     """The base config of the study (tiny.py, or the small-data preset's model) with the shared
     tokenizer and prepared rows of OUT/shared, made by the first run."""
+    if base == "sweep":
+        return _sweep_config(out)
     config = runpy.run_path(os.path.join(ROOT, "configs", "tiny.py"))["get_config"]()
     # Every setting is measured against the paper's recipe on tiny.py's shape, which tiny.py ran
     # before it took this study's winner (lr2.5e-5-prior): the settings' names stay true.
@@ -163,6 +180,29 @@ def base_config(base: str, out: str):
     return config
 
 
+def _sweep_config(out: str):
+    """The compute sweep's ELECTRA run (benchmarks/compute_sweep.py, preset cpu: tiny.py's shape
+    on the in-domain corpus, a vocabulary of 8192, 3e14 counted FLOPs in 10,378 steps) under the
+    paper's recipe, read every 1,036 steps; its corpus, tokenizer and prepared rows in OUT,
+    made as the sweep makes its own (the same text and seed: the same pieces and rows)."""
+    from benchmarks import compute_sweep, sample_efficiency
+    from electra_jax.data import prepare
+
+    preset = compute_sweep.PRESETS["cpu"]
+    glue = os.path.join(SHARED, "glue")
+    corpus = sample_efficiency.in_domain_corpus(
+        os.path.join(SHARED, "corpus", "*", "*.txt"), glue, preset["tasks"], out
+    )
+    config = sample_efficiency.pretrain_config(preset, "electra", corpus, out)
+    sample_efficiency.plan(config, preset)
+    tokenizer = os.path.join(out, "tokenizer")
+    prepare.ensure_tokenizer(config.data, tokenizer, config.seed)
+    apply(config, PAPER)
+    apply(config, {"data.tokenizer": tokenizer, "eval.every_steps": 2 * config.log.every_steps})
+    apply(config, {"checkpoint.every_steps": config.train.num_steps, "checkpoint.keep": 2})
+    return config
+
+
 def apply(config, overrides: dict) -> None:
     """Sets 'section.key' overrides on a ConfigDict (an unknown key is an error)."""
     for key, value in overrides.items():
@@ -175,14 +215,16 @@ def apply(config, overrides: dict) -> None:
 
 def _finished(workdir: str, num_steps: int) -> bool:
     rows = metrics.read_rows(os.path.join(workdir, "metrics.jsonl"))
-    return bool(rows) and rows[-1]["step"] == num_steps
+    return bool(rows) and rows[-1]["step"] >= num_steps
 
 
-def run_one(config, workdir: str) -> dict:
-    """Trains (or finds finished) one run; returns its held-out rows and counted FLOPs."""
-    if not _finished(workdir, config.train.num_steps):
+def run_one(config, workdir: str, stop_after: int = 0) -> dict:
+    """Trains (or finds finished) one run, to `stop_after` when given (the schedule stays the
+    whole run's); returns its held-out rows and counted FLOPs."""
+    last = stop_after or config.train.num_steps
+    if not _finished(workdir, last):
         t0 = time.time()
-        row = loop.train(config, workdir)
+        row = loop.train(config, workdir, stop_after=stop_after or None)
         seconds = time.time() - t0
         if "preempted_at" in row:  # SIGTERM / Ctrl-C: the run saved; the study stops too
             sys.exit(f"stopped at step {row['preempted_at']} of {workdir}; rerun to continue")
@@ -194,7 +236,7 @@ def run_one(config, workdir: str) -> dict:
     )["total"]
     rows = evaluate.read_rows(workdir)
     # A run stopped by a signal saves and returns: it is reported once it has finished.
-    finished = _finished(workdir, config.train.num_steps)
+    finished = _finished(workdir, last)
     return {"flops_per_step": flops, "rows": rows, "seconds": seconds, "finished": finished}
 
 
@@ -308,7 +350,13 @@ def main(argv=None) -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--settings", default=",".join(SETTINGS))
     parser.add_argument("--seeds", default="0,1")
-    parser.add_argument("--base", choices=("tiny", "small-data"), default="tiny")
+    parser.add_argument("--base", choices=("tiny", "small-data", "sweep"), default="tiny")
+    parser.add_argument(
+        "--stop_after",
+        type=_cli.natural_int,
+        default=0,
+        help="end each run at this step, its schedule unchanged (0: at its last)",
+    )
     parser.add_argument(
         "--steps", type=_cli.natural_int, default=0, help="train.num_steps (0: the base's)"
     )
@@ -349,7 +397,7 @@ def main(argv=None) -> None:
                 config.seed = seed
             workdir = os.path.join(args.out, "runs", f"{name}-seed{seed}")
             print(f"== {name} seed {seed}: {SETTINGS[name]}", file=sys.stderr, flush=True)
-            run = run_one(config, workdir)
+            run = run_one(config, workdir, args.stop_after)
             run["overrides"] = SETTINGS[name]
             results["settings"].setdefault(name, {})[str(seed)] = run
             _write_json(path, results)
