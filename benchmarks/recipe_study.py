@@ -31,7 +31,7 @@ import statistics
 import sys
 import time
 
-from benchmarks import _cli
+from benchmarks import _cli, compute_sweep
 from electra_jax import evaluate, loop, metrics, step_setup
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -142,14 +142,7 @@ TARGETS = {
     "disc_loss_gain": (">=", 0.10),
     "collapse_cosine": ("<=", 0.60),
 }
-SHOWN = (
-    "disc_auc",
-    "disc_auc_frequent",
-    "disc_loss_gain",
-    "collapse_cosine",
-    "gen_accuracy",
-    "mlm_accuracy",
-)
+SHOWN = compute_sweep.READINGS
 
 
 def base_config(base: str, out: str):
@@ -185,7 +178,7 @@ def _sweep_config(out: str):
     on the in-domain corpus, a vocabulary of 8192, 3e14 counted FLOPs in 10,378 steps) under the
     paper's recipe, read every 1,036 steps; its corpus, tokenizer and prepared rows in OUT,
     made as the sweep makes its own (the same text and seed: the same pieces and rows)."""
-    from benchmarks import compute_sweep, sample_efficiency
+    from benchmarks import sample_efficiency
     from electra_jax.data import prepare
 
     preset = compute_sweep.PRESETS["cpu"]
