@@ -390,6 +390,7 @@ def restore_latest(
                     raise CheckpointError(_environment_message(manager, step, e)) from e
                 damage = e
         reason = " ".join(f"{type(damage).__name__}: {damage}".split())[:300]
+        _DAMAGED.add(os.path.join(os.fspath(manager.directory), str(step)) + os.sep)
         moved = _move_aside(manager, step)
         failed.append(moved)
         log(
@@ -408,14 +409,37 @@ def restore_latest(
     return None
 
 
+# The folders (with a trailing separator) of the checkpoints that failed to restore in this
+# process: asyncio's late reports of their reads are dropped (_DamagedReadFilter).
+_DAMAGED: set[str] = set()
+
+
+class _DamagedReadFilter(logging.Filter):
+    """Drops asyncio's "Task exception was never retrieved" records of reads from a checkpoint
+    that failed to restore: orbax gives up on the first failed read, and the other reads' tasks,
+    failing the same way, are reported with a traceback apiece when the garbage collector finds
+    them, some time later or never (a report that comes and goes with the machine's load). The
+    warning that moved the checkpoint aside already says it; every other record passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if "Task exception was never retrieved" not in text:
+            return True
+        if record.exc_info and record.exc_info[1] is not None:
+            text += f" {record.exc_info[1]}"
+        return not any(folder in text for folder in _DAMAGED)
+
+
 def _quiet_late_callbacks() -> None:
     """If a restore fails, tensorstore still completes the reads that were in flight and calls
     their asyncio callbacks on the loop orbax has closed: each raises "Event loop is closed" as
     an unraisable exception, a traceback apiece (hundreds for a real train state) around the one
-    line the user should see. Those, and only those, are dropped from then on."""
+    line the user should see; the reads' own tasks fail too, and asyncio logs each it collects
+    (_DamagedReadFilter). Those, and only those, are dropped from then on."""
     previous = sys.unraisablehook
     if getattr(previous, "_electra_jax_quiet", False):
         return
+    logging.getLogger("asyncio").addFilter(_DamagedReadFilter())
 
     def hook(unraisable) -> None:
         e = unraisable.exc_value

@@ -779,7 +779,10 @@ def run_case(case: Case, ctx: Context) -> Row:
     if code == 124:
         problem = f"no answer within {case.timeout:.0f}s"
     elif "Traceback" in err:
-        problem = "traceback"
+        # Its exception's line, so that a failure seen once in CI says where to look.
+        after = err[err.index("Traceback") :].splitlines()[1:]
+        raised = next((ln for ln in after if ln and not ln.startswith(" ")), "")
+        problem = f"traceback ({raised[:200]})"
     elif case.expect == "error" and (code != 2 or not last.startswith("error: ")):
         problem = "not one error line with exit 2"
     elif case.expect == "error" and [ln for ln in lines if ln.startswith("error")] != [last]:
