@@ -110,12 +110,7 @@ SETTINGS: dict[str, dict] = {
     },
     # The same with the generator's own embeddings: shared ones learn at the discriminator's
     # rate, and through them (the MLM head reads them too) the generator learns the unigram.
-    "lr1e-4-glr0.1-prior-share-none": {
-        "train.learning_rate": 1e-4,
-        "train.generator_lr_scale": 0.1,
-        "train.rtd_prior_init": True,
-        "model.embedding_sharing": "none",
-    },
+    "lr1e-4-glr0.1-prior-share-none": compute_sweep.SLOW_GENERATOR,
     "lr2.5e-5-glr0.25-prior": {
         "train.learning_rate": 2.5e-5,
         "train.generator_lr_scale": 0.25,

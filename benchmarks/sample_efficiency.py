@@ -293,6 +293,8 @@ def plan(config, preset: dict) -> dict:
         steps = budget_steps(preset["budget_steps"], 1, preset["fractions"])
     else:
         steps = budget_steps(preset["budget_flops"], per_step, preset["fractions"])
+    # The schedules span the whole budget even where this run stops short of it, so that a
+    # later run with a higher stop_fraction continues the same run.
     config.train.num_steps = steps[-1]
     if name == "two_stage":  # the paper's two halves: the generator, then the discriminator
         config.objective.two_stage_steps = max(1, steps[-1] // 2)
@@ -308,7 +310,31 @@ def plan(config, preset: dict) -> dict:
     for key, fraction in preset.get("schedule_fractions", {}).items():
         section, field = key.split(".")
         config[section][field] = max(1, round(fraction * steps[-1]))
-    return {"objective": name, "flops_per_step": per_step, "steps": steps}
+    kept = steps[: len(run_fractions(preset))]
+    return {"objective": name, "flops_per_step": per_step, "steps": kept, "run_steps": steps[-1]}
+
+
+def run_fractions(preset: dict) -> list[float]:
+    """The preset's fractions up to its `stop_fraction` (default 1: all of them): the budgets
+    this run pre-trains and fine-tunes; those above wait for a later run into the same --out.
+    Raises ValueError when the stop lies below the first fraction."""
+    stop = preset.get("stop_fraction", 1.0)
+    kept = [f for f in preset["fractions"] if f <= stop * (1 + 1e-9)]
+    if not kept:
+        raise ValueError(
+            f"stop_fraction {stop:g} lies below the first budget's fraction "
+            f"{preset['fractions'][0]:g}: nothing to run"
+        )
+    return kept
+
+
+def headline(results: dict) -> str:
+    """The largest budget the results reach, in words: 'N pre-training steps each' or 'X
+    counted pre-training FLOPs'."""
+    last = results["fractions"][-1]
+    if results.get("budget_steps"):
+        return f"{round(results['budget_steps'] * last)} pre-training steps each"
+    return f"{results['budget_flops'] * last:.3g} counted pre-training FLOPs"
 
 
 def _saved_steps(workdir: str) -> set[int]:
@@ -391,13 +417,8 @@ def tables(results: dict) -> str:
     task_names = results["tasks"]
     runs = results["finetune"]
     head = "| objective | " + " | ".join(task_names) + " | average |"
-    budget = (
-        f"{results['budget_steps']} pre-training steps each"
-        if results.get("budget_steps")
-        else f"{results['budget_flops']:.3g} counted pre-training FLOPs"
-    )
     lines = [
-        f"Dev scores (x100) at the full budget of {budget}, mean +- std over seeds",
+        f"Dev scores (x100) at the largest budget run, {headline(results)}, mean +- std over seeds",
         "",
         head,
         "|" + "---|" * (len(task_names) + 2),
@@ -486,10 +507,7 @@ def plot_bars(results: dict, path: str) -> None:
         ax.bar(xs, means, width, yerr=errs, capsize=3, label=name.replace("_", " "))
     ax.set_xticks(range(len(groups)), groups)
     ax.set_ylabel("dev score x100 (accuracy; MCC for CoLA; Spearman for STS-B)")
-    if results.get("budget_steps"):
-        ax.set_title(f"fine-tuned after {results['budget_steps']} pre-training steps")
-    else:
-        ax.set_title(f"fine-tuned after {results['budget_flops']:.2g} counted pre-training FLOPs")
+    ax.set_title(f"fine-tuned after {headline(results)}")
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -589,10 +607,11 @@ def work_seconds(results: dict) -> float:
 
 
 def summary(results: dict) -> dict:
-    """The headline at the full budget: {"average": {model: mean over seeds of the average dev
-    score over tasks, x100}, "std": {model: its std over seeds}, "pretrain_flops",
+    """The headline at the largest budget run: {"average": {model: mean over seeds of the
+    average dev score over tasks, x100}, "std": {model: its std over seeds}, "pretrain_flops",
     "wall_seconds" (work_seconds)}, and "pretrain_steps" where the budget is in steps."""
     task_names, runs = results["tasks"], results["finetune"]
+    last = results["fractions"][-1]
     rows = [(p["objective"], p["steps"][-1]) for p in results["pretrain"]] + [(RANDOM, 0)]
     average, std = {}, {}
     for name, step in rows:
@@ -605,11 +624,12 @@ def summary(results: dict) -> dict:
     out = {
         "average": average,
         "std": std,
-        "pretrain_flops": results["budget_flops"],
+        # The largest budget run (the whole budget unless the preset stops short of it).
+        "pretrain_flops": results["budget_flops"] and results["budget_flops"] * last,
         "wall_seconds": round(work_seconds(results), 1),
     }
     if results.get("budget_steps"):
-        out["pretrain_steps"] = results["budget_steps"]
+        out["pretrain_steps"] = round(results["budget_steps"] * last)
     return out
 
 
@@ -628,7 +648,7 @@ def _run(preset, out, objectives, tasks, seeds, corpus, glue_dir, log, until) ->
         "preset": preset,
         "budget_flops": preset.get("budget_flops"),  # equal compute, or
         "budget_steps": preset.get("budget_steps"),  # equal steps
-        "fractions": list(preset["fractions"]),
+        "fractions": run_fractions(preset),  # those of this run (stop_fraction)
         "tasks": tasks,
         "seeds": seeds,
         "pretrain": [],

@@ -173,3 +173,69 @@ def test_a_report_while_pretraining_reads_what_is_saved(tmp_path, monkeypatch):
     assert first["models"]["electra"]["average"] is None  # nothing fine-tuned
     assert summary["pretraining"]["electra"], "the held-out readings"
     assert not (out / "finetune").exists()
+
+
+def test_a_stop_short_of_the_budget_keeps_the_whole_runs_schedule():
+    from benchmarks import sample_efficiency as se
+
+    preset = cs.PRESETS["cpu"]
+    whole = se.pretrain_config(preset, "electra", "corpus/*.txt", "/tmp/out")
+    full = se.plan(whole, preset)
+    stopped = dict(preset, stop_fraction=3.5e13 / preset["budget_flops"])
+    config = se.pretrain_config(stopped, "electra", "corpus/*.txt", "/tmp/out")
+    info = se.plan(config, stopped)
+    assert info["steps"] == full["steps"][:4]  # the budgets up to 1/9 of 3e14
+    assert info["run_steps"] == full["steps"][-1] == config.train.num_steps
+    assert config.to_dict() == whole.to_dict()  # the same run: a later one continues it
+    assert se.run_fractions(stopped) == list(preset["fractions"][:4])
+    with pytest.raises(ValueError, match="stop_fraction .* below the first budget"):
+        se.run_fractions(dict(preset, stop_fraction=1e-3))
+
+
+def test_the_headline_of_a_stopped_sweep_is_its_largest_budget_run():
+    from benchmarks import sample_efficiency as se
+
+    scores = {("electra", 10): [0.6], ("mlm", 12): [0.62], (cs.RANDOM, 0): [0.61]}
+    results = _results(scores, {})
+    results["fractions"] = [0.25]
+    results["pretrain"] = [dict(p, steps=p["steps"][:1]) for p in results["pretrain"]]
+    results["pretrain"].append(dict(results["pretrain"][0], objective="electra-slowgen"))
+    results["finetune"].append(dict(results["finetune"][0], objective="electra-slowgen", score=0.7))
+    summary = se.summary(results)
+    assert summary["pretrain_flops"] == 1e12
+    assert summary["average"]["electra-slowgen"] == 70.0
+    rows = cs.budgets(results)
+    assert [r["pretrain_flops"] for r in rows] == [1e12]
+    assert cs.crossovers(rows, model="electra-slowgen") == {"random_init": 1e12, "mlm": 1e12}
+    assert cs.crossovers(rows) == {"random_init": None, "mlm": None}
+    assert "the largest budget run, 1e+12 counted" in se.tables(results)
+
+
+def test_stop_flops_below_the_first_budget_is_one_line(capsys):
+    with pytest.raises(SystemExit) as e:
+        cs.main(["--out=/nonexistent/out", "--stop_flops=1e9"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: --stop_flops=1e+09 lies below the first budget")
+
+
+def test_a_stopped_sweep_continues_the_same_runs(tmp_path, monkeypatch):
+    """--stop_flops pre-trains the budgets up to it; the same command without it continues the
+    same runs to the whole budget (their settings equal, so the resume accepts them)."""
+    from tests.test_sample_efficiency import MICRO, _write_inputs
+
+    corpus, glue_dir = _write_inputs(tmp_path)
+    preset = dict(MICRO, variants={"electra": {"objective": "electra", "overrides": {}}})
+    preset["probe"] = {"task": "SST-2", "max_train_examples": 40, "max_length": 32}
+    monkeypatch.setitem(cs.PRESETS, "cpu", preset)
+    out = tmp_path / "out"
+    argv = [f"--out={out}", f"--corpus={corpus}", f"--glue_dir={glue_dir}", "--pretrain_only"]
+    checkpoints = out / "pretrain" / "electra" / "checkpoints"
+    cs.main([*argv, f"--stop_flops={MICRO['budget_flops'] / 2}"])
+    (first,) = sorted(int(n) for n in os.listdir(checkpoints))
+    config = json.loads((out / "pretrain" / "electra" / "config.json").read_text())
+    cs.main(argv)
+    steps = sorted(int(n) for n in os.listdir(checkpoints))
+    assert steps[0] == first and steps[-1] == config["train"]["num_steps"] > first
+    rows = [json.loads(line) for line in (out / "pretrain" / "electra" / "metrics.jsonl").open()]
+    assert rows[-1]["step"] == steps[-1]
