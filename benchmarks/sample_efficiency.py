@@ -367,8 +367,7 @@ def pretrain(config, workdir: str, steps: list[int], log=print) -> float:
         started = time.time()
         row = loop.train(config, workdir, stop_after=step)
         spent += time.time() - started
-        with open(path, "w") as f:
-            json.dump(spent, f)
+        _write_json(path, spent)  # whole or as it was: a kill mid-write loses no seconds
         if "preempted_at" in row:
             # SIGTERM / Ctrl-C: the run saved its step; the benchmark stops with it instead of
             # going on to the next budget, and the same command continues from that checkpoint.

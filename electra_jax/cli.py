@@ -11,6 +11,19 @@ from absl import flags
 from electra_jax import jsonio
 
 
+def quiet_logs() -> None:
+    """What a command without --verbose keeps off stderr: jax's INFO report of each backend it
+    probes and lacks ("Unable to initialize backend 'tpu'") and orbax's INFO record of every
+    checkpoint step it reads or writes, which absl prints; noise that would bury the one line
+    an error is. Warnings and errors still print."""
+    import logging
+
+    from absl import logging as absl_logging
+
+    logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
+    absl_logging.set_verbosity(absl_logging.WARNING)
+
+
 def fail(message: str) -> None:
     """One `error:` line on stderr and exit code 2 (bad input, not a crash)."""
     print(f"error: {message}", file=sys.stderr)

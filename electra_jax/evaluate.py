@@ -290,11 +290,13 @@ def main(argv) -> None:
     from absl import flags
 
     from electra_jax import validate
-    from electra_jax.cli import fail
+    from electra_jax.cli import fail, quiet_logs
     from electra_jax.data import DataError
     from electra_jax.weights import PretrainedError
 
     values = flags.FLAGS
+    if not values.verbose:
+        quiet_logs()
     if len(argv) > 1:
         fail(f"unexpected arguments {argv[1:]}; use --workdir=... [--steps=...]")
     if not values.workdir:

@@ -16,7 +16,6 @@ written.
 from __future__ import annotations
 
 import functools
-import logging
 import os
 
 from electra_jax import paths
@@ -163,7 +162,7 @@ def _define_flags():
 def main(argv) -> None:
     from absl import flags
 
-    from electra_jax.cli import fail
+    from electra_jax.cli import fail, quiet_logs
 
     values = flags.FLAGS
     if len(argv) > 1:
@@ -171,7 +170,7 @@ def main(argv) -> None:
     if not values.workdir:
         fail("--workdir is required: the pre-training run to export, e.g. --workdir=runs/tiny")
     if not values.verbose:
-        logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
+        quiet_logs()
     if not values.out and paths.is_remote(values.workdir):
         fail(
             f"--out is required with a gs:// --workdir: the export is written to a local folder "

@@ -9,13 +9,11 @@ checkpoint of the current step and exit code 0.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import sys
 import threading
 
 from absl import app, flags
-from absl import logging as absl_logging
 from ml_collections import config_flags
 
 from electra_jax.cli import (
@@ -25,6 +23,7 @@ from electra_jax.cli import (
     fail,
     parse_flags,
     print_config,
+    quiet_logs,
 )
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -168,11 +167,7 @@ def main(argv) -> None:
     if _CONFIG.value is None:
         fail("--config is required, e.g. --config=configs/tiny.py")
     if not _VERBOSE.value:
-        # jax reports at INFO each backend it probes and lacks ("Unable to initialize backend
-        # 'tpu'"), which absl prints: noise that would bury the one line an error is.
-        logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
-        # orbax reports every step of a multi-host save at INFO.
-        absl_logging.set_verbosity(absl_logging.WARNING)
+        quiet_logs()
     from electra_jax.data import DataError
     from electra_jax.validate import ConfigError, check_config
 

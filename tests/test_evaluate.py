@@ -1,13 +1,14 @@
 """Held-out evaluation end to end: in the training loop, after the fact, and for old runs."""
 
 import json
+import re
 import subprocess
 import sys
 
 import pytest
 
 from electra_jax import evaluate, loop, metrics
-from tests.conftest import ROOT, subprocess_env
+from tests.conftest import ROOT, run_command, subprocess_env
 from tests.test_loop import config_with, prepare_shared_data
 
 
@@ -55,6 +56,11 @@ def test_training_evaluates_on_schedule_and_resumes_with_the_same_readings(share
     joined = evaluate.read_rows(str(straight))
     assert [r["step"] for r in joined] == [2, 3, 4, 6]
     assert json.loads((straight / "eval.jsonl").read_text().splitlines()[0])["step"] == 3
+    # The command: the rows on stdout, and without --verbose no INFO record of orbax's reads.
+    out = run_command("electra_jax.evaluate", f"--workdir={straight}", "--steps=6", timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["rows"][0]["eval/disc_auc"] == rows[-1]["eval/disc_auc"]
+    assert not [ln for ln in out.stderr.splitlines() if re.match(r"I\d{4} ", ln)], out.stderr
 
 
 @pytest.mark.slow

@@ -13,7 +13,6 @@ code 1; SIGTERM saves a checkpoint and exits 0; --verbose shows the traceback in
 
 from __future__ import annotations
 
-import logging
 import sys
 
 from absl import app, flags
@@ -25,6 +24,7 @@ from electra_jax.cli import (
     fail,
     parse_flags,
     print_config,
+    quiet_logs,
 )
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -44,8 +44,7 @@ def main(argv) -> None:
     if _CONFIG.value is None:
         fail("--config is required, e.g. --config=configs/glue.py")
     if not _VERBOSE.value:
-        # jax reports each backend it probes and lacks at INFO; that would bury an error line.
-        logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
+        quiet_logs()
     import shlex
 
     from electra_jax import checkpointing
