@@ -251,6 +251,7 @@ def plot(rows: list[dict], path: str) -> None:
 READINGS = (
     "disc_auc",
     "disc_auc_frequent",
+    "disc_auc_unigram",
     "disc_loss_gain",
     "collapse_cosine",
     "gen_accuracy",

@@ -37,9 +37,9 @@ EVAL_FILE = "eval.jsonl"
 class Evaluator:
     """The compiled held-out evaluation of one model over one set of held-out batches."""
 
-    program: Any  # compiled (params, [E, B, L] batches, frequent [V]) -> scalars
+    program: Any  # compiled (params, [E, B, L] batches, frequent [V], unigram cdf [V]) -> scalars
     batches: dict  # global [E, B, L] arrays
-    frequent: jax.Array  # bool [V], replicated
+    pieces: tuple  # (frequent: bool [V], unigram_cdf: float32 [V]), replicated
     every: int  # eval.every_steps (0: only when asked)
     compile_seconds: float
     runs: int = 0
@@ -54,7 +54,7 @@ class Evaluator:
         """The held-out readings of `params` as `eval/` keys (None where undefined), with
         `eval/seconds`; logs one warning line the first time the states collapse."""
         t0 = time.time()
-        values = jax.device_get(self.program(params, self.batches, self.frequent))
+        values = jax.device_get(self.program(params, self.batches, *self.pieces))
         seconds = time.time() - t0
         self.runs += 1
         self.seconds += seconds
@@ -91,8 +91,9 @@ def build(
     process_index: int = 0,
     process_count: int = 1,
 ) -> Evaluator:
-    """The held-out batches on the mesh, the frequent pieces of the training rows, and the eval
-    step compiled for `params_sharding` (ahead of the first use, so its time is its own)."""
+    """The held-out batches on the mesh, the frequent pieces and the unigram distribution of
+    the training rows, and the eval step compiled for `params_sharding` (ahead of the first
+    use, so its time is its own)."""
     parts = pipeline.heldout_batches(
         prepared, heldout_examples, batch_size, process_index, process_count
     )
@@ -103,8 +104,11 @@ def build(
     batches = sharding.global_batches(parts, mesh)
     sample = pipeline.training_sample(prepared, heldout_examples)
     vocab = model.spec.vocab_size
-    frequent = heldout_lib.frequent_pieces(sample["input_ids"], vocab, tuple(special))
-    frequent = jax.device_put(frequent, sharding.replicated(mesh))
+    pieces = (
+        heldout_lib.frequent_pieces(sample["input_ids"], vocab, tuple(special)),
+        heldout_lib.unigram_cdf(sample["input_ids"], vocab, tuple(special)),
+    )
+    pieces = jax.device_put(pieces, sharding.replicated(mesh))
     fn = jax.jit(
         functools.partial(
             eval_step,
@@ -113,7 +117,7 @@ def build(
             num_slots=num_slots,
             special=special,
         ),
-        in_shardings=(params_sharding, sharding.stacked_batch_sharding(mesh), None),
+        in_shardings=(params_sharding, sharding.stacked_batch_sharding(mesh), None, None),
         out_shardings=sharding.replicated(mesh),
     )
     placed = jax.tree_util.tree_map(
@@ -122,8 +126,8 @@ def build(
         params_sharding,
     )
     t0 = time.time()
-    program = fn.lower(placed, batches, frequent).compile()
-    return Evaluator(program, batches, frequent, every, time.time() - t0)
+    program = fn.lower(placed, batches, *pieces).compile()
+    return Evaluator(program, batches, pieces, every, time.time() - t0)
 
 
 # ------------------------------------------------------------------------------ reading rows
@@ -253,13 +257,16 @@ def _init_params(model):
 
 
 def progress(step: int, row: dict) -> str:
-    """One line of held-out readings: AUC (frequent pieces), loss against the prior, cosine."""
+    """One line of held-out readings: AUC (frequent pieces, unigram replacements), loss
+    against the prior, cosine."""
     get = lambda k: row.get(PREFIX + k)
     parts = [f"held-out at step {step}:"]
     if get("disc_auc") is not None:
         parts.append(f"auc {get('disc_auc'):.3f}")
     if get("disc_auc_frequent") is not None:
         parts.append(f"(frequent {get('disc_auc_frequent'):.3f})")
+    if get("disc_auc_unigram") is not None:
+        parts.append(f"unigram auc {get('disc_auc_unigram'):.3f}")
     if get("disc_loss") is not None:
         parts.append(f"disc {get('disc_loss'):.4f} vs prior {get('disc_prior_entropy'):.4f}")
     if get("mlm_accuracy") is not None:

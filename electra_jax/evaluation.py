@@ -9,6 +9,11 @@ never trains on (data/heldout.py). What it reads, and why:
 - `disc_auc_frequent`: the same AUC over the positions whose token, as the discriminator sees
   it, is one of the frequent pieces that make half of the corpus's tokens. A rare replacement is
   told by its rarity; a frequent one only by its context. This is the reading of context.
+- `disc_auc_unigram`: the AUC over the same masked positions filled instead with pieces drawn
+  from the corpus's unigram distribution (data/heldout.unigram_cdf), with the same uniforms.
+  The run's own generator gets better as it trains, so its replacements get harder to spot and
+  `disc_auc` can fall while the discriminator does not get worse; this corruption stays the
+  same for every step, run and seed of one corpus, so a fall here is the discriminator's own.
 - `disc_loss` beside `disc_prior_entropy`, the loss of the best constant guess (the binary
   entropy of the replaced fraction), and `disc_loss_gain`, 1 - loss / prior entropy.
 - `disc_accuracy`, `disc_precision`, `disc_recall` at the 0.5 threshold; `gen_loss`,
@@ -58,6 +63,7 @@ DISC_KEYS = (
     "frequent_fraction",
 )
 GEN_KEYS = ("gen_loss", "gen_accuracy", "gen_sampled_accuracy")
+UNIGRAM_KEYS = ("disc_auc_unigram",)  # where the evaluation is given the unigram distribution
 MLM_KEYS = ("mlm_loss", "mlm_accuracy")
 COLLAPSE_WARNING = 0.8  # collapse_cosine above this gets one warning line
 
@@ -123,6 +129,7 @@ def batch_outputs(
     special_ids: tuple[int, ...],
     mask_token_prob: float,
     vocab_size: int,
+    unigram_cdf=None,
 ) -> tuple[dict, dict]:
     """One held-out batch: (sums to add over batches, per-token arrays [B, L] for the AUCs).
 
@@ -133,7 +140,8 @@ def batch_outputs(
     The discriminator's readings come only where the objective trains the replaced-token head
     (Objective.trains_rtd_head), the MLM head's where it reads it at the masked slots
     (Objective.evaluates_mlm). frequent: bool [V], the frequent pieces
-    (data/heldout.frequent_pieces).
+    (data/heldout.frequent_pieces). unigram_cdf: float32 [V] (data/heldout.unigram_cdf) or
+    None (no `disc_auc_unigram`).
     """
     ids, mask = batch["input_ids"], batch["input_mask"]
     c = objective.corrupt(
@@ -165,6 +173,13 @@ def batch_outputs(
         is_frequent = frequent[seen].astype(jnp.float32) * real
         sums.update(disc_loss=disc.total, frequent=jnp.sum(is_frequent), **counts)
         tokens.update(logits=replaced_logits, labels=labels, real=real, frequent=is_frequent)
+        if unigram_cdf is not None:
+            # The same slots and uniforms, the pieces drawn from the corpus's distribution.
+            drawn = jnp.searchsorted(unigram_cdf, c.uniform * unigram_cdf[-1], side="right")
+            drawn = jnp.minimum(drawn, vocab_size - 1).astype(jnp.int32)
+            plain, plain_labels = replace_tokens(ids, mask, m.positions, m.weights, drawn)
+            _, tokens["unigram_logits"] = networks["discriminator"](plain)
+            tokens["unigram_labels"] = plain_labels
     if objective.evaluates_mlm and "mlm" in networks:
         _, mlm_logits = networks["mlm"](seen, m.positions)
         mlm, mlm_correct = mlm_loss(mlm_logits, m.targets, m.weights)
@@ -202,13 +217,17 @@ def metrics_from(sums: dict, tokens: dict) -> dict:
             replaced_fraction=replaced,
             frequent_fraction=_ratio(sums["frequent"], sums["tokens"]),
         )
+    if "unigram_logits" in tokens:
+        out["disc_auc_unigram"] = roc_auc(
+            tokens["unigram_logits"], tokens["unigram_labels"], tokens["real"]
+        )
     if "mlm_loss" in sums:
         out["mlm_loss"] = _ratio(sums["mlm_loss"], sums["slots"])
         out["mlm_accuracy"] = _ratio(sums["mlm_correct"], sums["slots"])
     return out
 
 
-def evaluate_batches(batches, frequent, networks_of, **outputs_kwargs) -> dict:
+def evaluate_batches(batches, frequent, networks_of, unigram_cdf=None, **outputs_kwargs) -> dict:
     """Every held-out batch, then the scalars: batches dict of [E, B, L] arrays; networks_of(
     batch) gives batch_outputs' networks for one [B, L] batch (they close over its segments and
     padding). Batch e uses fold_in(PRNGKey(EVAL_KEY), e). Returns metrics_from's dict."""
@@ -216,7 +235,9 @@ def evaluate_batches(batches, frequent, networks_of, **outputs_kwargs) -> dict:
 
     def one(e, batch):
         key = jax.random.fold_in(base, e)
-        return batch_outputs(batch, key, frequent, networks_of(batch), **outputs_kwargs)
+        return batch_outputs(
+            batch, key, frequent, networks_of(batch), unigram_cdf=unigram_cdf, **outputs_kwargs
+        )
 
     count = next(iter(batches.values())).shape[0]
     indices = jnp.arange(count)

@@ -278,6 +278,7 @@ def eval_step(
     params,
     batches: dict[str, jax.Array],
     frequent: jax.Array,
+    unigram_cdf: jax.Array | None = None,
     *,
     model: Electra,
     objective_cfg: Any,
@@ -287,8 +288,9 @@ def eval_step(
     """The held-out scalars of `params` (evaluation.py), without dropout or update.
 
     batches: 'input_ids', 'segment_ids', 'input_mask', each [E, B, L] int32 (E held-out
-    batches); frequent: bool [V], the frequent pieces. Returns float32 scalars (NaN where an
-    AUC is undefined).
+    batches); frequent: bool [V], the frequent pieces; unigram_cdf: float32 [V], the corpus's
+    cumulative unigram distribution (None: no `disc_auc_unigram`). Returns float32 scalars (NaN
+    where an AUC is undefined).
     """
     objective = registry.of_config(objective_cfg)
 
@@ -312,6 +314,7 @@ def eval_step(
         batches,
         frequent,
         networks_of,
+        unigram_cdf,
         objective=objective,
         mask_prob=objective_cfg.mask_prob,
         num_slots=num_slots,

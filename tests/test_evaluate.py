@@ -17,7 +17,13 @@ def shared_data(tmp_path_factory):
     return prepare_shared_data(tmp_path_factory)
 
 
-EVAL_KEYS = {"eval/disc_auc", "eval/disc_auc_frequent", "eval/collapse_cosine", "eval/disc_loss"}
+EVAL_KEYS = {
+    "eval/disc_auc",
+    "eval/disc_auc_frequent",
+    "eval/disc_auc_unigram",
+    "eval/collapse_cosine",
+    "eval/disc_loss",
+}
 
 
 def _eval_config(shared_data):

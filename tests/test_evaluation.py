@@ -87,12 +87,18 @@ def test_eval_step_is_deterministic_and_reads_what_the_objective_has(name):
         functools.partial(eval_step, model=model, objective_cfg=cfg.objective, num_slots=slots)
     )
     batches = _batches(cfg)
-    a = jax.device_get(ev(params, batches, frequent))
-    b = jax.device_get(ev(params, batches, frequent))
+    unigram = jnp.linspace(0.0, 1.0, cfg.data.vocab_size).at[:5].set(0.0)
+    a = jax.device_get(ev(params, batches, frequent, unigram))
+    b = jax.device_get(ev(params, batches, frequent, unigram))
     assert a == b
     assert 0.0 < a["collapse_cosine"] < 1.0
+    without = jax.device_get(ev(params, batches, frequent))
+    assert not set(evaluation.UNIGRAM_KEYS) & set(without)
+    assert {k: v for k, v in a.items() if k not in evaluation.UNIGRAM_KEYS} == without
+    rtd_keys = set(evaluation.DISC_KEYS + evaluation.GEN_KEYS + evaluation.UNIGRAM_KEYS)
     if name == "electra":
-        assert set(evaluation.DISC_KEYS + evaluation.GEN_KEYS) <= set(a)
+        assert rtd_keys <= set(a)
+        assert 0.0 < a["disc_auc_unigram"] < 1.0
         assert 0.0 < a["disc_auc"] < 1.0 and 0.0 < a["disc_auc_frequent"] < 1.0
         assert a["disc_prior_entropy"] == pytest.approx(
             float(evaluation.binary_entropy(a["replaced_fraction"])), abs=1e-6
@@ -100,7 +106,7 @@ def test_eval_step_is_deterministic_and_reads_what_the_objective_has(name):
         assert 0.0 < a["replaced_fraction"] < 0.2
         assert "mlm_loss" not in a
     else:  # no generator, no replaced-token head: the MLM head's readings
-        assert not set(evaluation.DISC_KEYS + evaluation.GEN_KEYS) & set(a)
+        assert not rtd_keys & set(a)
         assert a["mlm_loss"] == pytest.approx(np.log(cfg.data.vocab_size), rel=0.1)
 
 
@@ -157,4 +163,11 @@ def test_the_readings_follow_the_networks_they_are_given():
         evaluation.evaluate_batches(batches, frequent, networks_of(-1.0), **kwargs)
     )
     assert bad["disc_auc"] == 0.0 and bad["disc_recall"] == 0.0
+    # Replacements from a unigram distribution: all its mass on piece 7, which the good
+    # discriminator spots, or on piece 9, which it reads as every other: AUC 1, then 1/2.
+    on = lambda piece: jnp.zeros((vocab,)).at[piece:].set(1.0)
+    for piece, auc in ((target, 1.0), (9, 0.5)):
+        got = evaluation.evaluate_batches(batches, frequent, networks_of(1.0), on(piece), **kwargs)
+        assert float(got["disc_auc_unigram"]) == auc, piece
+        assert float(got["disc_auc"]) == 1.0  # the generator's corruption reads as before
     assert bad["collapse_cosine"] == good["collapse_cosine"]  # the clean text's states

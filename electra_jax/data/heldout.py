@@ -87,6 +87,33 @@ def spread_rows(count: int, limit: int) -> np.ndarray:
     return np.floor((np.arange(limit) + 0.5) * (count / limit)).astype(np.int64)
 
 
+def piece_counts(
+    input_ids: np.ndarray, vocab_size: int, special_ids: tuple[int, ...]
+) -> np.ndarray:
+    """How often each piece occurs in `input_ids` (int [..., L]; padding, out-of-range and the
+    special ids not counted): int64 [vocab_size]."""
+    ids = np.asarray(input_ids).ravel()
+    counts = np.bincount(ids[(ids >= 0) & (ids < vocab_size)], minlength=vocab_size)
+    counts = counts.astype(np.int64)
+    counts[list(special_ids)] = 0
+    return counts
+
+
+def unigram_cdf(input_ids: np.ndarray, vocab_size: int, special_ids: tuple[int, ...]) -> np.ndarray:
+    """The cumulative unigram distribution of the pieces in `input_ids`: float32 [vocab_size],
+    non-decreasing, ending at 1 (uniform over the non-special pieces where nothing is counted).
+
+    The held-out evaluation draws replacements from it (`disc_auc_unigram`): a corruption the
+    same for every step and run of one corpus, unlike the run's own generator's, which gets
+    harder as the generator learns."""
+    counts = piece_counts(input_ids, vocab_size, special_ids).astype(np.float64)
+    if counts.sum() == 0:
+        counts = np.ones((vocab_size,), np.float64)
+        counts[list(special_ids)] = 0.0
+    cdf = np.cumsum(counts) / counts.sum()
+    return cdf.astype(np.float32)
+
+
 def frequent_pieces(
     input_ids: np.ndarray, vocab_size: int, special_ids: tuple[int, ...], share: float = 0.5
 ) -> np.ndarray:
@@ -98,10 +125,7 @@ def frequent_pieces(
     the discriminator's AUC over the positions showing one of these pieces (`disc_auc_frequent`):
     a replacement by a frequent piece cannot be told by its rarity, only by its context.
     """
-    ids = np.asarray(input_ids).ravel()
-    counts = np.bincount(ids[(ids >= 0) & (ids < vocab_size)], minlength=vocab_size)
-    counts = counts.astype(np.int64)
-    counts[list(special_ids)] = 0
+    counts = piece_counts(input_ids, vocab_size, special_ids)
     total = int(counts.sum())
     out = np.zeros((vocab_size,), bool)
     if total == 0:

@@ -66,3 +66,16 @@ def test_frequent_pieces_make_half_of_the_text_tokens():
     most = heldout.frequent_pieces(np.array(ids), 40, special_ids=(0, 2, 3, 4), share=0.75)
     assert np.flatnonzero(most).tolist() == [5, 6, 7]
     assert not heldout.frequent_pieces(np.zeros(10, int), 40, special_ids=(0,)).any()
+
+
+def test_the_unigram_distribution_is_the_text_pieces_shares():
+    ids = [5] * 40 + [6] * 20 + [7] * 15 + list(range(8, 33)) + [0] * 50 + [2] * 30 + [3] * 30
+    cdf = heldout.unigram_cdf(np.array(ids), 40, special_ids=(0, 2, 3, 4))
+    assert cdf.dtype == np.float32 and cdf.shape == (40,)
+    share = np.diff(np.concatenate([[0.0], cdf]))
+    np.testing.assert_allclose(share[[5, 6, 7, 8]], [0.40, 0.20, 0.15, 0.01], atol=1e-6)
+    assert share[[0, 2, 3, 4]].tolist() == [0, 0, 0, 0] and share[33:].sum() == 0
+    assert cdf[-1] == pytest.approx(1.0) and (share >= 0).all()
+    # Nothing counted: uniform over the pieces that are not special.
+    empty = np.diff(heldout.unigram_cdf(np.zeros(10, int), 8, special_ids=(0, 1)), prepend=0.0)
+    np.testing.assert_allclose(empty, [0, 0] + [1 / 6] * 6, atol=1e-6)
