@@ -90,6 +90,12 @@ def get_config() -> ml_collections.ConfigDict:
     # 0 over disc_mlm_steps steps (0: constant); 0 leaves it out, as the paper
     config.objective.disc_mlm_weight = 0.0
     config.objective.disc_mlm_steps = 0
+    # A unigram floor ('electra' only): this share of the masked slots gets a piece drawn from
+    # the corpus's unigram distribution instead of the generator's sample (a replacement only
+    # context tells apart), fading linearly to 0 over unigram_share_steps steps (0: constant);
+    # 0 leaves it out, as the paper
+    config.objective.unigram_share = 0.0
+    config.objective.unigram_share_steps = 0
     # How replacements are drawn from the softmax: 'inverse_cdf' (one uniform per slot) or
     # 'gumbel' (jax.random.categorical, B x N x V uniforms); the same distribution.
     config.objective.sampler = "inverse_cdf"

@@ -45,6 +45,7 @@ from electra_jax.objectives.core import (
     rtd_counts,
     rtd_loss,
     sample_replacements,
+    unigram_draws,
 )
 
 EVAL_KEY = 0x5EED  # the evaluation's corruption key: fixed, the same for every run and seed
@@ -175,8 +176,7 @@ def batch_outputs(
         tokens.update(logits=replaced_logits, labels=labels, real=real, frequent=is_frequent)
         if unigram_cdf is not None:
             # The same slots and uniforms, the pieces drawn from the corpus's distribution.
-            drawn = jnp.searchsorted(unigram_cdf, c.uniform * unigram_cdf[-1], side="right")
-            drawn = jnp.minimum(drawn, vocab_size - 1).astype(jnp.int32)
+            drawn = unigram_draws(c.uniform, unigram_cdf, vocab_size)
             plain, plain_labels = replace_tokens(ids, mask, m.positions, m.weights, drawn)
             _, tokens["unigram_logits"] = networks["discriminator"](plain)
             tokens["unigram_labels"] = plain_labels

@@ -85,7 +85,8 @@ def _train(run: resume.Resume, stop_after, watcher) -> dict:
     # signal ends the run at the end of the block it arrives in, never inside their C++ state.
     with watcher.deferred():
         special = special_tokens_of(tokenizer)
-        setup = setup_step(config, tokenizer.vocab_size, mesh, special)
+        unigram = _unigram_cdf(config, prepared, special, tokenizer.vocab_size)
+        setup = setup_step(config, tokenizer.vocab_size, mesh, special, unigram)
         evaluator = _evaluator(config, setup, mesh, prepared, special)
     manager = checkpointing.make_manager(workdir, config.checkpoint)
     try:
@@ -102,6 +103,17 @@ def _train(run: resume.Resume, stop_after, watcher) -> dict:
     ledger = _Ledger.start(config, workdir, setup, manager, data_iter, start_step)
     ledger.evaluator = evaluator
     return _steps(calls, ledger, state, start_step, batches, watcher)
+
+
+def _unigram_cdf(config, prepared, special, vocab_size: int):
+    """The corpus's unigram distribution for objective.unigram_share > 0 (counted on the
+    training rows the held-out evaluation counts its pieces on), else None."""
+    if not config.objective.get("unigram_share", 0.0) > 0:
+        return None
+    from electra_jax.data import heldout, pipeline
+
+    sample = pipeline.training_sample(prepared, config.data.get("heldout_examples", 0))
+    return heldout.unigram_cdf(sample["input_ids"], vocab_size, tuple(special))
 
 
 def _evaluator(config, setup: StepSetup, mesh, prepared, special):

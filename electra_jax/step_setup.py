@@ -80,9 +80,13 @@ def setup_step(
     vocab_size: int,
     mesh,
     special: SpecialTokens = DEFAULT_SPECIAL,
+    unigram_cdf=None,
 ) -> StepSetup:
     """The model, state layout and compiled-on-first-use train step a config describes
-    (`special`: the tokenizer's [PAD], [CLS], [SEP], [MASK] ids)."""
+    (`special`: the tokenizer's [PAD], [CLS], [SEP], [MASK] ids; `unigram_cdf`: float32 [V],
+    the corpus's cumulative unigram distribution, which objective.unigram_share > 0 needs)."""
+    if unigram_cdf is None and config.objective.get("unigram_share", 0.0) > 0:
+        raise ValueError("objective.unigram_share > 0: give setup_step the corpus's unigram_cdf")
     spec, model, tx, schedule, num_slots = build(config, vocab_size, mesh)
     make_state = functools.partial(
         init_state, model, tx, config.seed, rtd_bias=rtd_prior_bias(config)
@@ -101,6 +105,11 @@ def setup_step(
         num_slots=num_slots,
         grad_accum_steps=config.train.grad_accum_steps,
         special=special,
+        unigram_cdf=(
+            np.asarray(unigram_cdf, np.float32)
+            if config.objective.get("unigram_share", 0.0) > 0
+            else None
+        ),
     )
 
     def jitted(fn, batch_sharding):

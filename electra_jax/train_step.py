@@ -13,7 +13,7 @@ from electra_jax import evaluation
 from electra_jax.data.tokenizer import CLS_ID, MASK_ID, PAD_ID, SEP_ID
 from electra_jax.model import Electra
 from electra_jax.objectives import registry
-from electra_jax.objectives.core import Networks, schedule_value
+from electra_jax.objectives.core import Networks, schedule_value, with_unigram_floor
 
 
 class SpecialTokens(NamedTuple):
@@ -137,6 +137,7 @@ def train_step(
     num_slots: int,
     grad_accum_steps: int = 1,
     special: SpecialTokens = DEFAULT_SPECIAL,
+    unigram_cdf: jax.Array | None = None,
 ):
     """One update of generator and discriminator together.
 
@@ -148,6 +149,9 @@ def train_step(
     sampler's draws are made for the whole batch first and each micro-batch's loss is divided by
     the whole batch's counts, so the update equals the full batch's (up to float rounding and
     dropout, whose masks are drawn per micro-batch).
+
+    unigram_cdf: float32 [V], the corpus's cumulative unigram distribution, for
+    objective.unigram_share > 0 (a share of the slots filled from it instead of the generator).
     """
     objective = registry.of_config(objective_cfg)
     weights = {"gen_weight": objective_cfg.gen_weight, "disc_weight": objective_cfg.disc_weight}
@@ -175,6 +179,23 @@ def train_step(
         mask_token_prob=objective_cfg.mask_token_prob,
         vocab_size=model.spec.vocab_size,
     )
+    # The recipe's unigram floor: a share of the slots, constant or fading to 0 over
+    # unigram_share_steps. Off (0, the paper's) it leaves the step and its keys untouched.
+    unigram_share = objective_cfg.get("unigram_share", 0.0)
+    if objective_cfg.get("unigram_share_steps", 0):
+        unigram_share = schedule_value(
+            0.0, unigram_share, objective_cfg.unigram_share_steps, state.step
+        )
+    if objective_cfg.get("unigram_share", 0.0) > 0:
+        if unigram_cdf is None:
+            raise ValueError("objective.unigram_share > 0 needs the corpus's unigram_cdf")
+        corruption = with_unigram_floor(
+            corruption,
+            jax.random.fold_in(k_corrupt, 1),
+            unigram_cdf,
+            unigram_share,
+            model.spec.vocab_size,
+        )
     denominators = (
         jnp.sum(corruption.masked.weights),
         jnp.sum(batch["input_mask"] > 0).astype(jnp.float32),
@@ -218,6 +239,8 @@ def train_step(
     metrics = {**objective.metrics(sums, **weights), **plan.metrics}
     if not isinstance(temperature, float | int):
         metrics["temperature"] = temperature
+    if not isinstance(unigram_share, float | int):
+        metrics["unigram_share"] = unigram_share
     metrics["grad_norm"] = optax.global_norm(grads)
     metrics["learning_rate"] = jnp.asarray(schedule(state.step), jnp.float32)
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)

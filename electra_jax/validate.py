@@ -281,6 +281,27 @@ def _check_recipe(config: Any) -> None:
         f"objective.temperature_steps={steps} and objective.disc_mlm_steps={fade} must not "
         f"exceed train.num_steps={t.num_steps}",
     )
+    share, share_steps = o.get("unigram_share", 0.0), o.get("unigram_share_steps", 0)
+    _require(
+        isinstance(share, int | float) and not isinstance(share, bool) and 0 <= share <= 1,
+        f"objective.unigram_share={share!r} must be in [0, 1] (the share of masked slots "
+        "filled from the corpus's unigram distribution)",
+    )
+    _require(
+        _whole(share_steps) and share_steps <= t.num_steps,
+        f"objective.unigram_share_steps={share_steps!r} must be a whole number in [0, "
+        f"train.num_steps={t.num_steps}]",
+    )
+    _require(
+        not share_steps or share > 0,
+        f"objective.unigram_share_steps={share_steps} fades objective.unigram_share, which is "
+        "0; set the share too, or leave the steps at 0",
+    )
+    _require(
+        not share or o.name == "electra",
+        f"objective.unigram_share={share} fills the slots of 'electra' only, and "
+        f"objective.name={o.name!r}; set it to 0",
+    )
 
 
 def _check_eval(config: Any) -> None:

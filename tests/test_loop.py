@@ -398,15 +398,16 @@ def test_a_run_with_unrolled_layers_resumes_in_its_own_layout(shared_data, tmp_p
 
 @pytest.mark.slow
 def test_the_recipes_schedules_run_in_whole_calls_and_resume_exactly(shared_data, tmp_path):
-    """The temperature schedule and the fading discriminator MLM term are functions of the
-    step inside the compiled call: two steps per call and a resume give the single steps'
-    numbers; a workdir of such a run loads with its MLM head."""
+    """The temperature schedule, the fading discriminator MLM term and the unigram floor are
+    functions of the step inside the compiled call: two steps per call and a resume give the
+    single steps' numbers; a workdir of such a run loads with its MLM head."""
     from electra_jax import pretrained
 
     def run(workdir, per_call, stop_after=None):
         cfg = config_with(shared_data)
         cfg.objective.temperature_start, cfg.objective.temperature_steps = 3.0, 4
         cfg.objective.disc_mlm_weight, cfg.objective.disc_mlm_steps = 1.0, 5
+        cfg.objective.unigram_share, cfg.objective.unigram_share_steps = 1.0, 4
         cfg.train.steps_per_call = per_call
         loop.train(cfg, str(tmp_path / workdir), stop_after=stop_after)
         return metrics.read_rows(str(tmp_path / workdir / "metrics.jsonl"))
@@ -415,8 +416,10 @@ def test_the_recipes_schedules_run_in_whole_calls_and_resume_exactly(shared_data
     run("two", 2, stop_after=3)
     two = run("two", 2)
     assert [r["temperature"] for r in one] == [3.0, 2.5, 2.0, 1.5, 1.0, 1.0]
+    assert [r["unigram_share"] for r in one] == [1.0, 0.75, 0.5, 0.25, 0.0, 0.0]
+    keys = ("loss", "disc_mlm_loss", "disc_mlm_weight", "temperature", "unigram_share")
     for a, b in zip(one, two, strict=True):
-        for k in ("loss", "disc_mlm_loss", "disc_mlm_weight", "temperature", "grad_norm"):
+        for k in (*keys, "grad_norm"):
             assert a[k] == b[k], (a["step"], k)
     loaded = pretrained.load_pretrained(str(tmp_path / "one"))
     assert loaded.spec.mlm_head and "mlm_predictions_dense" in loaded.params

@@ -245,6 +245,31 @@ def test_the_temperature_schedule_and_the_fading_discriminator_mlm_term():
     assert count(spec) > count(plain)
 
 
+def test_the_unigram_floor_fills_its_share_of_the_slots_and_fades():
+    """objective.unigram_share: the share of slots filled from the corpus's unigram distribution
+    (here all its mass on piece 1, which the batch never holds: every such slot is replaced),
+    fading to 0 over unigram_share_steps (logged); setup_step asks for the distribution."""
+    cfg = micro_config()
+    cfg.train.learning_rate = 1e-9
+    cfg.objective.unigram_share, cfg.objective.unigram_share_steps = 1.0, 4
+    mesh = sharding.make_mesh(cfg.mesh, jax.devices()[:1])
+    with pytest.raises(ValueError, match="unigram_cdf"):
+        step_setup.setup_step(cfg, cfg.data.vocab_size, mesh)
+    only_1 = np.zeros((cfg.data.vocab_size,), np.float32)
+    only_1[1:] = 1.0
+    setup = step_setup.setup_step(cfg, cfg.data.vocab_size, mesh, unigram_cdf=only_1)
+    rows = run_steps(cfg, jax.devices()[:1], num_steps=6, setup=setup, same_batch=True)
+    assert [r["unigram_share"] for r in rows] == [1.0, 0.75, 0.5, 0.25, 0.0, 0.0]
+    # At share 1 every slot gets piece 1; from share 0 on, the generator's samples, some of
+    # which equal the original (labelled real).
+    assert rows[0]["replaced_fraction"] == rows[0]["masked_fraction"]
+    cfg.objective.unigram_share_steps = 0  # constant
+    setup = step_setup.setup_step(cfg, cfg.data.vocab_size, mesh, unigram_cdf=only_1)
+    rows = run_steps(cfg, jax.devices()[:1], num_steps=3, setup=setup)
+    assert all(r["replaced_fraction"] == r["masked_fraction"] for r in rows)
+    assert "unigram_share" not in rows[0]  # a constant is not logged
+
+
 def test_rtd_prior_init_starts_the_head_at_the_priors_logit():
     """train.rtd_prior_init: the replaced-token head's bias starts at logit(mask_prob), so the
     first step's discriminator loss is about the prior's entropy, not ln 2."""

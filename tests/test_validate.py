@@ -71,6 +71,9 @@ def test_objective_and_embedding_sharing_are_checked_in_one_line():
         ("objective.temperature_steps", -1, "objective.temperature_steps=-1 must be a whole"),
         ("objective.disc_mlm_weight", -1.0, "objective.disc_mlm_weight=-1.0 must be >= 0"),
         ("objective.disc_mlm_steps", 99, "objective.disc_mlm_steps=99 must not exceed"),
+        ("objective.unigram_share", 1.5, "objective.unigram_share=1.5 must be in [0, 1]"),
+        ("objective.unigram_share_steps", 3, "fades objective.unigram_share, which is 0"),
+        ("objective.unigram_share_steps", -1, "objective.unigram_share_steps=-1 must be a whole"),
         ("data.heldout_examples", -8, "data.heldout_examples=-8 must be a whole number"),
         ("eval.every_steps", -1, "eval.every_steps=-1 must be a whole number"),
         ("checkpoint.keep_every_steps", -2, "checkpoint.keep_every_steps=-2 must be a whole"),
@@ -155,6 +158,11 @@ def test_the_discriminator_mlm_term_is_electras_and_evaluation_needs_whole_heldo
     config.objective.name, config.objective.disc_mlm_weight = "mlm", 1.0
     with pytest.raises(validate.ConfigError, match="to 'electra' only, and objective.name='mlm'"):
         validate.check_config(config)
+    config.objective.disc_mlm_weight, config.objective.unigram_share = 0.0, 0.5
+    with pytest.raises(validate.ConfigError, match="of 'electra' only, and objective.name='mlm'"):
+        validate.check_config(config)
+    config.objective.name = "electra"
+    validate.check_config(config)
     config = micro_config()
     config.eval.every_steps = 3
     config.log.every_steps = 2  # no multiple needed: an evaluation writes a row of its own

@@ -276,6 +276,10 @@ class Corruption(NamedTuple):
 
     masked: Masked
     uniform: jax.Array  # [B, N] float32 in [0, 1): one draw per slot for the inverse-CDF sampler
+    # objective.unigram_share: [B, N] int32 pieces drawn from the corpus's unigram distribution
+    # and [B, N] bool, where they replace the generator's sample (None: the generator's only).
+    unigram: jax.Array | None = None
+    unigram_on: jax.Array | None = None
 
 
 def corrupt(
@@ -316,9 +320,30 @@ def generate(batch, corruption, generator_fn, k_gen, k_sample, temperature, samp
     samples = sample_replacements(
         k_sample, gen_logits, temperature, sampler, corruption.uniform, probs
     )
+    if corruption.unigram is not None:
+        samples = jnp.where(corruption.unigram_on, corruption.unigram, samples)
     corrupted, labels = replace_tokens(ids, mask, m.positions, m.weights, samples)
     sums = {"gen_loss": gen.total, "gen_correct": gen_correct.total, "gen_count": gen.count}
     return sums, corrupted, labels
+
+
+def unigram_draws(uniform, unigram_cdf, vocab_size: int):
+    """Pieces drawn from a unigram distribution by inverse CDF: uniform [...] in [0, 1),
+    unigram_cdf float32 [V] (non-decreasing, data/heldout.unigram_cdf) -> int32 [...]."""
+    drawn = jnp.searchsorted(unigram_cdf, uniform * unigram_cdf[-1], side="right")
+    return jnp.minimum(drawn, vocab_size - 1).astype(jnp.int32)
+
+
+def with_unigram_floor(corruption: Corruption, key, unigram_cdf, share, vocab_size: int):
+    """The corruption with objective.unigram_share's replacements: each slot, with probability
+    `share` (a float or a traced scalar), gets a piece drawn from the corpus's unigram
+    distribution instead of the generator's sample. Such a replacement cannot be told by its
+    rarity, only by its context; the generator still learns from every slot."""
+    k_draw, k_on = jax.random.split(key)
+    shape = corruption.uniform.shape
+    drawn = unigram_draws(jax.random.uniform(k_draw, shape), unigram_cdf, vocab_size)
+    on = jax.random.uniform(k_on, shape) < share
+    return corruption._replace(unigram=drawn, unigram_on=on)
 
 
 def schedule_value(end: float, start: float, steps: int, step):

@@ -204,3 +204,45 @@ def test_schedule_value_is_the_end_when_off_and_linear_when_on():
     assert values == [3.0, 2.0, 1.0, 1.0]
     fade = [float(core.schedule_value(0.0, 2.0, 4, jnp.int32(s))) for s in (0, 1, 4, 9)]
     assert fade == [2.0, 1.5, 0.0, 0.0]
+
+
+def test_unigram_draws_follow_the_distribution_and_the_floor_takes_its_share():
+    """unigram_draws: inverse CDF over a unigram distribution; with_unigram_floor: each slot
+    takes the unigram draw with probability `share`, and generate() writes those instead of the
+    generator's sample (the generator's loss is unchanged: it still learns from every slot)."""
+    shares = np.array([0.0, 0.5, 0.3, 0.0, 0.2], np.float32)  # pieces 1, 2, 4
+    cdf = jnp.asarray(np.cumsum(shares))
+    u = jax.random.uniform(jax.random.PRNGKey(0), (40000,))
+    drawn = np.asarray(core.unigram_draws(u, cdf, 5))
+    np.testing.assert_allclose(np.bincount(drawn, minlength=5) / drawn.size, shares, atol=0.01)
+
+    ids, mask = _examples(b=16, length=64)
+    batch = {"input_ids": ids, "segment_ids": jnp.zeros_like(ids), "input_mask": mask}
+    corruption = core.corrupt(
+        jax.random.PRNGKey(1),
+        batch,
+        mask_prob=0.15,
+        num_slots=core.num_mask_slots(64, 0.15),
+        mask_id=MASK_ID,
+        special_ids=SPECIAL,
+    )
+    vocab = 1000
+    only_7 = jnp.zeros((vocab,)).at[7:].set(1.0)  # all the mass on piece 7
+    generator = lambda masked, positions, key: (
+        jnp.zeros((*positions.shape, vocab)).at[..., 9].set(30.0)
+    )  # always piece 9
+    keys = (jax.random.PRNGKey(2), jax.random.PRNGKey(3))
+
+    def written(share):
+        c = core.with_unigram_floor(corruption, jax.random.PRNGKey(4), only_7, share, vocab)
+        sums, corrupted, labels = core.generate(batch, c, generator, *keys, 1.0, "inverse_cdf")
+        m = c.masked
+        slots = np.asarray(m.weights) > 0
+        return np.asarray(jnp.take_along_axis(corrupted, m.positions, axis=1))[slots], sums
+
+    at_0, plain = written(0.0)
+    at_1, floored = written(1.0)
+    half, _ = written(0.5)
+    assert set(at_0) == {9} and set(at_1) == {7}
+    assert 0.4 < (half == 7).mean() < 0.6 and set(half) == {7, 9}
+    assert float(plain["gen_loss"]) == float(floored["gen_loss"])
