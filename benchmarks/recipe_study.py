@@ -116,6 +116,24 @@ SETTINGS: dict[str, dict] = {
         "train.generator_lr_scale": 0.25,
         "train.rtd_prior_init": True,
     },
+    # Replacements from the corpus's unigram distribution in every slot (objective.unigram_share):
+    # none can be told by its rarity, so the discriminator learns context or nothing; the
+    # generator still trains (its MLM loss), unused. At the tiny recipe's rate, and higher.
+    "lr1e-4-prior-uni1": {
+        "train.learning_rate": 1e-4,
+        "train.rtd_prior_init": True,
+        "objective.unigram_share": 1.0,
+    },
+    "lr1e-3-prior-uni1": {
+        "train.learning_rate": 1e-3,
+        "train.rtd_prior_init": True,
+        "objective.unigram_share": 1.0,
+    },
+    "lr2.5e-5-prior-uni1": {
+        "train.learning_rate": 2.5e-5,
+        "train.rtd_prior_init": True,
+        "objective.unigram_share": 1.0,
+    },
     # Lower still: the generator learns the unigram later, so the fall may start later.
     "lr5e-5-prior": {"train.learning_rate": 5e-5, "train.rtd_prior_init": True},
     "lr2.5e-5-prior": {"train.learning_rate": 2.5e-5, "train.rtd_prior_init": True},
