@@ -123,6 +123,9 @@ def main(argv=None) -> None:
     ap.add_argument("--task", default="SST-2")
     ap.add_argument("--data_dir", required=True, help="the task's folder of TSV files")
     ap.add_argument("--max_train_examples", type=_cli.positive_int, default=20000)
+    ap.add_argument(
+        "--max_length", type=_cli.positive_int, default=128, help="tokens per sentence (cut)"
+    )
     ap.add_argument("--random", action="store_true", help="probe random weights of that shape")
     args = ap.parse_args(argv)
     [args.task] = _cli.glue_tasks("--task", args.task)
@@ -133,7 +136,8 @@ def main(argv=None) -> None:
         model = electra_jax.load(args.init_from)
     if args.random:
         model = random_model(model)
-    print(json.dumps(probe_score(model, args.task, args.data_dir, args.max_train_examples)))
+    score = probe_score(model, args.task, args.data_dir, args.max_train_examples, args.max_length)
+    print(json.dumps(score))
 
 
 if __name__ == "__main__":

@@ -75,6 +75,11 @@ CASES = [
         "STS-B is a regression task",
     ),
     (
+        "probe, no tokens",
+        lambda t: ["benchmarks/probe.py", f"--init_from={t}", f"--data_dir={t}", "--max_length=0"],
+        "argument --max_length",
+    ),
+    (
         "probe, not a model",
         lambda t: ["benchmarks/probe.py", f"--init_from={t}/nope", f"--data_dir={t}"],
         "--init_from {t}/nope",
