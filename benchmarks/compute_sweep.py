@@ -365,6 +365,13 @@ def main(argv=None) -> None:
         help="run the budgets up to this many counted FLOPs (the schedules still span the "
         "preset's whole budget; a later run without it continues the same runs)",
     )
+    ap.add_argument(
+        "--seeds",
+        type=_cli.positive_int,
+        default=None,
+        help="fine-tuning seeds (default: the preset's); 1 runs only seed 0's learning-rate "
+        "sweep, which a later run with more seeds reuses",
+    )
     args = ap.parse_args(argv)
     preset = PRESETS[args.preset]
     if args.stop_flops is not None:
@@ -407,7 +414,13 @@ def main(argv=None) -> None:
         results["probe"] = probes(results, preset, args.out, args.glue_dir, log)
     else:
         sample_efficiency.check_inputs(args.corpus, args.glue_dir)
-        common = dict(objectives=objectives, corpus=args.corpus, glue_dir=args.glue_dir, log=log)
+        common = dict(
+            objectives=objectives,
+            seeds=args.seeds,
+            corpus=args.corpus,
+            glue_dir=args.glue_dir,
+            log=log,
+        )
         # Pre-training (or finding it done), then the probe at every checkpoint: minutes
         # against the fine-tunings' hours, and the low-noise reading, so it comes first.
         pretrained = sample_efficiency.run(preset, args.out, until="pretrain", **common)

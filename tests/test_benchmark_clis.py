@@ -110,6 +110,11 @@ CASES = [
         "holds no sweep yet",
     ),
     (
+        "compute_sweep, no seed",
+        lambda t: ["-m", "benchmarks.compute_sweep", "--seeds=0", f"--out={t}/o"],
+        "argument --seeds",
+    ),
+    (
         "compute_sweep, a model not in the preset",
         lambda t: ["-m", "benchmarks.compute_sweep", "--objectives=bert", f"--out={t}/o"],
         "unknown models of the preset bert",
