@@ -389,7 +389,15 @@ def finetune(config, workdir: str) -> dict:
             return json.load(f)
     from electra_jax.finetune import loop as finetune_loop
 
-    return finetune_loop.finetune(config, workdir)
+    result = finetune_loop.finetune(config, workdir)
+    if "stopped_at" in result:
+        # SIGTERM / Ctrl-C: the run saved its step; the benchmark stops with it, and the same
+        # command resumes that run from its checkpoint.
+        raise SystemExit(
+            f"fine-tuning in {workdir} stopped at step {result['stopped_at']} of "
+            f"{result['steps']} by a signal; run the same command to continue"
+        )
+    return result
 
 
 # ----------------------------------------------------------------------------------- report

@@ -276,3 +276,18 @@ def test_a_signal_stops_the_pretraining_at_its_checkpoint_not_the_next_budget(
     assert calls == [10]
     with open(os.path.join(workdir, "pretrain_seconds.json")) as f:
         assert float(f.read()) >= 0.0
+
+
+def test_a_signal_stops_the_benchmark_at_the_fine_tuning_it_interrupted(tmp_path, monkeypatch):
+    """finetune returns {'stopped_at'} after SIGTERM (it saved): the benchmark ends there with
+    one line, instead of reading the missing score (a KeyError); a finished run is read back."""
+    from electra_jax.finetune import loop as finetune_loop
+
+    monkeypatch.setattr(
+        finetune_loop, "finetune", lambda config, workdir: {"stopped_at": 40, "steps": 250}
+    )
+    with pytest.raises(SystemExit, match="stopped at step 40 of 250 by a signal"):
+        se.finetune(None, str(tmp_path / "run"))
+    (tmp_path / "done").mkdir()
+    (tmp_path / "done" / "eval_results.json").write_text('{"score": 0.5}')
+    assert se.finetune(None, str(tmp_path / "done")) == {"score": 0.5}
