@@ -53,7 +53,7 @@ def test_every_generator_width_is_pretrained_for_the_same_steps_and_plotted(tmp_
     assert summary["average"]["generator_0.25"] == 80.5  # seeds 0 and 1: 0.80 and 0.81
     assert max(summary["average"], key=summary["average"].get) == "generator_0.25"
     table = results["table"]
-    assert "full budget of 12 pre-training steps each" in table
+    assert "largest budget run, 12 pre-training steps each" in table
     assert "| generator_0.75 |" in table
     with open(results["plot"], "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
