@@ -308,6 +308,35 @@ def plot_pretraining(readings: dict, path: str) -> None:
     plt.close(fig)
 
 
+def sweep_table(results: dict) -> list[str]:
+    """Markdown lines: seed 0's score (x100) at each fine-tuning learning rate, per start and
+    task, the rate the sweep chose in bold ("-": not run yet)."""
+    rows = results.get("sweep", [])
+    rates = sorted({r["learning_rate"] for r in rows})
+    if not rows:
+        return []
+    lines = [
+        "Learning-rate sweep, seed 0 (x100; bold: the rate chosen for every seed):",
+        "",
+        "| start | task | " + " | ".join(f"{lr:g}" for lr in rates) + " |",
+        "|---|---|" + "---|" * len(rates),
+    ]
+    starts = dict.fromkeys((r["objective"], r["step"], r["task"]) for r in rows)
+    for name, step, task in starts:
+        cells = []
+        for lr in rates:
+            got = [
+                r
+                for r in rows
+                if (r["objective"], r["step"], r["task"], r["learning_rate"])
+                == (name, step, task, lr)
+            ]
+            cell = f"{100 * got[0]['score']:.1f}" if got else "-"
+            cells.append(f"**{cell}**" if got and got[0].get("chosen") else cell)
+        lines.append(f"| {name}@{step} | {task} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def report(results: dict, out: str) -> dict:
     """summary.json (sample_efficiency's summary plus `budgets` and `crossovers`), table.md and
     the plot, from whatever `results` holds."""
@@ -336,6 +365,7 @@ def report(results: dict, out: str) -> dict:
                 f"| {r['pretrain_flops']:.3g} | {name} | {m.get('steps', 0)} | {avg} "
                 f"({m['seeds']}) | {m['probe'] if m['probe'] is not None else '-'} |"
             )
+    lines += ["", *sweep_table(results)]
     with open(os.path.join(out, "table.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     if rows:
@@ -389,26 +419,32 @@ def main(argv=None) -> None:
         )
     log = lambda m: print(m, file=sys.stderr, flush=True)
     if args.report_only:
-        done = os.path.join(args.out, "results.json")
-        path = done if os.path.isfile(done) else os.path.join(args.out, "results.partial.json")
         _cli.directory("--glue_dir", args.glue_dir, "GLUE's folder (<TASK>/*.tsv)")
-        if os.path.isfile(path):
-            with _cli.failures(path, also=(OSError, ValueError)), open(path) as f:
-                results = json.load(f)
-        elif os.path.isdir(os.path.join(args.out, "pretrain")) and os.path.isdir(
+        done = os.path.join(args.out, "results.json")
+        if os.path.isdir(os.path.join(args.out, "pretrain")) and os.path.isdir(
             os.path.join(args.out, "tokenizer")
         ):
-            # Still pre-training: the runs' plan, and what they have saved so far.
+            # Read from the folder itself: the runs' plan, what they have saved so far, and
+            # every fine-tuning that has finished, whichever process ran it.
             sample_efficiency.check_inputs(args.corpus, args.glue_dir)
+            if not args.objectives:  # the models this folder has pre-trained
+                ran = [
+                    n for n in objectives if os.path.isdir(os.path.join(args.out, "pretrain", n))
+                ]
+                objectives = tuple(ran) or objectives
             results = sample_efficiency.run(
                 preset,
                 args.out,
                 objectives=objectives,
+                seeds=args.seeds,
                 corpus=args.corpus,
                 glue_dir=args.glue_dir,
-                log=log,
-                until="plan",
+                log=lambda m: None,
+                until="collect",
             )
+        elif os.path.isfile(done):
+            with _cli.failures(done, also=(OSError, ValueError)), open(done) as f:
+                results = json.load(f)
         else:
             ap.error(f"--report_only: --out {args.out} holds no sweep yet; run without it")
         results["probe"] = probes(results, preset, args.out, args.glue_dir, log)

@@ -147,6 +147,19 @@ SETTINGS: dict[str, dict] = {
         "objective.disc_mlm_weight": 1.0,
         "objective.disc_mlm_steps": 600,
     },
+    # The same term kept for the whole run at MLM's own rate (the only objective whose probe
+    # moves at the sweep's budgets), with the replaced-token loss at a smaller weight: does
+    # detection on top of the MLM signal add to it, at the same counted FLOPs?
+    "lr1e-3-prior-dmlm1c-dw10": {
+        "train.rtd_prior_init": True,
+        "objective.disc_mlm_weight": 1.0,
+        "objective.disc_weight": 10.0,
+    },
+    "lr1e-3-prior-dmlm1c-dw1": {
+        "train.rtd_prior_init": True,
+        "objective.disc_mlm_weight": 1.0,
+        "objective.disc_weight": 1.0,
+    },
     "lr3e-4-dmlm1-Tsched3": {
         "train.learning_rate": 3e-4,
         "objective.disc_mlm_weight": 1.0,

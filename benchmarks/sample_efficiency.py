@@ -61,7 +61,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.join(os.path.dirname(ROOT), "shared", "data")
 OBJECTIVES = ("electra", "electra_15", "mlm", "replaced_mlm", "all_tokens_mlm")
 TASKS = ("SST-2", "MRPC", "STS-B", "CoLA", "RTE")
-UNTIL = ("plan", "pretrain", "report")  # how far `run` goes
+UNTIL = ("plan", "pretrain", "collect", "report")  # how far `run` goes
 RANDOM = "random_init"
 
 # Each preset: `pretrain` overrides configs/<base>.py ('data.x' / 'model.x' / 'train.x' keys),
@@ -383,10 +383,9 @@ def pretrain(config, workdir: str, steps: list[int], log=print) -> float:
 
 def finetune(config, workdir: str) -> dict:
     """One fine-tuning run, or its stored results when it already finished."""
-    path = os.path.join(workdir, "eval_results.json")
-    if os.path.isfile(path):
-        with open(path) as f:
-            return json.load(f)
+    done = finished(workdir)
+    if done is not None:
+        return done
     from electra_jax.finetune import loop as finetune_loop
 
     result = finetune_loop.finetune(config, workdir)
@@ -398,6 +397,15 @@ def finetune(config, workdir: str) -> dict:
             f"{result['steps']} by a signal; run the same command to continue"
         )
     return result
+
+
+def finished(workdir: str) -> dict | None:
+    """A fine-tuning run's stored results (its eval_results.json), None while it has none."""
+    path = os.path.join(workdir, "eval_results.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
 
 
 # ----------------------------------------------------------------------------------- report
@@ -566,8 +574,10 @@ def run(
 
     until: "report" (all of it), "pretrain" (pre-train the objectives and return their records:
     no fine-tuning, no report, so that each objective's run can go in a process of its own into
-    one `out`) or "plan" (the same records without training: what a report of a sweep still
-    pre-training reads)."""
+    one `out`), "plan" (the same records without training: what a report of a sweep still
+    pre-training reads) or "collect" (the plan plus every fine-tuning run that has finished in
+    `out`, whichever process ran it; nothing is trained: what a report of a sweep split over
+    processes, or cut short, reads)."""
     if until not in UNTIL:
         raise ValueError(f"until={until!r}: use one of {', '.join(UNTIL)}")
     log = log or (lambda m: print(m, file=sys.stderr, flush=True))
@@ -669,7 +679,7 @@ def _run(preset, out, objectives, tasks, seeds, corpus, glue_dir, log, until) ->
         config.data.tokenizer = tokenizer_dir
         info = {**plan(config, preset), "objective": name}  # a variant's name, not its objective
         workdirs[name] = os.path.join(out, "pretrain", name)
-        if until == "plan":
+        if until in ("plan", "collect"):
             info["seconds"] = seconds_spent(workdirs[name])
         else:
             info["seconds"] = pretrain(config, workdirs[name], info["steps"], log)
@@ -679,7 +689,7 @@ def _run(preset, out, objectives, tasks, seeds, corpus, glue_dir, log, until) ->
             f"({info['seconds']:.0f}s of pre-training)"
         )
         results["pretrain"].append(info)
-    if until != "report":
+    if until not in ("report", "collect"):
         return results
 
     # The full budget first (every objective, then random init: the headline), then the
@@ -698,16 +708,21 @@ def _run(preset, out, objectives, tasks, seeds, corpus, glue_dir, log, until) ->
     rates = tuple(preset.get("learning_rates", ()))
 
     def one(name: str, step: int, init_from: str, task: str, seed: int, lr: float | None):
-        fields = {**preset["finetune"], **preset.get("finetune_tasks", {}).get(task, {})}
-        if lr is not None:
-            fields["learning_rate"] = lr
-        config = glue.glue_config(task, seed, os.path.join(glue_dir, task), fields)
-        init = "random" if name == RANDOM else "pretrained"
-        config = glue.with_init(config, init, init_from, pretrain_config_dict)
         run_name = f"{task}-seed{seed}" + (f"-lr{lr:g}" if lr is not None else "")
         where = os.path.join(out, "finetune", f"{name}-{step}", run_name)
         t0 = time.time()
-        r = finetune(config, where)
+        if until == "collect":
+            r = finished(where)
+            if r is None:
+                return None
+        else:
+            fields = {**preset["finetune"], **preset.get("finetune_tasks", {}).get(task, {})}
+            if lr is not None:
+                fields["learning_rate"] = lr
+            config = glue.glue_config(task, seed, os.path.join(glue_dir, task), fields)
+            init = "random" if name == RANDOM else "pretrained"
+            config = glue.with_init(config, init, init_from, pretrain_config_dict)
+            r = finetune(config, where)
         log(
             f"{name}@{step} {task} seed {seed}{f' lr {lr:g}' if lr else ''}: "
             f"{r['score_metric']} {r['score']:.4f} ({time.time() - t0:.1f}s)"
@@ -726,13 +741,17 @@ def _run(preset, out, objectives, tasks, seeds, corpus, glue_dir, log, until) ->
     partial = os.path.join(out, "results.partial.json")
     for name, step, init_from in starts:
         # What is done so far, for a report of a run cut short (compute_sweep --report_only).
-        _write_json(partial, results)
+        if until == "report":
+            _write_json(partial, results)
         for task in tasks:
             lr = None
             if len(rates) > 1:
                 # The sweep: seed 0 at every rate; the best on dev serves every seed. The same
                 # rule for every objective and for random init.
                 sweep = [one(name, step, init_from, task, 0, r) for r in rates]
+                if None in sweep:  # collecting, and seed 0's sweep is not complete: no choice yet
+                    results["sweep"].extend(dict(r, chosen=False) for r in sweep if r)
+                    continue
                 best = max(sweep, key=lambda row: row["score"])
                 lr = rates[sweep.index(best)]
                 results["sweep"].extend(dict(row, chosen=row is best) for row in sweep)
@@ -742,8 +761,11 @@ def _run(preset, out, objectives, tasks, seeds, corpus, glue_dir, log, until) ->
                 lr = rates[0] if rates else None
                 seeds_left = range(seeds)
             for seed in seeds_left:
-                results["finetune"].append(one(name, step, init_from, task, seed, lr))
-    _write_json(partial, results)
+                row = one(name, step, init_from, task, seed, lr)
+                if row is not None:
+                    results["finetune"].append(row)
+    if until == "report":
+        _write_json(partial, results)
     return results
 
 

@@ -291,3 +291,47 @@ def test_a_signal_stops_the_benchmark_at_the_fine_tuning_it_interrupted(tmp_path
     (tmp_path / "done").mkdir()
     (tmp_path / "done" / "eval_results.json").write_text('{"score": 0.5}')
     assert se.finetune(None, str(tmp_path / "done")) == {"score": 0.5}
+
+
+def test_collect_reads_every_finished_fine_tuning_and_trains_nothing(tmp_path, monkeypatch):
+    """until='collect' (compute_sweep --report_only): the fine-tunings another process finished
+    are read from their eval_results.json; a start whose seed-0 sweep is incomplete has its
+    runs listed with no rate chosen and no seed beyond 0; nothing is pre-trained or fine-tuned."""
+    corpus, glue_dir = _write_inputs(tmp_path)
+    from electra_jax.data import prepare
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("collect trains nothing")
+
+    monkeypatch.setattr(se, "pretrain", refuse)
+    monkeypatch.setattr(se, "finetune", refuse)
+    monkeypatch.setattr(prepare, "ensure_tokenizer", lambda *a, **k: None)
+    preset = dict(MICRO, fractions=(1.0,), seeds=2, learning_rates=(1e-3, 3e-3))
+    out = tmp_path / "out"
+    kw = dict(objectives=["electra"], corpus=corpus, glue_dir=glue_dir, log=lambda m: None)
+    step = se.run(preset, str(out), until="plan", **kw)["pretrain"][0]["steps"][-1]
+
+    def finished_run(start, name, score, lr):
+        where = out / "finetune" / start / name
+        where.mkdir(parents=True)
+        row = {"score": score, "score_metric": "dev/accuracy", "elapsed_sec": 5.0}
+        (where / "eval_results.json").write_text(json.dumps(dict(row, learning_rate=lr)))
+
+    finished_run(f"electra-{step}", "SST-2-seed0-lr0.001", 0.7, 1e-3)
+    finished_run(f"electra-{step}", "SST-2-seed0-lr0.003", 0.8, 3e-3)
+    finished_run(f"electra-{step}", "SST-2-seed1-lr0.003", 0.78, 3e-3)
+    finished_run(f"{se.RANDOM}-0", "SST-2-seed0-lr0.001", 0.6, 1e-3)  # its 3e-3 still running
+    (out / "finetune" / f"{se.RANDOM}-0" / "SST-2-seed0-lr0.003").mkdir()
+
+    results = se.run(preset, str(out), until="collect", **kw)
+    got = sorted((r["objective"], r["seed"], r["score"]) for r in results["finetune"])
+    assert got == [("electra", 0, 0.8), ("electra", 1, 0.78)]
+    sweep = {(r["objective"], r["learning_rate"]): r["chosen"] for r in results["sweep"]}
+    assert sweep == {("electra", 1e-3): False, ("electra", 3e-3): True, (se.RANDOM, 1e-3): False}
+    assert not (out / "results.json").exists() and not (out / "results.partial.json").exists()
+
+    from benchmarks import compute_sweep
+
+    table = compute_sweep.sweep_table(results)
+    assert f"| electra@{step} | SST-2 | 70.0 | **80.0** |" in table
+    assert f"| {se.RANDOM}@0 | SST-2 | 60.0 | - |" in table
