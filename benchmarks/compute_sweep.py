@@ -132,8 +132,12 @@ def probes(results: dict, preset: dict, out: str, glue_dir: str, log) -> list[di
                 rows.append(json.load(f))
             continue
         if name == RANDOM:
-            if first is None:
-                continue
+            if first is None:  # every checkpoint's probe was read back: load one for its shape
+                if not starts:
+                    continue
+                first = electra_jax.load(
+                    os.path.join(out, "pretrain", starts[0][0]) + f"@{starts[0][1]}"
+                )
             model = probe.random_model(first)
         else:
             model = electra_jax.load(os.path.join(out, "pretrain", name) + f"@{step}")

@@ -173,6 +173,12 @@ def test_a_report_while_pretraining_reads_what_is_saved(tmp_path, monkeypatch):
     assert first["models"]["electra"]["average"] is None  # nothing fine-tuned
     assert summary["pretraining"]["electra"], "the held-out readings"
     assert not (out / "finetune").exists()
+    # Random init's probe alone missing (every checkpoint's read back): it is probed again.
+    random_probe = out / "probe" / f"{cs.RANDOM}-0.json"
+    os.remove(random_probe)
+    cs.main([*argv, "--report_only"])
+    again = json.loads(random_probe.read_text())["accuracy"]
+    assert 100 * again == pytest.approx(last["models"][cs.RANDOM]["probe"], abs=0.01)
 
 
 def test_a_stop_short_of_the_budget_keeps_the_whole_runs_schedule():
