@@ -115,6 +115,39 @@ def random_model(like):
     return Model(Pretrained(like.pretrained.spec, params, like.tokenizer, "random init"))
 
 
+def truncated(model, layers: int):
+    """The same Model cut to its first `layers` discriminator layers: its `encode` gives the
+    states after layer `layers` (the last layers of a discriminator serve its one-bit head, so
+    an earlier one may hold more of what a task needs). The generator is left as it is."""
+    import dataclasses
+
+    import jax
+
+    from electra_jax.layer_stack import layer_key
+    from electra_jax.model import LAYERS
+    from electra_jax.pretrained import Model
+    from electra_jax.weights import Pretrained
+
+    spec = model.pretrained.spec
+    total = spec.discriminator.num_layers
+    if not 1 <= layers <= total:
+        raise ValueError(f"layers={layers}: the discriminator has 1 to {total}")
+    params = dict(model.pretrained.params)
+    disc = dict(params["discriminator"])
+    if LAYERS in disc:  # scanned: one stacked tree, the layer index leading
+        disc[LAYERS] = jax.tree_util.tree_map(lambda x: x[:layers], disc[LAYERS])
+    else:
+        disc = {
+            k: v for k, v in disc.items() if k not in {layer_key(i) for i in range(layers, total)}
+        }
+    params["discriminator"] = disc
+    spec = dataclasses.replace(
+        spec, discriminator=dataclasses.replace(spec.discriminator, num_layers=layers)
+    )
+    where = f"{model.source}, its first {layers} of {total} layers"
+    return Model(Pretrained(spec, params, model.tokenizer, where))
+
+
 def main(argv=None) -> None:
     import electra_jax
 
@@ -127,6 +160,12 @@ def main(argv=None) -> None:
         "--max_length", type=_cli.positive_int, default=128, help="tokens per sentence (cut)"
     )
     ap.add_argument("--random", action="store_true", help="probe random weights of that shape")
+    ap.add_argument(
+        "--layers",
+        type=_cli.positive_int,
+        default=None,
+        help="probe the states after this many discriminator layers (default: all of them)",
+    )
     args = ap.parse_args(argv)
     [args.task] = _cli.glue_tasks("--task", args.task)
     if glue_tasks.get_task(args.task).is_regression:
@@ -136,6 +175,11 @@ def main(argv=None) -> None:
         model = electra_jax.load(args.init_from)
     if args.random:
         model = random_model(model)
+    if args.layers is not None:
+        total = model.pretrained.spec.discriminator.num_layers
+        if args.layers > total:
+            ap.error(f"argument --layers: {args.layers}: the discriminator has {total} layers")
+        model = truncated(model, args.layers)
     score = probe_score(model, args.task, args.data_dir, args.max_train_examples, args.max_length)
     print(json.dumps(score))
 

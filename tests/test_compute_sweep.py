@@ -245,3 +245,46 @@ def test_a_stopped_sweep_continues_the_same_runs(tmp_path, monkeypatch):
     assert steps[0] == first and steps[-1] == config["train"]["num_steps"] > first
     rows = [json.loads(line) for line in (out / "pretrain" / "electra" / "metrics.jsonl").open()]
     assert rows[-1]["step"] == steps[-1]
+
+
+def test_a_truncated_model_encodes_with_its_first_layers_in_either_layout(tmp_path):
+    import dataclasses
+
+    import jax
+
+    from electra_jax import layer_stack
+    from electra_jax import model as model_lib
+    from electra_jax.data import tokenizer as tokenizer_lib
+    from electra_jax.pretrained import Model
+    from electra_jax.weights import Pretrained
+    from tests.micro import micro_config
+    from tests.test_export import _sentences
+
+    cfg = micro_config()
+    cfg.model.num_layers = 3
+    tok = tokenizer_lib.train_tokenizer(
+        _sentences()[:3000], str(tmp_path / "tok"), 300, 0.9995, seed=0, sample_sentences=3000
+    )
+    spec = model_lib.spec_from_config(cfg.model, cfg.generator, tok.vocab_size)
+    spec = dataclasses.replace(spec, scan_layers=True)
+    params = model_lib.init_params(model_lib.Electra(spec), jax.random.PRNGKey(0))
+    params = jax.tree_util.tree_map(np.asarray, params)
+    scanned = Model(Pretrained(spec, params, tok, "random"))
+    unrolled = Model(
+        Pretrained(
+            dataclasses.replace(spec, scan_layers=False),
+            layer_stack.to_layout(params, False),
+            tok,
+            "random",
+        )
+    )
+    ids = scanned.tokenize(["a short one", "and a second sentence"], max_length=16)
+    full = scanned.encode(ids)
+    np.testing.assert_allclose(probe.truncated(scanned, 3).encode(ids), full, rtol=1e-6)
+    one = probe.truncated(scanned, 1).encode(ids)
+    assert not np.allclose(one, full, atol=1e-3)
+    np.testing.assert_allclose(probe.truncated(unrolled, 1).encode(ids), one, rtol=1e-5, atol=1e-6)
+    two = probe.truncated(unrolled, 2).encode(ids)
+    assert not np.allclose(two, one, atol=1e-3) and not np.allclose(two, full, atol=1e-3)
+    with pytest.raises(ValueError, match="layers=4: the discriminator has 1 to 3"):
+        probe.truncated(scanned, 4)
