@@ -10,18 +10,30 @@ from absl import flags
 
 from electra_jax import jsonio
 
+# orbax's warnings on opening checkpoints read-only, which is what reading a run's weights is
+# meant to do (pretrained.py, evaluate.py): they say nothing the user can act on.
+_READ_ONLY_NOTICES = ("CheckpointManagerOptions.read_only=True", "Given directory is read only")
+
+
+def _not_read_only_notice(record) -> bool:
+    return not record.getMessage().startswith(_READ_ONLY_NOTICES)
+
 
 def quiet_logs() -> None:
     """What a command without --verbose keeps off stderr: jax's INFO report of each backend it
-    probes and lacks ("Unable to initialize backend 'tpu'") and orbax's INFO record of every
-    checkpoint step it reads or writes, which absl prints; noise that would bury the one line
-    an error is. Warnings and errors still print."""
+    probes and lacks ("Unable to initialize backend 'tpu'"), orbax's INFO record of every
+    checkpoint step it reads or writes, which absl prints, and orbax's warnings that a
+    checkpoint folder is opened read-only (as we ask); noise that would bury the one line an
+    error is. Other warnings and errors still print."""
     import logging
 
     from absl import logging as absl_logging
 
     logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
     absl_logging.set_verbosity(absl_logging.WARNING)
+    absl = logging.getLogger("absl")
+    if _not_read_only_notice not in absl.filters:
+        absl.addFilter(_not_read_only_notice)
 
 
 def fail(message: str) -> None:

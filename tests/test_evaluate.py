@@ -67,6 +67,7 @@ def test_training_evaluates_on_schedule_and_resumes_with_the_same_readings(share
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["rows"][0]["eval/disc_auc"] == rows[-1]["eval/disc_auc"]
     assert not [ln for ln in out.stderr.splitlines() if re.match(r"I\d{4} ", ln)], out.stderr
+    assert "read only" not in out.stderr and "read_only" not in out.stderr, out.stderr
 
 
 @pytest.mark.slow
