@@ -406,8 +406,17 @@ def main(argv=None) -> None:
         help="fine-tuning seeds (default: the preset's); 1 runs only seed 0's learning-rate "
         "sweep, which a later run with more seeds reuses",
     )
+    ap.add_argument(
+        "--allow_change",
+        default="",
+        help="comma-separated config keys a resumed pre-training may find changed (as train's "
+        "--allow_change; recorded in its config_changes.jsonl), e.g. data.source when the corpus "
+        "files were copied anew",
+    )
     args = ap.parse_args(argv)
     preset = PRESETS[args.preset]
+    if args.allow_change:
+        preset = {**preset, "allow_changes": tuple(k for k in args.allow_change.split(",") if k)}
     if args.stop_flops is not None:
         first = preset["fractions"][0] * preset["budget_flops"]
         if not args.stop_flops >= first:
@@ -463,7 +472,10 @@ def main(argv=None) -> None:
         )
         # Pre-training (or finding it done), then the probe at every checkpoint: minutes
         # against the fine-tunings' hours, and the low-noise reading, so it comes first.
-        pretrained = sample_efficiency.run(preset, args.out, until="pretrain", **common)
+        # A run that refuses to resume (its settings or corpus changed), or a workdir another
+        # process holds: one line, as for a bad flag.
+        with _cli.failures(f"--out {args.out}"):
+            pretrained = sample_efficiency.run(preset, args.out, until="pretrain", **common)
         probe_rows = probes(pretrained, preset, args.out, args.glue_dir, log)
         if args.pretrain_only:
             for p in pretrained["pretrain"]:
@@ -472,7 +484,8 @@ def main(argv=None) -> None:
         # What --report_only reads until the first fine-tuning writes its own.
         partial = os.path.join(args.out, "results.partial.json")
         sample_efficiency._write_json(partial, {**pretrained, "probe": probe_rows})
-        results = sample_efficiency.run(preset, args.out, **common)
+        with _cli.failures(f"--out {args.out}"):
+            results = sample_efficiency.run(preset, args.out, **common)
         results["probe"] = probe_rows
         sample_efficiency._write_json(os.path.join(args.out, "results.json"), results)
     print(json.dumps(report(results, args.out), indent=1))

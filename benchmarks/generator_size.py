@@ -129,14 +129,17 @@ def main(argv=None) -> None:
     started = time.time()
     tasks = _cli.glue_tasks("--tasks", args.tasks) if args.tasks else None
     se.check_inputs(args.corpus, args.glue_dir)
-    results = run(
-        PRESETS[args.preset],
-        args.out,
-        tasks=tasks,
-        seeds=args.seeds or None,
-        corpus=args.corpus,
-        glue_dir=args.glue_dir,
-    )
+    # A run that refuses to resume (its settings or corpus changed), or a workdir another
+    # process holds: one line, as for a bad flag.
+    with _cli.failures(f"--out {args.out}"):
+        results = run(
+            PRESETS[args.preset],
+            args.out,
+            tasks=tasks,
+            seeds=args.seeds or None,
+            corpus=args.corpus,
+            glue_dir=args.glue_dir,
+        )
     print(results["table"])
     print(f"\nplot: {results['plot']}  ({(time.time() - started) / 60:.1f} min)", file=sys.stderr)
 

@@ -353,10 +353,11 @@ def seconds_spent(workdir: str) -> float:
         return float(json.load(f))
 
 
-def pretrain(config, workdir: str, steps: list[int], log=print) -> float:
+def pretrain(config, workdir: str, steps: list[int], log=print, allow_changes=()) -> float:
     """Trains to each budget step in turn (stop_after: one schedule, a checkpoint at each);
     skips steps already saved. Returns the seconds spent on this workdir over all calls (kept
-    in WORKDIR/pretrain_seconds.json, so a resumed benchmark still reports the whole)."""
+    in WORKDIR/pretrain_seconds.json, so a resumed benchmark still reports the whole).
+    `allow_changes`: config keys a resumed run may find changed (loop.train's)."""
     path = os.path.join(workdir, "pretrain_seconds.json")
     spent = seconds_spent(workdir)
     for step in steps:
@@ -365,7 +366,7 @@ def pretrain(config, workdir: str, steps: list[int], log=print) -> float:
             continue
         log(f"pre-training {config.objective.name} to step {step} of {steps[-1]}")
         started = time.time()
-        row = loop.train(config, workdir, stop_after=step)
+        row = loop.train(config, workdir, stop_after=step, allow_changes=tuple(allow_changes))
         spent += time.time() - started
         _write_json(path, spent)  # whole or as it was: a kill mid-write loses no seconds
         if "preempted_at" in row:
@@ -682,7 +683,10 @@ def _run(preset, out, objectives, tasks, seeds, corpus, glue_dir, log, until) ->
         if until in ("plan", "collect"):
             info["seconds"] = seconds_spent(workdirs[name])
         else:
-            info["seconds"] = pretrain(config, workdirs[name], info["steps"], log)
+            # preset["allow_changes"]: what the user let a resumed pre-training find changed
+            # (compute_sweep --allow_change), e.g. a corpus copied anew with other file times.
+            allow = preset.get("allow_changes", ())
+            info["seconds"] = pretrain(config, workdirs[name], info["steps"], log, allow)
         info["config"] = config.to_dict()
         log(
             f"{name}: {info['flops_per_step']:.3g} FLOPs/step, checkpoints {info['steps']} "
@@ -792,15 +796,18 @@ def main(argv=None) -> None:
     objectives = _cli.names("--objectives", objectives, known, "objectives")
     tasks = _cli.glue_tasks("--tasks", args.tasks) if args.tasks else None
     check_inputs(args.corpus, args.glue_dir)
-    results = run(
-        preset,
-        args.out,
-        objectives=objectives,
-        tasks=tasks,
-        seeds=args.seeds or None,
-        corpus=args.corpus,
-        glue_dir=args.glue_dir,
-    )
+    # A run that refuses to resume (its settings or corpus changed), or a workdir another
+    # process holds: one line, as for a bad flag.
+    with _cli.failures(f"--out {args.out}"):
+        results = run(
+            preset,
+            args.out,
+            objectives=objectives,
+            tasks=tasks,
+            seeds=args.seeds or None,
+            corpus=args.corpus,
+            glue_dir=args.glue_dir,
+        )
     print(results["table"])
     print(f"\nplot: {results['plot']}  ({(time.time() - started) / 60:.1f} min)")
 

@@ -143,7 +143,7 @@ def test_features_are_mean_pooled_states_of_real_tokens(tmp_path):
     assert os.path.isdir(tmp_path / "tok")
 
 
-def test_a_report_while_pretraining_reads_what_is_saved(tmp_path, monkeypatch):
+def test_a_report_while_pretraining_reads_what_is_saved(tmp_path, monkeypatch, capsys):
     """--report_only before the sweep's results exist: the runs' plan, the probe at each saved
     checkpoint (and random init), the held-out readings, no fine-tuning."""
     from tests.test_sample_efficiency import MICRO, _write_inputs
@@ -179,6 +179,21 @@ def test_a_report_while_pretraining_reads_what_is_saved(tmp_path, monkeypatch):
     cs.main([*argv, "--report_only"])
     again = json.loads(random_probe.read_text())["accuracy"]
     assert 100 * again == pytest.approx(last["models"][cs.RANDOM]["probe"], abs=0.01)
+    # The pre-training goes on to its last budget, on a corpus whose files were copied anew
+    # (same text, other times): refused in one line (exit 2) unless --allow_change names it.
+    import glob
+
+    for path in glob.glob(corpus):
+        os.utime(path, (1_000_000_000, 1_000_000_000))
+    with pytest.raises(SystemExit) as refused:
+        cs.main([*argv, "--pretrain_only"])
+    assert refused.value.code == 2
+    assert "--allow_change=data.source" in capsys.readouterr().err
+    assert not (out / "pretrain" / "electra" / "checkpoints" / str(steps[-1])).exists()
+    cs.main([*argv, "--pretrain_only", "--allow_change=data.source"])
+    assert (out / "pretrain" / "electra" / "checkpoints" / str(steps[-1])).is_dir()
+    changes = (out / "pretrain" / "electra" / "config_changes.jsonl").read_text()
+    assert "source_fingerprint" in changes
 
 
 def test_a_stop_short_of_the_budget_keeps_the_whole_runs_schedule():

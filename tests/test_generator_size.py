@@ -14,7 +14,7 @@ def test_every_generator_width_is_pretrained_for_the_same_steps_and_plotted(tmp_
     preset = gs._preset(dict(MICRO, seeds=2), 12, warmup_fraction=0.2)
     trained = {}
 
-    def fake_pretrain(config, workdir, steps, log):
+    def fake_pretrain(config, workdir, steps, log, allow=()):
         trained[os.path.basename(workdir)] = (
             config.generator.hidden_fraction,
             config.objective.name,

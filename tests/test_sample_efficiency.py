@@ -175,7 +175,7 @@ def test_in_domain_corpus_sweep_and_summary(tmp_path, monkeypatch):
 
     from electra_jax.data import prepare
 
-    monkeypatch.setattr(se, "pretrain", lambda config, workdir, steps, log: 1.0)
+    monkeypatch.setattr(se, "pretrain", lambda config, workdir, steps, log, allow=(): 1.0)
     monkeypatch.setattr(se, "finetune", fake_finetune)
     monkeypatch.setattr(prepare, "ensure_tokenizer", lambda *a, **k: None)
     preset = dict(MICRO, in_domain=True, fractions=(1.0,), seeds=3, learning_rates=(1e-3, 3e-3))
@@ -230,7 +230,7 @@ def test_pretraining_alone_then_the_full_budget_first_and_the_corpus_left_untouc
 
     from electra_jax.data import prepare
 
-    monkeypatch.setattr(se, "pretrain", lambda config, workdir, steps, log: 1.0)
+    monkeypatch.setattr(se, "pretrain", lambda config, workdir, steps, log, allow=(): 1.0)
     monkeypatch.setattr(se, "finetune", fake_finetune)
     monkeypatch.setattr(prepare, "ensure_tokenizer", lambda *a, **k: None)
     preset = dict(MICRO, in_domain=True)
@@ -263,7 +263,7 @@ def test_a_signal_stops_the_pretraining_at_its_checkpoint_not_the_next_budget(
 
     calls = []
 
-    def interrupted(config, workdir, stop_after):
+    def interrupted(config, workdir, stop_after, allow_changes=()):
         calls.append(stop_after)
         return {"step": 5, "preempted_at": 5}
 
