@@ -38,6 +38,7 @@ cache that the second then reads), and the whole command when both have ended:
 from __future__ import annotations
 
 import json
+import math
 import os
 import runpy
 import statistics
@@ -161,7 +162,7 @@ def budgets(results: dict) -> list[dict]:
     """Per budget: {fraction, pretrain_flops, models: {name: {steps, average, std, seeds,
     probe}}} with random init's readings under its name in every budget."""
     tasks, runs = results["tasks"], results["finetune"]
-    probe_of = {(r["objective"], r["step"]): r["accuracy"] for r in results.get("probe", [])}
+    probe_of = {(r["objective"], r["step"]): r for r in results.get("probe", [])}
     floor = sample_efficiency.per_seed_average([r for r in runs if r["objective"] == RANDOM], tasks)
     out = []
     for i, fraction in enumerate(results["fractions"]):
@@ -181,18 +182,28 @@ def budgets(results: dict) -> list[dict]:
     return out
 
 
-def _reading(per_seed: list[float], probe_accuracy) -> dict:
+def _reading(per_seed: list[float], probe_row: dict | None) -> dict:
+    """A model's readings at one budget; `probe_se`: the probe accuracy's standard error from
+    the dev set's size (sqrt(p (1 - p) / n), x100; the probe has no seeds to spread it)."""
+    probe, se = None, None
+    if probe_row is not None:
+        p = probe_row["accuracy"]
+        probe = round(100 * p, 2)
+        if probe_row.get("dev_examples"):
+            se = round(100 * math.sqrt(p * (1 - p) / probe_row["dev_examples"]), 2)
     return {
         "average": round(100 * statistics.mean(per_seed), 2) if per_seed else None,
         "std": round(100 * statistics.stdev(per_seed), 2) if len(per_seed) > 1 else None,
         "seeds": len(per_seed),
-        "probe": None if probe_accuracy is None else round(100 * probe_accuracy, 2),
+        "probe": probe,
+        "probe_se": se,
     }
 
 
 def crossovers(rows: list[dict], key: str = "average", model: str = "electra") -> dict:
-    """The first budget's FLOPs at which `model`'s `key` passes random init's and MLM's (by
-    more than the larger of their seed stds, where there are seeds), None where it never does."""
+    """The first budget's FLOPs at which `model`'s `key` passes random init's and MLM's, None
+    where it never does: by more than the larger of their seed stds (the average over seeds),
+    or of their standard errors (the probe: one fit, scored on a dev set of n sentences)."""
     found = {"random_init": None, "mlm": None}
     for row in rows:
         electra = row["models"].get(model, {})
@@ -200,9 +211,8 @@ def crossovers(rows: list[dict], key: str = "average", model: str = "electra") -
             them = row["models"].get(other, {})
             if found[other] is not None or electra.get(key) is None or them.get(key) is None:
                 continue
-            margin = (
-                max(electra.get("std") or 0.0, them.get("std") or 0.0) if key == "average" else 0
-            )
+            spread = "std" if key == "average" else f"{key}_se"
+            margin = max(electra.get(spread) or 0.0, them.get(spread) or 0.0)
             if electra[key] > them[key] + margin:
                 found[other] = row["pretrain_flops"]
     return found

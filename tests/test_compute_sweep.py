@@ -58,6 +58,7 @@ def test_budgets_and_crossovers_read_each_checkpoint_against_random_init_and_mlm
         "std": pytest.approx(1.41, abs=0.01),
         "seeds": 2,
         "probe": 60.0,
+        "probe_se": None,  # no dev size given: no margin
         "steps": 10,
     }
     assert rows[1]["models"][cs.RANDOM]["average"] == 65.5
@@ -83,6 +84,22 @@ def test_budgets_and_crossovers_read_each_checkpoint_against_random_init_and_mlm
     assert (
         "| 4e+12 | electra | 40 | 81.00 +- 1.41 (2) | 70.0 |" in (tmp_path / "table.md").read_text()
     )
+
+
+def test_a_probe_lead_within_its_standard_error_is_no_crossover():
+    scores = {("electra", 10): [0.6], ("electra", 40): [0.6], ("mlm", 12): [0.6]}
+    scores.update({("mlm", 48): [0.6], (cs.RANDOM, 0): [0.6]})
+    # 872 dev sentences: at 60% accuracy a standard error of 1.66 points.
+    probes = {("electra", 10): 0.61, ("electra", 40): 0.64, ("mlm", 12): 0.60}
+    probes.update({("mlm", 48): 0.63, (cs.RANDOM, 0): 0.60})
+    results = _results(scores, probes)
+    for row in results["probe"]:
+        row["dev_examples"] = 872
+    rows = cs.budgets(results)
+    assert rows[0]["models"]["electra"]["probe_se"] == pytest.approx(1.65, abs=0.01)
+    # +1 over random init at the small budget is within it; +4 at the large one is not; +1
+    # over MLM at the large one is within it.
+    assert cs.crossovers(rows, "probe") == {"random_init": 4e12, "mlm": None}
 
 
 def test_a_lead_within_the_seed_noise_is_no_crossover():
