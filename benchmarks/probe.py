@@ -7,7 +7,8 @@ seeds: the discriminator's final states, mean-pooled over each example's real to
 standardised with the training set's mean and std, and an L2-regularised logistic regression
 (one weight per state dimension and class, full-batch L-BFGS for a fixed number of
 iterations, from zeros) is fit on the training examples and scored on dev. The same inputs give
-the same accuracy. `features` and `fit` are the pieces; `probe_score` runs a task.
+the same accuracy. `features` and `fit` are the pieces; `probe_score` runs a task. `--layers=K`
+probes the states after the first K discriminator layers instead of the last (`truncated`).
 """
 
 from __future__ import annotations
