@@ -102,6 +102,7 @@ def _train(run: resume.Resume, stop_after, watcher) -> dict:
         raise
     ledger = _Ledger.start(config, workdir, setup, manager, data_iter, start_step)
     ledger.evaluator = evaluator
+    ledger.last_step = calls.last_step
     return _steps(calls, ledger, state, start_step, batches, watcher)
 
 
@@ -305,9 +306,11 @@ class _Calls:
 
     def row_due(self, step: int) -> bool:
         """Whether step `step` writes a metrics row: every log.every_steps, at each held-out
-        evaluation and at the last step."""
+        evaluation and at the last step of this call to `train` (the run's, or stop_after's,
+        so that metrics.jsonl ends at the checkpoint a later call resumes from, as after a
+        preemption)."""
         evaluated = self.eval_every and step % self.eval_every == 0
-        return step % self.log_every == 0 or step == self.num_steps or bool(evaluated)
+        return step % self.log_every == 0 or step == self.last_step or bool(evaluated)
 
     def read(self, step: int):
         """The batches of the call after `step`: [K, B, L] for a whole call, else a list of
@@ -434,6 +437,9 @@ class _Ledger:
     evaluator: Any = None  # evaluate.Evaluator, or None without held-out evaluation
     step_seconds: float = 0.0  # the steps' seconds, evaluations left out
     row: dict = dataclasses.field(default_factory=dict)
+    # The step this call to `train` ends at (num_steps, or stop_after): it gets the held-out
+    # readings too, as the run's last step does.
+    last_step: int | None = None
 
     @classmethod
     def start(cls, config, workdir, setup: StepSetup, manager, data_iter, start_step: int):
@@ -493,7 +499,8 @@ class _Ledger:
         # tokens_per_sec and mfu stay the training's.
         step_seconds = time.time() - self.last_time
         held_out = {}
-        if state is not None and self.evaluator and self.evaluator.due(done, self.num_steps):
+        last = self.num_steps if self.last_step is None else self.last_step
+        if state is not None and self.evaluator and self.evaluator.due(done, last):
             held_out = self.evaluator.run(state.params)
         self.step_seconds += step_seconds
         row["skipped_updates"] = self.skipped

@@ -50,14 +50,17 @@ def test_training_evaluates_on_schedule_and_resumes_with_the_same_readings(share
     resumed = tmp_path / "resumed"
     loop.train(cfg, str(resumed), stop_after=3)
     loop.train(cfg, str(resumed))
-    again = metrics.read_rows(str(resumed / "metrics.jsonl"))
-    for a, b in zip(rows, again, strict=True):
+    again = {r["step"]: r for r in metrics.read_rows(str(resumed / "metrics.jsonl"))}
+    # The stop at step 3 wrote a row with the held-out readings, where its checkpoint is.
+    assert sorted(again) == [2, 3, 4, 5, 6] and set(again[3]) >= EVAL_KEYS
+    for a in rows:
         for k in ("loss", "disc_loss", "grad_norm", *EVAL_KEYS):
-            assert a.get(k) == b.get(k), (a["step"], k)
-    # After the fact: the kept checkpoints (3 and 6) read as the training read step 6.
+            assert a.get(k) == again[a["step"]].get(k), (a["step"], k)
+    # After the fact: the kept checkpoints (3 and 6) read as the training read steps 3 and 6.
     after = evaluate.evaluate_workdir(str(straight))
     assert [r["step"] for r in after] == [3, 6]
     for k in EVAL_KEYS:
+        assert after[0][k] == again[3][k], k
         assert after[1][k] == rows[-1][k], k
     joined = evaluate.read_rows(str(straight))
     assert [r["step"] for r in joined] == [2, 3, 4, 6]
