@@ -335,18 +335,14 @@ def sweep_table(results: dict) -> list[str]:
         "| start | task | " + " | ".join(f"{lr:g}" for lr in rates) + " |",
         "|---|---|" + "---|" * len(rates),
     ]
+    by_key = {(r["objective"], r["step"], r["task"], r["learning_rate"]): r for r in rows}
     starts = dict.fromkeys((r["objective"], r["step"], r["task"]) for r in rows)
     for name, step, task in starts:
         cells = []
         for lr in rates:
-            got = [
-                r
-                for r in rows
-                if (r["objective"], r["step"], r["task"], r["learning_rate"])
-                == (name, step, task, lr)
-            ]
-            cell = f"{100 * got[0]['score']:.1f}" if got else "-"
-            cells.append(f"**{cell}**" if got and got[0].get("chosen") else cell)
+            got = by_key.get((name, step, task, lr))
+            cell = "-" if got is None else f"{100 * got['score']:.1f}"
+            cells.append(f"**{cell}**" if got and got.get("chosen") else cell)
         lines.append(f"| {name}@{step} | {task} | " + " | ".join(cells) + " |")
     return lines
 
