@@ -70,7 +70,9 @@ def get_config() -> ml_collections.ConfigDict:
     # 'replaced_mlm' (MLM on generator-replaced tokens), 'all_tokens_mlm' (predict every token,
     # with a copy mechanism), 'two_stage' (the generator alone, then the discriminator started
     # from it with the generator frozen; needs generator.hidden_fraction = 1), 'adversarial'
-    # (the generator maximises the discriminator's loss by REINFORCE with a learned baseline)
+    # (the generator maximises the discriminator's loss by REINFORCE with a learned baseline),
+    # 'electra_mlm' (ELECTRA plus BERT's MLM on the discriminator: a second pass over the
+    # masked ids, weighted by disc_mlm_weight)
     config.objective.name = "electra"
     config.objective.two_stage_steps = 0  # 'two_stage': the generator-only steps before the switch
     # 'adversarial': steps of maximum-likelihood training before the policy gradient takes over
@@ -85,9 +87,10 @@ def get_config() -> ml_collections.ConfigDict:
     # over temperature_steps steps (0: the temperature throughout, as the paper)
     config.objective.temperature_start = 0.0
     config.objective.temperature_steps = 0
-    # The discriminator's own MLM term ('electra' only): it also predicts the original tokens
-    # at the masked slots from the corrupted text it reads, with this weight, fading linearly to
-    # 0 over disc_mlm_steps steps (0: constant); 0 leaves it out, as the paper
+    # The discriminator's own MLM term: on 'electra' it also predicts the original tokens at
+    # the masked slots from the corrupted text it reads ('electra_mlm': from the masked ids, in
+    # a second pass), with this weight, fading linearly to 0 over disc_mlm_steps steps (0:
+    # constant); 0 leaves it out, as the paper ('electra_mlm' needs it above 0)
     config.objective.disc_mlm_weight = 0.0
     config.objective.disc_mlm_steps = 0
     # A unigram floor ('electra' only): this share of the masked slots gets a piece drawn from

@@ -272,9 +272,14 @@ def _check_recipe(config: Any) -> None:
     )
     _require(_whole(fade), f"objective.disc_mlm_steps={fade!r} must be a whole number >= 0")
     _require(
-        not weight or o.name == "electra",
+        not weight or o.name in ("electra", "electra_mlm"),
         f"objective.disc_mlm_weight={weight} adds the discriminator's MLM term to 'electra' "
-        f"only, and objective.name={o.name!r}; set it to 0",
+        f"and 'electra_mlm' only, and objective.name={o.name!r}; set it to 0",
+    )
+    _require(
+        weight or o.name != "electra_mlm",
+        "objective.name='electra_mlm' weights its MLM pass by objective.disc_mlm_weight, which "
+        "is 0; set it above 0 (1 gives it the generator's weight)",
     )
     _require(
         steps <= t.num_steps and fade <= t.num_steps,

@@ -40,6 +40,11 @@ def test_flops_count_by_objective_by_hand():
     assert f["all_tokens_mlm"]["discriminator"] == (
         electra["discriminator"] + 3 * b * length * mlm_head
     )
+    # electra_mlm: ELECTRA's parts plus a second pass, the encoder and the MLM head at the slots.
+    assert f["electra_mlm"]["generator"] == electra["generator"]
+    assert f["electra_mlm"]["discriminator"] == (
+        electra["discriminator"] + f["mlm"]["discriminator"]
+    )
     assert f["adversarial"]["discriminator"] == electra["discriminator"]
     # The baseline: a 1-unit dense on the 64-wide generator states at each slot.
     assert f["adversarial"]["generator"] == electra["generator"] + 3 * b * n * 2 * 64
@@ -58,6 +63,8 @@ def test_flops_count_matches_xla_cost_analysis(name):
     config.model.embedding_size, config.data.seq_length = 64, 64
     config.objective.name = name
     config.model.scan_layers = False  # XLA's cost analysis counts a scanned layer once
+    if name == "electra_mlm":  # its MLM pass weighted in, as it trains
+        config.objective.disc_mlm_weight = 1.0
     if name == "two_stage":  # a generator of the discriminator's shape (128: 2 heads of 64)
         config.generator.hidden_fraction, config.model.num_heads = 1.0, 2
         config.objective.two_stage_steps = 1

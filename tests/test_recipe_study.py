@@ -25,6 +25,16 @@ def test_the_sweep_base_is_the_sweeps_electra_run_under_the_papers_recipe(tmp_pa
     from electra_jax import validate
 
     validate.check_config(config)
+    # An objective with a costlier step gets its own budget's schedule, read as often.
+    electra_steps, every = config.train.num_steps, config.eval.every_steps
+    recipe_study.apply(config, recipe_study.SETTINGS["emlm-lr1e-3-prior-dw10"])
+    recipe_study.own_budget(config)
+    assert config.train.num_steps * 5.53e10 == pytest.approx(preset["budget_flops"], rel=0.01)
+    assert config.train.num_steps < electra_steps * 0.55
+    assert config.train.warmup_steps == int(0.1 * config.train.num_steps)
+    assert config.eval.every_steps == every
+    assert config.checkpoint.every_steps == config.train.num_steps
+    validate.check_config(config)
 
 
 def test_a_run_is_finished_at_its_stop_step(tmp_path):

@@ -156,12 +156,21 @@ def test_adversarial_warm_start_is_checked():
 def test_the_discriminator_mlm_term_is_electras_and_evaluation_needs_whole_heldout_batches():
     config = micro_config()
     config.objective.name, config.objective.disc_mlm_weight = "mlm", 1.0
-    with pytest.raises(validate.ConfigError, match="to 'electra' only, and objective.name='mlm'"):
+    with pytest.raises(
+        validate.ConfigError, match="to 'electra' and 'electra_mlm' only, and objective.name='mlm'"
+    ):
         validate.check_config(config)
     config.objective.disc_mlm_weight, config.objective.unigram_share = 0.0, 0.5
     with pytest.raises(validate.ConfigError, match="of 'electra' only, and objective.name='mlm'"):
         validate.check_config(config)
     config.objective.name = "electra"
+    validate.check_config(config)
+    config.objective.name, config.objective.unigram_share = "electra_mlm", 0.0
+    with pytest.raises(
+        validate.ConfigError, match="'electra_mlm' weights its MLM pass by .*0; set"
+    ):
+        validate.check_config(config)
+    config.objective.disc_mlm_weight = 1.0
     validate.check_config(config)
     config = micro_config()
     config.eval.every_steps = 3

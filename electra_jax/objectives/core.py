@@ -462,7 +462,7 @@ class Objective:
 
     def needs_mlm_head(self, disc_mlm_weight: float = 0.0) -> bool:
         """Whether the model needs the MLM head: the objective's own, or the discriminator's
-        MLM term (objective.disc_mlm_weight > 0, 'electra' only)."""
+        MLM term (objective.disc_mlm_weight > 0 on 'electra')."""
         return self.mlm_head or disc_mlm_weight > 0
 
     def corrupt(

@@ -9,5 +9,6 @@ OBJECTIVES = (
     "all_tokens_mlm",
     "two_stage",
     "adversarial",
+    "electra_mlm",
 )
 DEFAULT = "electra"  # what a config without objective.name trains

@@ -4,7 +4,7 @@ names.py, which validate.py reads without jax); docs/development.md shows it."""
 
 from __future__ import annotations
 
-from electra_jax.objectives import ablations, adversarial, electra, mlm, two_stage
+from electra_jax.objectives import ablations, adversarial, electra, electra_mlm, mlm, two_stage
 from electra_jax.objectives.core import Objective
 from electra_jax.objectives.names import DEFAULT, OBJECTIVES
 
@@ -18,6 +18,7 @@ REGISTRY: dict[str, Objective] = {
         ablations.ALL_TOKENS_MLM,
         two_stage.TWO_STAGE,
         adversarial.ADVERSARIAL,
+        electra_mlm.ELECTRA_MLM,
     )
 }
 

@@ -24,6 +24,24 @@ def _examples(b=64, length=128, seed=0):
     return jnp.asarray(ids), jnp.asarray(mask)
 
 
+def batch_and_corruption(objective, b=4, length=32, vocab=1000):
+    """A batch of `_examples` and its corruption by `objective` (a registered `Objective`):
+    15% of the tokens in 5 slots, 85% of them shown as [MASK]."""
+    ids, mask = _examples(b=b, length=length)
+    batch = {"input_ids": ids, "segment_ids": jnp.zeros_like(ids), "input_mask": mask}
+    corruption = objective.corrupt(
+        jax.random.PRNGKey(0),
+        batch,
+        mask_prob=0.15,
+        num_slots=5,
+        mask_id=MASK_ID,
+        special_ids=SPECIAL,
+        mask_token_prob=0.85,
+        vocab_size=vocab,
+    )
+    return batch, corruption
+
+
 def _mask(rng, ids, mask, mask_prob=0.15):
     slots = core.num_mask_slots(ids.shape[1], mask_prob)
     return core.mask_tokens(

@@ -4,26 +4,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from electra_jax.data.tokenizer import MASK_ID
 from electra_jax.objectives import core, registry
-from tests.objectives.test_core import SPECIAL, _examples
+from tests.objectives.test_core import batch_and_corruption
 
 
 def test_total_is_weighted_sum_and_no_gradient_through_samples():
-    ids, mask = _examples(b=4, length=32)
-    batch = {"input_ids": ids, "segment_ids": jnp.zeros_like(ids), "input_mask": mask}
     vocab = 1000
     electra = registry.get("electra")
-    corruption = electra.corrupt(
-        jax.random.PRNGKey(0),
-        batch,
-        mask_prob=0.15,
-        num_slots=5,
-        mask_id=MASK_ID,
-        special_ids=SPECIAL,
-        mask_token_prob=0.85,
-        vocab_size=vocab,
-    )
+    batch, corruption = batch_and_corruption(electra, vocab=vocab)
+    mask = batch["input_mask"]
     keys = tuple(jax.random.split(jax.random.PRNGKey(1), 3))
     weights = {"gen_weight": 1.0, "disc_weight": 50.0}
 

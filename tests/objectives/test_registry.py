@@ -20,6 +20,7 @@ OWN_METRICS = {
     "all_tokens_mlm": {"mlm_loss", "mlm_accuracy"},
     "two_stage": {"stage"},
     "adversarial": {"policy_gradient", "reward", "policy_loss", "baseline_loss"},
+    "electra_mlm": {"disc_mlm_loss", "disc_mlm_accuracy", "disc_mlm_weight"},
 }
 
 
@@ -46,6 +47,7 @@ def test_the_model_heads_follow_the_objective():
         "mlm",
         "replaced_mlm",
         "all_tokens_mlm",
+        "electra_mlm",
     }
     assert {n for n, h in heads.items() if h["policy_baseline"]} == {"adversarial"}
     assert registry.model_heads({"name": "electra", "disc_mlm_weight": 0.5})["mlm_head"]
@@ -64,6 +66,8 @@ def _config(name: str):
         cfg.model.num_heads, cfg.model.intermediate_size = 1, 256
     if name == "adversarial":  # the policy gradient from step 2
         cfg.objective.mle_warmup_steps = 2
+    if name == "electra_mlm":  # its MLM pass's weight
+        cfg.objective.disc_mlm_weight = 1.0
     return cfg
 
 
