@@ -140,7 +140,8 @@ def batch_outputs(
     'mlm' (ids, positions) -> (replaced logits [B, L], MLM logits [B, N, V]).
     The discriminator's readings come only where the objective trains the replaced-token head
     (Objective.trains_rtd_head), the MLM head's where it reads it at the masked slots
-    (Objective.evaluates_mlm). frequent: bool [V], the frequent pieces
+    (Objective.evaluates_mlm: over the text the discriminator reads, or the masked ids with
+    Objective.mlm_reads_masked). frequent: bool [V], the frequent pieces
     (data/heldout.frequent_pieces). unigram_cdf: float32 [V] (data/heldout.unigram_cdf) or
     None (no `disc_auc_unigram`).
     """
@@ -181,7 +182,8 @@ def batch_outputs(
             _, tokens["unigram_logits"] = networks["discriminator"](plain)
             tokens["unigram_labels"] = plain_labels
     if objective.evaluates_mlm and "mlm" in networks:
-        _, mlm_logits = networks["mlm"](seen, m.positions)
+        read = m.input_ids if objective.mlm_reads_masked else seen
+        _, mlm_logits = networks["mlm"](read, m.positions)
         mlm, mlm_correct = mlm_loss(mlm_logits, m.targets, m.weights)
         sums.update(mlm_loss=mlm.total, mlm_correct=mlm_correct.total)
     clean, _ = networks["discriminator"](ids)

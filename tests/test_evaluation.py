@@ -171,3 +171,48 @@ def test_the_readings_follow_the_networks_they_are_given():
         assert float(got["disc_auc_unigram"]) == auc, piece
         assert float(got["disc_auc"]) == 1.0  # the generator's corruption reads as before
     assert bad["collapse_cosine"] == good["collapse_cosine"]  # the clean text's states
+
+
+def test_the_mlm_reading_reads_the_masked_ids_where_the_objective_predicts_from_them():
+    """A generator that writes token 7 in every slot, and an MLM head that copies the token it
+    sees at a slot: over the masked ids it is right exactly where a slot kept its token (half
+    of them at mask_token_prob 0.5), over the corrupted text never ('replaced_mlm' reads that)."""
+    cfg = micro_config()
+    vocab, target = cfg.data.vocab_size, 7
+    batches = _batches(cfg)
+    batches["input_ids"] = np.where(batches["input_ids"] == target, 8, batches["input_ids"])
+
+    def networks_of(batch):
+        def generator(ids, positions):
+            return jnp.full((*positions.shape, vocab), -30.0).at[..., target].set(30.0)
+
+        def discriminator(ids):
+            return jax.nn.one_hot(ids % 4, 4) + 0.1, jnp.where(ids == target, 5.0, -5.0)
+
+        def mlm(ids, positions):
+            seen = jnp.take_along_axis(ids, positions, axis=1)
+            return jnp.zeros(ids.shape), 30.0 * jax.nn.one_hot(seen, vocab)
+
+        return {"generator": generator, "discriminator": discriminator, "mlm": mlm}
+
+    frequent = jnp.zeros((vocab,), bool)
+    kwargs = dict(
+        mask_prob=0.15,
+        num_slots=5,
+        mask_id=4,
+        special_ids=(0, 2, 3, 4),
+        mask_token_prob=0.5,
+        vocab_size=vocab,
+    )
+    read = {
+        name: jax.device_get(
+            evaluation.evaluate_batches(
+                batches, frequent, networks_of, objective=registry.get(name), **kwargs
+            )
+        )
+        for name in ("electra_mlm", "replaced_mlm", "electra")
+    }
+    assert 0.2 < read["electra_mlm"]["mlm_accuracy"] < 0.8
+    assert read["replaced_mlm"]["mlm_accuracy"] == 0.0
+    assert "mlm_accuracy" not in read["electra"]  # its head, if any, is not read
+    assert read["electra_mlm"]["disc_auc"] == 1.0  # and detection reads as 'electra''s

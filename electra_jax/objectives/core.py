@@ -459,6 +459,9 @@ class Objective:
     has_generator: bool = True  # the corruption comes from a generator
     trains_rtd_head: bool = True  # the replaced-token head is trained: evaluation reads it
     evaluates_mlm: bool = False  # the held-out evaluation reads the MLM head at the slots
+    # ... of the masked ids, not of the text the discriminator reads (the generator's samples
+    # in the slots): 'electra_mlm''s second pass; 'mlm' has no generator, so the same for it
+    mlm_reads_masked: bool = False
 
     def needs_mlm_head(self, disc_mlm_weight: float = 0.0) -> bool:
         """Whether the model needs the MLM head: the objective's own, or the discriminator's

@@ -50,4 +50,6 @@ ELECTRA_MLM = Objective(
     flops=electra_mlm_flops,
     begin_step=ELECTRA.begin_step,
     mlm_head=True,
+    evaluates_mlm=True,  # held-out mlm_accuracy, comparable with 'mlm''s
+    mlm_reads_masked=True,
 )
