@@ -110,6 +110,18 @@ def test_eval_step_is_deterministic_and_reads_what_the_objective_has(name):
         assert a["mlm_loss"] == pytest.approx(np.log(cfg.data.vocab_size), rel=0.1)
 
 
+def _corruption_kwargs(vocab: int, mask_token_prob: float) -> dict:
+    """evaluate_batches' corruption settings for the hand-made networks: 15% in 5 slots."""
+    return dict(
+        mask_prob=0.15,
+        num_slots=5,
+        mask_id=4,
+        special_ids=(0, 2, 3, 4),
+        mask_token_prob=mask_token_prob,
+        vocab_size=vocab,
+    )
+
+
 def test_the_readings_follow_the_networks_they_are_given():
     """Hand-made networks through evaluate_batches: a generator that always writes token 7 and a
     discriminator whose logit is +5 exactly on token 7 read AUC 1, precision and recall 1 and
@@ -136,15 +148,7 @@ def test_the_readings_follow_the_networks_they_are_given():
         return of
 
     frequent = jnp.zeros((vocab,), bool).at[:60].set(True).at[target].set(True)
-    kwargs = dict(
-        objective=registry.get("electra"),
-        mask_prob=0.15,
-        num_slots=5,
-        mask_id=4,
-        special_ids=(0, 2, 3, 4),
-        mask_token_prob=0.85,
-        vocab_size=vocab,
-    )
+    kwargs = dict(objective=registry.get("electra"), **_corruption_kwargs(vocab, 0.85))
     good = jax.device_get(
         evaluation.evaluate_batches(batches, frequent, networks_of(1.0), **kwargs)
     )
@@ -196,14 +200,7 @@ def test_the_mlm_reading_reads_the_masked_ids_where_the_objective_predicts_from_
         return {"generator": generator, "discriminator": discriminator, "mlm": mlm}
 
     frequent = jnp.zeros((vocab,), bool)
-    kwargs = dict(
-        mask_prob=0.15,
-        num_slots=5,
-        mask_id=4,
-        special_ids=(0, 2, 3, 4),
-        mask_token_prob=0.5,
-        vocab_size=vocab,
-    )
+    kwargs = _corruption_kwargs(vocab, 0.5)
     read = {
         name: jax.device_get(
             evaluation.evaluate_batches(
