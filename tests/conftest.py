@@ -52,26 +52,39 @@ def subprocess_env(devices: int | None = None) -> dict:
     return env
 
 
+# Sets RLIMIT_FSIZE in a fresh, single-threaded interpreter, then becomes the command (argv[2:]).
+# Not subprocess's preexec_fn: that runs Python in the child of a fork of this multithreaded
+# process (jax's threads), where a lock another thread held at the fork (the import lock,
+# malloc's) is never released and the child can hang.
+_FILE_SIZE_LIMIT = (
+    "import os, resource, sys; n = int(sys.argv[1]); "
+    "resource.setrlimit(resource.RLIMIT_FSIZE, (n, n)); os.execv(sys.argv[2], sys.argv[2:])"
+)
+
+
+def with_file_size_limit(argv: list[str], limit: int) -> list[str]:
+    """`argv` run under RLIMIT_FSIZE = `limit` bytes, a stand-in for a full disk: a write past
+    it fails with EFBIG (Python ignores SIGXFSZ). argv[0] is an executable's path."""
+    import sys
+
+    return [sys.executable, "-c", _FILE_SIZE_LIMIT, str(limit), *argv]
+
+
 def run_command(module: str, *args: str, timeout: float = 180, file_size_limit: int = 0):
     """`python -m module args...` as a user runs it, from the repository root: the finished
-    process (returncode, stdout, stderr as text). `file_size_limit` > 0 (bytes, RLIMIT_FSIZE)
-    stands in for a full disk: a write past it fails with EFBIG (Python ignores SIGXFSZ)."""
+    process (returncode, stdout, stderr as text). `file_size_limit` > 0: under that file size
+    limit (`with_file_size_limit`)."""
     import subprocess
     import sys
 
-    def limit():
-        import resource
-
-        resource.setrlimit(resource.RLIMIT_FSIZE, (file_size_limit, file_size_limit))
-
+    argv = [sys.executable, "-m", module, *args]
     return subprocess.run(
-        [sys.executable, "-m", module, *args],
+        with_file_size_limit(argv, file_size_limit) if file_size_limit else argv,
         cwd=ROOT,
         env=subprocess_env(),
         capture_output=True,
         text=True,
         timeout=timeout,
-        preexec_fn=limit if file_size_limit else None,
     )
 
 

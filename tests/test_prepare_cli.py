@@ -8,13 +8,13 @@ from pydoc_data.topics import topics
 
 import pytest
 
-from tests.conftest import ROOT, SHARED, subprocess_env
+from tests.conftest import ROOT, SHARED, subprocess_env, with_file_size_limit
 
 # Small enough that SentencePiece trains in a second on a few KB of text.
 FAST = ["--config.data.vocab_size=300", "--config.data.seq_length=64"]
 
 
-def _prepare(workdir, source, *extra, timeout=300, **run_kwargs):
+def _prepare(workdir, source, *extra, timeout=300, file_size_limit=0):
     cmd = [
         sys.executable,
         "-m",
@@ -26,13 +26,12 @@ def _prepare(workdir, source, *extra, timeout=300, **run_kwargs):
         *extra,
     ]
     return subprocess.run(
-        cmd,
+        with_file_size_limit(cmd, file_size_limit) if file_size_limit else cmd,
         cwd=ROOT,
         env=subprocess_env(),
         capture_output=True,
         text=True,
         timeout=timeout,
-        **run_kwargs,
     )
 
 
@@ -132,16 +131,11 @@ def test_shared_corpus_latin1_bytes_are_counted(tmp_path):
 def test_a_full_disk_while_packing_is_one_line_and_keeps_nothing_half_written(tmp_path):
     """A file size limit stands in for a full disk (both are OSErrors on write; Python ignores
     SIGXFSZ): the tokenizer (~240 KB) fits under it, the shard (~460 KB) does not."""
-    import resource
-
     (tmp_path / "c").mkdir()
     (tmp_path / "c" / "a.txt").write_text(_english(40))
     source = f"text:{tmp_path}/c/*.txt"
 
-    def limit_file_size():
-        resource.setrlimit(resource.RLIMIT_FSIZE, (350_000, 350_000))
-
-    out = _prepare(tmp_path / "w", source, preexec_fn=limit_file_size)
+    out = _prepare(tmp_path / "w", source, file_size_limit=350_000)
     _one_error_line(out, "cannot write prepared data", "File too large")
     assert (tmp_path / "w" / "tokenizer" / "spm.model").is_file()
     data = tmp_path / "w" / "data"
