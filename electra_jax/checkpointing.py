@@ -415,15 +415,17 @@ _DAMAGED: set[str] = set()
 
 
 class _DamagedReadFilter(logging.Filter):
-    """Drops asyncio's "Task exception was never retrieved" records of reads from a checkpoint
-    that failed to restore: orbax gives up on the first failed read, and the other reads' tasks,
-    failing the same way, are reported with a traceback apiece when the garbage collector finds
+    """Drops asyncio's "Task/Future exception was never retrieved" records of reads from a
+    checkpoint that failed to restore: orbax gives up on the first failed read, and the other
+    reads' tasks and futures, failing the same way, are reported when the garbage collector finds
     them, some time later or never (a report that comes and goes with the machine's load). The
     warning that moved the checkpoint aside already says it; every other record passes."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         text = record.getMessage()
-        if "Task exception was never retrieved" not in text:
+        # asyncio names the class: "Task exception ..." for a read coroutine, "Future exception
+        # ..." for a future that tensorstore failed from its own thread (no traceback then).
+        if "exception was never retrieved" not in text:
             return True
         if record.exc_info and record.exc_info[1] is not None:
             text += f" {record.exc_info[1]}"
