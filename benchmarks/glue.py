@@ -4,8 +4,9 @@ r"""GLUE dev scores fine-tuned from a pre-training workdir and from random init,
         --out=runs/glue-bench
 
 For each task (SST-2, MRPC, STS-B, CoLA, RTE by default) and each of --seeds seeds, fine-tunes
-configs/glue.py twice: from the workdir's newest checkpoint, and from random weights of the same
-shape with the same tokenizer (the baseline that shows what pre-training bought). Prints a
+configs/glue.py twice: from the workdir's newest checkpoint (or step STEP's, with
+--workdir=WORKDIR@STEP), and from random weights of the same shape with the same tokenizer (the
+baseline that shows what pre-training bought). Prints a
 markdown table of the headline dev metric (Matthews correlation for CoLA, Spearman for STS-B,
 accuracy otherwise; the ELECTRA paper's choice), mean +- standard deviation over seeds, and
 writes every run's eval_results.json under --out plus all of them in --out/glue_benchmark.json.
@@ -26,6 +27,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import _cli  # noqa: E402
+from electra_jax import checkpointing, jsonio, pretrained  # noqa: E402
 from electra_jax.finetune import loop  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -62,7 +64,7 @@ def with_init(config, init: str, workdir: str, pretrain_config: dict):
     if init == "pretrained":
         config.init_from = workdir
     else:  # the same network and tokenizer, untrained
-        config.tokenizer = os.path.join(workdir, "tokenizer")
+        config.tokenizer = os.path.join(pretrained.split_step(workdir)[0], "tokenizer")
         for key in _SHAPE_FIELDS:
             config.model[key] = pretrain_config["model"][key]
     return config
@@ -120,7 +122,11 @@ def table(results: list[dict], inits: list[str]) -> str:
 
 def main() -> None:
     ap = _cli.Parser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workdir", required=True, help="a pre-training workdir (config.json, ...)")
+    ap.add_argument(
+        "--workdir",
+        required=True,
+        help="a pre-training workdir (config.json, ...); WORKDIR@STEP: its checkpoint STEP",
+    )
     ap.add_argument("--data_dir", required=True, help="GLUE's root: one folder of TSVs per task")
     ap.add_argument("--out", required=True, help="where each run's workdir goes")
     ap.add_argument("--tasks", default=DEFAULT_TASKS)
@@ -143,10 +149,20 @@ def main() -> None:
     )
     args = ap.parse_args()
 
-    _cli.directory("--workdir", args.workdir, "a pre-training workdir (electra_jax.train's)")
-    record = os.path.join(args.workdir, "config.json")
+    workdir, step = pretrained.split_step(args.workdir)
+    _cli.directory("--workdir", workdir, "a pre-training workdir (electra_jax.train's)")
+    record = os.path.join(workdir, "config.json")
     if not os.path.isfile(record):
-        ap.error(f"--workdir {args.workdir} has no config.json; give a pre-training workdir")
+        ap.error(f"--workdir {workdir} has no config.json; give a pre-training workdir")
+    saved = checkpointing.checkpoint_dir(workdir)
+    if step is not None and not os.path.isdir(os.path.join(saved, str(step))):
+        steps = (
+            sorted(int(n) for n in os.listdir(saved) if n.isdigit()) if os.path.isdir(saved) else []
+        )
+        ap.error(
+            f"--workdir {args.workdir}: {saved} has no checkpoint of step {step}; it has "
+            f"{', '.join(map(str, steps)) or 'none'}"
+        )
     _cli.directory("--data_dir", args.data_dir, "GLUE's root: one folder of TSVs per task")
     with _cli.failures(record, also=(OSError, ValueError)), open(record) as f:
         pretrain_config = json.load(f)
@@ -174,8 +190,10 @@ def main() -> None:
                     flush=True,
                 )
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "glue_benchmark.json"), "w") as f:
-        json.dump({"workdir": args.workdir, "args": vars(args), "runs": results}, f, indent=2)
+    jsonio.write_json(
+        os.path.join(args.out, "glue_benchmark.json"),
+        {"workdir": args.workdir, "args": vars(args), "runs": results},
+    )
     print(table(results, inits))
 
 

@@ -2,6 +2,7 @@
 bogus task, preset or setting, a number out of range) is one `error:` line naming the flag, exit
 code 2, no traceback, before any work. Each case stops before a model is built: seconds each."""
 
+import argparse
 import json
 import subprocess
 import sys
@@ -23,11 +24,14 @@ def _run(*argv):
     return out.returncode, out.stderr
 
 
-def _glue_workdir(tmp_path):
-    """A folder with a pre-training record (config.json), and an empty GLUE root."""
+def _glue_workdir(tmp_path, steps=()):
+    """A folder with a pre-training record (config.json) and a folder per step in `steps` under
+    checkpoints/, and an empty GLUE root."""
     workdir, data = tmp_path / "pretrained", tmp_path / "glue"
     workdir.mkdir()
     (workdir / "config.json").write_text(json.dumps({"model": {}}))
+    for step in steps:
+        (workdir / "checkpoints" / str(step)).mkdir(parents=True)
     data.mkdir()
     return ["benchmarks/glue.py", f"--workdir={workdir}", f"--data_dir={data}", "--out=x"]
 
@@ -43,6 +47,12 @@ CASES = [
         "glue, a folder without a run's record",
         lambda t: ["benchmarks/glue.py", f"--workdir={t}", f"--data_dir={t}", "--out=x"],
         "--workdir {t} has no config.json",
+    ),
+    (
+        "glue, a step the workdir did not save",
+        lambda t: [*_glue_workdir(t, steps=(3, 12)), f"--workdir={t}/pretrained@7"],
+        "--workdir {t}/pretrained@7: {t}/pretrained/checkpoints has no checkpoint of step 7; "
+        "it has 3, 12",
     ),
     (
         "glue, bogus task",
@@ -203,3 +213,24 @@ def test_verbose_keeps_the_traceback_of_a_config_that_fails(tmp_path):
     assert code == 2 and err.strip() == f"error: --config {config}: boom", err[-3000:]
     code, err = _run("benchmarks/train_step.py", f"--config={config}", "--verbose")
     assert code != 0 and "Traceback" in err and "ValueError: boom" in err, err[-3000:]
+
+
+def test_glue_fine_tunes_a_chosen_step_and_its_random_twin_uses_the_workdirs_tokenizer(tmp_path):
+    """--workdir=WORKDIR@STEP: the pre-trained runs start from that checkpoint, the random-init
+    runs take WORKDIR's tokenizer (not a folder named 'WORKDIR@STEP/tokenizer')."""
+    from benchmarks import glue
+
+    args = argparse.Namespace(
+        workdir=f"{tmp_path}/pretrained@1153",
+        data_dir=str(tmp_path),
+        max_train_examples=0,
+        num_epochs=0.0,
+        seq_length=0,
+        log_every_steps=100,
+        set=[],
+    )
+    record = {"model": {key: 1 for key in glue._SHAPE_FIELDS}}
+    warm = glue.run_config(args, "SST-2", 0, "pretrained", record)
+    cold = glue.run_config(args, "SST-2", 0, "random", record)
+    assert warm.init_from == f"{tmp_path}/pretrained@1153"
+    assert not cold.init_from and cold.tokenizer == f"{tmp_path}/pretrained/tokenizer"
