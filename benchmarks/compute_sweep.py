@@ -46,6 +46,7 @@ import sys
 import time
 
 from benchmarks import _cli, probe, sample_efficiency
+from electra_jax import checkpointing
 
 ROOT = sample_efficiency.ROOT
 SHARED = sample_efficiency.SHARED
@@ -123,7 +124,7 @@ def probes(results: dict, preset: dict, out: str, glue_dir: str, log) -> list[di
     rows = []
     starts = []
     for p in results["pretrain"]:
-        saved = sample_efficiency._saved_steps(os.path.join(out, "pretrain", p["objective"]))
+        saved = checkpointing.saved_steps(os.path.join(out, "pretrain", p["objective"]))
         starts += [(p["objective"], s) for s in p["steps"] if s in saved]
     first = None
     for name, step in [*starts, (RANDOM, 0)]:

@@ -154,14 +154,10 @@ def main() -> None:
     record = os.path.join(workdir, "config.json")
     if not os.path.isfile(record):
         ap.error(f"--workdir {workdir} has no config.json; give a pre-training workdir")
-    saved = checkpointing.checkpoint_dir(workdir)
-    if step is not None and not os.path.isdir(os.path.join(saved, str(step))):
-        steps = (
-            sorted(int(n) for n in os.listdir(saved) if n.isdigit()) if os.path.isdir(saved) else []
-        )
+    if step is not None and step not in (steps := checkpointing.saved_steps(workdir)):
         ap.error(
-            f"--workdir {args.workdir}: {saved} has no checkpoint of step {step}; it has "
-            f"{', '.join(map(str, steps)) or 'none'}"
+            f"--workdir {args.workdir}: {checkpointing.checkpoint_dir(workdir)} has no checkpoint "
+            f"of step {step}; it has {', '.join(map(str, steps)) or 'none'}"
         )
     _cli.directory("--data_dir", args.data_dir, "GLUE's root: one folder of TSVs per task")
     with _cli.failures(record, also=(OSError, ValueError)), open(record) as f:

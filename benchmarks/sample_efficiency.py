@@ -53,7 +53,7 @@ import sys
 import time
 
 from benchmarks import _cli, glue
-from electra_jax import loop, metrics, step_setup
+from electra_jax import checkpointing, loop, metrics, step_setup
 from electra_jax.finetune import tasks as glue_tasks
 from electra_jax.objectives.names import OBJECTIVES as ALL_OBJECTIVES
 
@@ -337,13 +337,6 @@ def headline(results: dict) -> str:
     return f"{results['budget_flops'] * last:.3g} counted pre-training FLOPs"
 
 
-def _saved_steps(workdir: str) -> set[int]:
-    directory = os.path.join(workdir, "checkpoints")
-    if not os.path.isdir(directory):
-        return set()
-    return {int(n) for n in os.listdir(directory) if n.isdigit()}
-
-
 def seconds_spent(workdir: str) -> float:
     """The seconds `pretrain` has spent on this workdir so far, over all its calls."""
     path = os.path.join(workdir, "pretrain_seconds.json")
@@ -361,7 +354,7 @@ def pretrain(config, workdir: str, steps: list[int], log=print, allow_changes=()
     path = os.path.join(workdir, "pretrain_seconds.json")
     spent = seconds_spent(workdir)
     for step in steps:
-        saved = _saved_steps(workdir)
+        saved = checkpointing.saved_steps(workdir)
         if step in saved or max(saved, default=0) > step:
             continue
         log(f"pre-training {config.objective.name} to step {step} of {steps[-1]}")

@@ -88,10 +88,18 @@ def checkpoint_dir(workdir: str) -> str:
     return paths.join(paths.absolute(workdir), "checkpoints")
 
 
+def saved_steps(workdir: str) -> list[int]:
+    """The finished steps under WORKDIR/checkpoints, ascending (without opening a manager: a
+    step's folder is renamed to its number only once written; set-aside ones are not steps)."""
+    directory = checkpoint_dir(workdir)
+    if not paths.isdir(directory):
+        return []
+    return sorted(int(n) for n in paths.listdir(directory) if n.isdigit())
+
+
 def has_checkpoints(workdir: str) -> bool:
     """Whether WORKDIR/checkpoints holds any finished step (without opening a manager)."""
-    directory = checkpoint_dir(workdir)
-    return paths.isdir(directory) and any(n.isdigit() for n in paths.listdir(directory))
+    return bool(saved_steps(workdir))
 
 
 def save(manager: ocp.CheckpointManager, step: int, state: Any, data_iter: Any = None) -> bool:

@@ -180,6 +180,8 @@ def test_an_unfinished_save_is_not_a_step(tmp_path):
     assert not tmp.exists()  # cleaned when the next run opened the manager
     assert not checkpointing.has_checkpoints(str(tmp_path / "elsewhere"))
     assert checkpointing.has_checkpoints(str(tmp_path))
+    assert checkpointing.saved_steps(str(tmp_path)) == [2]
+    assert checkpointing.saved_steps(str(tmp_path / "elsewhere")) == []
 
 
 def test_empty_workdir_restores_nothing(tmp_path):
