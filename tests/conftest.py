@@ -32,6 +32,41 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 
 
+def drop_cut_cache_entries(cache_dir: str) -> list[str]:
+    """Removes the entries of the compilation cache at `cache_dir` that end before their zlib
+    stream does (a process killed, or past a file size limit, while jax wrote one); returns
+    their names. jax reads such an entry, warns, compiles, and does not replace it (it never
+    rewrites a key it finds), so one cut entry makes that program miss for good."""
+    import zlib
+
+    cut = []
+    for name in sorted(os.listdir(cache_dir)) if os.path.isdir(cache_dir) else []:
+        path = os.path.join(cache_dir, name)
+        if not name.endswith("-cache") or not os.path.isfile(path):
+            continue
+        with open(path, "rb") as f:
+            data = f.read()
+        if data[:4] == b"\x28\xb5\x2f\xfd":  # zstd (jax's choice where zstandard is installed)
+            continue
+        stream = zlib.decompressobj()
+        try:
+            stream.decompress(data)
+            whole = stream.eof
+        except zlib.error:
+            whole = False
+        if not whole:
+            os.remove(path)
+            cut.append(name)
+    return cut
+
+
+def pytest_configure(config):
+    # Once per session, in the process that starts the workers (they carry `workerinput`):
+    # an entry cut short in an earlier session would cost a compile in every test that meets it.
+    if not hasattr(config, "workerinput"):
+        drop_cut_cache_entries(os.environ["JAX_COMPILATION_CACHE_DIR"])
+
+
 def load_config(name: str):
     return runpy.run_path(str(ROOT / "configs" / f"{name}.py"))["get_config"]()
 
@@ -55,16 +90,20 @@ def subprocess_env(devices: int | None = None) -> dict:
 # Sets RLIMIT_FSIZE in a fresh, single-threaded interpreter, then becomes the command (argv[2:]).
 # Not subprocess's preexec_fn: that runs Python in the child of a fork of this multithreaded
 # process (jax's threads), where a lock another thread held at the fork (the import lock,
-# malloc's) is never released and the child can hang.
+# malloc's) is never released and the child can hang. The command runs without the shared
+# compilation cache: under the limit, jax would write a program's entry cut short, and jax never
+# rewrites an entry it finds, so every later compile of that program in the suite would miss.
 _FILE_SIZE_LIMIT = (
     "import os, resource, sys; n = int(sys.argv[1]); "
-    "resource.setrlimit(resource.RLIMIT_FSIZE, (n, n)); os.execv(sys.argv[2], sys.argv[2:])"
+    "resource.setrlimit(resource.RLIMIT_FSIZE, (n, n)); "
+    "os.execve(sys.argv[2], sys.argv[2:], {**os.environ, 'JAX_ENABLE_COMPILATION_CACHE': 'false'})"
 )
 
 
 def with_file_size_limit(argv: list[str], limit: int) -> list[str]:
     """`argv` run under RLIMIT_FSIZE = `limit` bytes, a stand-in for a full disk: a write past
-    it fails with EFBIG (Python ignores SIGXFSZ). argv[0] is an executable's path."""
+    it fails with EFBIG (Python ignores SIGXFSZ). argv[0] is an executable's path. The command
+    compiles without the persistent compilation cache (see _FILE_SIZE_LIMIT)."""
     import sys
 
     return [sys.executable, "-c", _FILE_SIZE_LIMIT, str(limit), *argv]
