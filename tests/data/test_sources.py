@@ -1,13 +1,16 @@
 """Tests of electra_jax.data.sources: the builtin corpus and text globs."""
 
+import ast
 import glob
 import gzip
 import hashlib
 import json
 import logging
 import os
+import pathlib
 import subprocess
 import sys
+import sysconfig
 import tracemalloc
 
 import pytest
@@ -43,6 +46,61 @@ def test_builtin_has_topics_and_docstrings(builtin_docs):
     assert 'The "while" statement is used for repeated execution' in text
     # From the docstring of a stdlib module (json/__init__.py).
     assert "JSON (JavaScript Object Notation)" in text
+
+
+_NESTED = '''"""Module."""
+import sys
+if sys.version_info > (3,):
+    def in_if():
+        """In an if."""
+        class InDef:
+            """A class in a def."""
+else:
+    pass
+try:
+    def in_try():
+        """In a try."""
+except ImportError:
+    def in_except():
+        """In an except clause."""
+finally:
+    async def in_finally():
+        """In a finally."""
+with open(__file__) as f:
+    for line in f:
+        while True:
+            class Deep:
+                """Deep in statements."""
+                def method(self):
+                    """A method."""
+                    return lambda: None
+match sys.platform:
+    case "linux":
+        def in_case():
+            """In a match case."""
+x = [lambda: 1 for _ in range(3)]
+'''
+
+
+def _walked(tree):
+    owners = ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef
+    return [n for n in ast.walk(tree) if isinstance(n, owners)]
+
+
+def test_docstring_owners_are_found_in_ast_walks_order():
+    # Entering statements only must find every def and class ast.walk finds, in its order: the
+    # corpus (and every hash and shard made from it) depends on that order.
+    tree = ast.parse(_NESTED)
+    found = list(sources._docstring_owners(tree))
+    assert found == _walked(tree) and len(found) == 9
+    stdlib = sysconfig.get_paths()["stdlib"]
+    # And on every fourth module the builtin corpus reads (all of them take seconds).
+    for path in list(sources._stdlib_python_files(stdlib))[::4]:
+        try:
+            tree = ast.parse(pathlib.Path(path).read_bytes())
+        except (SyntaxError, ValueError):
+            continue
+        assert list(sources._docstring_owners(tree)) == _walked(tree), path
 
 
 def test_builtin_is_deterministic_and_imports_nothing(builtin_docs):
