@@ -181,6 +181,13 @@ def main(argv) -> None:
     try:
         # Before jax, flax and orbax are imported: bad settings are answered in a blink.
         check_config(config)
+        if _WORKDIR.value and not _DRY_RUN.value:
+            # And a workdir the run's claim would refuse (a file, a folder that is not ours or is
+            # of the other kind, a link out): the claim's checks, nothing written. The run then
+            # claims it for good (resume.plan), a lock another run holds included.
+            from electra_jax import workdir as workdir_lib
+
+            workdir_lib.claim(_WORKDIR.value, workdir_lib.PRETRAIN, lock=False)
     except ConfigError as e:
         if _VERBOSE.value:
             raise

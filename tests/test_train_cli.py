@@ -201,3 +201,33 @@ def test_a_folder_that_is_not_a_workdir_is_refused_untouched(tmp_path):
     _one_line_exit_2(out, "is a Hugging Face model folder")
     assert sorted(p.name for p in hf.iterdir()) == ["config.json"]
     assert (hf / "config.json").read_text() == '{"model_type": "electra"}'
+
+
+_IN_A_BLINK = """
+import runpy, sys
+sys.argv = ["electra_jax.train", *sys.argv[1:]]
+try:
+    runpy.run_module("electra_jax.train", run_name="__main__")
+except SystemExit as e:
+    print(e.code, sorted({"jax", "flax", "orbax.checkpoint"} & set(sys.modules)))
+"""
+
+
+@pytest.mark.parametrize("what", ["a file", "a Hugging Face model folder"])
+def test_a_workdir_the_run_cannot_take_is_refused_before_jax_is_imported(tmp_path, what):
+    target = tmp_path / "target"
+    if what == "a file":
+        target.write_text("notes")
+    else:
+        target.mkdir()
+        (target / "config.json").write_text('{"model_type": "electra"}')
+    out = subprocess.run(
+        [sys.executable, "-c", _IN_A_BLINK, "--config=configs/tiny.py", f"--workdir={target}"],
+        cwd=ROOT,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.stdout.split("\n")[0] == "2 []", (out.stdout, out.stderr[-2000:])
+    assert out.stderr.strip().startswith(f"error: --workdir {target} is "), out.stderr
