@@ -9,10 +9,8 @@ import tempfile
 # (subprocess_env passes these on): the tests compile the same few micro programs over and over,
 # in-process and in subprocesses, and loading one takes a fraction of compiling it. A loaded
 # executable is the compiled one, so the numbers are the same.
-os.environ.setdefault(
-    "JAX_COMPILATION_CACHE_DIR",
-    os.path.join(tempfile.gettempdir(), f"electra_jax-tests-jax-cache-{os.getuid()}"),
-)
+_SUITE_CACHE = os.path.join(tempfile.gettempdir(), f"electra_jax-tests-jax-cache-{os.getuid()}")
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _SUITE_CACHE)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
@@ -63,8 +61,10 @@ def drop_cut_cache_entries(cache_dir: str) -> list[str]:
 def pytest_configure(config):
     # Once per session, in the process that starts the workers (they carry `workerinput`):
     # an entry cut short in an earlier session would cost a compile in every test that meets it.
-    if not hasattr(config, "workerinput"):
-        drop_cut_cache_entries(os.environ["JAX_COMPILATION_CACHE_DIR"])
+    # Only in the suite's own cache: a cache the environment names is someone else's folder.
+    in_own = os.environ["JAX_COMPILATION_CACHE_DIR"] == _SUITE_CACHE
+    if in_own and not hasattr(config, "workerinput"):
+        drop_cut_cache_entries(_SUITE_CACHE)
 
 
 def load_config(name: str):
