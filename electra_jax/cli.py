@@ -19,12 +19,25 @@ def _not_read_only_notice(record) -> bool:
     return not record.getMessage().startswith(_READ_ONLY_NOTICES)
 
 
+# gcsfs's echoes of what it then raises or works around, printed (a traceback among them) before
+# the command's one line for a bucket it cannot reach: the failed request's traceback from
+# `retry_request`, which re-raises that error to the caller; and the warning that a bucket's
+# layout could not be asked (no credentials, no network), after which gcsfs treats it as a plain
+# bucket, as it should. Both log on the "gcsfs" logger; its other warnings still print.
+_GCSFS_ECHOES = ("retry_request", "_get_bucket_type")
+
+
+def _not_gcsfs_echo(record) -> bool:
+    return record.funcName not in _GCSFS_ECHOES
+
+
 def quiet_logs() -> None:
     """What a command without --verbose keeps off stderr: jax's INFO report of each backend it
     probes and lacks ("Unable to initialize backend 'tpu'"), orbax's INFO record of every
     checkpoint step it reads or writes, which absl prints, and orbax's warnings that a
-    checkpoint folder is opened read-only (as we ask); noise that would bury the one line an
-    error is. Other warnings and errors still print."""
+    checkpoint folder is opened read-only (as we ask), and gcsfs's tracebacks of the requests
+    whose error the command reports itself (_GCSFS_ECHOES); noise that would bury the one line
+    an error is. Other warnings and errors still print."""
     import logging
 
     from absl import logging as absl_logging
@@ -34,6 +47,9 @@ def quiet_logs() -> None:
     absl = logging.getLogger("absl")
     if _not_read_only_notice not in absl.filters:
         absl.addFilter(_not_read_only_notice)
+    gcsfs = logging.getLogger("gcsfs")
+    if _not_gcsfs_echo not in gcsfs.filters:
+        gcsfs.addFilter(_not_gcsfs_echo)
 
 
 def fail(message: str) -> None:

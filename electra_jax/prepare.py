@@ -31,6 +31,7 @@ from electra_jax.cli import (
     fail,
     parse_flags,
     print_config,
+    quiet_logs,
 )
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -102,6 +103,8 @@ def main(argv) -> None:
         fail(f"unexpected arguments {argv[1:]}; settings go in --config.KEY=VALUE")
     if _CONFIG.value is None:
         fail("--config is required, e.g. --config=configs/tiny.py")
+    if not _VERBOSE.value:
+        quiet_logs()
     config = command_config("config", "electra_jax.prepare", finetuning=False)
     if _PRINT_CONFIG.value:
         print_config(config, flags.FLAGS["config"].config_filename)

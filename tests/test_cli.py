@@ -1,5 +1,7 @@
 """cli: what the commands share, one `error:` line and exit code 2, through a real absl app."""
 
+import asyncio
+import logging
 import os
 import subprocess
 import sys
@@ -80,6 +82,89 @@ def test_bad_config_input_is_one_line_and_exit_code_2(tmp_path, config_text, arg
     assert out.returncode == 2, (out.stdout, out.stderr)
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], lines
+
+
+def _gcsfs_gives_up(error: Exception) -> None:
+    """gcsfs's own retry wrapper (the one round every request of a gs:// workdir goes through),
+    run once over a request that fails with `error`: it logs the traceback, then raises."""
+    from gcsfs.retry import retry_request
+
+    @retry_request(retries=1)
+    async def request():
+        raise error
+
+    with pytest.raises(type(error)):
+        asyncio.run(request())
+
+
+def test_quiet_logs_drops_gcsfs_tracebacks_of_what_it_raises_and_nothing_else(caplog, monkeypatch):
+    """A bucket the machine cannot reach: gcsfs logged the failed request's traceback, then
+    raised the error that the command reports in its one line (104 lines before that line, for
+    a gs:// workdir on a closed port). quiet_logs drops that echo and gcsfs's warning that a
+    bucket's layout could not be asked; its other records still print."""
+    from aiohttp import ClientConnectionError
+
+    gcsfs_log = logging.getLogger("gcsfs")
+    for name in ("gcsfs", "absl"):  # quiet_logs adds filters: this test's, not the worker's
+        monkeypatch.setattr(logging.getLogger(name), "filters", [])
+    refused = ClientConnectionError("Connect call failed ('127.0.0.1', 9)")
+    caplog.set_level(logging.WARNING)
+
+    _gcsfs_gives_up(refused)  # without quiet_logs: the traceback is there
+    echoed = [r for r in caplog.records if r.name == "gcsfs"]
+    assert len(echoed) == 1 and echoed[0].exc_info and echoed[0].funcName == "retry_request"
+
+    caplog.clear()
+    cli.quiet_logs()
+    _gcsfs_gives_up(refused)
+    fallback = gcsfs_log.makeRecord(
+        "gcsfs", logging.WARNING, "extended_gcsfs.py", 326,
+        "Could not determine bucket type for bucket name b: ..., falling back to GCSFileSystem",
+        None, None, func="_get_bucket_type",
+    )  # fmt: skip
+    gcsfs_log.handle(fallback)
+    gcsfs_log.error("deferred close of %s failed", "gs://b/run/metrics.jsonl")
+    kept = [r.getMessage() for r in caplog.records if r.name == "gcsfs"]
+    assert kept == ["deferred close of gs://b/run/metrics.jsonl failed"]
+
+
+# Runs a command as `python -m MODULE ARGS` would, and says at exit whether gcsfs's echoes were
+# being dropped (quiet_logs ran) by the time the command ended.
+_RUN_AND_TELL = """
+import atexit, logging, runpy, sys
+from electra_jax import cli
+atexit.register(lambda: print(cli._not_gcsfs_echo in logging.getLogger("gcsfs").filters))
+module = sys.argv.pop(1)
+runpy.run_module(module, run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.parametrize(
+    "module, args",
+    [
+        ("electra_jax.train", ["--config=configs/tiny.py"]),
+        ("electra_jax.prepare", ["--config=configs/tiny.py"]),
+        ("electra_jax.finetune", ["--config=configs/glue.py"]),
+        ("electra_jax.evaluate", []),
+        ("electra_jax.export", []),
+    ],
+)
+def test_every_command_keeps_gcsfs_echoes_off_stderr(tmp_path, module, args):
+    """Each command that can be given a gs:// path quiets the logs before its first answer: a
+    --workdir that is a file (refused) ends in one `error:` line, with quiet_logs in force."""
+    target = tmp_path / "notes.txt"
+    target.write_text("notes")
+    out = subprocess.run(
+        [sys.executable, "-c", _RUN_AND_TELL, module, *args, f"--workdir={target}"],
+        cwd=ROOT,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert out.stderr.count("\n") == 1 and out.stderr.startswith("error: "), out.stderr
+    assert out.stdout.split() == ["True"], out.stdout
 
 
 def test_fail_and_cannot_write_say_one_line(capsys):
