@@ -19,17 +19,43 @@ def test_entries_cut_short_are_dropped_and_whole_ones_kept(tmp_path):
     assert drop_cut_cache_entries(str(tmp_path / "missing")) == []
 
 
-def test_a_command_under_a_file_size_limit_compiles_without_the_shared_cache(tmp_path):
-    # A file size limit cuts jax's write of a new entry short (the cause of the entries above).
-    probe = (
-        "import os, resource\n"
-        "print(resource.getrlimit(resource.RLIMIT_FSIZE)[0])\n"
-        "import jax\n"
-        "print(jax.config.jax_enable_compilation_cache)\n"
-    )
-    argv = with_file_size_limit([sys.executable, "-c", probe], 123_456)
+# Compiles a small program with the cache in argv[1]; prints the file size limit, then "hit" or
+# "miss" as jax's cache monitoring reports it.
+_PROBE = """
+import resource, sys
+import jax
+jax.config.update("jax_compilation_cache_dir", sys.argv[1])
+hits = []
+jax.monitoring.register_event_listener(
+    lambda event, **kw: hits.append(event) if event.endswith("/cache_hits") else None
+)
+print(resource.getrlimit(resource.RLIMIT_FSIZE)[0])
+jax.jit(lambda x: x * 3.0 + 1.0)(jax.numpy.ones(7)).block_until_ready()
+print("hit" if hits else "miss")
+"""
+
+
+def _probe(cache, limit: int = 0) -> list[str]:
+    argv = [sys.executable, "-c", _PROBE, str(cache)]
     out = subprocess.run(
-        argv, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=120
+        with_file_size_limit(argv, limit) if limit else argv,
+        cwd=ROOT,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split() == ["123456", "False"]
+    return out.stdout.split()
+
+
+def test_a_command_under_a_file_size_limit_reads_the_cache_and_writes_nothing_to_it(tmp_path):
+    # A file size limit cuts jax's write of a new entry short (the cause of the entries above).
+    cache = tmp_path / "cache"
+    assert _probe(cache, limit=123_456) == ["123456", "miss"]
+    assert not cache.exists() or not list(cache.iterdir())  # nothing written under the limit
+    assert _probe(cache)[1] == "miss"  # without the limit: compiled and written
+    written = sorted(p.name for p in cache.iterdir())
+    assert any(n.endswith("-cache") for n in written), written
+    assert _probe(cache, limit=123_456) == ["123456", "hit"]  # read under the limit
+    assert sorted(p.name for p in cache.iterdir()) == written
