@@ -309,7 +309,8 @@ def main(argv) -> None:
     if not values.workdir:
         fail("--workdir is required: the pre-training run to evaluate, e.g. --workdir=runs/tiny")
     if not paths.isdir(values.workdir):
-        fail(f"--workdir {values.workdir} does not exist; give a pre-training workdir")
+        what = "is a file, not a workdir" if paths.exists(values.workdir) else "does not exist"
+        fail(f"--workdir {values.workdir} {what}; give a pre-training workdir")
     try:
         steps = None if values.steps is None else [int(s) for s in values.steps]
     except ValueError:

@@ -36,7 +36,10 @@ def export(workdir: str, out: str) -> dict:
         )
     check_out(os.path.abspath(out))  # before the restore, so a bad --out fails at once
     if not paths.isdir(workdir):
-        raise PretrainedError(f"--workdir {workdir} does not exist; give a pre-training workdir")
+        what = "is a file, not a workdir" if paths.exists(workdir) else "does not exist"
+        raise PretrainedError(
+            f"--workdir {workdir} {what}; give a pre-training or fine-tuning workdir"
+        )
     from electra_jax.finetune.predictor import is_finetuned
 
     if is_finetuned(workdir):

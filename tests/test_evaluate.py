@@ -110,6 +110,12 @@ def test_the_command_refuses_bad_input_in_one_line(tmp_path):
     missing = run(f"--workdir={tmp_path / 'nope'}")
     assert missing.returncode == 2 and missing.stderr.startswith("error: --workdir")
     assert "Traceback" not in missing.stderr
+    (tmp_path / "notes.txt").write_text("notes")
+    a_file = run(f"--workdir={tmp_path / 'notes.txt'}")
+    assert a_file.returncode == 2 and a_file.stderr == (
+        f"error: --workdir {tmp_path / 'notes.txt'} is a file, not a workdir; give a "
+        "pre-training workdir\n"
+    )
     steps = run(f"--workdir={tmp_path}", "--steps=a")
     assert steps.returncode == 2 and "--steps=a" in steps.stderr
     empty = run(f"--workdir={tmp_path}")

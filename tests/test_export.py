@@ -224,9 +224,13 @@ def test_export_refuses_bad_input_and_replaces_a_previous_export(run, exported, 
     assert sorted(os.listdir(again)) == ["discriminator", "export.json", "generator"]
 
 
-def test_cli_bad_workdir_is_one_line(tmp_path):
+@pytest.mark.parametrize(
+    "given, says", [("nope", "does not exist"), ("notes.txt", "is a file, not a workdir")]
+)
+def test_cli_bad_workdir_is_one_line(tmp_path, given, says):
+    (tmp_path / "notes.txt").write_text("notes")
     out = subprocess.run(
-        [sys.executable, "-m", "electra_jax.export", f"--workdir={tmp_path / 'nope'}"],
+        [sys.executable, "-m", "electra_jax.export", f"--workdir={tmp_path / given}"],
         cwd=ROOT,
         env=subprocess_env(),
         capture_output=True,
@@ -236,7 +240,7 @@ def test_cli_bad_workdir_is_one_line(tmp_path):
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert lines == [
-        f"error: --workdir {tmp_path / 'nope'} does not exist; give a pre-training workdir"
+        f"error: --workdir {tmp_path / given} {says}; give a pre-training or fine-tuning workdir"
     ], out.stderr
 
 
