@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
@@ -56,6 +57,18 @@ def fail(message: str) -> None:
     """One `error:` line on stderr and exit code 2 (bad input, not a crash)."""
     print(f"error: {message}", file=sys.stderr)
     sys.exit(2)
+
+
+@contextlib.contextmanager
+def one_line_for(*errors: type[Exception], verbose: bool):
+    """A block whose `errors` end the command as bad input: their one `error:` line and exit
+    code 2 (`fail`), or the traceback with --verbose."""
+    try:
+        yield
+    except errors as e:
+        if verbose:
+            raise
+        fail(str(e))
 
 
 def cannot_write(error: OSError, then: str) -> str:

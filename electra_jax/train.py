@@ -21,6 +21,7 @@ from electra_jax.cli import (
     cannot_write,
     command_config,
     fail,
+    one_line_for,
     parse_flags,
     print_config,
     quiet_logs,
@@ -178,7 +179,7 @@ def main(argv) -> None:
     if not (_DRY_RUN.value or _WORKDIR.value):
         fail("--workdir is required: where checkpoints and metrics go")
     _check_process_flags()
-    try:
+    with one_line_for(ConfigError, verbose=_VERBOSE.value):
         # Before jax, flax and orbax are imported: bad settings are answered in a blink.
         check_config(config)
         if _WORKDIR.value and not _DRY_RUN.value:
@@ -188,10 +189,6 @@ def main(argv) -> None:
             from electra_jax import workdir as workdir_lib
 
             workdir_lib.claim(_WORKDIR.value, workdir_lib.PRETRAIN, lock=False)
-    except ConfigError as e:
-        if _VERBOSE.value:
-            raise
-        fail(str(e))
     from electra_jax import checkpointing, dry_run, loop
     from electra_jax.checkpointing import CheckpointError, Preempted
 

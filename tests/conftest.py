@@ -113,6 +113,36 @@ def with_file_size_limit(argv: list[str], limit: int) -> list[str]:
     return [sys.executable, "-c", _FILE_SIZE_LIMIT, str(limit), *argv]
 
 
+# Runs `python -m MODULE ARGS` in this interpreter (argv after -c: MODULE, ARGS) and prints its
+# exit code, then which of jax, flax and orbax it had imported by then.
+_IMPORTED_AT_EXIT = """
+import runpy, sys
+module = sys.argv[1]
+sys.argv = [module, *sys.argv[2:]]
+try:
+    runpy.run_module(module, run_name="__main__")
+except SystemExit as e:
+    print(e.code, sorted({"jax", "flax", "orbax.checkpoint"} & set(sys.modules)))
+"""
+
+
+def heavy_imports_at_exit(module: str, *args: str) -> tuple[str, str]:
+    """`python -m module args...` from the repository root, in a fresh interpreter: (stdout's
+    first line, 'CODE [the heavy modules imported]', e.g. "2 []"; stderr)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", _IMPORTED_AT_EXIT, module, *args],
+        cwd=ROOT,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return out.stdout.split("\n")[0], out.stderr
+
+
 def run_command(module: str, *args: str, timeout: float = 180, file_size_limit: int = 0):
     """`python -m module args...` as a user runs it, from the repository root: the finished
     process (returncode, stdout, stderr as text). `file_size_limit` > 0: under that file size

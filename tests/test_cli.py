@@ -167,6 +167,17 @@ def test_every_command_keeps_gcsfs_echoes_off_stderr(tmp_path, module, args):
     assert out.stdout.split() == ["True"], out.stdout
 
 
+def test_one_line_for_ends_the_named_errors_in_one_line_and_lets_others_through(capsys):
+    with pytest.raises(SystemExit) as ended, cli.one_line_for(KeyError, verbose=False):
+        raise KeyError("config.x")
+    assert ended.value.code == 2 and capsys.readouterr().err == "error: 'config.x'\n"
+    with pytest.raises(KeyError), cli.one_line_for(KeyError, verbose=True):
+        raise KeyError("config.x")  # --verbose: the traceback
+    with pytest.raises(ValueError), cli.one_line_for(KeyError, verbose=False):
+        raise ValueError("not bad input")
+    assert capsys.readouterr().err == ""
+
+
 def test_fail_and_cannot_write_say_one_line(capsys):
     with pytest.raises(SystemExit) as e:
         cli.fail("data.source 'x' is not a known source")

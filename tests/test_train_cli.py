@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT, subprocess_env
+from tests.conftest import ROOT, heavy_imports_at_exit, subprocess_env
 
 
 def _run(*args, timeout=120):
@@ -203,16 +203,6 @@ def test_a_folder_that_is_not_a_workdir_is_refused_untouched(tmp_path):
     assert (hf / "config.json").read_text() == '{"model_type": "electra"}'
 
 
-_IN_A_BLINK = """
-import runpy, sys
-sys.argv = ["electra_jax.train", *sys.argv[1:]]
-try:
-    runpy.run_module("electra_jax.train", run_name="__main__")
-except SystemExit as e:
-    print(e.code, sorted({"jax", "flax", "orbax.checkpoint"} & set(sys.modules)))
-"""
-
-
 @pytest.mark.parametrize("what", ["a file", "a Hugging Face model folder"])
 def test_a_workdir_the_run_cannot_take_is_refused_before_jax_is_imported(tmp_path, what):
     target = tmp_path / "target"
@@ -221,13 +211,8 @@ def test_a_workdir_the_run_cannot_take_is_refused_before_jax_is_imported(tmp_pat
     else:
         target.mkdir()
         (target / "config.json").write_text('{"model_type": "electra"}')
-    out = subprocess.run(
-        [sys.executable, "-c", _IN_A_BLINK, "--config=configs/tiny.py", f"--workdir={target}"],
-        cwd=ROOT,
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
+    code_and_imports, stderr = heavy_imports_at_exit(
+        "electra_jax.train", "--config=configs/tiny.py", f"--workdir={target}"
     )
-    assert out.stdout.split("\n")[0] == "2 []", (out.stdout, out.stderr[-2000:])
-    assert out.stderr.strip().startswith(f"error: --workdir {target} is "), out.stderr
+    assert code_and_imports == "2 []", stderr[-2000:]
+    assert stderr.strip().startswith(f"error: --workdir {target} is "), stderr

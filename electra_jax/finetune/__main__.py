@@ -22,6 +22,7 @@ from electra_jax.cli import (
     PRINT_CONFIG_HELP,
     command_config,
     fail,
+    one_line_for,
     parse_flags,
     print_config,
     quiet_logs,
@@ -47,13 +48,8 @@ def main(argv) -> None:
         quiet_logs()
     import shlex
 
-    from electra_jax import checkpointing
-    from electra_jax.checkpointing import CheckpointError, Preempted
-
-    if not _VERBOSE.value:
-        checkpointing.quiet_write_failures()  # orbax's threads' reports of a full disk
-    from electra_jax.data import DataError
-    from electra_jax.finetune import loop
+    from electra_jax import workdir as workdir_lib
+    from electra_jax.finetune import checks
     from electra_jax.validate import ConfigError
 
     config = command_config("config", "electra_jax.finetune", finetuning=True)
@@ -62,6 +58,20 @@ def main(argv) -> None:
         return
     if not _WORKDIR.value:
         fail("--workdir is required: where eval_results.json and the trained model go")
+    with one_line_for(ConfigError, verbose=_VERBOSE.value):
+        # Before jax, flax and orbax are imported: bad settings, and a workdir the run's claim
+        # would refuse (a file, a folder not ours or of the other kind, a link out: the claim's
+        # checks, nothing written), are answered in a blink. finetune() claims it for good.
+        checks.check_config(config)
+        workdir_lib.claim(_WORKDIR.value, workdir_lib.FINETUNE, lock=False)
+    from electra_jax import checkpointing
+    from electra_jax.checkpointing import CheckpointError, Preempted
+
+    if not _VERBOSE.value:
+        checkpointing.quiet_write_failures()  # orbax's threads' reports of a full disk
+    from electra_jax.data import DataError
+    from electra_jax.finetune import loop
+
     command = shlex.join(["python", "-m", "electra_jax.finetune", *sys.argv[1:]])
     try:
         loop.finetune(config, _WORKDIR.value, command=command)

@@ -1,16 +1,25 @@
-"""What every fine-tuning config is checked for, and how a diverged run is reported.
+"""What a fine-tuning config is checked for, and how a diverged run is reported.
 
-A leaf of finetune/: the families (glue.py, squad.py) and the runner (loop.py) use it, so that
-each rule is written once. Every message is one line naming the config key.
+`check_config` answers for the whole config: its family, the fields every family has, then the
+family's own. Nothing here imports jax, flax or orbax (nor do tasks.py and squad_data.py, which
+know the GLUE tasks and the SQuAD versions), so the command checks the settings before those
+imports and bad ones are answered in a blink; the runner (loop.py) checks them again as its
+first step, for callers of the Python API. Every message is one line naming the config key.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
+from electra_jax.data import DataError
+from electra_jax.finetune import squad_data, tasks
 from electra_jax.validate import ConfigError
+
+# config.family -> the config file its users start from.
+FAMILY_CONFIGS = {"glue": "configs/glue.py", "squad": "configs/squad.py"}
 
 LAYER_DECAY_EXPONENTS = ("electra_jax", "original")
 DTYPES = ("float32", "bfloat16")
@@ -126,6 +135,62 @@ def check_common(config) -> None:
             f"config.model.hidden_size={m.hidden_size} must be a multiple of "
             f"config.model.num_heads={m.num_heads}",
         )
+
+
+# The numeric fields of configs/squad.py beyond the common ones (NUMBERS).
+SQUAD_NUMBERS = (
+    ("num_epochs", "> 0", ""),
+    ("doc_stride", ">= 1 int", ""),
+    ("max_query_length", ">= 1 int", ""),
+    ("n_best_size", ">= 1 int", ""),
+    ("max_answer_length", ">= 1 int", ""),
+    ("answerable_weight", ">= 0", ""),
+    ("null_threshold", ">= -1e30", "any finite number"),
+    ("head_size", ">= 1 int", ""),
+)
+
+
+def check_config(config) -> tuple[str, Any]:
+    """(family name, task) of the config: the task is the GLUE task (tasks.Task) or the SQuAD
+    version ('1.1' / '2.0'). ConfigError (one line naming the key) for the first value that
+    cannot work: config.family, then the common fields, then the family's."""
+    name = config.get("family", None)
+    require(
+        name in FAMILY_CONFIGS,
+        f"config.family={name!r} is not a fine-tuning family; use "
+        + " or ".join(f"{n!r} ({c})" for n, c in FAMILY_CONFIGS.items()),
+    )
+    check_common(config)
+    return name, (_check_glue if name == "glue" else _check_squad)(config)
+
+
+def _check_glue(config) -> tasks.Task:
+    try:
+        task = tasks.get_task(config.task)
+    except DataError as e:
+        raise ConfigError(str(e)) from None
+    check_number(config, "num_epochs", ">= 0", "0: the task's")
+    return task
+
+
+def _check_squad(config) -> str:
+    c = config
+    require(
+        c.version in squad_data.VERSIONS,
+        f"config.version={c.version!r} is not a SQuAD version; use '1.1' or '2.0'",
+    )
+    require(
+        bool(c.data_dir),
+        f"config.data_dir is empty; point it at the folder holding "
+        f"{' and '.join(squad_data.file_names(c.version))} (from {squad_data.URL})",
+    )
+    for key, rule, note in SQUAD_NUMBERS:
+        check_number(c, key, rule, note)
+    require(
+        c.n_best_size <= c.seq_length,
+        f"config.n_best_size={c.n_best_size} exceeds config.seq_length={c.seq_length}",
+    )
+    return c.version
 
 
 def check_finite_losses(values: np.ndarray, first_step: int, learning_rate: float) -> None:

@@ -1,10 +1,11 @@
 """A task family: what the one fine-tuning runner (loop.py) asks of GLUE and of SQuAD.
 
 As the original ELECTRA's run_finetuning.py asks its Task (get_examples, featurize,
-get_prediction_module, get_scorer), the runner asks a family to check its config fields, read
-its data, turn it into fixed-shape arrays, build its network, score a batch, predict and
-evaluate. Everything else (the model's start, the optimizer, the step loop with its finite checks
-and ETA, checkpoints and resuming, the saved weights) is the runner's, written once.
+get_prediction_module, get_scorer), the runner asks a family to read its data, turn it into
+fixed-shape arrays, build its network, score a batch, predict and evaluate. Its config fields
+are checked in checks.py, without jax, so that the command answers bad settings first.
+Everything else (the model's start, the optimizer, the step loop with its finite checks and
+ETA, checkpoints and resuming, the saved weights) is the runner's, written once.
 `config.family` ('glue' or 'squad') names the family; loop.FAMILIES maps it.
 """
 
@@ -57,16 +58,12 @@ class Features:
 class Family:
     """The interface; glue.GLUE and squad.SQUAD implement it (see each method).
 
-    `task` below is whatever `check_config` returns: the GLUE task, or the SQuAD version.
+    `task` below is what checks.check_config returns of the config (which checks each family's
+    settings without jax): the GLUE task, or the SQuAD version.
     """
 
     name: str  # 'glue' | 'squad': config.family
-    default_config: str  # the config file users start from ('configs/glue.py')
     predictions_file: str
-
-    def check_config(self, config) -> Any:
-        """The family's own fields (the runner checks the common ones); returns the task."""
-        raise NotImplementedError
 
     def describe(self, task) -> dict:
         """What model.json records of the task: 'task' (its name), 'labels' (class names, []

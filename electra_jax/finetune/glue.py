@@ -17,9 +17,7 @@ import numpy as np
 from electra_jax.data import DataError
 from electra_jax.finetune import features, heads, tasks
 from electra_jax.finetune import metrics as glue_metrics
-from electra_jax.finetune.checks import check_number
 from electra_jax.finetune.family import Data, Family, Features, fixed_subset
-from electra_jax.validate import ConfigError
 
 PREDICTIONS_FILE = "dev_predictions.jsonl"
 
@@ -67,16 +65,7 @@ def predict_step(params, batch: dict, *, model, regression: bool) -> dict:
 
 class Glue(Family):
     name = "glue"
-    default_config = "configs/glue.py"
     predictions_file = PREDICTIONS_FILE
-
-    def check_config(self, config) -> tasks.Task:
-        try:
-            task = tasks.get_task(config.task)
-        except DataError as e:
-            raise ConfigError(str(e)) from None
-        check_number(config, "num_epochs", ">= 0", "0: the task's")
-        return task
 
     def describe(self, task: tasks.Task) -> dict:
         return {

@@ -60,23 +60,11 @@ PAPER_HYPERPARAMETERS = (
 )
 
 
-def family_of(config) -> Family:
-    """The family config.family names; ConfigError for another value."""
-    name = config.get("family", None)
-    checks.require(
-        name in FAMILIES,
-        f"config.family={name!r} is not a fine-tuning family; use 'glue' (configs/glue.py) or "
-        "'squad' (configs/squad.py)",
-    )
-    return FAMILIES[name]
-
-
 def check_config(config: ml_collections.ConfigDict) -> tuple[Family, Any]:
-    """(family, task) of the config; ConfigError (one line naming the key) for values that cannot
-    work: the common fields first, then the family's."""
-    family = family_of(config)
-    checks.check_common(config)
-    return family, family.check_config(config)
+    """(family, task) of the config (checks.check_config, which says what the task is);
+    ConfigError (one line naming the key) for values that cannot work."""
+    name, task = checks.check_config(config)
+    return FAMILIES[name], task
 
 
 def paper_hyperparameters(hidden_size: int) -> tuple[str, int, float, float]:

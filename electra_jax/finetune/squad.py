@@ -14,24 +14,11 @@ import os
 
 from electra_jax.data import DataError
 from electra_jax.finetune import squad_data, squad_eval, squad_heads
-from electra_jax.finetune.checks import check_number, require
 from electra_jax.finetune.family import Data, Family, Features, fixed_subset
 
 PREDICTIONS_FILE = "dev_predictions.json"
 NULL_SCORES_FILE = "dev_null_odds.json"  # 2.0: the official script's --na-prob-file input
 INPUTS = ("input_ids", "segment_ids", "input_mask")
-
-# The numeric fields of configs/squad.py beyond the common ones (checks.NUMBERS).
-NUMBERS = (
-    ("num_epochs", "> 0", ""),
-    ("doc_stride", ">= 1 int", ""),
-    ("max_query_length", ">= 1 int", ""),
-    ("n_best_size", ">= 1 int", ""),
-    ("max_answer_length", ">= 1 int", ""),
-    ("answerable_weight", ">= 0", ""),
-    ("null_threshold", ">= -1e30", "any finite number"),
-    ("head_size", ">= 1 int", ""),
-)
 
 
 def _json(obj) -> str:
@@ -56,27 +43,7 @@ def inputs(features: squad_data.Features) -> dict:
 
 class Squad(Family):
     name = "squad"
-    default_config = "configs/squad.py"
     predictions_file = PREDICTIONS_FILE
-
-    def check_config(self, config) -> str:
-        c = config
-        require(
-            c.version in squad_data.VERSIONS,
-            f"config.version={c.version!r} is not a SQuAD version; use '1.1' or '2.0'",
-        )
-        require(
-            bool(c.data_dir),
-            f"config.data_dir is empty; point it at the folder holding "
-            f"{' and '.join(squad_data.file_names(c.version))} (from {squad_data.URL})",
-        )
-        for key, rule, note in NUMBERS:
-            check_number(c, key, rule, note)
-        require(
-            c.n_best_size <= c.seq_length,
-            f"config.n_best_size={c.n_best_size} exceeds config.seq_length={c.seq_length}",
-        )
-        return c.version
 
     def describe(self, version: str) -> dict:
         return {"task": f"SQuAD {version}", "labels": [], "problem_type": "question_answering"}

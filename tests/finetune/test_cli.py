@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT, subprocess_env
+from tests.conftest import ROOT, heavy_imports_at_exit, subprocess_env
 from tests.finetune.test_loop import _sst2
 
 TINY = [
@@ -43,6 +43,35 @@ def _one_error_line(out) -> str:
     lines = [ln for ln in out.stderr.splitlines() if ln.startswith("error: ")]
     assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr[-2000:]
     return lines[0]
+
+
+@pytest.mark.parametrize(
+    "settings, says",
+    [
+        (["--config=configs/glue.py", "--config.task=SST-3"], "config.task='SST-3' is not a GLUE"),
+        (["--config=configs/glue.py", "--config.family=ner"], "config.family='ner' is not a"),
+        (["--config=configs/glue.py", "--config.batch_size=0"], "config.batch_size=0 must be"),
+        (["--config=configs/squad.py", "--config.version=3"], "config.version='3' is not a"),
+        (["--config=configs/squad.py", "--config.n_best_size=999"], "n_best_size=999 exceeds"),
+        (["--config=configs/glue.py", "--config.task=SST-2"], "--workdir {w} is a pre-training"),
+    ],
+)
+def test_bad_settings_and_a_workdir_it_cannot_take_are_refused_before_jax(tmp_path, settings, says):
+    """The settings (checks.check_config) and the workdir's claim are answered before jax,
+    flax and orbax are imported: in a blink, one line, exit code 2, nothing written."""
+    from electra_jax import workdir as workdir_lib
+
+    workdir = tmp_path / "w"
+    with workdir_lib.claimed(str(workdir), workdir_lib.PRETRAIN, command="electra_jax.train"):
+        pass  # a pre-training workdir: its marker
+    before = sorted(p.name for p in workdir.iterdir())
+    code_and_imports, stderr = heavy_imports_at_exit(
+        "electra_jax.finetune", *settings, f"--config.data_dir={tmp_path}", f"--workdir={workdir}"
+    )
+    assert code_and_imports == "2 []", stderr[-2000:]
+    assert stderr.count("\n") == 1 and stderr.startswith("error: "), stderr
+    assert says.format(w=workdir) in stderr, stderr
+    assert sorted(p.name for p in workdir.iterdir()) == before
 
 
 def test_malformed_row_is_one_line_and_exit_2(tmp_path):
