@@ -129,28 +129,18 @@ except SystemExit as e:
 def heavy_imports_at_exit(module: str, *args: str) -> tuple[str, str]:
     """`python -m module args...` from the repository root, in a fresh interpreter: (stdout's
     first line, 'CODE [the heavy modules imported]', e.g. "2 []"; stderr)."""
-    import subprocess
-    import sys
-
-    out = subprocess.run(
-        [sys.executable, "-c", _IMPORTED_AT_EXIT, module, *args],
-        cwd=ROOT,
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    out = run_python("-c", _IMPORTED_AT_EXIT, module, *args, timeout=120)
     return out.stdout.split("\n")[0], out.stderr
 
 
-def run_command(module: str, *args: str, timeout: float = 180, file_size_limit: int = 0):
-    """`python -m module args...` as a user runs it, from the repository root: the finished
-    process (returncode, stdout, stderr as text). `file_size_limit` > 0: under that file size
-    limit (`with_file_size_limit`)."""
+def run_python(*args: str, timeout: float = 180, file_size_limit: int = 0):
+    """`python args...` (this interpreter) from the repository root, with subprocess_env: the
+    finished process (returncode, stdout, stderr as text). `file_size_limit` > 0: under that
+    file size limit (`with_file_size_limit`)."""
     import subprocess
     import sys
 
-    argv = [sys.executable, "-m", module, *args]
+    argv = [sys.executable, *args]
     return subprocess.run(
         with_file_size_limit(argv, file_size_limit) if file_size_limit else argv,
         cwd=ROOT,
@@ -159,6 +149,13 @@ def run_command(module: str, *args: str, timeout: float = 180, file_size_limit: 
         text=True,
         timeout=timeout,
     )
+
+
+def run_command(module: str, *args: str, timeout: float = 180, file_size_limit: int = 0):
+    """`python -m module args...` as a user runs it, from the repository root: the finished
+    process (returncode, stdout, stderr as text). `file_size_limit` > 0: under that file size
+    limit (`with_file_size_limit`)."""
+    return run_python("-m", module, *args, timeout=timeout, file_size_limit=file_size_limit)
 
 
 def micro_config_file(path, shared_data) -> str:

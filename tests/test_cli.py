@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 from electra_jax import cli
-from tests.conftest import ROOT, error_line, run_command, subprocess_env
+from tests.conftest import ROOT, error_line, run_command, run_python, subprocess_env
 
 # A command as the package's are written: a config flag, parse_flags as absl's parser.
 APP = textwrap.dedent(
@@ -154,14 +154,7 @@ def test_every_command_keeps_gcsfs_echoes_off_stderr(tmp_path, module, args):
     --workdir that is a file (refused) ends in one `error:` line, with quiet_logs in force."""
     target = tmp_path / "notes.txt"
     target.write_text("notes")
-    out = subprocess.run(
-        [sys.executable, "-c", _RUN_AND_TELL, module, *args, f"--workdir={target}"],
-        cwd=ROOT,
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    out = run_python("-c", _RUN_AND_TELL, module, *args, f"--workdir={target}", timeout=120)
     assert out.returncode == 2, out.stderr[-2000:]
     assert out.stderr.count("\n") == 1 and out.stderr.startswith("error: "), out.stderr
     assert out.stdout.split() == ["True"], out.stdout

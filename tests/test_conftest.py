@@ -1,10 +1,8 @@
 """The suite's own helpers: what keeps its shared compilation cache whole."""
 
-import subprocess
-import sys
 import zlib
 
-from tests.conftest import ROOT, drop_cut_cache_entries, subprocess_env, with_file_size_limit
+from tests.conftest import drop_cut_cache_entries, run_python
 
 
 def test_entries_cut_short_are_dropped_and_whole_ones_kept(tmp_path):
@@ -36,15 +34,7 @@ print("hit" if hits else "miss")
 
 
 def _probe(cache, limit: int = 0) -> list[str]:
-    argv = [sys.executable, "-c", _PROBE, str(cache)]
-    out = subprocess.run(
-        with_file_size_limit(argv, limit) if limit else argv,
-        cwd=ROOT,
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    out = run_python("-c", _PROBE, str(cache), timeout=120, file_size_limit=limit)
     assert out.returncode == 0, out.stderr[-2000:]
     return out.stdout.split()
 
