@@ -50,7 +50,7 @@ natural_float = _number(float, 0.0, "a finite number >= 0")
 def names(flag: str, value: str, known, what: str) -> list[str]:
     """The comma-separated `value` of `flag`, each one of `known`; one line naming the unknown
     ones and what is known otherwise."""
-    got = [v for v in value.split(",") if v]
+    got = cli.each_once(flag, [v for v in value.split(",") if v])
     unknown = [v for v in got if v not in known]
     if unknown or not got:
         which = f"unknown {what} {', '.join(unknown)}" if unknown else f"no {what}"
@@ -110,7 +110,19 @@ def glue_tasks(flag: str, value: str) -> list[str]:
             found.append(tasks.get_task(name).name)
         except DataError:
             cli.fail(f"{flag} {value!r}: {name!r} is not a GLUE task; use {', '.join(tasks.TASKS)}")
+    given = [v for v in value.split(",") if v]
+    # sst2 and SST-2 are one task: the check is on the names they resolve to.
+    cli.each_once(flag, given, key=lambda name: tasks.get_task(name).name)
     return found
+
+
+# A list flag names each thing once (cli.each_once's rule), in the benchmarks as in the commands.
+each_once = cli.each_once
+
+
+def settings(flag: str, items: list[str]) -> list[str]:
+    """A repeatable `KEY=VALUE` flag's items, each key set once (the later one would win)."""
+    return each_once(flag, items, key=lambda item: item.partition("=")[0].strip())
 
 
 DTYPES = ("float32", "bfloat16")  # validate.check_config's model.dtype

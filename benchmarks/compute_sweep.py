@@ -423,7 +423,8 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     preset = PRESETS[args.preset]
     if args.allow_change:
-        preset = {**preset, "allow_changes": tuple(k for k in args.allow_change.split(",") if k)}
+        keys = _cli.each_once("--allow_change", [k for k in args.allow_change.split(",") if k])
+        preset = {**preset, "allow_changes": tuple(keys)}
     if args.stop_flops is not None:
         first = preset["fractions"][0] * preset["budget_flops"]
         if not args.stop_flops >= first:

@@ -164,6 +164,7 @@ def main() -> None:
         pretrain_config = json.load(f)
     inits = _cli.names("--inits", args.inits, ("pretrained", "random"), "inits")
     task_names = _cli.glue_tasks("--tasks", args.tasks)
+    _cli.settings("--set", args.set)
     for init in inits:  # every override and init applies, before the first run
         with _cli.failures("--set", also=(ValueError,)):
             try:

@@ -147,6 +147,7 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     for w in args.workdirs:
         _cli.directory("WORKDIR", w, "workdirs trained by both sides (metrics.jsonl)")
+    _cli.each_once("WORKDIR", args.workdirs, key=os.path.realpath)
     if args.each:
         data = {}
         for w in args.workdirs:

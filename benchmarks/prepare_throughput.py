@@ -38,6 +38,7 @@ def main() -> None:
     ap.add_argument("--source", required=True)
     ap.add_argument("--workers", type=_cli.positive_int, nargs="+", default=[1, 2])
     args = ap.parse_args()
+    _cli.each_once("--workers", args.workers)  # one timing per count; rerun to repeat
     config = _cli.config("--config", args.config)
     config.data.source = args.source
     _cli.checked(config)

@@ -421,19 +421,20 @@ def main(argv=None) -> None:
     )
     args = parser.parse_args(argv)
     if args.join:
-        results = joined([*args.join.split(","), args.out])
+        folders = [*(f for f in args.join.split(",") if f), args.out]
+        results = joined(_cli.each_once("--join", folders, key=os.path.realpath))
         os.makedirs(args.out, exist_ok=True)
         _write_json(os.path.join(args.out, "results.json"), results)
         with open(os.path.join(args.out, "table.md"), "w") as f:
             f.write(table(results))
-        only = [n for n in args.plot_settings.split(",") if n]
+        only = _cli.each_once("--plot_settings", [n for n in args.plot_settings.split(",") if n])
         plot(results, os.path.join(args.out, "recipe_study.png"), only)
         print(table(results))
         return
     names = _cli.names("--settings", args.settings, tuple(SETTINGS), "settings")
     if not all(s.strip().isdigit() for s in args.seeds.split(",")):
         parser.error(f"argument --seeds: {args.seeds!r}: give whole numbers >= 0, e.g. 0,1")
-    seeds = [int(s) for s in args.seeds.split(",")]
+    seeds = _cli.each_once("--seeds", [int(s) for s in args.seeds.split(",")])
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "results.json")
     results = {"settings": {}, "base": args.base}

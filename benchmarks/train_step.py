@@ -51,7 +51,7 @@ def main() -> None:
     config.train.batch_size, config.data.seq_length = args.batch, args.seq
     if args.dtype:
         config.model.dtype = args.dtype
-    for item in args.set:
+    for item in _cli.settings("--set", args.set):
         _cli.set_field("--set", config, item, sections=True)
     mesh = sharding.make_mesh(config.mesh)
     setup = step_setup.setup_step(config, config.data.vocab_size, mesh)

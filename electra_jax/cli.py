@@ -59,6 +59,21 @@ def fail(message: str) -> None:
     sys.exit(2)
 
 
+def each_once(flag: str, items, key=lambda item: item) -> list:
+    """`items` (a flag's list) as given, when no two of them name the same thing by `key`;
+    otherwise one line naming the repeated thing, exit 2. A list that names a thing twice would
+    do its work twice (one evaluation written twice, one run averaged twice) or let the later
+    setting silently win, so it is refused rather than merged."""
+    seen: dict = {}
+    for item in items:
+        k = key(item)
+        if k in seen:
+            forms = f"{item!r}" if seen[k] == item else f"{k} (as {seen[k]!r} and {item!r})"
+            fail(f"{flag} names {forms} twice; name each once")
+        seen[k] = item
+    return list(items)
+
+
 @contextlib.contextmanager
 def one_line_for(*errors: type[Exception], verbose: bool):
     """A block whose `errors` end the command as bad input: their one `error:` line and exit

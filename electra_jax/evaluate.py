@@ -297,7 +297,7 @@ def main(argv) -> None:
     from absl import flags
 
     from electra_jax import validate
-    from electra_jax.cli import fail, quiet_logs
+    from electra_jax.cli import each_once, fail, quiet_logs
     from electra_jax.data import DataError
     from electra_jax.weights import PretrainedError
 
@@ -315,6 +315,8 @@ def main(argv) -> None:
         steps = None if values.steps is None else [int(s) for s in values.steps]
     except ValueError:
         fail(f"--steps={','.join(values.steps)} must be checkpoint steps, e.g. --steps=200,400")
+    if steps is not None:
+        each_once("--steps", values.steps, key=int)  # 3 and 03 are one checkpoint
     if values.heldout_examples < 1:
         fail(f"--heldout_examples={values.heldout_examples} must be >= 1")
     try:

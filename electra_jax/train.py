@@ -20,6 +20,7 @@ from electra_jax.cli import (
     PRINT_CONFIG_HELP,
     cannot_write,
     command_config,
+    each_once,
     fail,
     one_line_for,
     parse_flags,
@@ -179,6 +180,11 @@ def main(argv) -> None:
     if not (_DRY_RUN.value or _WORKDIR.value):
         fail("--workdir is required: where checkpoints and metrics go")
     _check_process_flags()
+    allow = tuple(
+        each_once(
+            "--allow_change", [k.strip() for k in _ALLOW_CHANGE.value.split(",") if k.strip()]
+        )
+    )
     with one_line_for(ConfigError, verbose=_VERBOSE.value):
         # Before jax, flax and orbax are imported: bad settings are answered in a blink.
         check_config(config)
@@ -205,8 +211,7 @@ def main(argv) -> None:
         # Printed before the run's first line (data preparation's or the loop's), not beside the
         # one line of an error that ends it first.
         progress.announce(devices_line())
-        allow = tuple(k for k in _ALLOW_CHANGE.value.split(",") if k.strip())
-        loop.train(config, _WORKDIR.value, allow_changes=tuple(k.strip() for k in allow))
+        loop.train(config, _WORKDIR.value, allow_changes=allow)
     except (ConfigError, DataError, CheckpointError) as e:
         if _VERBOSE.value:
             raise

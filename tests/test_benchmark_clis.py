@@ -60,6 +60,16 @@ CASES = [
         "'bogus' is not a GLUE task",
     ),
     (
+        "glue, a task named twice in two spellings",
+        lambda t: [*_glue_workdir(t), "--tasks=SST-2,RTE,sst2"],
+        "--tasks names SST-2 (as 'SST-2' and 'sst2') twice; name each once",
+    ),
+    (
+        "glue, a --set key given twice",
+        lambda t: [*_glue_workdir(t), "--set=learning_rate=1e-4", "--set", "learning_rate=2e-4"],
+        "--set names learning_rate (as 'learning_rate=1e-4' and 'learning_rate=2e-4') twice",
+    ),
+    (
         "glue, another program's config.json",
         _glue_workdir,
         "config.json is not a pre-training run's record (no model.",

@@ -171,6 +171,19 @@ def test_one_line_for_ends_the_named_errors_in_one_line_and_lets_others_through(
     assert capsys.readouterr().err == ""
 
 
+def test_each_once_refuses_a_thing_named_twice_in_any_form(capsys):
+    assert cli.each_once("--steps", ["3", "6"], key=int) == ["3", "6"]
+    with pytest.raises(SystemExit) as ended:
+        cli.each_once("--tasks", ["SST-2", "RTE", "SST-2"])
+    assert ended.value.code == 2
+    assert capsys.readouterr().err == "error: --tasks names 'SST-2' twice; name each once\n"
+    with pytest.raises(SystemExit):
+        cli.each_once("--steps", ["3", "03"], key=int)  # one checkpoint, two spellings
+    assert capsys.readouterr().err == (
+        "error: --steps names 3 (as '3' and '03') twice; name each once\n"
+    )
+
+
 def test_fail_and_cannot_write_say_one_line(capsys):
     with pytest.raises(SystemExit) as e:
         cli.fail("data.source 'x' is not a known source")

@@ -118,6 +118,10 @@ def test_the_command_refuses_bad_input_in_one_line(tmp_path):
     )
     steps = run(f"--workdir={tmp_path}", "--steps=a")
     assert steps.returncode == 2 and "--steps=a" in steps.stderr
+    twice = run(f"--workdir={tmp_path}", "--steps=3,6,03")  # before the workdir is read
+    assert twice.returncode == 2 and twice.stderr == (
+        "error: --steps names 3 (as '3' and '03') twice; name each once\n"
+    )
     empty = run(f"--workdir={tmp_path}")
     assert empty.returncode == 2 and "config.json" in empty.stderr
     assert "Traceback" not in empty.stderr

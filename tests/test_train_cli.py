@@ -216,3 +216,15 @@ def test_a_workdir_the_run_cannot_take_is_refused_before_jax_is_imported(tmp_pat
     )
     assert code_and_imports == "2 []", stderr[-2000:]
     assert stderr.strip().startswith(f"error: --workdir {target} is "), stderr
+
+
+def test_a_key_allowed_to_change_twice_is_refused_before_jax_is_imported(tmp_path):
+    code_and_imports, stderr = heavy_imports_at_exit(
+        "electra_jax.train",
+        "--config=configs/tiny.py",
+        f"--workdir={tmp_path / 'run'}",
+        "--allow_change=data.source, train.learning_rate,data.source",
+    )
+    assert code_and_imports == "2 []", stderr[-2000:]
+    assert stderr == "error: --allow_change names 'data.source' twice; name each once\n"
+    assert not (tmp_path / "run").exists()
