@@ -340,12 +340,10 @@ class Model:
         longer than max_length (default: max_position_embeddings) loses tokens from the end of
         its longer segment first, as BERT's truncation does.
         """
-        return tokenize(
-            self.tokenizer,
-            texts,
-            max_length or self.spec.max_position_embeddings,
-            pad_to=max_length,
-        )
+        most = self.spec.max_position_embeddings
+        if max_length is not None:  # 0 is not "the default": it is refused, as is most + 1
+            length_argument("max_length", max_length, 2, most)
+        return tokenize(self.tokenizer, texts, max_length or most, pad_to=max_length)
 
     def _run(self, fn, ids) -> np.ndarray:
         ids, segments, mask = _as_batch(ids, self.spec.vocab_size, self.spec.type_vocab_size)
@@ -450,6 +448,62 @@ def _check_range(name: str, array: np.ndarray, stop: int, rule: str) -> None:
         raise ValueError(f"{name} holds {array[where]} at {list(where)}; {rule.format(stop=stop)}")
 
 
+def text_argument(name: str, value: Any) -> str:
+    """`value`, a string that a tokenizer can read; TypeError or ValueError naming `name`.
+
+    A lone surrogate (text decoded with errors='surrogateescape', or half of a pair cut from a
+    UTF-16 source) has no UTF-8 form, and the tokenizers fail on it deep inside."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a string, got {type(value).__name__}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(
+            f"{name} holds a lone surrogate {value[e.start]!r} at character {e.start}, which is "
+            "not text; decode the source with its real encoding (or errors='replace')"
+        ) from None
+    return value
+
+
+def texts_argument(texts: Any, name: str = "texts") -> list[str | tuple[str, str]]:
+    """A string, or a non-empty list of strings or (a, b) pairs of strings, as a list; each
+    string checked by `text_argument`. TypeError or ValueError naming `name` (and the item)."""
+    if isinstance(texts, str):
+        return [text_argument(name, texts)]
+    if isinstance(texts, bytes | bytearray) or not isinstance(texts, Sequence):
+        raise TypeError(
+            f"{name} must be a string or a list of strings or (a, b) pairs of strings, got "
+            f"{type(texts).__name__}"
+        )
+    if not texts:
+        raise ValueError(f"{name} is empty; give at least one string or (a, b) pair")
+    out: list[str | tuple[str, str]] = []
+    for i, t in enumerate(texts):
+        if isinstance(t, tuple | list):
+            if len(t) != 2:
+                raise TypeError(f"{name}[{i}] must be a string or an (a, b) pair, got {len(t)}")
+            a, b = (text_argument(f"{name}[{i}][{j}]", s) for j, s in enumerate(t))
+            out.append((a, b))
+        else:
+            if not isinstance(t, str):
+                raise TypeError(
+                    f"{name}[{i}] must be a string or an (a, b) pair of strings, got "
+                    f"{type(t).__name__}"
+                )
+            out.append(text_argument(f"{name}[{i}]", t))
+    return out
+
+
+def length_argument(name: str, value: Any, least: int, most: int | None = None) -> int:
+    """`value`, a whole number in [least, most]; TypeError or ValueError naming `name`."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise TypeError(f"{name} must be a whole number, got {type(value).__name__}")
+    if value < least or (most is not None and value > most):
+        room = f"at least {least}" if most is None else f"in [{least}, {most}]"
+        raise ValueError(f"{name}={value} must be {room}")
+    return int(value)
+
+
 def tokenize(
     tokenizer: Any,
     texts: str | Sequence[str | tuple[str, str]],
@@ -457,15 +511,11 @@ def tokenize(
     pad_to: int | None = None,
 ) -> dict[str, np.ndarray]:
     """BERT-style rows from a tokenizer with our interface (see Model.tokenize)."""
-    if isinstance(texts, str):
-        texts = [texts]
-    pairs = [isinstance(t, (tuple, list)) for t in texts]
+    texts = texts_argument(texts)
+    pairs = [isinstance(t, tuple) for t in texts]
+    # [CLS] A [SEP], and B [SEP] after it for a pair: room for the special tokens at least.
+    length_argument("max_length", max_length, 3 if any(pairs) else 2)
     firsts = [t[0] if p else t for t, p in zip(texts, pairs, strict=True)]
-    for t, p in zip(texts, pairs, strict=True):
-        if (p and (len(t) != 2 or not all(isinstance(s, str) for s in t))) or (
-            not p and not isinstance(t, str)
-        ):
-            raise TypeError(f"tokenize takes strings or (a, b) pairs of strings, got {t!r}")
     seconds = [t[1] for t, p in zip(texts, pairs, strict=True) if p]
     a_ids = tokenizer.encode_batch(firsts) if firsts else []
     b_iter = iter(tokenizer.encode_batch(seconds) if seconds else [])
@@ -475,14 +525,10 @@ def tokenize(
         b = next(b_iter) if is_pair else None
         a = list(a)
         if b is None:
-            if max_length < 2:
-                raise ValueError(f"max_length={max_length} leaves no room for [CLS] and [SEP]")
             a = a[: max_length - 2]
             rows.append([cls, *a, sep])
             segs.append([0] * (len(a) + 2))
             continue
-        if max_length < 3:
-            raise ValueError(f"max_length={max_length} leaves no room for [CLS] and two [SEP]")
         b = list(b)
         while len(a) + len(b) > max_length - 3:
             (a if len(a) > len(b) else b).pop()

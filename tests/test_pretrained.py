@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -278,6 +279,28 @@ def test_model_refuses_inputs_outside_its_tables(micro_model, method, ids, match
     with pytest.raises(ValueError, match=match) as e:
         getattr(micro_model, method)(ids)
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "texts, max_length, error, says",
+    [
+        ([], None, ValueError, "texts is empty; give at least one string or (a, b) pair"),
+        (None, None, TypeError, "texts must be a string or a list of strings"),
+        (b"bytes", None, TypeError, "texts must be a string or a list of strings"),
+        (["a", None], None, TypeError, "texts[1] must be a string or an (a, b) pair"),
+        ([("a", "b", "c")], None, TypeError, "texts[0] must be a string or an (a, b) pair"),
+        ("x \ud800 y", None, ValueError, r"texts holds a lone surrogate '\ud800' at character 2"),
+        ("a", 0, ValueError, "max_length=0 must be in [2, 512]"),
+        ("a", 513, ValueError, "max_length=513 must be in [2, 512]"),
+        ("a", 1.5, TypeError, "max_length must be a whole number, got float"),
+        ("a", True, TypeError, "max_length must be a whole number, got bool"),
+        ([("a", "b")], 2, ValueError, "max_length=2 must be at least 3"),
+    ],
+)
+def test_tokenize_answers_bad_arguments_as_python_does(micro_model, texts, max_length, error, says):
+    assert micro_model.spec.max_position_embeddings == 512  # the bounds named below
+    with pytest.raises(error, match=re.escape(says)):
+        micro_model.tokenize(texts, max_length=max_length)
 
 
 def _write_json(path, value):

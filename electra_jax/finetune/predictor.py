@@ -30,6 +30,7 @@ from electra_jax import paths, sharding
 from electra_jax.finetune import features, loop, saved, squad_data, squad_eval, tasks
 from electra_jax.finetune.glue import regression_targets
 from electra_jax.finetune.squad import featurizer, inputs
+from electra_jax.pretrained import length_argument, text_argument, texts_argument
 from electra_jax.weights import PretrainedError
 
 
@@ -93,16 +94,9 @@ class Finetuned:
 
 def _examples(texts: str | Sequence[str | tuple[str, str]], regression: bool) -> list:
     """Strings or (a, b) pairs -> tasks.Example rows (label 0: not read)."""
-    if isinstance(texts, str):
-        texts = [texts]
     out = []
-    for i, t in enumerate(texts):
-        if isinstance(t, (tuple, list)) and len(t) == 2 and all(isinstance(s, str) for s in t):
-            a, b = t
-        elif isinstance(t, str):
-            a, b = t, None
-        else:
-            raise TypeError(f"predict takes strings or (a, b) pairs of strings, got {t!r}")
+    for i, t in enumerate(texts_argument(texts)):
+        a, b = t if isinstance(t, tuple) else (t, None)
         out.append(tasks.Example(a, b, 0.0 if regression else 0, f"input[{i}]"))
     return out
 
@@ -157,8 +151,10 @@ class QuestionAnswerer(Finetuned):
         the text; score: start + end score, log-probabilities for a joint head), 'no_answer_score':
         float (2.0: the lowest answerability logit over the context's windows) or None (1.1)}.
         """
-        if not isinstance(question, str) or not isinstance(context, str):
-            raise TypeError("answer takes a question and a context, both strings")
+        text_argument("question", question)
+        text_argument("context", context)
+        if n_best is not None:
+            length_argument("n_best", n_best, 1)
         config = self.config
         example = squad_data.Example("q", question, context, (), "answer()")
         feats = featurizer(config, self.tokenizer)([example])

@@ -3,6 +3,7 @@ checkpoints; one run per workdir; electra_jax.load() on it predicts and re-evalu
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -111,6 +112,15 @@ def test_the_workdir_keeps_weights_tokenizer_and_labels_and_load_predicts(tmp_pa
     assert probabilities.shape == (len(texts), 2) and probabilities.dtype == np.float32
     np.testing.assert_allclose(probabilities.sum(-1), 1.0, rtol=1e-6)
     assert model.predict("good great fine").labels == model.predict(["good great fine"]).labels
+    # Bad arguments are Python's errors naming the argument, never one from deep inside.
+    for texts, error, says in [
+        ([], ValueError, "texts is empty"),
+        (None, TypeError, "texts must be a string or a list"),
+        (["fine", ("a", "\udc80")], ValueError, "texts[1][1] holds a lone surrogate"),
+        (["fine", 3], TypeError, "texts[1] must be a string or an (a, b) pair of strings, got int"),
+    ]:
+        with pytest.raises(error, match=re.escape(says)):
+            model.predict(texts)
 
 
 def test_stsb_predicts_scores_and_squad_answers(tmp_path):
@@ -148,6 +158,12 @@ def test_stsb_predicts_scores_and_squad_answers(tmp_path):
         (s["score"] for s in out["spans"]), reverse=True
     )
     assert out["answer"] in ("", out["spans"][0]["text"])
+    with pytest.raises(ValueError, match=re.escape("question holds a lone surrogate")):
+        qa.answer("Who\ud800?", context)
+    with pytest.raises(TypeError, match="context must be a string, got NoneType"):
+        qa.answer("Who?", None)
+    with pytest.raises(ValueError, match=re.escape("n_best=0 must be at least 1")):
+        qa.answer("Who?", context, n_best=0)
 
 
 def test_a_workdir_holds_one_run(tmp_path):
