@@ -38,6 +38,7 @@ from electra_jax.weights import (  # noqa: F401  (PretrainedError and Pretrained
     Pretrained,
     PretrainedError,
     abstract_params,
+    check_finite,
     check_params,
     check_size,
     check_spec,
@@ -257,6 +258,9 @@ def restore_params(
                     continue
                 params = restored["state"]["params"]
                 check_params(params, spec, f"{directory}/{step}")
+                # Not skipped for an older one: a diverged checkpoint is readable, and
+                # another step is another model.
+                check_finite(params, f"{directory}/{step}")
                 if failed:
                     logging.warning("skipped unreadable checkpoint(s) %s", "; ".join(failed))
                 params = jax.tree_util.tree_map(lambda x: np.asarray(x, np.float32), params)

@@ -114,6 +114,35 @@ def abstract_params(spec: model.ElectraSpec) -> Any:
     return jax.eval_shape(lambda: model.init_params(model.Electra(spec), jax.random.PRNGKey(0)))
 
 
+def check_finite(tensors: Any, where: str) -> None:
+    """PretrainedError naming `where` (the file or checkpoint) and the first tensor of `tensors`
+    (a flat name -> array mapping, or a nested dict of arrays) holding NaN or Inf.
+
+    Every reader calls it where the weights are read: a diverged or damaged model would
+    otherwise load and answer with NaN probabilities, or start a fine-tuning that cannot learn.
+    """
+    import jax
+
+    if isinstance(tensors, dict) and all(not isinstance(v, dict) for v in tensors.values()):
+        named = tensors.items()
+    else:
+        named = (
+            ("/".join(str(getattr(k, "key", k)) for k in path), leaf)
+            for path, leaf in jax.tree_util.tree_leaves_with_path(tensors)
+        )
+    for name, value in named:
+        array = np.asarray(value)
+        if array.dtype.kind in "iub":
+            continue
+        finite = np.isfinite(array.astype(np.float32, copy=False))
+        if not finite.all():
+            raise PretrainedError(
+                f"{where}: tensor {name} holds {int(finite.size - finite.sum())} non-finite "
+                f"values (NaN or Inf) of {finite.size}; these weights are damaged or from a "
+                "diverged run: load an earlier checkpoint, or write or fetch the file again"
+            )
+
+
 def check_params(params: Any, spec: model.ElectraSpec, where: str) -> None:
     """Raises PretrainedError unless `params` has exactly the tree and shapes `spec` implies."""
     import jax

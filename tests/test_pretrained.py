@@ -7,8 +7,11 @@ import shutil
 import subprocess
 import sys
 
+import grain
 import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 import electra_jax
@@ -345,6 +348,19 @@ def _damaged_weights(content):
     return edit
 
 
+def _nan_in(tensor):
+    def edit(folder):
+        from safetensors.numpy import load_file, save_file
+
+        path = folder / "discriminator" / "model.safetensors"
+        tensors = load_file(str(path))
+        tensors[tensor] = tensors[tensor].copy()
+        tensors[tensor].flat[5] = np.nan
+        save_file(tensors, str(path), metadata={"format": "pt"})
+
+    return edit
+
+
 @pytest.mark.parametrize(
     "edit, match",
     [
@@ -385,6 +401,11 @@ def _damaged_weights(content):
         (_index(index=["model.safetensors"]), "index.json holds a JSON list, not an object"),
         (_damaged_weights(b"\xff" * 8 + b"junk"), "model.safetensors cannot be read"),
         (_damaged_weights(b"{}"), "model.safetensors cannot be read"),
+        (
+            _nan_in("electra.encoder.layer.1.output.dense.bias"),
+            "discriminator/model.safetensors: tensor electra.encoder.layer.1.output.dense.bias "
+            r"holds 1 non-finite values \(NaN or Inf\) of 64; these weights are damaged",
+        ),
     ],
 )
 def test_malformed_transformers_files_are_one_line_errors(exported, tmp_path, edit, match):
@@ -541,3 +562,33 @@ def test_damaged_workdirs_are_one_line_errors(run, tmp_path, edit, match):
     with pytest.raises(pretrained.PretrainedError, match=match) as e:
         pretrained.load_pretrained(str(workdir))
     assert "\n" not in str(e.value)
+
+
+def test_a_checkpoint_with_non_finite_weights_is_named_not_loaded_or_skipped(run, tmp_path):
+    """A diverged checkpoint is readable: it is refused by name, and never passed over for an
+    older one (another step is another model)."""
+    from electra_jax import checkpointing
+    from electra_jax.train_step import TrainState
+    from tests.micro import micro_config
+
+    workdir = tmp_path / "run"
+    shutil.copytree(run["path"], workdir)
+    params = jax.tree_util.tree_map(np.array, run["params"])
+    table = params["embeddings"]["word_embeddings"]["embedding"]
+    table[7, :2] = [np.inf, np.nan]
+    tx = optax.sgd(0.1)
+    manager = checkpointing.make_manager(str(workdir), micro_config().checkpoint)
+    it = iter(grain.MapDataset.range(8).batch(4).to_iter_dataset())
+    state = TrainState(jnp.int32(9), params, tx.init(params), jax.random.PRNGKey(9))
+    checkpointing.save(manager, 9, state, it)
+    manager.wait_until_finished()
+    manager.close()
+    with pytest.raises(pretrained.PretrainedError) as e:
+        electra_jax.load(str(workdir))
+    assert str(e.value) == (
+        f"{workdir}/checkpoints/9: tensor embeddings/word_embeddings/embedding "
+        f"holds 2 non-finite values (NaN or Inf) of {table.size}; "
+        "these weights are damaged or from a diverged run: load an earlier checkpoint, or "
+        "write or fetch the file again"
+    )
+    assert pretrained.load_pretrained(f"{workdir}@6").step == 6  # the earlier one, when asked

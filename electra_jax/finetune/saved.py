@@ -34,7 +34,7 @@ import numpy as np
 from electra_jax import jsonio, paths
 from electra_jax import model as model_lib
 from electra_jax.jsonio import json_kind, one_line
-from electra_jax.weights import PretrainedError, check_spec
+from electra_jax.weights import PretrainedError, check_finite, check_spec
 
 CONFIG_FILE = "config.json"
 MODEL_FILE = "model.json"
@@ -157,6 +157,7 @@ def load_weights(workdir: str, expected: dict) -> dict:
             f"{path} does not hold this network's parameters ({wrong[0]}: "
             f"{got.get(wrong[0])} saved, {want.get(wrong[0])} expected); rerun the fine-tuning"
         )
+    check_finite(tensors, path)
     return unflatten(tensors)
 
 

@@ -28,7 +28,13 @@ from electra_jax.hf.names import (
 )
 from electra_jax.hf.tokenizer_files import read_hf_tokenizer
 from electra_jax.jsonio import json_kind, one_line
-from electra_jax.weights import Pretrained, PretrainedError, abstract_params, check_params
+from electra_jax.weights import (
+    Pretrained,
+    PretrainedError,
+    abstract_params,
+    check_finite,
+    check_params,
+)
 
 # load_pretrained's prefix for a transformers folder, also written into the source it reports.
 HF_PREFIX = "hf:"
@@ -62,7 +68,10 @@ def read_hf_tensors(folder: str) -> dict[str, np.ndarray]:
     elif os.path.isfile(index):
         files = [os.path.join(folder, name) for name in _shard_names(index)]
     elif os.path.isfile(os.path.join(folder, TORCH_WEIGHTS)):
-        return _read_torch_bin(os.path.join(folder, TORCH_WEIGHTS))
+        path = os.path.join(folder, TORCH_WEIGHTS)
+        tensors = _read_torch_bin(path)
+        check_finite(tensors, path)
+        return tensors
     else:
         raise PretrainedError(
             f"{folder} has no {WEIGHTS} (nor {WEIGHTS_INDEX} or {TORCH_WEIGHTS}); it is not a "
@@ -71,12 +80,14 @@ def read_hf_tensors(folder: str) -> dict[str, np.ndarray]:
     tensors: dict[str, np.ndarray] = {}
     for path in files:
         try:
-            tensors.update(load_file(path))
+            read = load_file(path)
         except Exception as e:  # safetensors raises its own error types for damaged files
             raise PretrainedError(
                 f"{path} cannot be read ({type(e).__name__}: {one_line(e, 200)}); download or "
                 "export it again (bfloat16 files need converting to float32)"
             ) from None
+        check_finite(read, path)
+        tensors.update(read)
     return tensors
 
 

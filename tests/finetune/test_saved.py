@@ -9,11 +9,12 @@ import sys
 
 import numpy as np
 import pytest
-from safetensors.numpy import load_file
+from safetensors.numpy import load_file, save_file
 
 import electra_jax
 from electra_jax.finetune import loop, predictor, saved
 from electra_jax.validate import ConfigError
+from electra_jax.weights import PretrainedError
 from tests import held
 from tests.conftest import ROOT, subprocess_env
 from tests.finetune import test_squad_loop
@@ -121,6 +122,12 @@ def test_the_workdir_keeps_weights_tokenizer_and_labels_and_load_predicts(tmp_pa
     ]:
         with pytest.raises(error, match=re.escape(says)):
             model.predict(texts)
+
+    # A classifier that holds NaN (a diverged run, a damaged file) is refused where it is read.
+    tensors["classifier/kernel"][3, 1] = np.nan
+    save_file(tensors, str(workdir / saved.WEIGHTS_FILE))
+    with pytest.raises(PretrainedError, match=re.escape("tensor classifier/kernel holds 1 non-")):
+        electra_jax.load(str(workdir))
 
 
 def test_stsb_predicts_scores_and_squad_answers(tmp_path):
