@@ -83,8 +83,9 @@ def matches(flag: str, pattern: str, what: str) -> list[str]:
 
 
 def config(flag: str, path: str):
-    """The ConfigDict of the config file `path` (its get_config()); one line when the file is
-    missing, does not run or gives no ConfigDict."""
+    """The ConfigDict of the pre-training config file `path` (its get_config()); one line when
+    the file is missing, does not run, gives no ConfigDict or a fine-tuning config (the
+    benchmarks that take --config time or read pre-training)."""
     import ml_collections
 
     file(flag, path, "a config file such as configs/tiny.py")
@@ -95,6 +96,7 @@ def config(flag: str, path: str):
         value = get_config()
     if not isinstance(value, ml_collections.ConfigDict):
         cli.fail(f"{flag} {path}: get_config() returned {type(value).__name__}, not a ConfigDict")
+    cli.check_family(value, path, os.path.basename(sys.argv[0]), finetuning=False)
     return value
 
 
@@ -162,6 +164,48 @@ def checked(config) -> None:
 
     with failures(""):
         validate.check_config(config)
+
+
+def drew(fig) -> bool:
+    """Whether any panel of the matplotlib figure `fig` holds a line, band, bar or image."""
+    return any(ax.has_data() for ax in fig.axes)
+
+
+def legend(ax, **options) -> None:
+    """A legend on `ax` when something on it is labelled (matplotlib warns on an empty one)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(**options)
+
+
+def save_figure(fig, path: str, drawn: bool | None = None, **savefig) -> None:
+    """Writes `fig` to `path` (atomically: a reader never sees half a PNG) and closes it; a
+    figure with nothing drawn (`drawn`, by default `drew(fig)`) is one line and exit 2
+    instead: an empty plot would read as a result. `savefig`: matplotlib's options (dpi)."""
+    import matplotlib.pyplot as plt
+
+    drawn = drew(fig) if drawn is None else drawn
+    if not drawn:
+        plt.close(fig)
+        cli.fail(
+            f"{path}: nothing to plot (none of the runs read has the values this plot draws: "
+            "none finished, or none logged them); nothing was written"
+        )
+    root, ext = os.path.splitext(path)
+    tmp = f"{root}.tmp-{os.getpid()}{ext}"
+    try:
+        fig.savefig(tmp, format=ext[1:] or "png", **savefig)
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def run(main, *args) -> None:
+    """A benchmark's entry point: `main(*args)`, with the package's bad-input errors (as
+    `failures` names them), wherever below it they are raised, as their one line, exit 2."""
+    with failures(""):
+        main(*args)
 
 
 @contextlib.contextmanager

@@ -255,11 +255,9 @@ def plot(rows: list[dict], path: str) -> None:
         ax.set_xlabel("counted pre-training FLOPs")
         ax.set_ylabel(label)
         ax.grid(True, which="both", alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:  # nothing fine-tuned yet: an empty panel
-            ax.legend()
+        _cli.legend(ax)  # nothing fine-tuned yet: an empty panel
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _cli.save_figure(fig, path, dpi=120)
 
 
 # The held-out readings of the pre-training runs (docs/evaluation.md) shown against FLOPs.
@@ -316,11 +314,9 @@ def plot_pretraining(readings: dict, path: str) -> None:
         ax.set_title(f"held-out {key}", fontsize=9)
         ax.set_xlabel("counted pre-training FLOPs")
         ax.grid(True, which="both", alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
+        _cli.legend(ax, fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _cli.save_figure(fig, path, dpi=110)
 
 
 def sweep_table(results: dict) -> list[str]:
@@ -500,4 +496,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _cli.run(main)

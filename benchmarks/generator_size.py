@@ -102,10 +102,9 @@ def plot(results: dict, path: str) -> None:
     ax.set_ylabel(f"average dev score x100 ({', '.join(task_names)})")
     ax.set_title(f"{results['budget_steps']} pre-training steps each")
     ax.grid(True, alpha=0.3)
-    ax.legend()
+    _cli.legend(ax)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _cli.save_figure(fig, path, dpi=120)
 
 
 def run(preset: dict, out: str, **kwargs) -> dict:
@@ -145,4 +144,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _cli.run(main)

@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import _cli  # noqa: E402
 from electra_jax import checkpointing, jsonio, pretrained  # noqa: E402
-from electra_jax.finetune import loop  # noqa: E402
+from electra_jax.finetune import checks, loop, tasks  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_TASKS = "SST-2,MRPC,STS-B,CoLA,RTE"
@@ -162,15 +162,28 @@ def main() -> None:
     _cli.directory("--data_dir", args.data_dir, "GLUE's root: one folder of TSVs per task")
     with _cli.failures(record, also=(OSError, ValueError)), open(record) as f:
         pretrain_config = json.load(f)
+    if isinstance(pretrain_config, dict) and "family" in pretrain_config:
+        ap.error(
+            f"--workdir {workdir} is a fine-tuning workdir (family "
+            f"{pretrain_config['family']!r}); give the pre-training workdir it started from"
+        )
     inits = _cli.names("--inits", args.inits, ("pretrained", "random"), "inits")
     task_names = _cli.glue_tasks("--tasks", args.tasks)
     _cli.settings("--set", args.set)
-    for init in inits:  # every override and init applies, before the first run
-        with _cli.failures("--set", also=(ValueError,)):
-            try:
-                run_config(args, task_names[0], 0, init, pretrain_config)
-            except (KeyError, TypeError) as e:  # the record lacks a model field
-                ap.error(f"--workdir {record} is not a pre-training run's record (no model.{e})")
+    # Every run's config is checked, and every task's files found, before the first run: a bad
+    # setting or a missing file of the last task must not wait for the others to be trained.
+    for task in task_names:
+        for init in inits:
+            with _cli.failures("--set", also=(ValueError,)):
+                try:
+                    checks.check_config(run_config(args, task, 0, init, pretrain_config))
+                except (KeyError, TypeError) as e:  # the record lacks a model field
+                    ap.error(
+                        f"--workdir {record} is not a pre-training run's record (no model.{e})"
+                    )
+    for task in task_names:
+        with _cli.failures("--data_dir"):
+            tasks.check_tsv_files(tasks.get_task(task), args.data_dir)
     results = []
     for task in task_names:
         for seed in range(args.seeds):
@@ -195,4 +208,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _cli.run(main)

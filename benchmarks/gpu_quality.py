@@ -451,4 +451,4 @@ def run(args) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _cli.run(main)

@@ -122,11 +122,10 @@ def plot(data: dict, path: str, title: str) -> None:
         ax.set_title(key + (" (dotted: the prior's entropy)" if key == "disc_loss" else ""))
         ax.set_xlabel("step")
         ax.grid(True, alpha=0.3)
-    axes.flat[0].legend()
+    _cli.legend(axes.flat[0])
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _cli.save_figure(fig, path, dpi=110)
 
 
 def main(argv=None) -> None:
@@ -161,4 +160,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _cli.run(main)

@@ -365,14 +365,15 @@ def plot(results: dict, path: str, only: list[str] | None = None) -> None:
             ax.fill_between(
                 x, [min(c) for c in cols], [max(c) for c in cols], alpha=0.2, color=line.get_color()
             )
+    drawn = _cli.drew(fig)  # before the targets' reference lines
     for ax, key in zip(axes, keys, strict=True):
         ax.set_title(f"held-out {key}")
         ax.set_xlabel("counted pre-training FLOPs")
         if key in TARGETS:
             ax.axhline(TARGETS[key][1], color="grey", linestyle=":")
-    axes[0].legend(fontsize=7)
+    _cli.legend(axes[0], fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    _cli.save_figure(fig, path, drawn=drawn, dpi=110)
 
 
 def joined(folders: list[str]) -> dict:
@@ -432,7 +433,7 @@ def main(argv=None) -> None:
         print(table(results))
         return
     names = _cli.names("--settings", args.settings, tuple(SETTINGS), "settings")
-    if not all(s.strip().isdigit() for s in args.seeds.split(",")):
+    if not all(s.strip().isascii() and s.strip().isdigit() for s in args.seeds.split(",")):
         parser.error(f"argument --seeds: {args.seeds!r}: give whole numbers >= 0, e.g. 0,1")
     seeds = _cli.each_once("--seeds", [int(s) for s in args.seeds.split(",")])
     os.makedirs(args.out, exist_ok=True)
@@ -464,4 +465,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _cli.run(main)

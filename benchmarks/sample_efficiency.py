@@ -487,10 +487,9 @@ def plot(results: dict, path: str) -> None:
     ax.set_xlabel("pre-training FLOPs (counted)")
     ax.set_ylabel(f"average dev score x100 ({', '.join(task_names)})")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
+    _cli.legend(ax)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _cli.save_figure(fig, path, dpi=120)
 
 
 def plot_bars(results: dict, path: str) -> None:
@@ -518,10 +517,9 @@ def plot_bars(results: dict, path: str) -> None:
     ax.set_ylabel("dev score x100 (accuracy; MCC for CoLA; Spearman for STS-B)")
     ax.set_title(f"fine-tuned after {headline(results)}")
     ax.grid(True, axis="y", alpha=0.3)
-    ax.legend()
+    _cli.legend(ax)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _cli.save_figure(fig, path, dpi=120)
 
 
 # ----------------------------------------------------------------------------------- run
@@ -806,4 +804,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _cli.run(main)

@@ -82,7 +82,8 @@ def split_step(path: str) -> tuple[str, int | None]:
     """'WORKDIR@STEP' -> (WORKDIR, STEP); any other path (one that exists as named included,
     so a folder whose name has an '@' still loads) -> (path, None)."""
     head, sep, tail = path.rpartition("@")
-    if not sep or not head or not tail.isdigit() or paths.exists(path):
+    # isascii: '²' and '٣' are digits to str.isdigit() but not to int().
+    if not sep or not head or not (tail.isascii() and tail.isdigit()) or paths.exists(path):
         return path, None
     return head, int(tail)
 

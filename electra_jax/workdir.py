@@ -115,9 +115,9 @@ def _our_by_product(name: str) -> bool:
     launch/local_multiprocess.sh (process_<i>.log, written before the processes start)."""
     if name.startswith(".write_test"):
         return True
-    if name.startswith(f"{MARKER}.tmp") and name[len(MARKER) + 4 :].isdigit():
+    if name.startswith(f"{MARKER}.tmp") and _pid_like(name[len(MARKER) + 4 :]):
         return True
-    return name.startswith("process_") and name.endswith(".log") and name[8:-4].isdigit()
+    return name.startswith("process_") and name.endswith(".log") and _pid_like(name[8:-4])
 
 
 def _read_json(path: str):
@@ -164,7 +164,12 @@ def _our_hidden(name: str) -> bool:
     if name == MARKER:
         return True
     stem, _, pid = name.rpartition(".tmp")
-    return bool(stem) and pid.isdigit()
+    return bool(stem) and _pid_like(pid)
+
+
+def _pid_like(text: str) -> bool:
+    """ASCII digits only: str.isdigit() also takes '²', which no process id is written as."""
+    return text.isascii() and text.isdigit()
 
 
 def kind_of(path: str) -> str | None:

@@ -24,15 +24,20 @@ def _run(*argv):
     return out.returncode, out.stderr
 
 
-def _glue_workdir(tmp_path, steps=()):
-    """A folder with a pre-training record (config.json) and a folder per step in `steps` under
-    checkpoints/, and an empty GLUE root."""
+def _glue_workdir(tmp_path, steps=(), record=None, tasks=()):
+    """A folder with a pre-training record (config.json, or `record`) and a folder per step in
+    `steps` under checkpoints/, and a GLUE root with a train.tsv and dev.tsv of each of `tasks`
+    (else empty)."""
     workdir, data = tmp_path / "pretrained", tmp_path / "glue"
     workdir.mkdir()
-    (workdir / "config.json").write_text(json.dumps({"model": {}}))
+    (workdir / "config.json").write_text(json.dumps(record or {"model": {}}))
     for step in steps:
         (workdir / "checkpoints" / str(step)).mkdir(parents=True)
     data.mkdir()
+    for task in tasks:
+        (data / task).mkdir()
+        for name in ("train.tsv", "dev.tsv"):
+            (data / task / name).write_text("index\tsentence1\tsentence2\tlabel\n")
     return ["benchmarks/glue.py", f"--workdir={workdir}", f"--data_dir={data}", "--out=x"]
 
 
@@ -195,6 +200,36 @@ CASES = [
         "--source text:{t}/*.txt",
     ),
     (
+        "learning_curves, a workdir with nothing logged yet",
+        lambda t: ["-m", "benchmarks.learning_curves", str(t), f"--out={t}/c.png"],
+        "{t}/c.png: nothing to plot",
+    ),
+    (
+        "train_step, a fine-tuning config",
+        lambda t: ["benchmarks/train_step.py", "--config=configs/glue.py"],
+        "config file configs/glue.py is a fine-tuning config (family 'glue')",
+    ),
+    (
+        "glue, a fine-tuning workdir given as the pre-training one",
+        lambda t: [*_glue_workdir(t, record={"family": "glue", "model": {}})],
+        "--workdir {t}/pretrained is a fine-tuning workdir (family 'glue')",
+    ),
+    (
+        "glue, a step written in other digits",
+        lambda t: [*_glue_workdir(t), f"--workdir={t}/pretrained@²"],
+        "--workdir {t}/pretrained@² does not exist",
+    ),
+    (
+        "glue, a task's files missing (the last task's, found before the first runs)",
+        lambda t: [*_glue_workdir(t, tasks=("RTE",)), "--tasks=RTE,MRPC", "--inits=pretrained"],
+        "--data_dir: {t}/glue/train.tsv does not exist; config.data_dir must hold MRPC's",
+    ),
+    (
+        "glue, a --set value no run can take",
+        lambda t: [*_glue_workdir(t, tasks=("RTE",)), "--tasks=RTE", "--set=learning_rate=nan"],
+        "--set: config.learning_rate=nan must be finite",
+    ),
+    (
         "gpu_data, bogus task",
         lambda t: ["benchmarks/gpu_data.py", "--tasks=SST-2,XNLI", f"--out={t}/o"],
         "'XNLI' is not a GLUE task",
@@ -244,3 +279,32 @@ def test_glue_fine_tunes_a_chosen_step_and_its_random_twin_uses_the_workdirs_tok
     cold = glue.run_config(args, "SST-2", 0, "random", record)
     assert warm.init_from == f"{tmp_path}/pretrained@1153"
     assert not cold.init_from and cold.tokenizer == f"{tmp_path}/pretrained/tokenizer"
+
+
+def test_run_ends_the_packages_bad_input_errors_in_one_line_however_deep(capsys, monkeypatch):
+    """_cli.run: a DataError or ConfigError raised deep inside a benchmark's work (a fine-tuning
+    resumed with changed settings, a task file that went missing mid-study) is one line, exit 2;
+    --verbose keeps the traceback; other errors are not bad input and pass through."""
+    from benchmarks import _cli
+    from electra_jax.data import DataError
+    from electra_jax.validate import ConfigError
+
+    def deep(error):
+        def main():
+            def inner():
+                raise error
+
+            inner()
+
+        return main
+
+    monkeypatch.setattr(sys, "argv", ["benchmarks/glue.py"])
+    for error in (DataError("x.tsv is gone"), ConfigError("config.seed changed")):
+        with pytest.raises(SystemExit) as ended:
+            _cli.run(deep(error))
+        assert ended.value.code == 2 and capsys.readouterr().err == f"error: {error}\n"
+    with pytest.raises(KeyError):
+        _cli.run(deep(KeyError("a bug")))
+    monkeypatch.setattr(sys, "argv", ["benchmarks/glue.py", "--verbose"])
+    with pytest.raises(DataError):
+        _cli.run(deep(DataError("x.tsv is gone")))

@@ -352,7 +352,9 @@ def _clean_stale_tmp_dirs(cache_dir: str, key16: str) -> None:
         if not name.startswith(prefix):
             continue
         pid_text = name[len(prefix) :].split("-", 1)[0]
-        if pid_text.isdigit() and int(pid_text) != os.getpid() and not _pid_alive(int(pid_text)):
+        if not (pid_text.isascii() and pid_text.isdigit()):  # '²' is a digit to isdigit()
+            continue
+        if int(pid_text) != os.getpid() and not _pid_alive(int(pid_text)):
             shutil.rmtree(os.path.join(cache_dir, name), ignore_errors=True)
 
 

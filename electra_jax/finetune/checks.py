@@ -150,6 +150,13 @@ SQUAD_NUMBERS = (
 )
 
 
+# The keys each family's own checks and runner read, beyond the common ones.
+FAMILY_KEYS = {
+    "glue": ("task", "num_epochs"),
+    "squad": ("version", "data_dir", *(key for key, _, _ in SQUAD_NUMBERS)),
+}
+
+
 def check_config(config) -> tuple[str, Any]:
     """(family name, task) of the config: the task is the GLUE task (tasks.Task) or the SQuAD
     version ('1.1' / '2.0'). ConfigError (one line naming the key) for the first value that
@@ -159,6 +166,15 @@ def check_config(config) -> tuple[str, Any]:
         name in FAMILY_CONFIGS,
         f"config.family={name!r} is not a fine-tuning family; use "
         + " or ".join(f"{n!r} ({c})" for n, c in FAMILY_CONFIGS.items()),
+    )
+    # A config is of one family: --config.family=squad on configs/glue.py does not give it
+    # SQuAD's fields, and the first read of one would be an AttributeError.
+    missing = [key for key in FAMILY_KEYS[name] if key not in config]
+    require(
+        not missing,
+        f"config.family={name!r} needs the key{'s' if len(missing) > 1 else ''} "
+        f"{', '.join(missing)}, which this config lacks; "
+        f"start from {FAMILY_CONFIGS[name]} (changing config.family does not convert a config)",
     )
     check_common(config)
     return name, (_check_glue if name == "glue" else _check_squad)(config)

@@ -305,14 +305,27 @@ def task_dir(task: Task, data_dir: str) -> str:
     return data_dir
 
 
-def read_tsv_split(task: Task, data_dir: str, split: Split) -> list[Example]:
-    """The examples of one split from the task's directory of GLUE TSVs."""
+def tsv_path(task: Task, data_dir: str, split: Split) -> str:
+    """The TSV file of one split of the task; DataError naming it when it is not there."""
     path = os.path.join(task_dir(task, data_dir), split.filename)
     if not os.path.isfile(path):
         raise DataError(
             f"{path} does not exist; config.data_dir must hold {task.name}'s "
             f"{', '.join(s.filename for s in (TRAIN, *task.dev_splits))}"
         )
+    return path
+
+
+def check_tsv_files(task: Task, data_dir: str) -> None:
+    """DataError naming the first TSV of the task (train and dev splits) that data_dir lacks:
+    for a caller that runs several tasks, before the first run rather than after it."""
+    for split in (TRAIN, *task.dev_splits):
+        tsv_path(task, data_dir, split)
+
+
+def read_tsv_split(task: Task, data_dir: str, split: Split) -> list[Example]:
+    """The examples of one split from the task's directory of GLUE TSVs."""
+    path = tsv_path(task, data_dir, split)
     return examples_from_rows(task, read_tsv(path), path)
 
 

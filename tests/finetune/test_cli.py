@@ -50,6 +50,11 @@ def _one_error_line(out) -> str:
     [
         (["--config=configs/glue.py", "--config.task=SST-3"], "config.task='SST-3' is not a GLUE"),
         (["--config=configs/glue.py", "--config.family=ner"], "config.family='ner' is not a"),
+        (
+            ["--config=configs/glue.py", "--config.family=squad"],
+            "config.family='squad' needs the keys version, doc_stride",
+        ),
+        (["--config=configs/squad.py", "--config.family=glue"], "needs the key task, which"),
         (["--config=configs/glue.py", "--config.batch_size=0"], "config.batch_size=0 must be"),
         (["--config=configs/squad.py", "--config.version=3"], "config.version='3' is not a"),
         (["--config=configs/squad.py", "--config.n_best_size=999"], "n_best_size=999 exceeds"),
