@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import socket
 import sys
@@ -175,8 +176,6 @@ class GcsLock:
             info = jsonio.loads(data)
         except ValueError:  # malformed, or nested too deep: a lock object that is not ours
             info = None
-        if not isinstance(info, dict):
-            info = {}
         updated = blob.updated or datetime.datetime.now(datetime.timezone.utc)
         age = datetime.datetime.now(datetime.timezone.utc).timestamp() - updated.timestamp()
         return int(blob.generation), info, max(0.0, age)
@@ -213,6 +212,13 @@ class GcsLock:
                 generation, info = 0, {}
             else:
                 generation, info, age = found
+                problem = record_problem(info)
+                if problem:
+                    raise ForeignLock(
+                        f"its lock object {self.uri} does not hold a lock record of electra_jax "
+                        f"({problem}); if no run uses this workdir, delete that object (gcloud "
+                        f"storage rm {self.uri}) and run again"
+                    )
                 reason = self._stale(info, age)
                 if reason is None:
                     raise LockHeld(describe_holder(info, age, self.lease))
@@ -266,6 +272,8 @@ class GcsLock:
         if not isinstance(found, tuple):
             return False
         generation, info, _ = found
+        if record_problem(info):
+            return False
         mine = all(info.get(k) == self._holder[k] for k in ("pid", "host", "started"))
         if not mine or info.get("released"):
             return False
@@ -307,11 +315,41 @@ class GcsLock:
             pass  # unreachable: the lease runs out and the next run takes it over
 
 
+def record_problem(info: Any) -> str | None:
+    """What keeps the lock object's content (parsed JSON, None when it is not JSON) from being a
+    lock record this package writes; None when it is one. A released record needs no holder."""
+    if not isinstance(info, dict):
+        return "it is not JSON" if info is None else f"it holds a JSON {jsonio.json_kind(info)}"
+    if info.get("released") is True:
+        return None
+    for key, kind, words in (
+        ("command", str, "a command's name"),
+        ("host", str, "a host name"),
+        ("pid", int, "a process id"),
+    ):
+        value = info.get(key)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            return f"its {key} is {jsonio.one_line(repr(value), 40)}, not {words}"
+    lease = info.get("lease_seconds")
+    number = isinstance(lease, int | float) and not isinstance(lease, bool)
+    if not (number and math.isfinite(lease) and lease > 0):
+        return (
+            f"its lease_seconds is {jsonio.one_line(repr(lease), 40)}, not a finite number of "
+            "seconds > 0"
+        )
+    return None
+
+
 def holder_words(info: dict) -> str:
     return (
         f"{info.get('command', 'a run')} (pid {info.get('pid', '?')} on host "
         f"{info.get('host', '?')}, since {info.get('started', '?')})"
     )
+
+
+class ForeignLock(Exception):
+    """The lock object holds something other than our lock record: it cannot say whether a run
+    holds the workdir, so it is neither taken over nor waited for. The message says what to do."""
 
 
 def describe_holder(info: dict, age: float, lease: float) -> str:

@@ -6,6 +6,7 @@ readers above it read a tokenizer_config.json or a config.json the same way, loc
 
 from __future__ import annotations
 
+import codecs
 import errno
 import json
 from collections.abc import Iterable
@@ -18,6 +19,41 @@ def one_line(text: object, limit: int = 300) -> str:
     """`text` with its whitespace runs (newlines included) collapsed, cut to `limit` characters."""
     flat = " ".join(str(text).split())
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+# Byte-order marks of the encodings a text file "not UTF-8" most often is (UTF-32's first: its
+# little-endian mark begins with UTF-16's).
+_BOMS = (
+    (codecs.BOM_UTF32_LE, "UTF-32"),
+    (codecs.BOM_UTF32_BE, "UTF-32"),
+    (codecs.BOM_UTF16_LE, "UTF-16"),
+    (codecs.BOM_UTF16_BE, "UTF-16"),
+)
+
+
+def bom_encoding(head: bytes) -> str | None:
+    """'UTF-16' or 'UTF-32' when `head` (a file's first bytes) starts with that byte-order
+    mark; else None."""
+    for bom, name in _BOMS:
+        if head.startswith(bom):
+            return name
+    return None
+
+
+def text_problem(error: ValueError) -> str:
+    """Why a file could not be read as text or JSON, in words that lead to the fix: a file in
+    UTF-16 or UTF-32 is named as such with the command that converts it, rather than as bytes
+    that are not UTF-8."""
+    if isinstance(error, UnicodeDecodeError):
+        head = bytes(error.object[:4]) if error.start < 4 else b""
+        encoding = bom_encoding(head)
+        if encoding:
+            return (
+                f"it is {encoding} text (its byte-order mark), not UTF-8: convert it, e.g. "
+                f"iconv -f {encoding} -t UTF-8"
+            )
+        return f"it is not UTF-8 text ({error.reason} at byte {error.start})"
+    return one_line(error, 200)
 
 
 def json_kind(value: Any) -> str:
@@ -111,8 +147,8 @@ def read_json(path: str, error: type[Exception], default: Any = None) -> Any:
     except FileNotFoundError:
         raise error(f"{path} is missing") from None
     except (OSError, ValueError) as e:
-        message = f"{path} cannot be read ({one_line(e, 200)}); fetch or export it again"
-        raise error(message) from None
+        reason = text_problem(e) if isinstance(e, ValueError) else one_line(e, 200)
+        raise error(f"{path} cannot be read ({reason}); fetch or export it again") from None
 
 
 def read_json_object(path: str, what: str, error: type[Exception], default: Any = None) -> dict:

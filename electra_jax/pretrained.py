@@ -54,6 +54,15 @@ def load_pretrained(path: str) -> Pretrained:
     path = os.fspath(path)
     path, step = split_step(path)
     if step is not None:
+        # Only a pre-training workdir has checkpoints to pick; anything else is named as what
+        # it is, not sent to the workdir reader, which would ask to restore a config.json.
+        kind = "hf" if path.startswith(HF_PREFIX) else folder_kind(path)
+        if kind in ("fine-tuning", "hf"):
+            what = "a fine-tuning workdir" if kind == "fine-tuning" else "an export or hf: folder"
+            raise PretrainedError(
+                f"{path}@{step}: @STEP picks a checkpoint of a pre-training workdir, and {path} "
+                f"is {what}, which keeps none; give {path} without @{step}"
+            )
         return load_workdir(path, step)
     if path.startswith(HF_PREFIX):
         return read_hf(path[len(HF_PREFIX) :])

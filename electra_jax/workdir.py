@@ -331,6 +331,8 @@ def _take_remote_lock(path: str, kind: str, flag: str, command: str):
             f"{flag} {path} is in use by {e}; wait for it to end (or stop it), or use another "
             f"{flag}"
         ) from None
+    except gcs_lock.ForeignLock as e:
+        raise ConfigError(f"{flag} {path}: {e}") from None
     except Exception as e:  # google-cloud-storage's errors: no bucket, no access, no network
         reason = " ".join(f"{type(e).__name__}: {e}".split())[:200]
         raise ConfigError(

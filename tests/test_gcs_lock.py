@@ -84,6 +84,46 @@ def test_a_dead_holder_on_this_host_is_taken_over_at_once_with_one_line(gcs):
     lock.release()
 
 
+@pytest.mark.parametrize(
+    "content, problem",
+    [
+        (b"not json {", "it is not JSON"),
+        (b"[1, 2]", "it holds a JSON list"),
+        (b'{"note": "mine"}', "its command is None, not a command's name"),
+        (
+            json.dumps({"command": "x", "host": "h", "pid": 3, "lease_seconds": "x"}).encode(),
+            "its lease_seconds is 'x', not a finite number of seconds > 0",
+        ),
+        (
+            b'{"command": "x", "host": "h", "pid": 3, "lease_seconds": 1e999}',
+            "its lease_seconds is inf, not a finite number of seconds > 0",
+        ),
+        (
+            json.dumps({"command": "x", "host": "h", "pid": True, "lease_seconds": 60}).encode(),
+            "its pid is True, not a process id",
+        ),
+    ],
+)
+def test_a_lock_object_that_is_not_our_record_is_named_with_the_way_out(gcs, content, problem):
+    """Neither "in use by a run (pid ? on host ?)" nor "cannot be written": what is wrong with
+    the object, and what to do; the object is left as it is."""
+    from electra_jax import workdir
+    from electra_jax.validate import ConfigError
+
+    uri = f"{gcs}/run/.lock"
+    _blob(uri).upload_from_string(content)
+    with pytest.raises(gcs_lock.ForeignLock) as e:
+        _lock(uri).acquire()
+    assert str(e.value) == (
+        f"its lock object {uri} does not hold a lock record of electra_jax ({problem}); if no "
+        f"run uses this workdir, delete that object (gcloud storage rm {uri}) and run again"
+    )
+    with pytest.raises(ConfigError) as e:  # what the commands print
+        workdir._take_remote_lock(f"{gcs}/run", workdir.PRETRAIN, "--workdir", "train")
+    assert str(e.value).startswith(f"--workdir {gcs}/run: its lock object {uri} does not hold")
+    assert _blob(uri).download_as_bytes() == content
+
+
 def test_a_holder_on_another_host_is_taken_over_only_after_its_lease(gcs):
     uri = f"{gcs}/run/.lock"
     lease = 2.0

@@ -45,6 +45,10 @@ def test_reading_names_the_file_and_what_to_do(tmp_path):
     (tmp_path / "x.json").write_text("{oops")
     with pytest.raises(_Error, match=r"x.json cannot be read \(.*\); fetch or export it again"):
         jsonio.read_json(path, _Error)
+    for encoding, name in (("utf-16", "UTF-16"), ("utf-32", "UTF-32")):
+        (tmp_path / "x.json").write_text('{"a": 1}', encoding=encoding)
+        with pytest.raises(_Error, match=f"it is {name} text .its byte-order mark., not UTF-8"):
+            jsonio.read_json(path, _Error)
     (tmp_path / "x.json").write_text("[1, 2]")
     with pytest.raises(_Error, match="holds a JSON list, not an object \\(a config\\)"):
         jsonio.read_json_object(path, "a config", _Error)

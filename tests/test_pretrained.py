@@ -194,6 +194,10 @@ def test_bad_paths_are_one_line_errors(run, exported, tmp_path):
     assert "not an ELECTRA config" in error(str(broken))
     shutil.rmtree(broken / "discriminator")
     assert "neither a workdir" in error(str(broken))
+    assert error(f"{exported}@3") == (
+        f"{exported}@3: @STEP picks a checkpoint of a pre-training workdir, and {exported} is an "
+        "export or hf: folder, which keeps none; give " + str(exported) + " without @3"
+    )
 
 
 HEAVY = {"jax", "flax", "orbax", "torch", "transformers"}

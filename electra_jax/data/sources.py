@@ -48,6 +48,7 @@ from collections.abc import Iterable, Iterator
 
 from electra_jax.data import DataError
 from electra_jax.data.uri import remote_errors, remote_path, uri_scheme
+from electra_jax.jsonio import bom_encoding
 
 # Bumped whenever the way ``builtin`` text is extracted changes, so cached prepared data keyed on
 # the fingerprint is not silently reused with different content.
@@ -444,8 +445,16 @@ def _text_documents(paths: list[str], stats: SourceStats, opts: SourceOptions):
             with raw, stream:
                 head = stream.read(_SNIFF_BYTES)
                 if _looks_binary(head):
-                    stats.skipped.append(f"{path}: binary")
-                    _warn_once(f"skipping {path}: binary (NUL bytes or mostly not UTF-8)")
+                    encoding = bom_encoding(head)
+                    stats.skipped.append(
+                        f"{path}: {encoding} text, not UTF-8" if encoding else f"{path}: binary"
+                    )
+                    _warn_once(
+                        f"skipping {path}: {encoding} text (its byte-order mark), not UTF-8: "
+                        f"convert it, e.g. iconv -f {encoding} -t UTF-8"
+                        if encoding
+                        else f"skipping {path}: binary (NUL bytes or mostly not UTF-8)"
+                    )
                     found = True  # Counted as skipped, not as empty.
                     continue
                 stats.files += 1

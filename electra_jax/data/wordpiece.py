@@ -92,8 +92,10 @@ class WordPieceTokenizer:
             vocab = text.split("\n")
             if vocab[-1] == "":
                 vocab.pop()
-        except (OSError, UnicodeDecodeError) as e:
+        except OSError as e:
             raise DataError(f"{path} cannot be read ({e})") from None
+        except UnicodeDecodeError as e:
+            raise DataError(f"{path} cannot be read ({jsonio.text_problem(e)})") from None
         config_path = paths.join(folder, "tokenizer_config.json")
         options = jsonio.read_json_object(
             config_path, "a tokenizer_config.json is an object of options", DataError, default={}

@@ -98,9 +98,9 @@ def read_squad(path: str, version: str) -> list[Example]:
             f"{path} is missing; download it from {URL}{name} into config.data_dir"
         ) from None
     except (OSError, ValueError) as e:
+        reason = jsonio.text_problem(e) if isinstance(e, ValueError) else one_line(e, 200)
         raise DataError(
-            f"{path} is not a readable JSON file ({one_line(e, 200)}); download it again from "
-            f"{URL}{name}"
+            f"{path} is not a readable JSON file ({reason}); download it again from {URL}{name}"
         ) from None
     try:
         examples = _examples(data, name, version)

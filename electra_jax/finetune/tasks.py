@@ -21,6 +21,7 @@ import math
 import os
 from collections.abc import Sequence
 
+from electra_jax import jsonio
 from electra_jax.data import DataError
 
 
@@ -245,7 +246,7 @@ def read_tsv(path: str) -> list[list[str]]:
     except OSError as e:
         raise DataError(f"{path} cannot be read ({e.strerror}); check config.data_dir") from None
     except UnicodeDecodeError as e:
-        raise DataError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+        raise DataError(f"{path} cannot be read: {jsonio.text_problem(e)}") from None
     except csv.Error as e:
         raise DataError(f"{path} is not a tab-separated file ({e})") from None
     return [r for r in rows if r and any(field.strip() for field in r)]

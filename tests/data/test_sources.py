@@ -241,6 +241,15 @@ def test_binary_file_is_skipped_with_a_warning(tmp_path, caplog):
         str(tmp_path / "noise.txt"),
     ]
     assert str(tmp_path / "blob.txt") in caplog.text and "binary" in caplog.text
+    caplog.clear()
+    (tmp_path / "wide.txt").write_text("wide text\n" * 50, encoding="utf-16")
+    with caplog.at_level(logging.WARNING, logger="electra_jax.data"):
+        _read(f"{tmp_path}/[aw]*.txt")
+    with pytest.raises(DataError, match=r"wide\.txt: UTF-16 text, not UTF-8"):
+        _read(f"{tmp_path}/wide.txt")
+    assert f"skipping {tmp_path / 'wide.txt'}: UTF-16 text (its byte-order mark), not UTF-8" in (
+        caplog.text
+    )
 
 
 def test_nothing_usable_raises_naming_the_files(tmp_path):

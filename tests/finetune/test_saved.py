@@ -123,6 +123,8 @@ def test_the_workdir_keeps_weights_tokenizer_and_labels_and_load_predicts(tmp_pa
         with pytest.raises(error, match=re.escape(says)):
             model.predict(texts)
 
+    with pytest.raises(PretrainedError, match=re.escape(f"{workdir} is a fine-tuning workdir")):
+        electra_jax.load(f"{workdir}@1")  # not "restore its config.json"
     # A classifier that holds NaN (a diverged run, a damaged file) is refused where it is read.
     tensors["classifier/kernel"][3, 1] = np.nan
     save_file(tensors, str(workdir / saved.WEIGHTS_FILE))

@@ -146,8 +146,16 @@ def test_missing_dir_and_file(tmp_path):
     _write(tmp_path / "train.tsv", ["sentence\tlabel"])
     (tmp_path / "dev.tsv").write_bytes(b"sentence\tlabel\n\xff\xfe\t1\n")
     sst = tasks.get_task("SST-2")
-    with pytest.raises(DataError, match=r"dev.tsv is not UTF-8"):
+    with pytest.raises(DataError, match=r"dev.tsv cannot be read: it is not UTF-8 text \("):
         tasks.read_tsv_split(sst, str(tmp_path), sst.dev_splits[0])
+    # Saved as UTF-16 (Windows' "Unicode"): named as such, with the way out.
+    (tmp_path / "dev.tsv").write_text("sentence\tlabel\nfine\t1\n", encoding="utf-16")
+    with pytest.raises(DataError) as e:
+        tasks.read_tsv_split(sst, str(tmp_path), sst.dev_splits[0])
+    assert str(e.value) == (
+        f"{tmp_path / 'dev.tsv'} cannot be read: it is UTF-16 text (its byte-order mark), not "
+        "UTF-8: convert it, e.g. iconv -f UTF-16 -t UTF-8"
+    )
 
 
 @pytest.mark.skipif(not GLUE.is_dir(), reason=f"GLUE TSVs not found at {GLUE}")
