@@ -231,6 +231,13 @@ def _tfds_label(task: Task, raw, where: str) -> int | float:
     return task.labels.index(task.tfds_labels[index])
 
 
+# The longest TSV field read (characters). csv's default of 131,072 refuses legitimate long
+# sentences and paragraphs (a 300,000-character one was seen); with quoting off a field cannot
+# run away across lines, so the limit only bounds a line, and fine-tuning cuts every example to
+# config.seq_length tokens anyway.
+MAX_TSV_FIELD_CHARS = 1 << 26
+
+
 def read_tsv(path: str) -> list[list[str]]:
     """Rows of a GLUE TSV file: tab-separated, no quoting, UTF-8 with or without a BOM.
 
@@ -239,16 +246,26 @@ def read_tsv(path: str) -> list[list[str]]:
     Raises:
       DataError: the file cannot be read or is not UTF-8.
     """
+    # The limit is the csv module's, process-wide: raised for this read, then given back.
+    limit = csv.field_size_limit(MAX_TSV_FIELD_CHARS)
     try:
         # newline='' leaves line ends to the csv module; 'utf-8-sig' drops a leading BOM.
         with open(path, encoding="utf-8-sig", newline="") as f:
             rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+    except csv.Error as e:
+        if "field limit" not in str(e):
+            raise DataError(f"{path} is not a tab-separated file ({e})") from None
+        raise DataError(
+            f"{path} has a field of more than {MAX_TSV_FIELD_CHARS:,} characters, the longest "
+            "a TSV field is read (finetune/tasks.py's MAX_TSV_FIELD_CHARS); check that the file "
+            "is tab-separated, or cut that text"
+        ) from None
     except OSError as e:
         raise DataError(f"{path} cannot be read ({e.strerror}); check config.data_dir") from None
     except UnicodeDecodeError as e:
         raise DataError(f"{path} cannot be read: {jsonio.text_problem(e)}") from None
-    except csv.Error as e:
-        raise DataError(f"{path} is not a tab-separated file ({e})") from None
+    finally:
+        csv.field_size_limit(limit)
     return [r for r in rows if r and any(field.strip() for field in r)]
 
 

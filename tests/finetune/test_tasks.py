@@ -247,3 +247,25 @@ def test_an_empty_headerless_split_is_refused_too(tmp_path):
     assert len(tasks.load_split(cola, tasks.TRAIN, str(tmp_path))) == 1
     with pytest.raises(DataError, match=r"dev.tsv has no examples; give CoLA's full dev set"):
         tasks.load_split(cola, cola.dev_splits[0], str(tmp_path))
+
+
+def test_a_long_sentence_is_read_and_a_field_past_our_limit_is_named(tmp_path, monkeypatch):
+    """csv's own field limit (131,072) is no limit of ours: a 300,000-character sentence reads.
+    Ours (MAX_TSV_FIELD_CHARS) is named when passed, and csv's process-wide limit is given back."""
+    import csv
+
+    before = csv.field_size_limit()
+    long = "word " * 60_000
+    _write(tmp_path / "train.tsv", ["sentence\tlabel", f"{long}\t1", "short\t0"])
+    rows = tasks.read_tsv(str(tmp_path / "train.tsv"))
+    assert rows[1] == [long, "1"] and len(rows) == 3
+    assert csv.field_size_limit() == before
+    monkeypatch.setattr(tasks, "MAX_TSV_FIELD_CHARS", 1000)
+    with pytest.raises(DataError) as e:
+        tasks.read_tsv(str(tmp_path / "train.tsv"))
+    assert str(e.value) == (
+        f"{tmp_path / 'train.tsv'} has a field of more than 1,000 characters, the longest a TSV "
+        "field is read (finetune/tasks.py's MAX_TSV_FIELD_CHARS); check that the file is "
+        "tab-separated, or cut that text"
+    )
+    assert csv.field_size_limit() == before
