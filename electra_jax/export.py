@@ -21,6 +21,7 @@ import os
 from electra_jax import paths
 from electra_jax.hf.write import check_out, write_export, write_folder
 from electra_jax.pretrained import load_workdir
+from electra_jax.validate import ConfigError
 from electra_jax.weights import PretrainedError
 
 
@@ -34,6 +35,12 @@ def export(workdir: str, out: str) -> dict:
             f"--out {out} is a URI; give a local folder and copy it to the bucket afterwards "
             "(gcloud storage cp -r OUT gs://...)"
         )
+    from electra_jax import workdir as workdir_lib
+
+    try:  # never into a folder a run manages: its next resume would take the export for its own
+        workdir_lib.refuse_managed(out, "--out")
+    except ConfigError as e:
+        raise PretrainedError(str(e)) from None
     check_out(os.path.abspath(out))  # before the restore, so a bad --out fails at once
     if not paths.isdir(workdir):
         what = "is a file, not a workdir" if paths.exists(workdir) else "does not exist"

@@ -342,6 +342,44 @@ def _take_remote_lock(path: str, kind: str, flag: str, command: str):
     return lock
 
 
+# What a run manages inside its workdir: it writes these, reads them back, and may set aside or
+# remove what it finds there (a damaged checkpoint, stale prepared data). Another command's
+# output inside one would be taken for the run's own; `hf/` (the export's default place) is not
+# one of them.
+MANAGED = frozenset({"checkpoints", "data", "tokenizer", "tensorboard", MARKER, LOCK})
+
+
+def inside_managed(path: str) -> tuple[str, str] | None:
+    """(workdir, entry) when `path` is, or lies inside, the entry of MANAGED of a workdir of
+    ours (e.g. RUN/checkpoints/99 -> (RUN, 'checkpoints')); None otherwise. Only ancestors whose
+    child on the way is a managed name are looked at, so a deep path costs a few string checks."""
+    path = paths.absolute(path)
+    if paths.is_remote(path):
+        scheme, _, rest = path.partition("://")
+        parts = rest.split("/")
+        ancestors = [(f"{scheme}://" + "/".join(parts[:i]), parts[i]) for i in range(1, len(parts))]
+    else:
+        parts = path.split(os.sep)
+        ancestors = [(os.sep.join(parts[:i]) or os.sep, parts[i]) for i in range(1, len(parts))]
+    for parent, child in reversed(ancestors):
+        if child in MANAGED and kind_of(parent) in KINDS:
+            return parent, child
+    return None
+
+
+def refuse_managed(path: str, flag: str) -> None:
+    """ConfigError (one line) when `path`, an output of a command, is inside a folder another
+    run manages (inside_managed)."""
+    found = inside_managed(path)
+    if found:
+        run, entry = found
+        raise ConfigError(
+            f"{flag} {path} is inside {paths.join(run, entry)}, which the run in {run} manages "
+            f"(it would take what is written there for its own, or set it aside): choose a "
+            f"{flag} outside it"
+        )
+
+
 def claim(
     path: str,
     kind: str,
@@ -363,6 +401,7 @@ def claim(
     if paths.is_remote(path):
         path = paths.absolute(path)  # no trailing slash: gs://b/run/ and gs://b/run are one
     check_workdir(path, flag, create=False)
+    refuse_managed(path, flag)
     found = kind_of(path)
     if found is None:
         raise ConfigError(

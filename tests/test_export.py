@@ -224,6 +224,24 @@ def test_export_refuses_bad_input_and_replaces_a_previous_export(run, exported, 
     assert sorted(os.listdir(again)) == ["discriminator", "export.json", "generator"]
 
 
+@pytest.mark.parametrize("inside", ["checkpoints/99", "checkpoints", "data/x", "tokenizer/hf"])
+def test_an_export_never_lands_inside_a_folder_a_run_manages(run, tmp_path, inside):
+    """Into WORKDIR/checkpoints/99 an export would be taken by the next resume for a damaged
+    checkpoint and set aside; the run's own folder WORKDIR/hf is where exports go."""
+    workdir = tmp_path / "run"
+    shutil.copytree(run["path"], workdir)
+    before = sorted(str(p.relative_to(workdir)) for p in workdir.rglob("*"))
+    with pytest.raises(pretrained.PretrainedError) as e:
+        export.export(run["path"], str(workdir / inside))
+    top = inside.split("/")[0]
+    assert str(e.value) == (
+        f"--out {workdir / inside} is inside {workdir / top}, which the run in {workdir} "
+        "manages (it would take what is written there for its own, or set it aside): choose a "
+        "--out outside it"
+    )
+    assert sorted(str(p.relative_to(workdir)) for p in workdir.rglob("*")) == before
+
+
 @pytest.mark.parametrize(
     "given, says", [("nope", "does not exist"), ("notes.txt", "is a file, not a workdir")]
 )

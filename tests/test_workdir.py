@@ -305,3 +305,18 @@ def test_a_hard_link_is_never_truncated_or_appended_to(tmp_path):
     with pytest.raises(ConfigError, match=r"\.lock has 4 hard links"):
         workdir.claim(str(fresh), workdir.PRETRAIN)
     assert outside.read_text() == "a user's file"
+
+
+def test_nothing_is_claimed_inside_a_folder_another_run_manages(tmp_path):
+    run = tmp_path / "run"
+    workdir.claim(str(run), workdir.PRETRAIN).release()
+    (run / "checkpoints").mkdir()
+    for inside in ("checkpoints/x", "data/cache", "tensorboard/a/b", ".lock/x"):
+        assert workdir.inside_managed(str(run / inside)) == (str(run), inside.split("/")[0])
+        with pytest.raises(ConfigError, match=r"is inside .*, which the run in .* manages"):
+            workdir.claim(str(run / inside), workdir.PRETRAIN)
+    assert sorted(os.listdir(run / "checkpoints")) == []
+    # Beside the managed folders, or under a folder that is no run's, is free.
+    assert workdir.inside_managed(str(run / "hf")) is None
+    assert workdir.inside_managed(str(tmp_path / "other" / "checkpoints" / "x")) is None
+    workdir.claim(str(run / "hf" / "nested-run"), workdir.PRETRAIN).release()
