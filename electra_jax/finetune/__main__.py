@@ -21,6 +21,7 @@ from ml_collections import config_flags
 from electra_jax.cli import (
     PRINT_CONFIG_HELP,
     command_config,
+    each_once,
     fail,
     one_line_for,
     parse_flags,
@@ -36,6 +37,13 @@ _CONFIG = config_flags.DEFINE_config_file(
 )
 _WORKDIR = flags.DEFINE_string("workdir", None, "Where eval_results.json and predictions go.")
 _VERBOSE = flags.DEFINE_bool("verbose", False, "Show full tracebacks on errors.")
+_ALLOW_CHANGE = flags.DEFINE_string(
+    "allow_change",
+    "",
+    "Resuming: what may differ from what the run started from (comma-separated): data_dir (the "
+    "task's files, or config.data_dir), init_from (the pre-trained weights, or config.init_from);"
+    " recorded in config_changes.jsonl. Other differences are refused.",
+)
 _PRINT_CONFIG = flags.DEFINE_bool("print_config", False, PRINT_CONFIG_HELP)
 
 
@@ -58,7 +66,10 @@ def main(argv) -> None:
         return
     if not _WORKDIR.value:
         fail("--workdir is required: where eval_results.json and the trained model go")
+    allow = [k.strip() for k in _ALLOW_CHANGE.value.split(",") if k.strip()]
+    each_once("--allow_change", allow)
     with one_line_for(ConfigError, verbose=_VERBOSE.value):
+        checks.check_allowed(allow)
         # Before jax, flax and orbax are imported: bad settings, and a workdir the run's claim
         # would refuse (a file, a folder not ours or of the other kind, a link out: the claim's
         # checks, nothing written), are answered in a blink. finetune() claims it for good.
@@ -74,7 +85,7 @@ def main(argv) -> None:
 
     command = shlex.join(["python", "-m", "electra_jax.finetune", *sys.argv[1:]])
     try:
-        loop.finetune(config, _WORKDIR.value, command=command)
+        loop.finetune(config, _WORKDIR.value, command=command, allow_changes=tuple(allow))
     except (ConfigError, DataError, CheckpointError) as e:
         if _VERBOSE.value:
             raise

@@ -150,6 +150,24 @@ SQUAD_NUMBERS = (
 )
 
 
+# What `--allow_change` may name for a fine-tuning, and what each lets differ on a resume
+# (inputs.py holds the resume to the rest).
+ALLOWED = {
+    "data_dir": "the task's files (or config.data_dir)",
+    "init_from": "the pre-trained weights (or config.init_from)",
+}
+
+
+def check_allowed(allow) -> None:
+    """ConfigError for a key `--allow_change` does not take in a fine-tuning."""
+    unknown = [k for k in allow if k not in ALLOWED]
+    require(
+        not unknown,
+        f"--allow_change={','.join(unknown)}: a fine-tuning's resume may change only "
+        + "; ".join(f"{k} ({what})" for k, what in ALLOWED.items()),
+    )
+
+
 # The keys each family's own checks and runner read, beyond the common ones.
 FAMILY_KEYS = {
     "glue": ("task", "num_epochs"),

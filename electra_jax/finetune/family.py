@@ -74,6 +74,11 @@ class Family:
         """The training and dev examples (DataError for bad files, before any tokenizing)."""
         raise NotImplementedError
 
+    def input_files(self, config, task) -> tuple[list[str], dict | None]:
+        """(the local files `read` reads, a TFDS source's description or None): what a resume
+        is held to (inputs.py)."""
+        raise NotImplementedError
+
     def featurize(self, config, task, data: Data, tokenizer) -> Features:
         raise NotImplementedError
 

@@ -86,6 +86,12 @@ class Glue(Family):
         texts = [t for e in train_read for t in (e.text_a, e.text_b) if t]
         return Data(train, len(train_read), dev, texts)
 
+    def input_files(self, config, task: tasks.Task) -> tuple[list[str], dict | None]:
+        if not config.data_dir:  # TFDS: named, not hashed (TFDS versions what it prepared)
+            return [], {"dataset": task.tfds_name, "data_dir": config.tfds_data_dir}
+        splits = (tasks.TRAIN, *task.dev_splits)
+        return [tasks.tsv_path(task, config.data_dir, s) for s in splits], None
+
     def featurize(self, config, task: tasks.Task, data: Data, tokenizer) -> Features:
         encode = functools.partial(
             features.encode_examples,

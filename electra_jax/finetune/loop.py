@@ -26,7 +26,7 @@ import optax
 from electra_jax import checkpointing, jsonio, paths, sharding
 from electra_jax import workdir as workdir_lib
 from electra_jax.data import DataError
-from electra_jax.finetune import checks, heads, saved
+from electra_jax.finetune import checks, heads, inputs, saved
 from electra_jax.finetune.family import ORDER_STREAM, Family
 from electra_jax.finetune.glue import GLUE
 from electra_jax.finetune.squad import SQUAD
@@ -161,10 +161,11 @@ def _task_tokenizer(config, texts: list[str], workdir: str):
         raise DataError(str(e).replace("data.vocab_size", "config.vocab_size")) from None
 
 
-def _pretrained(config):
-    """init_from's Pretrained; ConfigError when it cannot be read."""
+def _pretrained(config, path: str | None = None):
+    """init_from's Pretrained (or that of `path`, init_from pinned to a step); ConfigError when
+    it cannot be read."""
     try:
-        return _load_pretrained(config.init_from)
+        return _load_pretrained(path or config.init_from)
     except PretrainedError as e:  # its message names the path and what would work
         raise ConfigError(f"config.init_from: {e}") from None
 
@@ -347,6 +348,7 @@ def finetune(
     workdir: str,
     stop_after: int | None = None,
     command: str | None = None,
+    allow_changes: tuple[str, ...] = (),
 ) -> dict:
     """Fine-tunes on the config's task, evaluates on its dev set(s), writes the results and the
     model; returns the results (eval_results.json's fields).
@@ -359,6 +361,8 @@ def finetune(
     stop_after: end after that step with a checkpoint, as a preemption would (returns
       {'stopped_at': step, 'steps': num_steps}; SIGTERM / SIGINT during the steps does the same).
     command: the command line that started the run, recorded in model.json for the model card.
+    allow_changes: what a resume may find changed since the run started (inputs.ALLOWED:
+      'data_dir', 'init_from'); recorded in config_changes.jsonl.
 
     Raises:
       ConfigError / DataError: bad config values, data files or init_from, or a workdir that
@@ -369,10 +373,13 @@ def finetune(
     """
     started = time.time()
     family, task = check_config(config)
+    checks.check_allowed(allow_changes)
     # Locked for the run; a pre-training workdir (or any folder not ours) is refused, since
     # fine-tuning writes its own config.json and tokenizer/ there.
     with workdir_lib.claimed(workdir, workdir_lib.FINETUNE, command="electra_jax.finetune"):
-        return _finetune(config, workdir, family, task, started, stop_after, command)
+        return _finetune(
+            config, workdir, family, task, started, stop_after, command, tuple(allow_changes)
+        )
 
 
 def local_mesh(config):
@@ -393,15 +400,18 @@ def local_mesh(config):
     return mesh
 
 
-def _differences(saved_config: dict, config: dict, prefix: str = "") -> list[str]:
-    """'key: now X, there Y' for every field that differs between two config dicts."""
+def _differences(
+    saved_config: dict, config: dict, prefix: str = "", free: tuple[str, ...] = ()
+) -> list[str]:
+    """'key: now X, there Y' for every field that differs between two config dicts, but those
+    of RESUMABLE_CHANGES and `free`."""
     out = []
     for key in sorted(set(saved_config) | set(config)):
         a, b = saved_config.get(key, "(absent)"), config.get(key, "(absent)")
         name = f"{prefix}{key}"
         if isinstance(a, dict) and isinstance(b, dict):
-            out += _differences(a, b, name + ".")
-        elif a != b and name not in RESUMABLE_CHANGES:
+            out += _differences(a, b, name + ".", free)
+        elif a != b and name not in RESUMABLE_CHANGES and name not in free:
             out.append(f"{name} is {b!r} now, {a!r} there")
     return out
 
@@ -446,11 +456,14 @@ def _check_started_run(workdir: str, family: Family, task) -> None:
         )
 
 
-def previous_run(config, workdir: str, family: Family, task) -> tuple[dict | None, dict | None]:
+def previous_run(
+    config, workdir: str, family: Family, task, allow: tuple[str, ...] = ()
+) -> tuple[dict | None, dict | None]:
     """(model.json, eval_results.json) of the run WORKDIR holds, (None, None) when it holds none.
 
     Raises ConfigError when the workdir holds another run: another family or task, other
-    settings (but those of RESUMABLE_CHANGES), or other labels than the task has now.
+    settings (but those of RESUMABLE_CHANGES and the keys `allow` names), or other labels than
+    the task has now.
     """
     config_path = paths.join(workdir, saved.CONFIG_FILE)
     model_path = paths.join(workdir, saved.MODEL_FILE)
@@ -463,7 +476,7 @@ def previous_run(config, workdir: str, family: Family, task) -> tuple[dict | Non
         raise ConfigError(str(e)) from None
     results_path = paths.join(workdir, RESULTS_FILE)
     finished = paths.exists(results_path)
-    differences = _differences(there, config.to_dict())
+    differences = _differences(there, config.to_dict(), free=allow)
     if differences:
         what = there.get("task") or (f"SQuAD {there['version']}" if "version" in there else "?")
         kind = f"a {there['family']} fine-tuning" if "family" in there else "a fine-tuning"
@@ -497,36 +510,52 @@ def previous_run(config, workdir: str, family: Family, task) -> tuple[dict | Non
     return record, results
 
 
-def _resumed_model(config, workdir: str, record: dict, needs_encoder: bool) -> Initial:
+def _resumed_model(
+    config, workdir: str, record: dict, needs_encoder: bool, allow: tuple[str, ...]
+) -> Initial:
     """The Initial of a run that started in WORKDIR: its spec and tokenizer as it saved them;
-    the encoder from init_from only when no checkpoint holds the weights yet."""
+    the encoder from init_from only when no checkpoint holds the weights yet, read where the
+    first start read it (inputs.py: a workdir at the step it had then), unless the resume may
+    change init_from."""
     try:
         spec = saved.spec_from_json(record.get("spec"), paths.join(workdir, saved.MODEL_FILE))
         tokenizer = saved.load_tokenizer(workdir, record.get("tokenizer_fingerprint"))
     except PretrainedError as e:
         raise ConfigError(str(e)) from None
-    encoder = _encoder_params(_pretrained(config)) if needs_encoder and config.init_from else None
+    encoder = None
+    if needs_encoder and config.init_from:
+        pinned = (record.get("inputs") or {}).get("init_from", {}).get("load")
+        path = config.init_from if "init_from" in allow or not pinned else pinned
+        encoder = _encoder_params(_pretrained(config, path))
     return Initial(
         spec, tokenizer, encoder, record.get("init_source", "?"), record.get("pretraining")
     )
 
 
-def _finetune(config, workdir, family: Family, task, started, stop_after, command) -> dict:
+def _finetune(config, workdir, family: Family, task, started, stop_after, command, allow) -> dict:
     # ---------------------------------------------------------------- workdir
     mesh = local_mesh(config)
-    record, finished = previous_run(config, workdir, family, task)
+    record, finished = previous_run(config, workdir, family, task, allow)
     if finished is not None:
         log(f"{workdir} holds this run, finished: {paths.join(workdir, RESULTS_FILE)}")
         return finished
 
     # ---------------------------------------------------------------- data
     data = family.read(config, task)
+    files, tfds = family.input_files(config, task)
 
     # ---------------------------------------------------------------- model
     resuming = record is not None
     has_checkpoint = resuming and checkpointing.has_checkpoints(workdir)
+    new_inputs = None  # model.json's "inputs" to write once the resumed step is known
     if resuming:
-        init = _resumed_model(config, workdir, record, needs_encoder=not has_checkpoint)
+        new_inputs = inputs.check_data(workdir, record, files, tfds, allow)
+        init = _resumed_model(config, workdir, record, not has_checkpoint, allow)
+        if init.encoder_params is not None:
+            seen = {**record, "inputs": new_inputs or record.get("inputs")}
+            new_inputs = inputs.check_weights(workdir, seen, init.encoder_params, allow) or (
+                new_inputs
+            )
     else:
         init = initial_model(config, data.texts, workdir)
     spec = init.spec
@@ -592,6 +621,12 @@ def _finetune(config, workdir, family: Family, task, started, stop_after, comman
             "pretraining": init.pretraining,
             "command": command,
             "num_steps": num_steps,
+            "inputs": inputs.first_record(
+                files,
+                tfds,
+                inputs.pinned_init_from(config, init.pretraining),
+                init.encoder_params,
+            ),
         }
         jsonio.write_json(paths.join(workdir, saved.MODEL_FILE), record)
         # config.json last: its presence says the run started and model.json is whole.
@@ -614,6 +649,8 @@ def _finetune(config, workdir, family: Family, task, started, stop_after, comman
                 state, history = restored["train"], np.array(restored["history"])
                 first = int(state.step)
                 log(f"resumed from checkpoint {first} of {num_steps} steps")
+        if resuming:
+            inputs.record_resume(workdir, record, new_inputs, first, config, log)
 
         # ------------------------------------------------------------ steps
         order = batch_order(num_rows, config.batch_size, num_steps, config.seed)

@@ -62,6 +62,9 @@ class Squad(Family):
         texts = sorted({e.context for e in train_read}) + [e.question for e in train_read]
         return Data(train, len(train_read), {"dev": dev}, texts)
 
+    def input_files(self, config, version: str) -> tuple[list[str], dict | None]:
+        return [os.path.join(config.data_dir, n) for n in squad_data.file_names(version)], None
+
     def featurize(self, config, version: str, data: Data, tokenizer) -> Features:
         featurize = featurizer(config, tokenizer)
         train, dev = featurize(data.train), featurize(data.dev["dev"])

@@ -55,6 +55,10 @@ def _one_error_line(out) -> str:
             "config.family='squad' needs the keys version, doc_stride",
         ),
         (["--config=configs/squad.py", "--config.family=glue"], "needs the key task, which"),
+        (
+            ["--config=configs/glue.py", "--allow_change=seed"],
+            "--allow_change=seed: a fine-tuning's resume may change only data_dir",
+        ),
         (["--config=configs/glue.py", "--config.batch_size=0"], "config.batch_size=0 must be"),
         (["--config=configs/squad.py", "--config.version=3"], "config.version='3' is not a"),
         (["--config=configs/squad.py", "--config.n_best_size=999"], "n_best_size=999 exceeds"),
