@@ -84,7 +84,9 @@ def detect(timeout_seconds: int) -> Launch | None:
 
     timeout_seconds bounds the wait for the coordinator's name to resolve (TPU and Kubernetes
     clusters wait for process 0's host to come up). Raises DetectionError when this process is in
-    a cluster jax recognizes (or a Kubernetes Indexed Job) but cannot find its peers.
+    a cluster jax recognizes but cannot find its peers, and for the ranks of a launch jax does not
+    recognize (a later pod of a Kubernetes Indexed Job without the `kubernetes` package, Open
+    MPI 5's ranks) rather than let each train alone.
     """
     from jax._src import clusters
 
