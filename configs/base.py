@@ -1,11 +1,11 @@
 """ELECTRA-Base, as in the paper (Table 6): 110M discriminator, 766K steps of 256 x 512 tokens.
 
-    python -m electra_jax.train --config=configs/base.py --workdir=/mnt/BUCKET/base \
+    python -m electra_jax.train --config=configs/base.py --workdir=gs://BUCKET/runs/base \
         --config.data.source=tfds:wikipedia/20230601.en
 
-/mnt/BUCKET is the bucket mounted with gcsfuse on every host (see the README, "Many devices and
-many hosts"): orbax could write gs:// itself, but the run's other files need a filesystem, and the
-mount gives every host the same view (process 0 prepares the data there while the others wait).
+The workdir is storage every host sees: gs://BUCKET/PATH written directly (the [gcs] extra; no
+gcsfuse mount, docs/scaling.md says why) or NFS. Process 0 prepares the data there while the
+others wait; every host writes its part of each checkpoint.
 
 Meant for a TPU v3-16 / v4-16 slice or 8+ GPUs of 40 GB or more. The paper reports GLUE dev 85.1
 for this model. Starts from small.py and overrides what differs.

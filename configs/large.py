@@ -1,11 +1,11 @@
 """ELECTRA-Large, as in the paper (Table 6): 335M discriminator, 400K steps of 2048 x 512 tokens.
 
-    python -m electra_jax.train --config=configs/large.py --workdir=/mnt/BUCKET/large \
+    python -m electra_jax.train --config=configs/large.py --workdir=gs://BUCKET/runs/large \
         --config.data.source=tfds:wikipedia/20230601.en
 
-/mnt/BUCKET is the bucket mounted with gcsfuse on every host (see the README, "Many devices and
-many hosts"): orbax could write gs:// itself, but the run's other files need a filesystem, and the
-mount gives every host the same view (process 0 prepares the data there while the others wait).
+The workdir is storage every host sees: gs://BUCKET/PATH written directly (the [gcs] extra; no
+gcsfuse mount, docs/scaling.md says why) or NFS. Process 0 prepares the data there while the
+others wait; every host writes its part of each checkpoint.
 
 Meant for a TPU v3-512 / v4-128 pod slice or a multi-node GPU cluster (batch 2048 does not fit one
 device). This is the paper's "ELECTRA-400K" (GLUE dev 88.6); the released ELECTRA-Large is the

@@ -47,7 +47,8 @@ _PRINT_CONFIG = flags.DEFINE_bool("print_config", False, PRINT_CONFIG_HELP)
 _COORDINATOR = flags.DEFINE_string(
     "coordinator_address",
     None,
-    "host:port of process 0, for multi-host runs without auto-detection.",
+    "host:port of process 0, for multi-host runs that jax's cluster detection (SLURM, Open MPI, "
+    "GKE and Cloud TPU slices, Kubernetes Jobs) does not find by itself.",
 )
 _ALLOW_CHANGE = flags.DEFINE_string(
     "allow_change",
@@ -86,9 +87,14 @@ def _check_process_flags() -> None:
             )
         if n is None or i is None:
             fail("--coordinator_address needs --num_processes and --process_id")
+    elif n is not None or i is not None:
+        fail(
+            "--num_processes and --process_id need --coordinator_address (or none of the three: "
+            "jax finds the processes of a SLURM, Open MPI, TPU slice or Kubernetes launch itself)"
+        )
 
 
-def _exit_unless_joined(done: threading.Event, seconds: float, address: str) -> None:
+def _exit_unless_joined(done: threading.Event, seconds: float, where: str) -> None:
     """Watchdog: if the processes have not all joined after `seconds`, one line and exit 2.
 
     jax's own startup deadline ends the process with a C++ stack trace; this one fires first.
@@ -96,7 +102,6 @@ def _exit_unless_joined(done: threading.Event, seconds: float, address: str) -> 
     """
     if done.wait(seconds):
         return
-    where = f"the coordinator {address}" if address else "the auto-detected coordinator"
     print(
         f"error: the processes did not all join {where} within {seconds:.0f}s (5 x "
         "--peer_timeout_seconds); check that the address is process 0's host and a free port "
@@ -109,39 +114,49 @@ def _exit_unless_joined(done: threading.Event, seconds: float, address: str) -> 
 
 
 def _maybe_initialize_distributed() -> None:
+    """Join the other processes: the explicit flags', or those jax's cluster detection finds.
+
+    SLURM, Open MPI, GKE and Cloud TPU slices and Kubernetes Jobs are detected by jax itself
+    (electra_jax/cluster.py); a single process (no cluster, or a cluster of one) starts alone.
+    """
     import jax
 
-    explicit = bool(_COORDINATOR.value)
-    detected = int(os.environ.get("SLURM_NTASKS", "1")) > 1 or "," in os.environ.get(
-        "TPU_WORKER_HOSTNAMES", ""
-    )
-    if not (explicit or detected):
-        return
-    # CPU devices of different processes talk through gloo (GPUs use NCCL, TPUs their ICI).
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    from electra_jax import cluster
+
     startup = _PEER_TIMEOUT.value * 5
-    kwargs = dict(
-        # A peer that stops answering is declared dead after this long and the run ends with
-        # an error on every process, rather than waiting in a collective forever.
-        heartbeat_timeout_seconds=_PEER_TIMEOUT.value,
-        # Later than the watchdog below, which says what went wrong in one line.
-        initialization_timeout=startup + 30,
-    )
-    if explicit:
-        kwargs.update(
+    if _COORDINATOR.value:
+        where = f"the coordinator {_COORDINATOR.value}"
+        target = dict(
             coordinator_address=_COORDINATOR.value,
             num_processes=_NUM_PROCESSES.value,
             process_id=_PROCESS_ID.value,
         )
-    # Otherwise SLURM's and TPU VMs' variables are read by jax itself.
+    else:
+        try:
+            launch = cluster.detect(timeout_seconds=startup)
+        except cluster.DetectionError as e:
+            if _VERBOSE.value:
+                raise
+            fail(str(e))
+        if launch is None:
+            return
+        where = f"the coordinator {launch.coordinator_address} ({launch.cluster})"
+        # What jax's own detection found, passed on as it is; jax is told not to detect again
+        # (a Kubernetes pod would ask the API server twice, a TPU VM its metadata server).
+        target = dict(launch.initialize_kwargs(), cluster_detection_method="deactivate")
+    # CPU devices of different processes talk through gloo (GPUs use NCCL, TPUs their ICI).
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
     joined = threading.Event()
-    threading.Thread(
-        target=_exit_unless_joined,
-        args=(joined, startup, _COORDINATOR.value or ""),
-        daemon=True,
-    ).start()
+    threading.Thread(target=_exit_unless_joined, args=(joined, startup, where), daemon=True).start()
     try:
-        jax.distributed.initialize(**kwargs)
+        jax.distributed.initialize(
+            **target,
+            # A peer that stops answering is declared dead after this long and the run ends
+            # with an error on every process, rather than waiting in a collective forever.
+            heartbeat_timeout_seconds=_PEER_TIMEOUT.value,
+            # Later than the watchdog, which says what went wrong in one line.
+            initialization_timeout=startup + 30,
+        )
     except (ValueError, RuntimeError) as e:  # e.g. an address jax cannot parse or bind
         if _VERBOSE.value:
             raise

@@ -168,6 +168,7 @@ def test_dry_run_compiles_large_width_with_fsdp_on_eight_devices():
         (["--num_processes=0", "--process_id=0"], "--num_processes=0 must be >= 1"),
         (["--num_processes=2", "--process_id=2"], "--process_id=2 must be in [0, --num_processes"),
         (["--peer_timeout_seconds=0"], "--peer_timeout_seconds=0 must be >= 1"),
+        (["--num_processes=2", "--process_id=1"], "need --coordinator_address (or none"),
     ],
 )
 def test_multihost_flags_that_cannot_work_are_one_line(tmp_path, args, expected):
