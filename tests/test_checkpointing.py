@@ -5,6 +5,7 @@ import gc
 import json
 import logging
 import os
+import shutil
 
 import grain
 import jax
@@ -436,6 +437,7 @@ _DAMAGE = {
     "array data truncated": ("state/d/*", _truncate),
     "array data overwritten with garbage": ("state/d/*", _garbage),
     "array index (ocdbt manifest) missing": ("state/manifest.ocdbt", os.remove),
+    "a process's part of the array index missing": ("state/ocdbt.process_0", shutil.rmtree),
     "tree metadata missing": ("state/_METADATA", os.remove),
     "tree metadata garbage": ("state/_METADATA", _garbage),
     "position file missing": ("position/position.json", os.remove),
