@@ -17,7 +17,7 @@ import pytest
 
 from electra_jax import loop, metrics
 from tests.conftest import ROOT, error_line, subprocess_env
-from tests.test_loop import config_with, prepare_shared_data
+from tests.test_loop import prepare_shared_data
 from tests.test_preemption import _config_file
 
 
@@ -59,10 +59,13 @@ def runs(shared_data, tmp_path_factory):
     config_path = _config_file(root, shared_data, num_steps=6, every=3)
     out = _launch(config_path, root / "two", 2, 4)
     assert out.returncode == 0, out.stderr[-3000:]
-    cfg = config_with(shared_data)
-    cfg.checkpoint.keep = 100  # as the config file
-    loop.train(cfg, str(root / "one"))
+    loop.train(_file_config(config_path), str(root / "one"))
     return {"config": config_path, "two": root / "two", "one": root / "one"}
+
+
+def _file_config(config_path):
+    """The config of a config file, for loop.train in this process."""
+    return runpy.run_path(config_path)["get_config"]()
 
 
 def _from_checkpoint_3(runs, name, tmp_path):
@@ -105,7 +108,7 @@ def test_two_processes_checkpoint_resumes_on_one_process(runs, tmp_path, capsys)
     the start, and no checkpoint set aside."""
     workdir = _from_checkpoint_3(runs, "two", tmp_path)
     capsys.readouterr()
-    loop.train(loop_config(runs), str(workdir))
+    loop.train(_file_config(runs["config"]), str(workdir))
     err = capsys.readouterr().err
     assert (
         "checkpoint 3 was written by 2 processes x 4 devices; resuming it on 1 process x 1 device"
@@ -151,11 +154,6 @@ def test_a_layout_that_cannot_split_the_batch_is_refused_naming_both(runs, tmp_p
     assert "this run's 1 process x 3 devices" in line and "train.batch_size=8" in line, line
     assert sorted(os.listdir(workdir / "checkpoints")) == ["3"]
     assert max(_losses(workdir)) == 6  # nothing started: the rows after 3 are still there
-
-
-def loop_config(runs):
-    """The config of the runs' file, for loop.train in this process."""
-    return runpy.run_path(runs["config"])["get_config"]()
 
 
 _LONG = "--config.train.num_steps=100000"
