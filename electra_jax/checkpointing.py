@@ -1,9 +1,18 @@
 """Orbax checkpoints in WORKDIR/checkpoints/<step>/: the train state and the input iterator.
 
 What is saved: params, optimizer state, step and the run's base RNG key (all in `state`), and the
-Grain iterator's position (`data`, one small JSON per process). Restoring both puts the run
-exactly where it stopped: the next batch and the next step's random stream are the ones the
-uninterrupted run would have used.
+input iterator's position with the layout that wrote it (`position`: one small JSON, written by
+process 0). Restoring both puts the run exactly where it stopped: the next batch and the next
+step's random stream are the ones the uninterrupted run would have used.
+
+Elastic resume: the position is a step counter whose meaning does not depend on the number of
+processes (data/pipeline.py: the global batch of step s is the same rows for any process count),
+and orbax reads the state into whatever mesh the run has now, so a checkpoint of N processes x D
+devices resumes on M x E. Checkpoints written before the `position` item hold the iterator's
+state as Grain's per-process files (`data/process_<i>-of-<N>.json`); they resume on N processes
+as they were written, and on another count when all N files agree (they do: each holds the step
+counter); otherwise the restore refuses in one line naming both layouts (CheckpointLayoutError).
+A checkpoint of another layout is never taken for a damaged one.
 
 Saves are asynchronous; orbax writes each step into a temporary folder and renames it when
 complete, so a crash mid-save never leaves a checkpoint that looks finished (the temporary folders
@@ -19,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import logging
 import os
 import re
@@ -36,6 +46,12 @@ from electra_jax import paths
 from electra_jax.jsonio import write_advice
 
 CORRUPT_SUFFIX = ".corrupt"
+# The item (folder) holding the input position and the layout that saved it, and its file.
+POSITION = "position"
+POSITION_FILE = "position.json"
+# The item of Grain's per-process iterator files in checkpoints written before POSITION.
+_LEGACY_DATA = "data"
+_LEGACY_FILE = re.compile(r"process_(\d+)-of-(\d+)\.json")
 
 
 class CheckpointError(RuntimeError):
@@ -78,7 +94,9 @@ def make_manager(workdir: str, checkpoint_cfg: Any) -> ocp.CheckpointManager:
         # Handlers named up front, so that a step's metadata can be read before any restore.
         item_handlers={
             "state": ocp.StandardCheckpointHandler(),
-            "data": grain.checkpoint.CheckpointHandler(),
+            POSITION: ocp.JsonCheckpointHandler(filename=POSITION_FILE),
+            # The per-process files of checkpoints written before POSITION (read by hand).
+            _LEGACY_DATA: grain.checkpoint.CheckpointHandler(),
         },
     )
 
@@ -102,6 +120,107 @@ def has_checkpoints(workdir: str) -> bool:
     return bool(saved_steps(workdir))
 
 
+def current_layout() -> dict:
+    """This run's layout: {"processes": P, "devices": D} (D over all processes)."""
+    return {"processes": jax.process_count(), "devices": jax.device_count()}
+
+
+def layout_text(layout: dict) -> str:
+    """'2 processes x 4 devices' for {"processes": 2, "devices": 8}; a layout whose device
+    count is unknown (a checkpoint from before POSITION) is '2 processes'."""
+    n = int(layout["processes"])
+    text = f"{n} process{'es' if n != 1 else ''}"
+    if layout.get("devices") is None:
+        return text
+    each = int(layout["devices"]) // n
+    return f"{text} x {each} device{'s' if each != 1 else ''}"
+
+
+class CheckpointLayoutError(CheckpointError):
+    """A readable checkpoint that this layout (processes x devices) cannot continue exactly:
+    not damage, so nothing is moved aside. The message names both layouts."""
+
+
+class _Damage(Exception):
+    """Internal: what makes a checkpoint unreadable, found before orbax reads it."""
+
+
+def saved_layout(workdir: str) -> tuple[int, dict] | None:
+    """(step, layout) of WORKDIR's newest checkpoint, read from its position file without
+    opening a manager; the layout of a checkpoint from before POSITION has only "processes"
+    (from its per-process files' names). None when there is no checkpoint or its layout cannot
+    be read (the restore then decides whether it is damaged)."""
+    steps = saved_steps(workdir)
+    if not steps:
+        return None
+    folder = paths.join(checkpoint_dir(workdir), str(steps[-1]))
+    try:
+        position = _read_position_file(folder)
+        layout = _legacy_layout(folder) if position is None else dict(position["layout"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return None if layout is None else (steps[-1], layout)
+
+
+def _read_position_file(folder: str) -> dict | None:
+    """The POSITION item of a checkpoint folder as saved; None when it has none."""
+    path = paths.join(folder, POSITION, POSITION_FILE)
+    if not paths.exists(path):
+        return None
+    return json.loads(paths.read_bytes(path))
+
+
+def _legacy_files(folder: str) -> list[re.Match]:
+    """The per-process iterator files of a checkpoint from before POSITION (name matches)."""
+    directory = paths.join(folder, _LEGACY_DATA)
+    if not paths.isdir(directory):
+        return []
+    return [m for m in map(_LEGACY_FILE.fullmatch, paths.listdir(directory)) if m]
+
+
+def _legacy_layout(folder: str) -> dict | None:
+    """{"processes": N} of a checkpoint from before POSITION (its files' names), or None."""
+    counts = {int(m.group(2)) for m in _legacy_files(folder)}
+    return {"processes": counts.pop()} if len(counts) == 1 else None
+
+
+def _legacy_position(folder: str, step: int) -> dict:
+    """The iterator state of this process from a checkpoint written before POSITION, whose
+    `data/` holds one Grain file per process (`process_<i>-of-<N>.json`).
+
+    On N processes each takes its own file, as Grain's handler did. On another count every
+    process takes the state all N files agree on (the step counter of data/pipeline.py).
+    Raises _Damage when a file of the checkpoint's own layout is missing or unreadable, and
+    CheckpointLayoutError (naming both layouts) when the files differ and the count changed.
+    """
+    found = {}
+    for match in _legacy_files(folder):
+        found.setdefault(int(match.group(2)), {})[int(match.group(1))] = match.group(0)
+    if len(found) != 1:
+        what = "no input position" if not found else "iterator files of several process counts"
+        raise _Damage(f"checkpoint {step} holds {what} (data/process_<i>-of-<N>.json)")
+    count, files = found.popitem()
+    missing = [f"process_{i}-of-{count}.json" for i in range(count) if i not in files]
+    if missing:
+        raise _Damage(f"checkpoint {step} lacks its input position file(s) {', '.join(missing)}")
+    states = []
+    for i in range(count):
+        path = paths.join(folder, _LEGACY_DATA, files[i])
+        try:
+            states.append(json.loads(paths.read_bytes(path)))
+        except ValueError as e:  # truncated or garbage JSON; OSErrors go to the caller
+            raise _Damage(f"{path} is not a JSON iterator state ({e})") from e
+    if count == jax.process_count():
+        return states[jax.process_index()]
+    if any(state != states[0] for state in states):
+        raise CheckpointLayoutError(
+            f"checkpoint {step} was written by {layout_text({'processes': count})} whose input "
+            f"positions differ, and this run has {layout_text(current_layout())}: it resumes "
+            f"exactly only on {count} processes; nothing was moved aside"
+        )
+    return states[0]
+
+
 def save(manager: ocp.CheckpointManager, step: int, state: Any, data_iter: Any = None) -> bool:
     """Starts an asynchronous save of `state` and the iterator's position at `step` (a run
     without an input iterator, such as fine-tuning, whose batches follow from the step, passes
@@ -114,7 +233,9 @@ def save(manager: ocp.CheckpointManager, step: int, state: Any, data_iter: Any =
     """
     items = {"state": ocp.args.StandardSave(state)}
     if data_iter is not None:
-        items["data"] = grain.checkpoint.CheckpointSave(data_iter)
+        # Process 0 writes it: the position is the same step counter on every process.
+        position = {"data": data_iter.get_state(), "layout": current_layout()}
+        items[POSITION] = ocp.args.JsonSave(position)
     try:
         return manager.save(step, args=ocp.args.Composite(**items), force=True)
     except Exception as e:
@@ -369,6 +490,11 @@ def restore_latest(
     moved. A damaged checkpoint is moved aside to `<step>.corrupt` with a warning (`log` gets one
     line naming the step) and the next older one is tried.
 
+    A checkpoint written by another layout (processes x devices) is restored into this one's
+    shardings, its position being process-count-free (`log` gets one line naming both
+    layouts); one from before POSITION whose per-process positions differ is refused on another
+    process count: CheckpointLayoutError, nothing moved.
+
     Raises CheckpointError when checkpoints exist (or were set aside, now or by an earlier run)
     but none can be restored: a run never starts over silently where checkpoints were.
     """
@@ -387,12 +513,10 @@ def restore_latest(
             differences = tree_differences(saved, expected)
             if differences:
                 raise CheckpointMismatch(step, differences)
-            items = {"state": ocp.args.StandardRestore(abstract_state)}
-            if data_iter is not None:
-                items["data"] = grain.checkpoint.CheckpointRestore(data_iter)
             try:
-                restored = manager.restore(step, args=ocp.args.Composite(**items))
-                return restored["state"]
+                return _restore_step(manager, step, abstract_state, data_iter, log)
+            except CheckpointLayoutError:
+                raise  # readable, written for another layout: not damage
             except Exception as e:  # orbax and tensorstore raise many types for damaged files
                 if _is_environment_error(e):
                     raise CheckpointError(_environment_message(manager, step, e)) from e
@@ -415,6 +539,32 @@ def restore_latest(
             f"{', '.join(aside)}); inspect them, or use a new --workdir to start over"
         )
     return None
+
+
+def _restore_step(manager: ocp.CheckpointManager, step: int, abstract_state, data_iter, log):
+    """`step`'s state, and its input position put into `data_iter` (when given). The position
+    of a checkpoint from before POSITION is read first (_legacy_position: it may refuse the
+    layout before any array is read). Raises what orbax raises for unreadable files, _Damage,
+    or CheckpointLayoutError."""
+    folder = paths.join(os.fspath(manager.directory), str(step))
+    items = {"state": ocp.args.StandardRestore(abstract_state)}
+    legacy = None
+    if data_iter is not None:
+        if paths.isdir(paths.join(folder, POSITION)):
+            items[POSITION] = ocp.args.JsonRestore()
+        else:
+            legacy = {"data": _legacy_position(folder, step), "layout": _legacy_layout(folder)}
+    restored = manager.restore(step, args=ocp.args.Composite(**items))
+    if data_iter is not None:
+        position = restored[POSITION] if legacy is None else legacy
+        data_iter.set_state(position["data"])
+        saved, now = position.get("layout"), current_layout()
+        if saved is not None and {**now, **saved} != now:  # an old layout lacks "devices"
+            log(
+                f"checkpoint {step} was written by {layout_text(saved)}; resuming it on "
+                f"{layout_text(now)} (the same global batches and random stream)"
+            )
+    return restored["state"]
 
 
 # The folders (with a trailing separator) of the checkpoints that failed to restore in this

@@ -79,7 +79,7 @@ def train(
 def _train(run: resume.Resume, stop_after, watcher) -> dict:
     """The run, top to bottom: mesh -> data -> state -> restore -> compile -> steps."""
     config, workdir = run.config, run.workdir
-    mesh = checked_mesh(config, jax.process_count())
+    mesh = _mesh(run)
     tokenizer, prepared, data_iter = _data(config, workdir, run)
     # From here to the first compiled call, jax and orbax work in `watcher.deferred()` blocks: a
     # signal ends the run at the end of the block it arrives in, never inside their C++ state.
@@ -104,6 +104,31 @@ def _train(run: resume.Resume, stop_after, watcher) -> dict:
     ledger.evaluator = evaluator
     ledger.last_step = calls.last_step
     return _steps(calls, ledger, state, start_step, batches, watcher)
+
+
+def _mesh(run: resume.Resume):
+    """The run's checked mesh. A resume whose batch this layout cannot split as the run did is
+    refused with both layouts named, before anything is prepared or restored: the run's
+    train.batch_size is not this command's to change."""
+    try:
+        return checked_mesh(run.config, jax.process_count())
+    except validate.ConfigError as e:
+        saved = checkpointing.saved_layout(run.workdir) if run.resumes else None
+        if saved is None:
+            raise
+        step, layout = saved
+        reason = str(e)
+        if "train.batch_size" in reason:  # its advice would change the batch; a resume keeps it
+            reason = (
+                f"{reason.split('; ')[0]}; a resume keeps train.batch_size="
+                f"{run.config.train.batch_size}: run it on processes and devices that divide it"
+            )
+        now = checkpointing.layout_text(checkpointing.current_layout())
+        raise validate.ConfigError(
+            f"checkpoint {step} in {run.workdir} was written by "
+            f"{checkpointing.layout_text(layout)} and cannot go on exactly on this run's "
+            f"{now}: {reason}"
+        ) from None
 
 
 def _unigram_cdf(config, prepared, special, vocab_size: int):

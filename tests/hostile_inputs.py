@@ -221,6 +221,13 @@ def _resume_other_setting(ctx: Context):
     return _train(ctx, w, "--config.train.adam_bias_correction=False"), [w]
 
 
+def _resume_on_devices_that_cannot_split_the_batch(ctx: Context):
+    """The run's batch of 8 on 3 devices: the resume could not go on exactly."""
+    w = ctx.copy("layout")
+    env = ["env", "XLA_FLAGS=--xla_force_host_platform_device_count=3"]
+    return env + _train(ctx, w, "--config.train.num_steps=9"), [w]
+
+
 def _resume_without_config_other_model(ctx: Context):
     w = ctx.copy("noconfig")
     (w / "config.json").unlink()
@@ -571,6 +578,11 @@ def cases() -> list[Case]:
             contains="nothing was moved aside",
         ),
         Case("resume, no config.json", _resume_without_config, contains="config.json is missing"),
+        Case(
+            "resume on 3 devices, batch 8",
+            _resume_on_devices_that_cannot_split_the_batch,
+            contains="cannot go on exactly on this run's 1 process x 3 devices",
+        ),
         Case("resume, other data.source", _resume_other_source, contains="--allow_change"),
         Case(
             "another program's config.json beside checkpoints/",

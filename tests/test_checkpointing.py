@@ -2,8 +2,10 @@
 
 import asyncio
 import gc
+import json
 import logging
 import os
+import shutil
 
 import grain
 import jax
@@ -79,7 +81,7 @@ def test_restore_returns_newest_state_and_iterator_position(tmp_path):
     [
         ("state/manifest.ocdbt", "delete"),
         ("state/d/*", "truncate"),  # the array data
-        ("data/process_0-of-1.json", "truncate"),  # the iterator position
+        ("position/position.json", "truncate"),  # the input position
         ("commit_success.txt", "delete"),  # redundant: step 5 still restores, correctly
     ],
 )
@@ -353,3 +355,151 @@ def test_only_orbax_reports_of_an_environment_failure_are_dropped():
     assert keep(record(orbax, "raised an exception: KeyError: 'params'"))  # not the machine's
     assert keep(record("/electra_jax/loop.py", full))  # not orbax's
     assert keep(record(orbax, full, logging.WARNING))  # below ERROR: absl's verbosity decides
+
+
+# ------------------------------------------------------------------- layouts and error kinds
+
+
+def _write_legacy(workdir, steps, states=({"next_index": None},)):
+    """Checkpoints as written before the `position` item: Grain's per-process iterator files
+    (`data/process_<i>-of-<N>.json`, N = len(states); a None next_index is the step's)."""
+    manager = checkpointing.make_manager(workdir, _cfg())
+    for step in steps:
+        items = {"state": checkpointing.ocp.args.StandardSave(_state(step))}
+        items["data"] = grain.checkpoint.CheckpointSave(_iterator())
+        manager.save(step, args=checkpointing.ocp.args.Composite(**items), force=True)
+        manager.wait_until_finished()
+        data = os.path.join(checkpointing.checkpoint_dir(workdir), str(step), "data")
+        os.remove(os.path.join(data, "process_0-of-1.json"))
+        for i, state in enumerate(states):
+            state = {k: step if v is None else v for k, v in state.items()}
+            with open(os.path.join(data, f"process_{i}-of-{len(states)}.json"), "w") as f:
+                json.dump(state, f)
+    manager.close()
+
+
+def test_a_checkpoint_from_before_the_position_item_resumes_on_its_layout(tmp_path):
+    _write_legacy(str(tmp_path), [2, 5])
+    state, it, lines = _restore(str(tmp_path))
+    assert int(state["step"]) == 5 and lines == []
+    assert list(next(it)) == [20, 21, 22, 23]
+    assert checkpointing.saved_layout(str(tmp_path)) == (5, {"processes": 1})
+
+
+def test_a_checkpoint_of_another_process_count_is_restored_not_set_aside(tmp_path):
+    """Two processes' files, read by one: the file this process would have had under Grain's
+    own handler (process_0-of-1.json) is missing, which is no damage."""
+    _write_legacy(str(tmp_path), [2, 5], states=({"next_index": None}, {"next_index": None}))
+    state, it, lines = _restore(str(tmp_path))
+    assert int(state["step"]) == 5
+    assert list(next(it)) == [20, 21, 22, 23]
+    assert lines == [
+        "checkpoint 5 was written by 2 processes; resuming it on 1 process x 1 device (the same "
+        "global batches and random stream)"
+    ]
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["2", "5"]
+
+
+def test_a_checkpoint_this_layout_cannot_continue_is_refused_naming_both_and_kept(tmp_path):
+    """Per-process positions that differ (no run of this version writes them) cannot be
+    carried to another process count: one line, both layouts, nothing moved."""
+    _write_legacy(str(tmp_path), [5], states=({"next_index": 5}, {"next_index": 4}))
+    with pytest.raises(checkpointing.CheckpointLayoutError) as e:
+        _restore(str(tmp_path))
+    message = str(e.value)
+    assert "written by 2 processes" in message and "this run has 1 process x 1 device" in message
+    assert "\n" not in message and "nothing was moved" in message
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["5"]
+
+
+def test_the_position_records_the_layout_that_wrote_it(tmp_path):
+    _write(str(tmp_path), [2, 5])
+    with open(tmp_path / "checkpoints" / "5" / "position" / "position.json") as f:
+        position = json.load(f)
+    assert position == {"data": {"next_index": 5}, "layout": {"processes": 1, "devices": 1}}
+    assert checkpointing.saved_layout(str(tmp_path)) == (5, position["layout"])
+    assert checkpointing.layout_text({"processes": 2, "devices": 8}) == "2 processes x 4 devices"
+
+
+def _garbage(path):
+    size = os.path.getsize(path)
+    with open(path, "wb") as f:
+        f.write(np.random.default_rng(0).bytes(max(size, 16)))
+
+
+def _truncate(path):
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) // 2)
+
+
+# Each kind of file damage the restore can meet: (what is done, to which files of step 5).
+_DAMAGE = {
+    "array data truncated": ("state/d/*", _truncate),
+    "array data overwritten with garbage": ("state/d/*", _garbage),
+    "array index (ocdbt manifest) missing": ("state/manifest.ocdbt", os.remove),
+    "a process's part of the array index missing": ("state/ocdbt.process_0", shutil.rmtree),
+    "tree metadata missing": ("state/_METADATA", os.remove),
+    "tree metadata garbage": ("state/_METADATA", _garbage),
+    "position file missing": ("position/position.json", os.remove),
+    "position file garbage": ("position/position.json", _garbage),
+    "position of another shape": (
+        "position/position.json",
+        lambda p: p.write_text('{"layout": {"processes": 1, "devices": 1}}'),
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(_DAMAGE))
+def test_each_kind_of_damage_sets_the_checkpoint_aside(tmp_path, kind):
+    victim, damage = _DAMAGE[kind]
+    _write(str(tmp_path), [2, 5])
+    for path in (tmp_path / "checkpoints" / "5").glob(victim):
+        damage(path)
+    state, it, lines = _restore(str(tmp_path))
+    assert int(state["step"]) == 2 and list(next(it)) == [8, 9, 10, 11]
+    assert len(lines) == 1 and lines[0].startswith("warning: checkpoint 5 cannot be restored")
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["2", "5.corrupt"]
+
+
+def test_a_missing_position_file_of_the_checkpoints_own_layout_is_damage(tmp_path):
+    _write_legacy(str(tmp_path), [2, 5], states=({"next_index": None}, {"next_index": None}))
+    os.remove(tmp_path / "checkpoints" / "5" / "data" / "process_1-of-2.json")
+    state, _, lines = _restore(str(tmp_path))
+    assert int(state["step"]) == 2
+    assert "lacks its input position file(s) process_1-of-2.json" in lines[0]
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["2", "5.corrupt"]
+
+
+# The machine's errors, raised where the restore reads (orbax's restore, or the files of a
+# checkpoint from before the position item): none is damage.
+_MACHINE = {
+    "permission denied": (PermissionError(13, "Permission denied"), "make its files readable"),
+    "full disk": (OSError(28, "No space left on device"), "free space"),
+    "I/O error": (OSError(5, "Input/output error"), ""),
+    "out of memory": (MemoryError(), ""),
+    "tensorstore's words": (ValueError("PERMISSION_DENIED: reading state/d/abc"), "readable"),
+}
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["position", "per-process files"])
+@pytest.mark.parametrize("kind", sorted(_MACHINE))
+def test_each_machine_error_moves_nothing(tmp_path, monkeypatch, kind, legacy):
+    error, advice = _MACHINE[kind]
+    if legacy:
+        _write_legacy(str(tmp_path), [2, 5], states=({"next_index": None}, {"next_index": None}))
+    else:
+        _write(str(tmp_path), [2, 5])
+
+    def fail(*args, **kwargs):
+        raise error
+
+    where = (
+        (checkpointing.paths, "read_bytes")
+        if legacy
+        else (checkpointing.ocp.CheckpointManager, "restore")
+    )
+    monkeypatch.setattr(*where, fail)
+    with pytest.raises(checkpointing.CheckpointError, match="cannot be read on this machine") as e:
+        _restore(str(tmp_path))
+    assert advice in str(e.value) and "nothing was moved" in str(e.value)
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["2", "5"]

@@ -1,7 +1,10 @@
-"""Two processes x 4 simulated CPU devices on 127.0.0.1 (launch/local_multiprocess.sh): the same
-losses as one process, resume from their checkpoint, and a bounded failure when a peer dies."""
+"""Several processes with simulated CPU devices on 127.0.0.1 (launch/local_multiprocess.sh): the
+same losses as one process, resume from their checkpoint on the same layout and on another number
+of processes or devices per process, and a bounded failure when a peer dies."""
 
+import json
 import os
+import runpy
 import shutil
 import signal
 import socket
@@ -13,8 +16,8 @@ import numpy as np
 import pytest
 
 from electra_jax import loop, metrics
-from tests.conftest import ROOT, subprocess_env
-from tests.test_loop import config_with, prepare_shared_data
+from tests.conftest import ROOT, error_line, subprocess_env
+from tests.test_loop import prepare_shared_data
 from tests.test_preemption import _config_file
 
 
@@ -29,50 +32,128 @@ def _free_port() -> str:
         return str(s.getsockname()[1])
 
 
-def _two_processes(config_path, workdir):
-    env = dict(subprocess_env(), PORT=_free_port(), DEVICES_PER_PROCESS="4")
-    return subprocess.run(
-        [
-            "bash",
-            "launch/local_multiprocess.sh",
-            "2",
-            f"--config={config_path}",
-            f"--workdir={workdir}",
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
+def _launch(config_path, workdir, processes, devices):
+    """`processes` x `devices` simulated CPU devices training on `workdir`: the finished
+    process (two or more through launch/local_multiprocess.sh, one as `python -m`)."""
+    env = dict(subprocess_env(devices=devices), PORT=_free_port())
+    flags = [f"--config={config_path}", f"--workdir={workdir}"]
+    if processes == 1:
+        argv = [sys.executable, "-m", "electra_jax.train", *flags]
+    else:
+        env["DEVICES_PER_PROCESS"] = str(devices)
+        argv = ["bash", "launch/local_multiprocess.sh", str(processes), *flags]
+    return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
 
 
 def _losses(workdir):
     return {r["step"]: r["loss"] for r in metrics.read_rows(os.path.join(workdir, "metrics.jsonl"))}
 
 
-@pytest.mark.slow
-def test_two_processes_match_one_and_resume(shared_data, tmp_path):
-    config_path = _config_file(tmp_path, shared_data, num_steps=6, every=3)
-    one = tmp_path / "one"
-    loop.train(config_with(shared_data), str(one))  # one process, one device
-    two = tmp_path / "two"
-    out = _two_processes(config_path, two)
+@pytest.fixture(scope="module")
+def runs(shared_data, tmp_path_factory):
+    """Two uninterrupted runs of the same 6 steps (checkpoints 3 and 6), made once for the
+    module's resumes: 2 processes x 4 devices (launch/local_multiprocess.sh), and one process
+    with one device (in this process). {"config": the config file, "two": workdir, "one":
+    workdir}."""
+    root = tmp_path_factory.mktemp("layouts")
+    config_path = _config_file(root, shared_data, num_steps=6, every=3)
+    out = _launch(config_path, root / "two", 2, 4)
     assert out.returncode == 0, out.stderr[-3000:]
-    a, b = _losses(one), _losses(two)
-    assert sorted(b) == list(range(1, 7))
-    for step in a:
-        np.testing.assert_allclose(b[step], a[step], rtol=1e-4, err_msg=f"step {step}")
-    # Every process wrote its part of the checkpoint (orbax multi-host) and of the data state.
-    data = sorted(n for n in os.listdir(two / "checkpoints" / "6" / "data") if "process" in n)
-    assert data == ["process_0-of-2.json", "process_1-of-2.json"], data
+    loop.train(_file_config(config_path), str(root / "one"))
+    return {"config": config_path, "two": root / "two", "one": root / "one"}
+
+
+def _file_config(config_path):
+    """The config of a config file, for loop.train in this process."""
+    return runpy.run_path(config_path)["get_config"]()
+
+
+def _from_checkpoint_3(runs, name, tmp_path):
+    """A copy of run `name`'s workdir as a preemption after step 3 leaves it."""
+    workdir = tmp_path / f"from_{name}"
+    shutil.copytree(runs[name], workdir)
+    shutil.rmtree(workdir / "checkpoints" / "6")
+    return workdir
+
+
+def _assert_same_losses(got, want, steps):
+    assert sorted(got) == list(range(1, 7)), sorted(got)
+    for step in steps:
+        np.testing.assert_allclose(got[step], want[step], rtol=1e-4, err_msg=f"step {step}")
+
+
+@pytest.mark.slow
+def test_two_processes_match_one_and_resume(runs, tmp_path):
+    two = runs["two"]
+    a, b = _losses(runs["one"]), _losses(two)
+    _assert_same_losses(b, a, range(1, 7))
+    # Every process wrote its part of the state (orbax multi-host); process 0 alone the input
+    # position, a step counter that does not depend on the process count.
+    state = sorted(n for n in os.listdir(two / "checkpoints" / "6" / "state") if "process" in n)
+    assert state == ["ocdbt.process_0", "ocdbt.process_1"], state
+    position = json.loads((two / "checkpoints" / "6" / "position" / "position.json").read_text())
+    assert position == {"data": {"next_index": 6}, "layout": {"processes": 2, "devices": 8}}
 
     # Lose the last checkpoint: both processes restore step 3 and redo 4-6 identically.
-    shutil.move(two / "checkpoints" / "6", tmp_path / "moved")
-    out = _two_processes(config_path, two)
+    workdir = _from_checkpoint_3(runs, "two", tmp_path)
+    out = _launch(runs["config"], workdir, 2, 4)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "resumed from checkpoint 3" in out.stderr
-    assert _losses(two) == b
+    assert _losses(workdir) == b
+
+
+@pytest.mark.slow
+def test_two_processes_checkpoint_resumes_on_one_process(runs, tmp_path, capsys):
+    """(N, M) = (2, 1), 4 devices each -> 1: the losses of the run that used one process from
+    the start, and no checkpoint set aside."""
+    workdir = _from_checkpoint_3(runs, "two", tmp_path)
+    capsys.readouterr()
+    loop.train(_file_config(runs["config"]), str(workdir))
+    err = capsys.readouterr().err
+    assert (
+        "checkpoint 3 was written by 2 processes x 4 devices; resuming it on 1 process x 1 device"
+        in err
+    )
+    assert "resumed from checkpoint 3" in err
+    _assert_same_losses(_losses(workdir), _losses(runs["one"]), range(4, 7))
+    assert sorted(os.listdir(workdir / "checkpoints")) == ["3", "6"]
+
+
+@pytest.mark.slow
+def test_one_process_checkpoint_resumes_on_two_processes(runs, tmp_path):
+    """(N, M) = (1, 2), 1 device each -> 4: the losses of the 2 x 4 run from the start."""
+    workdir = _from_checkpoint_3(runs, "one", tmp_path)
+    out = _launch(runs["config"], workdir, 2, 4)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert (
+        "checkpoint 3 was written by 1 process x 1 device; resuming it on 2 processes x 4 devices"
+        in out.stderr
+    )
+    _assert_same_losses(_losses(workdir), _losses(runs["two"]), range(4, 7))
+    assert sorted(os.listdir(workdir / "checkpoints")) == ["3", "6"]
+
+
+@pytest.mark.slow
+def test_a_checkpoint_resumes_with_other_devices_per_process(runs, tmp_path):
+    """One process, 1 device -> 8 devices: the losses of the run on 8 devices (one mesh of 8
+    whether its devices are in one process or two: the same global batch on the same mesh)."""
+    workdir = _from_checkpoint_3(runs, "one", tmp_path)
+    out = _launch(runs["config"], workdir, 1, 8)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "resuming it on 1 process x 8 devices" in out.stderr
+    _assert_same_losses(_losses(workdir), _losses(runs["two"]), range(4, 7))
+
+
+@pytest.mark.slow
+def test_a_layout_that_cannot_split_the_batch_is_refused_naming_both(runs, tmp_path):
+    """3 devices cannot split the run's batch of 8: one line, before anything is restored."""
+    workdir = _from_checkpoint_3(runs, "two", tmp_path)
+    out = _launch(runs["config"], workdir, 1, 3)
+    line = error_line(out)
+    assert "checkpoint 3" in line and "written by 2 processes x 4 devices" in line, line
+    assert "this run's 1 process x 3 devices" in line and "train.batch_size=8" in line, line
+    assert sorted(os.listdir(workdir / "checkpoints")) == ["3"]
+    assert max(_losses(workdir)) == 6  # nothing started: the rows after 3 are still there
 
 
 _LONG = "--config.train.num_steps=100000"
@@ -149,9 +230,10 @@ def test_sigterm_to_one_process_stops_both_at_the_same_step(shared_data, tmp_pat
             p.kill()
     assert [p.returncode for p in procs] == [0, 0], errs[0][-2000:] + errs[1][-2000:]
     step = int(errs[0].split("preempted at step ")[1].split(";")[0])
-    # Both saved their part of the same step, the last row logged.
-    data = sorted(
-        n for n in os.listdir(workdir / "checkpoints" / str(step) / "data") if "of-2" in n
-    )
-    assert data == ["process_0-of-2.json", "process_1-of-2.json"]
+    # Both saved their part of the same step, whose position is that step's; the last row logged.
+    saved = workdir / "checkpoints" / str(step)
+    parts = sorted(n for n in os.listdir(saved / "state") if n.startswith("ocdbt.process_"))
+    assert parts == ["ocdbt.process_0", "ocdbt.process_1"]
+    position = json.loads((saved / "position" / "position.json").read_text())
+    assert position["data"] == {"next_index": step}
     assert max(_losses(workdir)) == step

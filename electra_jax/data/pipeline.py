@@ -4,7 +4,9 @@ The row order is a function of the seed only: every process builds the same shuf
 stream of rows and cuts it into local batches; process p takes local batches p, p + P, p + 2P, ...
 So the global batch of step s is rows [s * G, (s + 1) * G) of the stream whatever the number of
 processes P, and two processes train on the same numbers as one. The iterator's state is a step
-counter (Grain's ``next_index``), small enough to save in every checkpoint.
+counter (Grain's ``next_index``: global batches read), the same on every process and for any P: a
+checkpoint saves it once (checkpointing.POSITION), and a run resumes from it on another number of
+processes at the same global batch.
 """
 
 from __future__ import annotations

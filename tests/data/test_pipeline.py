@@ -92,6 +92,29 @@ def test_resume_from_state_yields_the_next_batch(prepared):
             np.testing.assert_array_equal(got[key], want[key])
 
 
+def test_a_position_resumes_on_any_process_count(prepared):
+    """The state is a step counter, the same on every process and for any count: a position
+    saved by 4 processes puts 1, 2 or 4 of them at the same next global batch."""
+    saved = []
+    for p in range(4):
+        it = make_iterator(prepared, BATCH, 0, process_index=p, process_count=4)
+        _take(it, 3)
+        saved.append(it.get_state())
+    assert all(state == saved[0] for state in saved)
+    expected = _take(make_iterator(prepared, BATCH, seed=0), 5)[3:]
+    for count in (1, 2, 4):
+        local_its = [
+            make_iterator(prepared, BATCH, 0, process_index=p, process_count=count)
+            for p in range(count)
+        ]
+        for it in local_its:
+            it.set_state(saved[0])
+        for want in expected:
+            parts = [next(it) for it in local_its]
+            for key in want:
+                np.testing.assert_array_equal(np.concatenate([p[key] for p in parts]), want[key])
+
+
 def test_grain_checkpoint_handler_round_trip(prepared, tmp_path):
     it = make_iterator(prepared, BATCH, seed=0, process_index=1, process_count=2)
     assert isinstance(it, grain.DatasetIterator)
