@@ -445,14 +445,21 @@ def _check_started_run(workdir: str, family: Family, task) -> None:
                 f"({model_path}), not of {now}; a workdir holds one task and one run: choose a "
                 "new --workdir"
             )
+    _refuse_a_run_missing(workdir, saved.CONFIG_FILE)
+
+
+def _refuse_a_run_missing(workdir: str, missing: str) -> None:
+    """ConfigError when WORKDIR holds what a run writes once under way (results, weights,
+    checkpoints) but not `missing`, one of the records written when it starts: what it ran is
+    then unknown, and starting over would write over it (or die on its checkpoints)."""
     found = [n for n in _RUN_OUTPUTS if paths.exists(paths.join(workdir, n))]
     if checkpointing.has_checkpoints(workdir):
         found.append("checkpoints/")
     if found:
         raise ConfigError(
-            f"--workdir {workdir} holds a fine-tuning run ({', '.join(found)}) whose "
-            f"{saved.CONFIG_FILE} is missing, so what it ran is unknown and it is not replaced: "
-            f"put {saved.CONFIG_FILE} back (from a copy), or choose a new --workdir"
+            f"--workdir {workdir} holds a fine-tuning run ({', '.join(found)}) whose {missing} "
+            f"is missing, so what it ran is unknown and it is not replaced: put {missing} back "
+            "(from a copy), or choose a new --workdir"
         )
 
 
@@ -489,6 +496,7 @@ def previous_run(
             "a workdir holds one run: choose a new --workdir, or the same settings to resume it"
         )
     if not paths.exists(model_path):  # stopped before its start was written: start over
+        _refuse_a_run_missing(workdir, saved.MODEL_FILE)  # unless it went on (then: lost)
         return None, None
     try:
         record = saved.read_model(workdir)

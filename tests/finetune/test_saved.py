@@ -200,6 +200,20 @@ def test_a_workdir_holds_one_run(tmp_path):
     loop.finetune(squad, str(squad_dir), stop_after=1)
     with pytest.raises(ConfigError, match="holds the unfinished squad fine-tuning of SQuAD 2.0"):
         loop.finetune(glue, str(squad_dir))
+    # A run whose model.json is gone but whose results or checkpoints are there is not started
+    # over on top of them (it died in orbax's StepAlreadyExistsError before).
+    for workdir in (finished, unfinished):
+        (workdir / saved.MODEL_FILE).rename(workdir / "model.json.bak")
+        before = _files(workdir)
+        with pytest.raises(ConfigError) as e:
+            loop.finetune(glue, str(workdir))
+        assert str(e.value).startswith(f"--workdir {workdir} holds a fine-tuning run (")
+        assert str(e.value).endswith(
+            "whose model.json is missing, so what it ran is unknown and it is not replaced: put "
+            "model.json back (from a copy), or choose a new --workdir"
+        )
+        assert _files(workdir) == before
+        (workdir / "model.json.bak").rename(workdir / saved.MODEL_FILE)
     # Settings that change no number may change on resume.
     loop.finetune(_glue(tmp_path, log_every_steps=2, **{"checkpoint.keep": 1}), str(unfinished))
 
