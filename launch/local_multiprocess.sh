@@ -12,8 +12,21 @@ if [[ $# -lt 2 || ! "$1" =~ ^[0-9]+$ ]]; then
   echo "usage: $0 N --config=... --workdir=... [train flags]" >&2
   exit 2
 fi
-n=$1
+n=$((10#$1))
 shift
+# Checked before anything starts: N = 0 would start nothing and exit 0, as if a run had finished.
+if ((n < 1)); then
+  echo "error: N=$n processes: give 1 or more" >&2
+  exit 2
+fi
+if [[ ! "${DEVICES_PER_PROCESS:-4}" =~ ^[0-9]+$ ]] || ((10#${DEVICES_PER_PROCESS:-4} < 1)); then
+  echo "error: DEVICES_PER_PROCESS=${DEVICES_PER_PROCESS} must be a whole number >= 1" >&2
+  exit 2
+fi
+if [[ ! "${PORT:-12355}" =~ ^[0-9]+$ ]] || ((10#${PORT:-12355} < 1 || 10#${PORT:-12355} > 65535)); then
+  echo "error: PORT=${PORT} must be a port number from 1 to 65535" >&2
+  exit 2
+fi
 workdir=""
 for arg in "$@"; do
   [[ "$arg" == --workdir=* ]] && workdir=${arg#--workdir=}

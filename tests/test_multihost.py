@@ -237,3 +237,26 @@ def test_sigterm_to_one_process_stops_both_at_the_same_step(shared_data, tmp_pat
     position = json.loads((saved / "position" / "position.json").read_text())
     assert position["data"] == {"next_index": step}
     assert max(_losses(workdir)) == step
+
+
+@pytest.mark.parametrize(
+    "n, env, says",
+    [
+        ("0", {}, "N=0 processes: give 1 or more"),
+        ("000", {}, "N=0 processes: give 1 or more"),
+        ("2", {"DEVICES_PER_PROCESS": "0"}, "DEVICES_PER_PROCESS=0 must be a whole number >= 1"),
+        ("2", {"PORT": "70000"}, "PORT=70000 must be a port number from 1 to 65535"),
+    ],
+)
+def test_the_launcher_refuses_what_would_start_nothing_in_one_line(tmp_path, n, env, says):
+    """`local_multiprocess.sh 0` started nothing and exited 0, as a finished run does."""
+    out = subprocess.run(
+        ["bash", "launch/local_multiprocess.sh", n, f"--workdir={tmp_path / 'w'}"],
+        cwd=ROOT,
+        env={**subprocess_env(), **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2 and out.stderr == f"error: {says}\n"
+    assert not (tmp_path / "w").exists()

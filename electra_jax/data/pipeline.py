@@ -34,6 +34,32 @@ class _Shard:
     examples_in_shard: int
 
 
+# Files a process opens besides the shards (Python, jax, orbax, TensorBoard, sockets): the room
+# left under the open-file limit when every shard is open at once.
+_OTHER_OPEN_FILES = 256
+
+
+def make_room_for_shards(num_shards: int, directory: str) -> None:
+    """Raises this process's soft limit on open files (RLIMIT_NOFILE) to what reading
+    `num_shards` shards needs: ArrayRecord keeps each shard it has read from open, and a shuffled
+    epoch reads them all. The soft limit (1024 by default on Linux) is raised up to the hard
+    one, which needs no privilege; DataError (one line, the way out) when even that is short."""
+    import resource
+
+    need = num_shards + _OTHER_OPEN_FILES
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return
+    if hard != resource.RLIM_INFINITY and hard < need:
+        raise DataError(
+            f"the prepared data in {directory} has {num_shards} shards, and reading them needs "
+            f"about {need} open files, above this machine's limit of {hard} (ulimit -Hn): "
+            "prepare it again with fewer, larger shards (a larger data.examples_per_shard, in "
+            "a new data.cache_dir or after deleting that folder), or raise the limit"
+        )
+    resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+
+
 class _ShardSource:
     """The prepared shards as one random-access source; a record that cannot be read (a shard
     damaged after it was checked) raises one DataError line naming the shard, in whichever
@@ -42,6 +68,7 @@ class _ShardSource:
     def __init__(self, prepared: PreparedData):
         self._paths = list(prepared.shard_paths)
         self._directory = prepared.directory
+        make_room_for_shards(len(self._paths), self._directory)
         counts = prepared.manifest.get("shard_examples")
         if isinstance(counts, list) and len(counts) == len(self._paths):
             shards = [_Shard(p, 0, n, n) for p, n in zip(self._paths, counts, strict=True)]

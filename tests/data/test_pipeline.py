@@ -179,3 +179,55 @@ def test_shard_damaged_after_loading_raises_one_line_naming_it(prepared, tmp_pat
     assert message.startswith(f"prepared shard {shard} cannot be read (")
     assert message.endswith(f"delete {directory} so that the next run prepares it again")
     assert "\n" not in message
+
+
+_READ_ALL_SHARDS = """
+import resource, sys
+from electra_jax.data import DataError, prepare
+from electra_jax.data.pipeline import make_iterator
+soft, hard = int(sys.argv[2]), int(sys.argv[3])
+resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+data = prepare._load(sys.argv[1])  # the prepared folder, as a run reuses it
+try:
+    it = make_iterator(data, 8, seed=0, num_threads=0)
+    for _ in range(2 * data.num_examples // 8):  # two epochs: every shard read
+        next(it)
+except DataError as e:
+    print(f"error: {e}")
+else:
+    print("read", len(data.shard_paths), resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+"""
+
+
+def test_more_shards_than_the_soft_open_file_limit_are_read(tmp_path_factory):
+    """ArrayRecord keeps every shard it read from open: a corpus of more shards than the soft
+    limit (1024 on most Linux machines) died of 'Too many open files' mid-epoch. The limit is
+    raised to the hard one, which needs no privilege; short of that, one line says what to do."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT, subprocess_env
+
+    corpus = make_corpus(str(tmp_path_factory.mktemp("corpus")), num_topics=3)
+    cfg = make_cfg(corpus, examples_per_shard=1)
+    run = tmp_path_factory.mktemp("run")
+    tok = prepare_lib.ensure_tokenizer(cfg, str(run / "tokenizer"), seed=0)
+    data = prepare_lib.prepare(cfg, tok, str(run / "cache"), seed=0)
+    shards = len(data.shard_paths)
+    assert shards >= 100, shards
+
+    def read(soft, hard):
+        out = subprocess.run(
+            [sys.executable, "-c", _READ_ALL_SHARDS, data.directory, str(soft), str(hard)],
+            cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr[-2000:]
+        return out.stdout.strip()
+
+    assert read(64, 4096) == f"read {shards} {shards + 256}"  # raised just enough
+    assert read(64, 128) == (
+        f"error: the prepared data in {data.directory} has {shards} shards, and reading them "
+        f"needs about {shards + 256} open files, above this machine's limit of 128 (ulimit -Hn): "
+        "prepare it again with fewer, larger shards (a larger data.examples_per_shard, in a new "
+        "data.cache_dir or after deleting that folder), or raise the limit"
+    )
