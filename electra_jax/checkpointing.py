@@ -453,11 +453,16 @@ def quiet_write_failures() -> None:
 
 
 class _OrbaxWriteFailureFilter(logging.Filter):
-    """Drops orbax's ERROR records of an environment failure (see quiet_write_failures)."""
+    """Drops orbax's ERROR records of an environment failure (see quiet_write_failures), and
+    its record of a wait cut short by a second Ctrl-C (the KeyboardInterrupt the command then
+    ends in one line, cli.end_interrupted)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno < logging.ERROR:
             return True
+        interrupted = record.exc_info and isinstance(record.exc_info[1], KeyboardInterrupt)
+        if interrupted and "orbax" in record.pathname:
+            return False
         text = record.getMessage()
         if record.exc_info and record.exc_info[1] is not None:
             text += f" {record.exc_info[1]}"

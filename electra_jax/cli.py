@@ -59,6 +59,23 @@ def fail(message: str) -> None:
     sys.exit(2)
 
 
+INTERRUPTED = "interrupted; finished checkpoints are kept: run the same command to resume"
+
+
+def end_interrupted(line: str = INTERRUPTED) -> None:
+    """A second Ctrl-C (or SIGTERM) means "now": one line, and exit code 130 at once.
+
+    At once, with os._exit: a save may be in flight in orbax's background thread, which an
+    ordinary exit would leave running into the interpreter's shutdown, where it fails with a
+    traceback ("cannot schedule new futures after shutdown"). The checkpoint it was writing
+    stays a temporary folder that the next run removes; finished ones are untouched, and the
+    workdir's lock was released as the run unwound.
+    """
+    print(line, file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(130)
+
+
 def each_once(flag: str, items, key=lambda item: item) -> list:
     """`items` (a flag's list) as given, when no two of them name the same thing by `key`;
     otherwise one line naming the repeated thing, exit 2. A list that names a thing twice would

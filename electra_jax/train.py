@@ -21,6 +21,7 @@ from electra_jax.cli import (
     cannot_write,
     command_config,
     each_once,
+    end_interrupted,
     fail,
     one_line_for,
     parse_flags,
@@ -251,11 +252,7 @@ def main(argv) -> None:
     except KeyboardInterrupt:
         if _VERBOSE.value:
             raise
-        print(
-            "interrupted; finished checkpoints are kept: run the same command to resume",
-            file=sys.stderr,
-        )
-        sys.exit(130)
+        end_interrupted()
 
 
 if __name__ == "__main__":

@@ -304,3 +304,33 @@ def test_watcher_holds_a_signal_inside_deferred_until_the_block_ends():
             signal.raise_signal(signal.SIGINT)
     finally:
         watcher.close()
+
+
+def test_a_second_signal_during_the_save_of_the_first_stops_at_once_in_one_line(
+    shared_data, tmp_path
+):
+    """The first signal asks for a checkpoint; a second, while that save waits behind the one in
+    flight, means "now": exit 130 and one line, never the traceback of orbax's executor shut
+    down under it ("cannot schedule new futures after shutdown"); finished checkpoints stay."""
+    config = _config_file(tmp_path, shared_data, num_steps=40, every=2)
+    workdir, hold_dir = tmp_path / "w", tmp_path / "hold"
+    hold_dir.mkdir()
+    proc = _start(config, workdir, hold_dir, "save")
+    try:
+        held.wait_held(hold_dir, proc)  # checkpoint 2 is being committed; the next save waits
+        # SIGTERM and SIGINT: two signals of one number may merge into one before Python sees
+        # them; of two numbers, the first handled sets the request and the second means "now".
+        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.5)  # not a race: whenever the handlers run, the second one interrupts
+        held.release(hold_dir)
+        _, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert proc.returncode == 130, err[-3000:]
+    assert lines[-1] == (
+        "interrupted; finished checkpoints are kept: run the same command to resume"
+    ), err[-3000:]
+    assert "Traceback" not in err and "cannot schedule" not in err, err[-3000:]

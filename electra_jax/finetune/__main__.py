@@ -22,6 +22,7 @@ from electra_jax.cli import (
     PRINT_CONFIG_HELP,
     command_config,
     each_once,
+    end_interrupted,
     fail,
     one_line_for,
     parse_flags,
@@ -106,11 +107,7 @@ def main(argv) -> None:
     except KeyboardInterrupt:
         if _VERBOSE.value:
             raise
-        print(
-            "interrupted; finished checkpoints are kept: run the same command to resume",
-            file=sys.stderr,
-        )
-        sys.exit(130)
+        end_interrupted()
 
 
 if __name__ == "__main__":
