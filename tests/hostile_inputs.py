@@ -176,6 +176,7 @@ TRAIN = PY + ["-m", "electra_jax.train"]
 PREPARE = PY + ["-m", "electra_jax.prepare"]
 FINETUNE = PY + ["-m", "electra_jax.finetune"]
 EXPORT = PY + ["-m", "electra_jax.export"]
+EVALUATE = PY + ["-m", "electra_jax.evaluate"]
 
 
 @dataclasses.dataclass
@@ -423,6 +424,26 @@ def _edit_config(key: str, value) -> Callable[[pathlib.Path], None]:
     return edit
 
 
+def _nan_weight(export: pathlib.Path) -> None:
+    from safetensors.numpy import load_file, save_file
+
+    path = export / "discriminator" / "model.safetensors"
+    tensors = load_file(str(path))
+    name = sorted(tensors)[-1]
+    tensors[name] = tensors[name].copy()
+    tensors[name].flat[0] = float("nan")
+    save_file(tensors, str(path), metadata={"format": "pt"})
+
+
+def _utf16_glue(ctx: Context):
+    data = ctx.fresh("sst2-utf16")
+    shutil.copytree(ctx.sst2, data)
+    for name in ("train.tsv", "dev.tsv"):
+        path = data / name
+        path.write_text(path.read_text(encoding="utf-8"), encoding="utf-16")
+    return _finetune(ctx, ctx.fresh("ft"), data=data), [data]
+
+
 def _escaping_weight_map(export: pathlib.Path) -> None:
     d = export / "discriminator"
     (d / "model.safetensors").rename(d / "model-00001-of-00001.safetensors")
@@ -478,7 +499,7 @@ def _api(snippet: str) -> Callable[[Context], tuple[list, list]]:
             f"W = {str(ctx.workdir)!r}\n"
             "try:\n"
             + "".join(f"    {line}\n" for line in snippet.splitlines())
-            + "except ValueError as e:\n"
+            + "except (ValueError, TypeError) as e:\n"
             "    print(f'error: {type(e).__name__}: {e}', file=sys.stderr)\n"
             "    sys.exit(2)\n"
         )
@@ -762,6 +783,33 @@ def cases() -> list[Case]:
             contains="segment_ids",
         ),
         Case("load a missing path", _api("electra_jax.load(W + '-missing')"), contains="missing"),
+        # ---- rules of the third pass (docs/reliability.md), a case each
+        Case("tokenize no text", _api("electra_jax.load(W).tokenize([])"), contains="is empty"),
+        Case(
+            "tokenize a lone surrogate",
+            _api("electra_jax.load(W).tokenize(['a \\ud800 b'])"),
+            contains="lone surrogate",
+        ),
+        Case("HF weights with a NaN", _hf_damaged(_nan_weight), contains="non-finite"),
+        Case(
+            "export into the run's checkpoints/",
+            lambda ctx: (
+                EXPORT + [f"--workdir={ctx.workdir}", f"--out={ctx.workdir}/checkpoints/99"],
+                [ctx.workdir],
+            ),
+            contains="which the run in",
+        ),
+        Case(
+            "evaluate one step twice",
+            lambda ctx: (EVALUATE + [f"--workdir={ctx.workdir}", "--steps=3,03"], [ctx.workdir]),
+            contains="--steps names 3",
+        ),
+        Case(
+            "finetune, family switched to squad",
+            lambda ctx: (_finetune(ctx, ctx.fresh("ft"), "--config.family=squad"), []),
+            contains="needs the keys",
+        ),
+        Case("finetune, a UTF-16 train.tsv", _utf16_glue, contains="UTF-16"),
     ]
 
 
