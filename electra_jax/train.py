@@ -41,6 +41,16 @@ _COMPILE = flags.DEFINE_bool(
     "per-device memory and XLA's FLOP count (simulate a pod's devices on a CPU with "
     "XLA_FLAGS=--xla_force_host_platform_device_count=N).",
 )
+_TOPOLOGY = flags.DEFINE_string(
+    "topology",
+    None,
+    "With --dry_run: compile for this TPU slice with the TPU compiler instead of for this "
+    "machine's devices (no TPU needed; the [tpu] extra): a Cloud accelerator name such as "
+    "v4-128, v5p-128, v5litepod-16, v6e-64, or a jax topology name such as v4:4x4x4, v5e:2x2.",
+)
+_NUM_SLICES = flags.DEFINE_integer(
+    "num_slices", 1, "With --topology: that many slices joined over the data-center network."
+)
 _VERBOSE = flags.DEFINE_bool("verbose", False, "Show full tracebacks on errors.")
 _PRINT_CONFIG = flags.DEFINE_bool("print_config", False, PRINT_CONFIG_HELP)
 _COORDINATOR = flags.DEFINE_string(
@@ -85,6 +95,20 @@ def _check_process_flags() -> None:
             )
         if n is None or i is None:
             fail("--coordinator_address needs --num_processes and --process_id")
+
+
+def _topology_target():
+    """--topology and --num_slices as a slice to compile for (topology.Target); ConfigError
+    for a name no slice has or a missing libtpu, fail() for flags that cannot go together."""
+    from electra_jax import topology
+
+    if _TOPOLOGY.value is None:
+        fail("--num_slices needs --topology (a real run's slices are those of its devices)")
+    if not _DRY_RUN.value:
+        fail("--topology compiles for a slice that is not here: add --dry_run")
+    target = topology.resolve(_TOPOLOGY.value, _NUM_SLICES.value)
+    topology.require_libtpu()
+    return target
 
 
 def _exit_unless_joined(done: threading.Event, seconds: float, address: str) -> None:
@@ -176,6 +200,10 @@ def main(argv) -> None:
     if _PRINT_CONFIG.value:
         print_config(config, flags.FLAGS["config"].config_filename)
         return
+    target = None
+    if _TOPOLOGY.value is not None or _NUM_SLICES.value != 1:
+        with one_line_for(ConfigError, verbose=_VERBOSE.value):
+            target = _topology_target()
     if not (_DRY_RUN.value or _WORKDIR.value):
         fail("--workdir is required: where checkpoints and metrics go")
     _check_process_flags()
@@ -197,7 +225,7 @@ def main(argv) -> None:
 
     try:
         if _DRY_RUN.value:
-            print(json.dumps(dry_run.describe(config, compile=_COMPILE.value)))
+            print(json.dumps(dry_run.describe(config, compile=_COMPILE.value, target=target)))
             return
         _maybe_initialize_distributed()
         from electra_jax.data import progress
