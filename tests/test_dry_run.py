@@ -6,6 +6,7 @@ import jax
 import pytest
 
 from electra_jax import dry_run, topology
+from electra_jax.validate import ConfigError
 from tests.conftest import micro_config, run_command
 from tests.test_topology import libtpu_env, needs_libtpu  # noqa: F401  (a fixture)
 
@@ -96,3 +97,12 @@ def test_the_command_refuses_a_bad_name_and_lone_flags():
         "electra_jax.train", "--config=configs/tiny.py", "--dry_run", "--num_slices=2"
     )
     assert out.returncode == 2 and "--num_slices needs --topology" in out.stderr
+
+
+@needs_libtpu
+@pytest.mark.usefixtures("libtpu_env")
+def test_the_batch_is_checked_against_the_slice_before_compiling():
+    config = micro_config()
+    config.train.batch_size = 6  # 4 devices on one slice, 8 on two
+    with pytest.raises(ConfigError, match="train.batch_size=6 is not divisible by the 8 "):
+        dry_run.describe(config, target=topology.resolve("v5e:2x2", num_slices=2))
