@@ -42,7 +42,6 @@ ROWS = (
     ("base", "v3-16", ()),
     ("base", "v5p-16", ()),
     ("large", "v6e-64", ()),
-    ("large", "v3-512", FIT),
     ("large", "v6e-64", FIT),
 )
 
@@ -58,12 +57,14 @@ def run_row(config: str, topology: str, overrides, timeout: float) -> dict:
     argv += ["--dry_run", f"--topology={topology}", *overrides]
     t0 = time.time()
     out = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-    row = {"config": config, "topology": topology, "overrides": list(overrides)}
-    row["wall_seconds"] = round(time.time() - t0, 1)
+    row = {}
     if out.returncode == 0:
         row.update(json.loads(out.stdout.strip().splitlines()[-1]))
+        row["jax_topology"] = row.pop("topology")
     else:
         row["error"] = (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1]
+    row.update(config=config, topology=topology, overrides=list(overrides))
+    row["wall_seconds"] = round(time.time() - t0, 1)
     return row
 
 
@@ -84,13 +85,13 @@ def markdown(rows: list[dict]) -> str:
         if "error" in r:
             lines.append(
                 f"| {r['config']} | {r['topology']} | {settings} | | | | | no: "
-                f"{r['error'].removeprefix('error: ')} | | |"
+                f"{r['error'].removeprefix('error: ').split(';')[0]} | | |"
             )
             continue
         mesh = f"{r['mesh']['data']} x {r['mesh']['fsdp']}"
         mfu = "" if r.get("mfu_ceiling") is None else f"{100 * r['mfu_ceiling']:.1f}%"
         lines.append(
-            f"| {r['config']} | {r['topology']} ({r['topology'] and r.get('device_kind', '')}) "
+            f"| {r['config']} | {r['topology']} ({r['jax_topology']}, {r['device_kind']}) "
             f"| {settings} | {r['devices']} x {r['hosts']} | {mesh} | {r['batch_per_device']} | "
             f"{_gib(r['memory_per_device_bytes'])} ({_gib(r['memory_state_bytes'])} + "
             f"{_gib(r['memory_temp_bytes'])}) of {_gib(r['hbm_per_device_bytes'])} | "

@@ -7,7 +7,9 @@
 many hosts"): orbax could write gs:// itself, but the run's other files need a filesystem, and the
 mount gives every host the same view (process 0 prepares the data there while the others wait).
 
-Meant for a TPU v3-16 / v4-16 slice or 8+ GPUs of 40 GB or more. The paper reports GLUE dev 85.1
+Meant for a TPU v4-16 slice (the TPU compiler's plan: 15.4 of a chip's 32 GiB; benchmarks/
+RESULTS.md, "The paper configs compiled for their slices"; compile for another slice with
+--dry_run --topology=SLICE) or 8+ GPUs of 40 GB or more. The paper reports GLUE dev 85.1
 for this model. Starts from small.py and overrides what differs.
 """
 

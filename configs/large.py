@@ -7,10 +7,14 @@
 many hosts"): orbax could write gs:// itself, but the run's other files need a filesystem, and the
 mount gives every host the same view (process 0 prepares the data there while the others wait).
 
-Meant for a TPU v3-512 / v4-128 pod slice or a multi-node GPU cluster (batch 2048 does not fit one
-device). This is the paper's "ELECTRA-400K" (GLUE dev 88.6); the released ELECTRA-Large is the
-1.75M-step variant: add --config.train.num_steps=1750000. Masks 25% of tokens, as the paper found
-better for Large. Starts from small.py and overrides what differs.
+Meant for a TPU v3-512 slice as it stands (the TPU compiler's plan: 10.8 of each core's 16 GiB),
+or a v4-128 with --config.model.dtype=bfloat16 --config.train.remat=full (9.8 of 32 GiB a chip;
+as it stands its step needs 36.7G of temporaries against the 30.75G a chip has): benchmarks/
+RESULTS.md, "The paper configs compiled for their slices". Before booking another slice, compile
+for it: add --dry_run --topology=SLICE (README, "Will it fit?"). On GPUs, a multi-node cluster
+(batch 2048 does not fit one device). This is the paper's "ELECTRA-400K" (GLUE dev 88.6); the
+released ELECTRA-Large is the 1.75M-step variant: add --config.train.num_steps=1750000. Masks 25%
+of tokens, as the paper found better for Large. Starts from small.py and overrides what differs.
 """
 
 import pathlib
