@@ -210,7 +210,7 @@ def step_costs(config, vocab_size: int, mesh) -> dict | None:
     return costs
 
 
-def _fix_hint(config, mesh, gen: topology.Generation) -> str:
+def _fix_hint(config, mesh) -> str:
     """What to change so that a step fits: only the settings not already at their lightest."""
     batch, accum = config.train.batch_size, config.train.grad_accum_steps
     dp = sharding.data_parallel_size(mesh)
@@ -263,7 +263,7 @@ def tpu_report(
         have = f"{found.group(2)}G available" if found else f"{_gib(gen.hbm_bytes_per_device)}"
         raise DoesNotFit(
             f"does not fit {target.asked_as} ({gen.name}): a device needs {need}, it has "
-            f"{have} (XLA: RESOURCE_EXHAUSTED); try {_fix_hint(config, mesh, gen)}"
+            f"{have} (XLA: RESOURCE_EXHAUSTED); try {_fix_hint(config, mesh)}"
         ) from None
     memory = _memory(compiled)
     hbm = gen.hbm_bytes_per_device
