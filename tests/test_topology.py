@@ -76,6 +76,15 @@ def test_megacore_slices_run_one_device_per_chip():
     devices = topology.compile_only_devices(target)
     assert len(devices) == target.chips and {d.device_kind for d in devices} == {"TPU v4"}
     assert len({d.process_index for d in devices}) == target.chips // 4  # 4 chips a host
+    # v5litepod-8 is one host of 8 chips; larger v5e slices have 4 chips a host.
+    assert (
+        len({d.process_index for d in topology.compile_only_devices(topology.resolve("v5e-8"))})
+        == 1
+    )
+    assert (
+        len({d.process_index for d in topology.compile_only_devices(topology.resolve("v5e-16"))})
+        == 4
+    )
     two = topology.resolve("v5e:2x2", num_slices=2)
     devices = topology.compile_only_devices(two)
     assert len(devices) == two.devices == 2 * math.prod((2, 2))
