@@ -7,9 +7,10 @@
 many hosts"): orbax could write gs:// itself, but the run's other files need a filesystem, and the
 mount gives every host the same view (process 0 prepares the data there while the others wait).
 
-Meant for a TPU v3-512 slice as it stands (the TPU compiler's plan: 10.8 of each core's 16 GiB),
-or a v4-128 with --config.model.dtype=bfloat16 --config.train.remat=full (9.8 of 32 GiB a chip;
-as it stands its step needs 36.7G of temporaries against the 30.75G a chip has): benchmarks/
+Meant for a TPU v3-512 or v5p-128 slice as it stands (the TPU compiler's plans: 10.8 of each v3
+core's 16 GiB, 39.3 of a v5p chip's 95), or a v4-128 with --config.train.remat=full, which
+changes no number of the run (11.9 of a chip's 32 GiB; as it stands its step needs 36.7G of
+temporaries against the 30.75G a chip has, and on a v6e-64 36.8G against 31.25G): benchmarks/
 RESULTS.md, "The paper configs compiled for their slices". Before booking another slice, compile
 for it: add --dry_run --topology=SLICE (README, "Will it fit?"). On GPUs, a multi-node cluster
 (batch 2048 does not fit one device). This is the paper's "ELECTRA-400K" (GLUE dev 88.6); the
