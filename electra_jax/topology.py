@@ -9,6 +9,7 @@ Imports no jax at module level: a bad name is answered before jax starts.
 from __future__ import annotations
 
 import dataclasses
+import glob
 import importlib.util
 import math
 import os
@@ -202,6 +203,35 @@ def require_libtpu() -> None:
         )
 
 
+def on_tpu_host() -> bool:
+    """Whether TPU chips are attached to this machine: a PCI device of Google's vendor id, the
+    check jax's own hardware_utils makes (read here without importing jax)."""
+    for vendor in glob.glob("/sys/bus/pci/devices/*/vendor"):
+        try:
+            with open(vendor) as f:
+                if f.read().strip() == "0x1ae0":
+                    return True
+        except OSError:
+            continue
+    return False
+
+
+def quiet_libtpu(target: Target | None = None) -> None:
+    """Keeps libtpu's start-up warnings off a machine without TPUs.
+
+    Where libtpu is installed (the [tpu] extra), jax loads it when it starts its backends, and
+    libtpu then asks the TPU VM's metadata server for the accelerator type and the worker list;
+    on any other machine it prints two warnings, from C++ before anything of ours could catch
+    them. Naming both first silences them: the slice compiled for (`target`) or a one-host
+    stand-in. Nothing is set where already set, nor on a TPU host, whose metadata server
+    answers. Call before jax starts its backends.
+    """
+    if not libtpu_installed() or on_tpu_host():
+        return
+    os.environ.setdefault("TPU_ACCELERATOR_TYPE", cloud_name(target) if target else "v4-8")
+    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+
+
 def compile_only_devices(target: Target) -> list:
     """The jax devices of `target`, for ahead-of-time compiles only (nothing is allocated on
     them; no TPU needed). ConfigError naming the extra when libtpu, the TPU compiler, is absent.
@@ -209,13 +239,9 @@ def compile_only_devices(target: Target) -> list:
     require_libtpu()
     # Before libtpu's first load in this process. Compile-only devices touch no chip, so the
     # lock file that keeps two processes off one TPU does not apply (the test suite's two
-    # workers both load it). Without an accelerator type and worker list libtpu asks the TPU
-    # VM's metadata server for them and prints two warnings when there is none; these values
-    # describe the slice compiled for and stand only where nothing is set (on a TPU VM the
-    # machine's own stay).
+    # workers both load it).
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-    os.environ.setdefault("TPU_ACCELERATOR_TYPE", cloud_name(target))
-    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+    quiet_libtpu(target)
     from jax.experimental import topologies
 
     desc = topologies.get_topology_desc(

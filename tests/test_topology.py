@@ -104,3 +104,30 @@ def test_libtpu_says_nothing_on_stderr():
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "8" and out.stderr == ""
+
+
+@pytest.mark.usefixtures("libtpu_env")
+def test_quiet_libtpu_names_a_stand_in_only_off_a_tpu_host(monkeypatch):
+    import os
+
+    monkeypatch.setattr(topology, "libtpu_installed", lambda: True)
+    monkeypatch.setattr(topology, "on_tpu_host", lambda: True)
+    topology.quiet_libtpu()  # a TPU VM: its metadata server answers libtpu
+    assert "TPU_ACCELERATOR_TYPE" not in os.environ
+    monkeypatch.setattr(topology, "on_tpu_host", lambda: False)
+    monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "10.0.0.2,10.0.0.3")  # set by the user: kept
+    topology.quiet_libtpu(topology.resolve("v5e:4x4"))
+    assert os.environ["TPU_ACCELERATOR_TYPE"] == "v5litepod-16"
+    assert os.environ["TPU_WORKER_HOSTNAMES"] == "10.0.0.2,10.0.0.3"
+
+
+@needs_libtpu
+@pytest.mark.usefixtures("libtpu_env")
+def test_a_command_on_a_machine_without_tpus_prints_only_its_line():
+    # jax starts its backends (the mesh over this machine's devices) with libtpu installed.
+    out = run_python(
+        "-m", "electra_jax.train", "--config=configs/tiny.py", "--dry_run",
+        "--config.mesh.fsdp=7", timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert "mesh.fsdp=7 does not divide" in out.stderr
