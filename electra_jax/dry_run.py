@@ -100,7 +100,9 @@ def _compile(fn, *args):
 def _without_persistent_cache():
     """Compile-only executables are not cached: jax would write them to a persistent cache
     (JAX_COMPILATION_CACHE_DIR) and then fail, with a warning, to load them back (loading needs
-    a client with the devices)."""
+    a client with the devices). jax decides once per process whether it uses the cache, at its
+    first compile: this holds where the TPU compile comes first (a dry run's process), not in
+    one that compiled with the cache before (the test suite, which then sees that warning)."""
     before = jax.config.jax_enable_compilation_cache
     jax.config.update("jax_enable_compilation_cache", False)
     try:
