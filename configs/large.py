@@ -8,14 +8,15 @@ many hosts"): orbax could write gs:// itself, but the run's other files need a f
 mount gives every host the same view (process 0 prepares the data there while the others wait).
 
 Meant for a TPU v3-512 or v5p-128 slice as it stands (the TPU compiler's plans: 10.8 of each v3
-core's 16 GiB, 39.3 of a v5p chip's 95), or a v4-128 with --config.train.remat=full, which
-changes no number of the run (11.9 of a chip's 32 GiB; as it stands its step needs 36.7G of
-temporaries against the 30.75G a chip has, and on a v6e-64 36.8G against 31.25G): benchmarks/
-RESULTS.md, "The paper configs compiled for their slices". Before booking another slice, compile
-for it: add --dry_run --topology=SLICE (README, "Will it fit?"). On GPUs, a multi-node cluster
-(batch 2048 does not fit one device). This is the paper's "ELECTRA-400K" (GLUE dev 88.6); the
-released ELECTRA-Large is the 1.75M-step variant: add --config.train.num_steps=1750000. Masks 25%
-of tokens, as the paper found better for Large. Starts from small.py and overrides what differs.
+core's 16 GiB, 39.3 of a v5p chip's 95), or a v4-128 or v6e-64 with --config.train.remat=full,
+which changes no number of the run (11.9 and 12.0 of a chip's 32 GiB; as it stands the step
+needs 36.7G of temporaries against the 30.75G a v4 chip has, 36.8G against a v6e's 31.25G):
+benchmarks/RESULTS.md, "The paper configs compiled for their slices". Before booking another
+slice, compile for it: add --dry_run --topology=SLICE (README, "Will it fit?"). On GPUs, a
+multi-node cluster (batch 2048 does not fit one device). This is the paper's "ELECTRA-400K" (GLUE
+dev 88.6); the released ELECTRA-Large is the 1.75M-step variant: add
+--config.train.num_steps=1750000. Masks 25% of tokens, as the paper found better for Large.
+Starts from small.py and overrides what differs.
 """
 
 import pathlib
