@@ -53,12 +53,17 @@ setup(
             "torch==2.13.0",
             "transformers>=4.40",
             "matplotlib",  # benchmarks/sample_efficiency.py's plot
+            # The TPU compiler, for the dry run's compiles for a named slice (--topology) on a
+            # machine without a TPU: jax's own extra, which pins the libtpu of this jax. Linux
+            # only (no other wheels); elsewhere those tests skip, naming the extra.
+            "jax[tpu]>=0.4.35; sys_platform == 'linux'",
         ],
         # A gs://BUCKET/PATH workdir (or data.cache_dir, init_from, data.source=text:gs://...):
         # epath reaches the bucket through gcsfs; the lock object uses google-cloud-storage's
         # generation preconditions.
         "gcs": GCS,
-        # jax's own accelerator extras, with jax at the version this package needs.
+        # jax's own accelerator extras, with jax at the version this package needs. [tpu] also
+        # brings the TPU compiler that `--dry_run --topology` compiles with on any Linux machine.
         "cuda12": ["jax[cuda12]>=0.4.35"],
         "tpu": ["jax[tpu]>=0.4.35"],
         # benchmarks/: sample_efficiency.py plots its results.

@@ -38,11 +38,15 @@ def quiet_logs() -> None:
     checkpoint step it reads or writes, which absl prints, and orbax's warnings that a
     checkpoint folder is opened read-only (as we ask), and gcsfs's tracebacks of the requests
     whose error the command reports itself (_GCSFS_ECHOES); noise that would bury the one line
-    an error is. Other warnings and errors still print."""
+    an error is; and libtpu's warnings about a TPU VM's metadata on a machine that is none
+    (topology.quiet_libtpu). Other warnings and errors still print."""
     import logging
 
     from absl import logging as absl_logging
 
+    from electra_jax import topology
+
+    topology.quiet_libtpu()  # where the [tpu] extra is installed on a machine without TPUs
     logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
     absl_logging.set_verbosity(absl_logging.WARNING)
     absl = logging.getLogger("absl")

@@ -14,22 +14,16 @@ from typing import Any
 
 import jax
 
-from electra_jax import jsonio, paths
+from electra_jax import jsonio, paths, topology
 from electra_jax.data import progress
 from electra_jax.model import ElectraSpec, EncoderSpec
 from electra_jax.objectives import registry
 from electra_jax.objectives.core import FlopParts
 from electra_jax.objectives.names import DEFAULT
 
-# Dense bfloat16 peak FLOP/s per chip (vendor figures), matched against jax's device_kind.
+# Dense bfloat16 peak FLOP/s per GPU (vendor figures), matched against jax's device_kind. TPUs'
+# are in topology.GENERATIONS (per chip, with HBM and their sources), one device each.
 PEAK_FLOPS = {
-    "TPU v4": 275e12,
-    "TPU v5 lite": 197e12,
-    "TPU v5e": 197e12,
-    "TPU v5p": 459e12,
-    "TPU v5": 459e12,
-    "TPU v6 lite": 918e12,
-    "TPU v6e": 918e12,
     "A100": 312e12,
     "H100": 989e12,
     "H200": 989e12,
@@ -37,9 +31,14 @@ PEAK_FLOPS = {
 
 
 def peak_flops_per_device(device_kind: str, override: float = 0.0) -> float | None:
-    """The configured peak if given, else the table's entry for this device kind, else None."""
+    """The configured peak if given, else the tables' entry for this device kind (a TPU
+    generation's per device: its chip's, halved where each core is a device, as on v2 and
+    v3), else None."""
     if override and override > 0:
         return float(override)
+    generation = topology.generation_for_kind(device_kind)
+    if generation is not None:
+        return generation.bf16_flops_per_device
     for name, peak in PEAK_FLOPS.items():
         if name.lower() in device_kind.lower():
             return peak

@@ -25,13 +25,43 @@ BATCH_AXES = ("data", "fsdp")
 FSDP_RULES = (("embed", "fsdp"),)
 
 
+def num_slices(devices) -> int:
+    """How many slices (TPU pods joined over the data-center network) the devices span; 1 for
+    devices without a slice index (CPUs, GPUs, a single TPU slice)."""
+    return len({getattr(d, "slice_index", 0) or 0 for d in devices})
+
+
 def make_mesh(mesh_cfg: Any, devices=None) -> Mesh:
-    """A ('data', 'fsdp') mesh over all devices; `mesh_cfg.fsdp` N or -1 (all) sizes 'fsdp'."""
+    """A ('data', 'fsdp') mesh over all devices; `mesh_cfg.fsdp` N or -1 (all of a slice's)
+    sizes 'fsdp'.
+
+    Laid out by jax's mesh helpers, which follow the TPU's physical torus (neighbours in a row
+    are neighbours on the chip grid). Across slices (`create_hybrid_device_mesh`) 'data' spans
+    the slices and every 'fsdp' row stays inside one slice, so that FSDP's gathers ride the
+    slice's fast interconnect and only the gradients' all-reduce crosses the slower network
+    between slices. On CPUs and GPUs the order is jax.devices()'s.
+    """
+    from jax.experimental import mesh_utils
+
     devices = list(jax.devices() if devices is None else devices)
-    fsdp = mesh_cfg.fsdp if mesh_cfg.fsdp > 0 else len(devices)
+    slices = num_slices(devices)
+    per_slice = len(devices) // slices
+    fsdp = mesh_cfg.fsdp if mesh_cfg.fsdp > 0 else per_slice
     if len(devices) % fsdp:
         raise ValueError(f"mesh.fsdp={mesh_cfg.fsdp} does not divide {len(devices)} devices")
-    grid = np.asarray(devices).reshape(len(devices) // fsdp, fsdp)
+    if per_slice % fsdp:
+        raise ValueError(
+            f"mesh.fsdp={mesh_cfg.fsdp} does not divide the {per_slice} devices of each of the "
+            f"{slices} slices (an fsdp group stays within one slice)"
+        )
+    if slices == 1:
+        grid = mesh_utils.create_device_mesh(
+            (len(devices) // fsdp, fsdp), devices, allow_split_physical_axes=True
+        )
+    else:
+        grid = mesh_utils.create_hybrid_device_mesh(
+            (per_slice // fsdp, fsdp), (slices, 1), devices, allow_split_physical_axes=True
+        )
     return Mesh(grid, BATCH_AXES)
 
 

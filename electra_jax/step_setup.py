@@ -134,10 +134,11 @@ def init_on_mesh(setup: StepSetup):
     return jax.jit(setup.make_state, out_shardings=setup.state_sharding)()
 
 
-def checked_mesh(config: ml_collections.ConfigDict, process_count: int):
-    """The run's mesh over all devices; ConfigError when it or the batch does not fit them."""
+def checked_mesh(config: ml_collections.ConfigDict, process_count: int, devices=None):
+    """The run's mesh over all devices (or `devices`: a slice's compile-only ones, from
+    topology.py); ConfigError when it or the batch does not fit them."""
     try:
-        mesh = sharding.make_mesh(config.mesh)
+        mesh = sharding.make_mesh(config.mesh, devices)
     except ValueError as e:
         raise validate.ConfigError(f"{e}; choose a mesh.fsdp that divides it") from e
     validate.check_batch(

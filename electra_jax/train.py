@@ -43,6 +43,16 @@ _COMPILE = flags.DEFINE_bool(
     "per-device memory and XLA's FLOP count (simulate a pod's devices on a CPU with "
     "XLA_FLAGS=--xla_force_host_platform_device_count=N).",
 )
+_TOPOLOGY = flags.DEFINE_string(
+    "topology",
+    None,
+    "With --dry_run: compile for this TPU slice with the TPU compiler instead of for this "
+    "machine's devices (no TPU needed; the [tpu] extra): a Cloud accelerator name such as "
+    "v4-128, v5p-128, v5litepod-16, v6e-64, or a jax topology name such as v4:4x4x4, v5e:2x2.",
+)
+_NUM_SLICES = flags.DEFINE_integer(
+    "num_slices", 1, "With --topology: that many slices joined over the data-center network."
+)
 _VERBOSE = flags.DEFINE_bool("verbose", False, "Show full tracebacks on errors.")
 _PRINT_CONFIG = flags.DEFINE_bool("print_config", False, PRINT_CONFIG_HELP)
 _COORDINATOR = flags.DEFINE_string(
@@ -93,6 +103,20 @@ def _check_process_flags() -> None:
             "--num_processes and --process_id need --coordinator_address (or none of the three: "
             "jax finds the processes of a SLURM, Open MPI, TPU slice or Kubernetes launch itself)"
         )
+
+
+def _topology_target():
+    """--topology and --num_slices as a slice to compile for (topology.Target); ConfigError
+    for a name no slice has or a missing libtpu, fail() for flags that cannot go together."""
+    from electra_jax import topology
+
+    if _TOPOLOGY.value is None:
+        fail("--num_slices needs --topology (a real run's slices are those of its devices)")
+    if not _DRY_RUN.value:
+        fail("--topology compiles for a slice that is not here: add --dry_run")
+    target = topology.resolve(_TOPOLOGY.value, _NUM_SLICES.value)
+    topology.require_libtpu()
+    return target
 
 
 def _exit_unless_joined(done: threading.Event, seconds: float, where: str) -> None:
@@ -193,6 +217,10 @@ def main(argv) -> None:
     if _PRINT_CONFIG.value:
         print_config(config, flags.FLAGS["config"].config_filename)
         return
+    target = None
+    if _TOPOLOGY.value is not None or _NUM_SLICES.value != 1:
+        with one_line_for(ConfigError, verbose=_VERBOSE.value):
+            target = _topology_target()
     if not (_DRY_RUN.value or _WORKDIR.value):
         fail("--workdir is required: where checkpoints and metrics go")
     _check_process_flags()
@@ -219,7 +247,7 @@ def main(argv) -> None:
 
     try:
         if _DRY_RUN.value:
-            print(json.dumps(dry_run.describe(config, compile=_COMPILE.value)))
+            print(json.dumps(dry_run.describe(config, compile=_COMPILE.value, target=target)))
             return
         _maybe_initialize_distributed()
         from electra_jax.data import progress

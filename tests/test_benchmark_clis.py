@@ -239,6 +239,11 @@ CASES = [
         lambda t: ["benchmarks/gpu_quality.py", "--parallel=0", f"--out={t}/o"],
         "argument --parallel",
     ),
+    (
+        "compile_table, an unknown row",
+        lambda t: ["benchmarks/compile_table.py", "--only=large@v9-8", f"--out={t}/table"],
+        "unknown rows large@v9-8",
+    ),
 ]
 
 

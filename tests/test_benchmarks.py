@@ -203,3 +203,26 @@ def test_gpu_data_then_quality_on_cpu_writes_every_field(tmp_path):
     assert rows[-1]["step"] == steps and "eval/disc_auc" in rows[-1]
     # What comes back from the device: plain files, no folders, names it accepts.
     assert sorted(os.listdir(out)) == ["h200_quality.json", "pretrain_metrics.jsonl"]
+
+
+def test_compile_table_rows_and_markdown():
+    from benchmarks import compile_table
+
+    names = [compile_table.row_name(*r) for r in compile_table.ROWS]
+    assert len(set(names)) == len(names)  # --only and the resume tell rows apart by name
+    fitted = {
+        "config": "base", "topology": "v4-16", "overrides": [], "device_kind": "TPU v4",
+        "jax_topology": "v4:2x2x2",
+        "devices": 8, "hosts": 2, "mesh": {"data": 8, "fsdp": 1}, "batch_per_device": 32,
+        "memory_per_device_bytes": 3 * 2**30, "memory_state_bytes": 2**30,
+        "memory_temp_bytes": 2 * 2**30, "hbm_per_device_bytes": 32 * 2**30,
+        "headroom_bytes": 29 * 2**30, "fits": True, "compile_seconds": 12.5, "mfu_ceiling": 0.5,
+    }  # fmt: skip
+    failed = {"config": "large", "topology": "v4-128", "overrides": ["--config.train.remat=full"]}
+    failed["error"] = "error: does not fit v4-128 (v4): a device needs 36.73G; try remat"
+    table = compile_table.markdown([fitted, failed]).splitlines()
+    assert len(table) == 4 and all(line.count("|") == 11 for line in table)
+    assert table[2].startswith("| base | v4-16 (v4:2x2x2, TPU v4) | as is | 8 x 2 | 8 x 1 | 32 |")
+    assert "| 3.00 (1.00 + 2.00) of 32.00 | yes (29.00) | 12.5 | 50.0% |" in table[2]
+    assert "train.remat=full" in table[3] and "no: does not fit v4-128" in table[3]
+    assert "try remat" not in table[3]  # the need and the have; the hints are the command's

@@ -79,6 +79,9 @@ def test_flops_count_matches_xla_cost_analysis(name):
 
 def test_peak_lookup_and_override():
     assert metrics.peak_flops_per_device("TPU v4") == 275e12
+    # One core of a v3 chip (123 TFLOP/s for its two): the slices the paper configs name.
+    assert metrics.peak_flops_per_device("TPU v3") == 123e12 / 2
+    assert metrics.peak_flops_per_device("TPU v5 lite") == 197e12
     assert metrics.peak_flops_per_device("NVIDIA H200") == 989e12
     assert metrics.peak_flops_per_device("cpu") is None
     assert metrics.peak_flops_per_device("cpu", 1e11) == 1e11

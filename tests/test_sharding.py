@@ -3,8 +3,11 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
+from electra_jax import topology
 from tests.conftest import subprocess_env
+from tests.test_topology import libtpu_env, needs_libtpu  # noqa: F401  (a fixture)
 
 # One subprocess with 8 simulated devices (the device count is fixed when jax starts).
 _EIGHT_DEVICES = """
@@ -55,3 +58,33 @@ def test_fsdp_on_eight_devices_matches_one_device():
     assert specs["intermediate"] == specs["intermediate_mu"] == "P(None, 'fsdp', None)"
     assert specs["word_embeddings"] == "P(None, 'fsdp')"
     assert specs["bias"] == "P(None, None)"
+
+
+@needs_libtpu
+@pytest.mark.usefixtures("libtpu_env")
+@pytest.mark.parametrize("fsdp", [2, -1])
+def test_fsdp_rows_stay_within_one_slice(fsdp):
+    import ml_collections
+
+    from electra_jax import sharding
+
+    devices = topology.compile_only_devices(topology.resolve("v5e:2x2", num_slices=2))
+    mesh = sharding.make_mesh(ml_collections.ConfigDict({"fsdp": fsdp}), devices)
+    assert mesh.shape["fsdp"] == (2 if fsdp == 2 else 4) and mesh.size == len(devices)
+    grid = mesh.devices  # [data, fsdp]
+    for row in grid:
+        assert len({d.slice_index for d in row}) == 1
+    # 'data' spans the slices: only the gradients' all-reduce crosses between them.
+    assert {d.slice_index for d in grid[:, 0]} == {0, 1}
+
+
+@needs_libtpu
+@pytest.mark.usefixtures("libtpu_env")
+def test_an_fsdp_wider_than_a_slice_is_refused():
+    import ml_collections
+
+    from electra_jax import sharding
+
+    devices = topology.compile_only_devices(topology.resolve("v5e:2x2", num_slices=2))
+    with pytest.raises(ValueError, match="the 4 devices of each of the 2 slices"):
+        sharding.make_mesh(ml_collections.ConfigDict({"fsdp": 8}), devices)

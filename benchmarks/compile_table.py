@@ -1,0 +1,131 @@
+r"""The paper configs compiled by the TPU compiler for the slices they are meant for, on a machine
+without a TPU: per-device memory against HBM, compile time and the MFU ceiling.
+
+    python -m benchmarks.compile_table --out=benchmarks/compile_table
+
+Each row is one `python -m electra_jax.train --config=... --dry_run --topology=...` (its own
+process: a large compile holds gigabytes), so the table shows exactly what a user's command
+prints. Rows are written to OUT.json (and the markdown table to OUT.md) as each finishes, so an
+interrupted run keeps the rows it has; a rerun skips the rows OUT.json already holds.
+--only=NAME,... runs the rows whose names are given.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks import _cli  # noqa: E402
+from electra_jax import jsonio  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# (config, slice, overrides): each config on the slices its docstring names and today's, as it
+# stands, and where it does not fit, with full remat (and bfloat16 compute); the slices most
+# booked first.
+FIT = ("--config.model.dtype=bfloat16", "--config.train.remat=full")
+REMAT = ("--config.train.remat=full",)  # the numbers of the run unchanged
+ROWS = (
+    ("large", "v4-128", ()),
+    ("large", "v4-128", FIT),
+    ("large", "v4-128", REMAT),
+    ("base", "v4-16", ()),
+    ("small", "v4-8", ()),
+    ("large", "v3-512", ()),
+    ("small", "v5e-8", ()),
+    ("small", "v3-8", ()),
+    ("large", "v5p-128", ()),
+    ("base", "v5e-16", ()),
+    ("base", "v3-16", ()),
+    ("base", "v5p-16", ()),
+    ("large", "v6e-64", ()),
+    ("large", "v6e-64", REMAT),
+)
+
+
+def row_name(config: str, topology: str, overrides) -> str:
+    extra = "".join(f" {o.removeprefix('--config.')}" for o in overrides)
+    return f"{config}@{topology}{extra}"
+
+
+def run_row(config: str, topology: str, overrides, timeout: float) -> dict:
+    """One dry run: its JSON summary, or {'error': its one line} (a setting that does not fit)."""
+    argv = [sys.executable, "-m", "electra_jax.train", f"--config=configs/{config}.py"]
+    argv += ["--dry_run", f"--topology={topology}", *overrides]
+    t0 = time.time()
+    out = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    row = {}
+    if out.returncode == 0:
+        row.update(json.loads(out.stdout.strip().splitlines()[-1]))
+        row["jax_topology"] = row.pop("topology")
+    else:
+        row["error"] = (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1]
+    row.update(config=config, topology=topology, overrides=list(overrides))
+    row["wall_seconds"] = round(time.time() - t0, 1)
+    return row
+
+
+def _gib(n) -> str:
+    return "" if n is None else f"{n / 2**30:.2f}"
+
+
+def markdown(rows: list[dict]) -> str:
+    """The table: one line per row, in the order run."""
+    head = (
+        "| config | slice | settings | devices x hosts | mesh (data x fsdp) | batch per device | "
+        "GiB per device (state + temp) of HBM | fits (headroom GiB) | compile s | "
+        "MFU ceiling |\n|---|---|---|---|---|---|---|---|---|---|\n"
+    )
+    lines = []
+    for r in rows:
+        settings = ", ".join(o.removeprefix("--config.") for o in r["overrides"]) or "as is"
+        if "error" in r:
+            lines.append(
+                f"| {r['config']} | {r['topology']} | {settings} | | | | | no: "
+                f"{r['error'].removeprefix('error: ').split(';')[0]} | | |"
+            )
+            continue
+        mesh = f"{r['mesh']['data']} x {r['mesh']['fsdp']}"
+        mfu = "" if r.get("mfu_ceiling") is None else f"{100 * r['mfu_ceiling']:.1f}%"
+        lines.append(
+            f"| {r['config']} | {r['topology']} ({r['jax_topology']}, {r['device_kind']}) "
+            f"| {settings} | {r['devices']} x {r['hosts']} | {mesh} | {r['batch_per_device']} | "
+            f"{_gib(r['memory_per_device_bytes'])} ({_gib(r['memory_state_bytes'])} + "
+            f"{_gib(r['memory_temp_bytes'])}) of {_gib(r['hbm_per_device_bytes'])} | "
+            f"{'yes' if r['fits'] else 'no'} ({_gib(r['headroom_bytes'])}) | "
+            f"{r['compile_seconds']} | {mfu} |"
+        )
+    return head + "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = _cli.Parser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="benchmarks/compile_table", help="OUT.json and OUT.md")
+    parser.add_argument("--only", default="", help="comma-separated row names (default: all)")
+    parser.add_argument(
+        "--timeout", type=_cli.positive_float, default=3600.0, help="seconds per row"
+    )
+    args = parser.parse_args()
+    known = [row_name(*r) for r in ROWS]
+    wanted = set(_cli.names("--only", args.only, known, "rows")) if args.only else set(known)
+    path = args.out + ".json"
+    rows = jsonio.read_json(path, ValueError, default=[])
+    done = {row_name(r["config"], r["topology"], r["overrides"]) for r in rows}
+    for spec in ROWS:
+        name = row_name(*spec)
+        if name not in wanted or name in done:
+            continue
+        print(f"{name} ...", flush=True)
+        rows.append(run_row(*spec, timeout=args.timeout))
+        jsonio.write_json(path, rows)
+        jsonio.write_atomic(args.out + ".md", markdown(rows))
+        print(f"  {json.dumps(rows[-1])}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
