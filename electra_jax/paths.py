@@ -24,6 +24,7 @@ A leaf: it imports nothing of ours.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import shutil
@@ -197,6 +198,15 @@ def read_bytes(path: str) -> bytes:
         raise
     except OSError as e:
         raise OSError(e.errno, f"{path}: {e.strerror or e}") from e
+
+
+def sha256_of_file(path: str) -> str:
+    """The SHA-256 (hex) of a local file, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def read_text(path: str) -> str:

@@ -37,19 +37,11 @@ from electra_jax.validate import ConfigError
 CHANGES_FILE = "config_changes.jsonl"
 
 
-def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def file_facts(path: str) -> dict:
     """{'size', 'mtime' (UTC, ISO 8601), 'sha256'} of a local file."""
     stat = os.stat(path)
     mtime = datetime.datetime.fromtimestamp(stat.st_mtime, datetime.timezone.utc)
-    return {"size": stat.st_size, "mtime": mtime.isoformat(), "sha256": _sha256(path)}
+    return {"size": stat.st_size, "mtime": mtime.isoformat(), "sha256": paths.sha256_of_file(path)}
 
 
 def data_record(files: Sequence[str]) -> dict[str, dict]:

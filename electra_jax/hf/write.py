@@ -18,7 +18,6 @@ digests: their files at LAYOUT's paths are taken as theirs.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import re
 import shutil
@@ -27,7 +26,7 @@ from typing import Any
 
 from safetensors import SafetensorError
 
-from electra_jax import jsonio, model
+from electra_jax import jsonio, model, paths
 from electra_jax.data.tokenizer import MODEL_FILENAME
 from electra_jax.data.wordpiece import VOCAB_FILENAME
 from electra_jax.hf.config import hf_config
@@ -60,14 +59,6 @@ V1_FILES = tuple(f"{network}/{name}" for network in NETWORKS for name in _FILE_N
 # the top with its README.md. Nothing else in OUT is replaced or deleted, whatever a manifest
 # lists.
 LAYOUT = frozenset({*V1_FILES, *_FILE_NAMES, "README.md"})
-
-
-def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _relative_file(rel: Any) -> bool:
@@ -191,7 +182,7 @@ def _verified(out: str, previous: dict[str, set[str] | None]) -> dict[str, str]:
         path = os.path.join(out, rel)
         if not _no_link_on_the_way(out, rel) or os.path.islink(path) or not os.path.isfile(path):
             continue
-        digest = _sha256(path)
+        digest = paths.sha256_of_file(path)
         if digests is None or digest in digests:
             found[rel] = digest
     return found
@@ -314,7 +305,9 @@ def write_folder(out: str, manifest: dict, write) -> dict:
                 write(tmp)
             except SafetensorError as e:  # an OSError (a full disk) in safetensors' own type
                 raise _os_error(e) from e
-            written = {rel: _sha256(os.path.join(tmp, rel)) for rel in _files_below(tmp)}
+            written = {
+                rel: paths.sha256_of_file(os.path.join(tmp, rel)) for rel in _files_below(tmp)
+            }
             manifest["files"], manifest["sha256"] = sorted(written), written
             write_json(os.path.join(tmp, MANIFEST), manifest)
             moving = True
