@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import glob
 import gzip
-import hashlib
 import json
 import os
 import re
@@ -46,6 +45,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from benchmarks import _cli  # noqa: E402
+from electra_jax.paths import sha256_of_file  # noqa: E402
 
 SHARED = os.path.join(os.path.dirname(ROOT), "shared")
 FORMAT = "electra_jax-gpu-data-v1"
@@ -82,14 +82,6 @@ def _write_atomic(path: str, text: str) -> None:
 def write_json(path: str, obj) -> None:
     """`obj` as indented JSON, written to a temporary file and renamed into place."""
     _write_atomic(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
-
-
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def folder_bytes(path: str) -> int:
@@ -299,7 +291,7 @@ def build(args, log=lambda m: print(m, file=sys.stderr)) -> dict:
             "seq_length": summary["seq_length"],
             "shards": shards,
             "prepared": {k: v for k, v in summary.items() if k != "directory"},
-            "tokenizer_sha256": _sha256(os.path.join(tmp, "tokenizer", "spm.model")),
+            "tokenizer_sha256": sha256_of_file(os.path.join(tmp, "tokenizer", "spm.model")),
             "tasks": tasks,
             "peer": os.path.join("bench", os.path.basename(args.peer)) if args.peer else None,
             "seconds": round(time.time() - t0, 1),
