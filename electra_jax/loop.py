@@ -17,6 +17,7 @@ import ml_collections
 import numpy as np
 
 from electra_jax import checkpointing, layer_stack, metrics, paths, resume, sharding, validate
+from electra_jax import workdir as workdir_lib
 from electra_jax.model import Electra, init_params
 from electra_jax.step_setup import (
     StepSetup,
@@ -250,7 +251,7 @@ def _restore(run: resume.Resume, setup, manager, data_iter, watcher):
 
 
 # What the run writes in its workdir as a file, and as a folder (metrics.py, resume.py).
-_OUTPUT_FILES = ("metrics.jsonl", "config_changes.jsonl")
+_OUTPUT_FILES = ("metrics.jsonl", workdir_lib.CHANGES_FILE)
 _OUTPUT_FOLDERS = ("tensorboard",)
 
 

@@ -31,6 +31,7 @@ import ml_collections
 import numpy as np
 
 from electra_jax import checkpointing, jsonio, metrics, paths
+from electra_jax import workdir as workdir_lib
 from electra_jax.jsonio import write_json
 from electra_jax.validate import ConfigError, flatten
 
@@ -198,8 +199,6 @@ def plan(config: ml_collections.ConfigDict, workdir: str, allow: tuple[str, ...]
 
 def _claim_workdir(workdir: str):
     """The workdir, locked by process 0 for the run; every process agrees before going on."""
-    from electra_jax import workdir as workdir_lib
-
     error, held = None, None
     try:
         held = workdir_lib.claim(
@@ -378,7 +377,7 @@ def _load_init_from(config: ml_collections.ConfigDict, workdir: str):
 def _append_change(workdir: str, row: dict) -> None:
     """One row of WORKDIR/config_changes.jsonl: what a resume changed, at which step."""
     paths.append_text(
-        os.path.join(workdir, "config_changes.jsonl"), json.dumps(row, sort_keys=True) + "\n"
+        os.path.join(workdir, workdir_lib.CHANGES_FILE), json.dumps(row, sort_keys=True) + "\n"
     )
 
 

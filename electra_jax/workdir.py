@@ -51,6 +51,9 @@ LOCK = ".lock"
 PRETRAIN, FINETUNE = "pre-training", "fine-tuning"
 KINDS = (PRETRAIN, FINETUNE)
 
+# What a resume was allowed to find changed, at which step (pre-training and fine-tuning alike).
+CHANGES_FILE = "config_changes.jsonl"
+
 # What our commands write into a workdir, for folders made before the marker existed.
 _PRETRAIN_ENTRIES = frozenset(
     {
@@ -62,7 +65,7 @@ _PRETRAIN_ENTRIES = frozenset(
         "tensorboard",
         "hf",
         "hf_reference_metrics.jsonl",
-        "config_changes.jsonl",
+        CHANGES_FILE,
         "data_record.json",
         "eval.jsonl",
     }
@@ -79,6 +82,7 @@ _FINETUNE_ENTRIES = frozenset(
         "model.safetensors",
         "checkpoints",
         "hf",
+        CHANGES_FILE,
     }
 )
 

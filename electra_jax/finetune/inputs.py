@@ -30,11 +30,12 @@ from typing import Any
 import numpy as np
 
 from electra_jax import jsonio, paths
+from electra_jax import workdir as workdir_lib
 from electra_jax.finetune import saved
 from electra_jax.finetune.checks import ALLOWED
 from electra_jax.validate import ConfigError
 
-CHANGES_FILE = "config_changes.jsonl"
+CHANGES_FILE = workdir_lib.CHANGES_FILE
 
 
 def file_facts(path: str) -> dict:
