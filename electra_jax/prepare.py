@@ -1,10 +1,11 @@
 """python -m electra_jax.prepare --config=configs/small.py --workdir=runs/small [--num_workers=N]
 
 Prepares a run's data ahead of training: trains (or loads) the SentencePiece model into
-``WORKDIR/tokenizer/``, tokenizes and packs ``data.source`` on N worker processes (by default as
-many as the corpus's size warrants on this host, as ``train`` does), and writes the ArrayRecord
-shards and ``manifest.json`` into ``data.cache_dir`` (default ``WORKDIR/data``), then prints the
-manifest's figures as one JSON line; progress lines go to stderr. ``train`` with the same config
+``WORKDIR/tokenizer/`` (with ``train.init_from``, places the tokenizer of those weights there),
+tokenizes and packs ``data.source`` on N worker processes (by default as many as the corpus's
+size warrants on this host, as ``train`` does), and writes the ArrayRecord shards and
+``manifest.json`` into ``data.cache_dir`` (default ``WORKDIR/data``), then prints the manifest's
+figures as one JSON line; progress lines go to stderr. ``train`` with the same config
 and workdir finds the shards by their content key and starts training at once.
 
 Multi-host runs: put the workdir (or ``data.cache_dir``) on storage every host mounts (NFS,
@@ -72,6 +73,12 @@ def run(config, workdir: str, num_workers: int | None) -> dict:
     from electra_jax.data import prepare
 
     t0 = time.time()
+    if config.train.init_from:
+        # The run will start from these weights: its data is tokenized with their tokenizer,
+        # placed in the workdir as train places it (another one there is refused).
+        from electra_jax import resume
+
+        resume.load_init_from(config, workdir)
     tokenizer = prepare.ensure_tokenizer(
         config.data, os.path.join(workdir, "tokenizer"), config.seed
     )

@@ -190,7 +190,7 @@ def plan(config: ml_collections.ConfigDict, workdir: str, allow: tuple[str, ...]
             check_same_model(old, new, path)
             changes = check_same_run(old, new, path, tuple(allow))
         new_run = config.train.init_from and not resumes  # a resumed run goes on from its state
-        init_from = _load_init_from(config, workdir) if new_run else None
+        init_from = load_init_from(config, workdir) if new_run else None
     except BaseException:
         claim.release()
         raise
@@ -353,10 +353,18 @@ def _checkpoint_layout(old: dict, new: dict) -> dict:
     return kept
 
 
-def _load_init_from(config: ml_collections.ConfigDict, workdir: str):
+def load_init_from(config: ml_collections.ConfigDict, workdir: str):
     """train.init_from's weights (a `pretrained.Pretrained`), its tokenizer put in the workdir.
 
-    Only for a run without checkpoints: a resumed run continues from its own state.
+    For a run without checkpoints (a resumed run continues from its own state), and for
+    `prepare` of such a run, so that the data is tokenized with the tokenizer of the weights.
+    Weights and their tokenizer come from one source: a workdir whose tokenizer/ already holds
+    another tokenizer (one `prepare` trained, or an earlier start's) is refused, naming both;
+    the same tokenizer is left as it is.
+
+    Raises:
+      ConfigError: init_from unusable; data.tokenizer given beside it; another tokenizer in the
+        workdir. Nothing in the workdir is changed.
     """
     from electra_jax import pretrained
 
@@ -369,9 +377,33 @@ def _load_init_from(config: ml_collections.ConfigDict, workdir: str):
         raise ConfigError(
             f"train.init_from={path} brings its own tokenizer; leave data.tokenizer empty"
         )
-    if jax.process_index() == 0:
-        loaded.tokenizer.save(os.path.join(workdir, "tokenizer"))
+    _place_tokenizer(loaded.tokenizer, f"train.init_from={path}", workdir)
     return loaded
+
+
+def _place_tokenizer(tok, source: str, workdir: str) -> None:
+    """Puts `tok` (the tokenizer of the weights `source` names) in WORKDIR/tokenizer, unless that
+    very tokenizer is there; ConfigError when another one is."""
+    from electra_jax.data import DataError
+    from electra_jax.data import tokenizer as tokenizer_lib
+
+    folder = os.path.join(workdir, "tokenizer")
+    if tokenizer_lib.has_saved(folder):
+        try:
+            there = tokenizer_lib.load_saved(folder)
+        except DataError as e:
+            raise ConfigError(str(e)) from None
+        if there.fingerprint != tok.fingerprint:
+            raise ConfigError(
+                f"{folder} holds a tokenizer ({tokenizer_lib.describe(there)}) other than the one "
+                f"{source} was trained with ({tokenizer_lib.describe(tok)}), and its weights work "
+                f"only with their own: use a new --workdir, or delete {folder} (and the data "
+                "prepared with it) so that the run takes init_from's (prepare with the same "
+                "train.init_from prepares for it), or unset train.init_from"
+            )
+        return
+    if jax.process_index() == 0:
+        tok.save(folder)
 
 
 def _append_change(workdir: str, row: dict) -> None:

@@ -216,6 +216,52 @@ def test_init_from_is_loaded_for_a_new_run_only(shared_data, tmp_path):
         resume.plan(cfg, str(tmp_path / "d"))
 
 
+def _files(folder) -> dict:
+    return {str(p): p.read_bytes() for p in sorted(pathlib.Path(folder).rglob("*")) if p.is_file()}
+
+
+def test_init_from_refuses_another_tokenizer_in_the_workdir_and_keeps_the_same(
+    shared_data, tmp_path
+):
+    """Weights and their tokenizer come from one source: a tokenizer `prepare` placed (another
+    SentencePiece model, or a WordPiece vocab.txt) is neither replaced by init_from's nor run
+    with its weights; the very same tokenizer is kept as it is."""
+    import shutil
+
+    from electra_jax.data import tokenizer as tokenizer_lib
+
+    tokenizer_dir = pathlib.Path(shared_data[0]).parent
+    source = str(tokenizer_dir.parent)  # the shared run: trained, with its checkpoint
+    cfg = micro_config()
+    cfg.train.init_from = source
+    spm_other = tmp_path / "spm" / "tokenizer"
+    words = ["river", "house", "tree", "city", "king", "ship", "road", "garden", "winter"]
+    sentences = [" ".join(words[(i * k) % 9] for k in range(1, 8)) for i in range(200)]
+    tokenizer_lib.train_tokenizer(sentences, str(spm_other), 30, 1.0, 0, 1000)
+    (tmp_path / "vocab" / "tokenizer").mkdir(parents=True)
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]
+    (tmp_path / "vocab" / "tokenizer" / "vocab.txt").write_text("".join(f"{v}\n" for v in vocab))
+    for name, kind in (("spm", "SentencePiece, 30 pieces"), ("vocab", "WordPiece vocab.txt")):
+        folder = tmp_path / name / "tokenizer"
+        before = _files(folder)
+        with pytest.raises(ConfigError) as info:
+            resume.plan(cfg, str(tmp_path / name))
+        line = str(info.value)
+        assert line.startswith(f"{folder} holds a tokenizer ({kind}") and "\n" not in line
+        assert f"than the one train.init_from={source} was trained with (SentencePiece" in line
+        assert _files(folder) == before  # neither replaced nor joined by init_from's files
+    same = tmp_path / "same"
+    shutil.copytree(tokenizer_dir, same / "tokenizer")
+    before = _files(same / "tokenizer")
+    run = resume.plan(cfg, str(same))
+    run.release()
+    assert (
+        run.init_from.tokenizer.fingerprint
+        == tokenizer_lib.load_saved(str(same / "tokenizer")).fingerprint
+    )
+    assert _files(same / "tokenizer") == before
+
+
 CORPUS_CONFIG = """import sys
 
 sys.path.insert(0, {root!r})

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import itertools
 
 import grain
@@ -20,7 +21,6 @@ import numpy as np
 
 from electra_jax.data import DataError, heldout
 from electra_jax.data.prepare import ROW_DTYPE, PreparedData
-from electra_jax.data.tokenizer import PAD_ID
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,13 +135,15 @@ class _ParseRow(grain.transforms.Map):
         return row.reshape(2, self._seq_length).astype(np.int32, copy=False)
 
 
-def _to_features(rows: np.ndarray) -> dict[str, np.ndarray]:
-    """int32 [batch, 2, seq_length] rows -> dict of int32 [batch, seq_length] arrays."""
+def _to_features(rows: np.ndarray, pad_id: int) -> dict[str, np.ndarray]:
+    """int32 [batch, 2, seq_length] rows -> dict of int32 [batch, seq_length] arrays; the input
+    mask is 0 at `pad_id`, the [PAD] of the tokenizer that padded the rows (a BERT vocab.txt may
+    hold it at any id, and its id 0 may be a real token)."""
     input_ids = np.ascontiguousarray(rows[:, 0])
     return {
         "input_ids": input_ids,
         "segment_ids": np.ascontiguousarray(rows[:, 1]),
-        "input_mask": (input_ids != PAD_ID).astype(np.int32),
+        "input_mask": (input_ids != pad_id).astype(np.int32),
     }
 
 
@@ -182,7 +184,7 @@ def make_dataset(
     ds = ds.batch(local_batch, drop_remainder=True)
     # Local batch k of the stream belongs to global step k // P and to process k % P.
     ds = ds[process_index::process_count]
-    return ds.map(_to_features)
+    return ds.map(functools.partial(_to_features, pad_id=prepared.pad_id))
 
 
 def make_iterator(
@@ -211,7 +213,7 @@ def make_iterator(
       a grain DatasetIterator (``next(it)``, ``it.get_state()``, ``it.set_state(state)``; works
       with ``grain.checkpoint.CheckpointSave/CheckpointRestore``) yielding dicts of int32
       [global_batch_size // process_count, seq_length] arrays: ``input_ids``, ``segment_ids``,
-      ``input_mask`` (1 where input_ids != PAD_ID). Batch s of process p is rows
+      ``input_mask`` (1 where input_ids != prepared.pad_id). Batch s of process p is rows
       [p * L, (p + 1) * L) of the global batch s, L = global_batch_size // process_count.
 
     Raises:
@@ -232,8 +234,8 @@ def read_rows(prepared: PreparedData, rows) -> dict[str, np.ndarray]:
     parse = _ParseRow(prepared.seq_length, prepared.directory)
     parsed = [parse.map(source[int(i)]) for i in rows]
     if not parsed:
-        return _to_features(np.zeros((0, 2, prepared.seq_length), np.int32))
-    return _to_features(np.stack(parsed))
+        return _to_features(np.zeros((0, 2, prepared.seq_length), np.int32), prepared.pad_id)
+    return _to_features(np.stack(parsed), prepared.pad_id)
 
 
 def heldout_batches(

@@ -27,7 +27,7 @@ import numpy as np
 from array_record.python.array_record_module import ArrayRecordWriter
 
 from electra_jax import jsonio, paths
-from electra_jax.data import DataError, progress, sources, uri, wordpiece
+from electra_jax.data import DataError, progress, sources, uri
 from electra_jax.data import tokenizer as tokenizer_lib
 from electra_jax.data.packing import SentenceEnds, iter_packed
 
@@ -68,6 +68,8 @@ class PreparedData:
     num_examples: rows over all shards.
     seq_length: row length.
     manifest: the parsed manifest.json (source, statistics, shard names, ...).
+    pad_id: the [PAD] id of the tokenizer the rows were made with (its fingerprint is part of the
+      key), which pads them: the input mask is taken from it, never assumed to be 0.
     """
 
     directory: str
@@ -75,6 +77,7 @@ class PreparedData:
     num_examples: int
     seq_length: int
     manifest: dict
+    pad_id: int
 
 
 def _stream_seed(seed: int, stream: int) -> np.random.Generator:
@@ -130,9 +133,7 @@ def ensure_tokenizer(data_cfg, tokenizer_dir: str, seed: int) -> tokenizer_lib.T
         else:
             given.save(tokenizer_dir)
         tok = tokenizer_lib.load_saved(tokenizer_dir)
-    elif paths.exists(model_path) or paths.exists(
-        os.path.join(tokenizer_dir, wordpiece.VOCAB_FILENAME)
-    ):
+    elif tokenizer_lib.has_saved(tokenizer_dir):
         tok = tokenizer_lib.load_saved(tokenizer_dir)
     else:
         n = int(data_cfg.tokenizer_sample_sentences)
@@ -451,9 +452,10 @@ def _check_shard(directory: str, path: str, expected: int) -> None:
         )
 
 
-def _load(directory: str) -> PreparedData:
+def _load(directory: str, pad_id: int) -> PreparedData:
     """A complete prepared directory, checked: its manifest (see ``_read_manifest``) and each
-    shard named there (present, readable, holding the manifest's number of records).
+    shard named there (present, readable, holding the manifest's number of records). `pad_id`:
+    the [PAD] id of the tokenizer that made it.
 
     Raises:
       DataError: naming the manifest or shard at fault and the directory to delete.
@@ -474,6 +476,7 @@ def _load(directory: str) -> PreparedData:
         num_examples=manifest["examples"],
         seq_length=manifest["seq_length"],
         manifest=manifest,
+        pad_id=int(pad_id),
     )
 
 
@@ -642,7 +645,7 @@ def prepare(
             "directory (by default prepared data goes to --workdir/data)"
         )
     if os.path.isfile(os.path.join(target, MANIFEST)):
-        return _reuse(target, data_cfg, key, min_examples)
+        return _reuse(target, data_cfg, key, min_examples, tokenizer.pad_id)
 
     try:
         os.makedirs(cache_dir, exist_ok=True)
@@ -692,7 +695,7 @@ def prepare(
         # Also on KeyboardInterrupt: a half-written directory never outlives its prepare.
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
-    return _load(target)
+    return _load(target, tokenizer.pad_id)
 
 
 def _write_error_of(e: Exception, cache_dir: str) -> Exception:
@@ -709,9 +712,9 @@ def _write_error_of(e: Exception, cache_dir: str) -> Exception:
     )
 
 
-def _reuse(target: str, data_cfg, key: str, min_examples: int) -> PreparedData:
+def _reuse(target: str, data_cfg, key: str, min_examples: int, pad_id: int) -> PreparedData:
     """The complete prepared directory `target` (its manifest is there), checked."""
-    prepared = _load(target)
+    prepared = _load(target, pad_id)
     seq_length = int(data_cfg.seq_length)
     if prepared.manifest.get("key", key) != key or prepared.seq_length != seq_length:
         raise _rebuild(
@@ -739,7 +742,7 @@ def _prepare_remote(
     key = _hash(fields)
     target = paths.join(paths.absolute(cache_dir), key[:16])
     if paths.isfile(paths.join(target, MANIFEST)):
-        return _reuse(target, data_cfg, key, min_examples)
+        return _reuse(target, data_cfg, key, min_examples, tokenizer.pad_id)
     with tempfile.TemporaryDirectory(prefix="electra_jax-prepare-") as local:
         local_cache = os.path.join(local, "cache")
         built = prepare(
@@ -754,7 +757,7 @@ def _prepare_remote(
             paths.upload_dir(built.directory, target, last=MANIFEST)
         except OSError as e:
             raise _write_error_of(e, cache_dir) from None
-    return _load(target)
+    return _load(target, tokenizer.pad_id)
 
 
 # Errors that can only come from writing (a full disk, a read-only file system), whatever file

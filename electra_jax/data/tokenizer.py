@@ -1,10 +1,11 @@
 """SentencePiece tokenizer with ELECTRA's five special pieces at fixed ids.
 
-Ids 0-4 are ``[PAD] [UNK] [CLS] [SEP] [MASK]`` in every model this module trains, so the rest of
-the package can use the module constants (packing pads with ``PAD_ID``, the objective masks with
-``MASK_ID``) without carrying a tokenizer around. ``[CLS] [SEP] [MASK]`` are SentencePiece *control*
-symbols: encoding never produces them, so a corpus that contains the literal text "[MASK]" is
-tokenized as ordinary characters and cannot forge a mask position.
+Ids 0-4 are ``[PAD] [UNK] [CLS] [SEP] [MASK]`` in every model this module trains (the module
+constants). The rest of the package takes the special ids from the tokenizer it uses, at every
+use (``tokenizer.pad_id`` ...), never from these constants: a run continued from a BERT
+vocab.txt (`wordpiece.WordPieceTokenizer`) has them elsewhere. ``[CLS] [SEP] [MASK]`` are
+SentencePiece *control* symbols: encoding never produces them, so a corpus that contains the
+literal text "[MASK]" is tokenized as ordinary characters and cannot forge a mask position.
 """
 
 from __future__ import annotations
@@ -472,6 +473,20 @@ def _train_model(sample: list[str], **options) -> bytes:
         )
         raise RuntimeError(f"the training process {how}" + (f": {lines[-1]}" if lines else ""))
     return model
+
+
+def has_saved(tokenizer_dir: str) -> bool:
+    """Whether ``tokenizer_dir`` holds a run's tokenizer (``spm.model`` or a ``vocab.txt``)."""
+    return paths.exists(os.path.join(tokenizer_dir, MODEL_FILENAME)) or paths.exists(
+        os.path.join(tokenizer_dir, wordpiece.VOCAB_FILENAME)
+    )
+
+
+def describe(tok) -> str:
+    """A tokenizer in a few words, enough to tell two apart in one line: its kind, its size and
+    the start of its fingerprint ('SentencePiece, 300 pieces, sha256 eb7e59d2e592')."""
+    kind = "SentencePiece" if isinstance(tok, Tokenizer) else "WordPiece vocab.txt"
+    return f"{kind}, {tok.vocab_size:,} pieces, sha256 {tok.fingerprint[:12]}"
 
 
 def load_saved(tokenizer_dir: str):

@@ -187,7 +187,7 @@ from electra_jax.data import DataError, prepare
 from electra_jax.data.pipeline import make_iterator
 soft, hard = int(sys.argv[2]), int(sys.argv[3])
 resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-data = prepare._load(sys.argv[1])  # the prepared folder, as a run reuses it
+data = prepare._load(sys.argv[1], 0)  # the prepared folder, as a run reuses it ([PAD] 0)
 try:
     it = make_iterator(data, 8, seed=0, num_threads=0)
     for _ in range(2 * data.num_examples // 8):  # two epochs: every shard read
@@ -231,3 +231,26 @@ def test_more_shards_than_the_soft_open_file_limit_are_read(tmp_path_factory):
         "prepare it again with fewer, larger shards (a larger data.examples_per_shard, in a new "
         "data.cache_dir or after deleting that folder), or raise the limit"
     )
+
+
+def test_the_input_mask_is_taken_from_the_tokenizers_pad(tmp_path):
+    """A BERT vocab.txt may hold [PAD] at any id, and its id 0 may be a word: the mask is 0 at
+    the tokenizer's [PAD] (which pads the rows) and 1 at every real token, id 0 included. With
+    the mask at id 0, every pad was read as a token and every 'the' as padding."""
+    from electra_jax.data import wordpiece
+
+    words = ["the", "river", "ran", "past", "a", "house", "tree"]
+    vocab = [*words, "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "."]
+    tok = wordpiece.WordPieceTokenizer(vocab)
+    assert (tok.pad_id, vocab[0]) == (7, "the")
+    corpus = tmp_path / "corpus.txt"
+    rng = np.random.default_rng(0)
+    # Short documents: many rows end before seq_length and are padded.
+    docs = [" ".join(rng.choice(words, 5)) + "." for _ in range(400)]
+    corpus.write_text("\n\n".join(docs) + "\n")
+    cfg = make_cfg(f"text:{corpus}", vocab_size=len(vocab))
+    prepared = prepare_lib.prepare(cfg, tok, str(tmp_path / "cache"), seed=0)
+    batch = next(make_iterator(prepared, BATCH, seed=0))
+    ids, mask = batch["input_ids"], batch["input_mask"]
+    assert (ids == tok.pad_id).any() and (ids == 0).any()
+    np.testing.assert_array_equal(mask, (ids != tok.pad_id).astype(np.int32))
