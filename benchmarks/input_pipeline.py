@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks import _cli  # noqa: E402
 from electra_jax import sharding, step_setup  # noqa: E402
 from electra_jax.data import pipeline, prepare  # noqa: E402
-from electra_jax.data.tokenizer import CLS_ID, SEP_ID  # noqa: E402
+from electra_jax.train_step import special_tokens_of  # noqa: E402
 
 
 def _time_interleaved(compiled, state, fetchers, warmup: int, steps: int):
@@ -78,14 +78,14 @@ def main() -> None:
 
     # 2. The step, fed synthetic or real batches.
     mesh = sharding.make_mesh(config.mesh)
-    setup = step_setup.setup_step(config, tok.vocab_size, mesh)
+    setup = step_setup.setup_step(config, tok.vocab_size, mesh, special_tokens_of(tok))
     step = setup.step_fn
     state = step_setup.init_on_mesh(setup)
     rng = np.random.default_rng(0)
     synthetic = []
     for _ in range(4):
         ids = rng.integers(5, tok.vocab_size, (args.batch, args.seq), np.int32)
-        ids[:, 0], ids[:, -1] = CLS_ID, SEP_ID
+        ids[:, 0], ids[:, -1] = tok.cls_id, tok.sep_id  # the tokenizer's, as its rows have
         ones = np.ones_like(ids)
         synthetic.append({"input_ids": ids, "segment_ids": np.zeros_like(ids), "input_mask": ones})
     counter = iter(range(10**9))

@@ -27,7 +27,7 @@ import jax
 from electra_jax import evaluation, jsonio, metrics, paths, sharding
 from electra_jax.data import heldout as heldout_lib
 from electra_jax.data import pipeline
-from electra_jax.train_step import DEFAULT_SPECIAL, SpecialTokens, eval_step
+from electra_jax.train_step import SpecialTokens, eval_step
 
 PREFIX = "eval/"
 EVAL_FILE = "eval.jsonl"
@@ -87,13 +87,13 @@ def build(
     heldout_examples: int,
     batch_size: int,
     every: int,
-    special: SpecialTokens = DEFAULT_SPECIAL,
+    special: SpecialTokens,
     process_index: int = 0,
     process_count: int = 1,
 ) -> Evaluator:
     """The held-out batches on the mesh, the frequent pieces and the unigram distribution of
     the training rows, and the eval step compiled for `params_sharding` (ahead of the first
-    use, so its time is its own)."""
+    use, so its time is its own). `special`: the ids of the tokenizer that made `prepared`."""
     parts = pipeline.heldout_batches(
         prepared, heldout_examples, batch_size, process_index, process_count
     )

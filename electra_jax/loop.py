@@ -287,6 +287,14 @@ def _check_init_from(loaded, config) -> None:
     """The shape check of _with_params from the config alone (the vocabulary is init_from's
     tokenizer's), by abstract evaluation: a model of another width is refused before the
     corpus is tokenized and packed, not after."""
+    pieces, rows = loaded.tokenizer.vocab_size, loaded.spec.vocab_size
+    if pieces != rows:
+        # Named as such: the shape check below would blame model.* for it.
+        raise validate.ConfigError(
+            f"train.init_from={loaded.source}: its tokenizer has {pieces:,} pieces but its "
+            f"embeddings {rows:,} rows, and pre-training needs one row per piece (the generator "
+            "predicts every piece): start from weights made for that tokenizer"
+        )
     spec, model, *_ = build(config, loaded.tokenizer.vocab_size)
     abstract = jax.eval_shape(lambda: init_params(model, jax.random.PRNGKey(0)))
     _in_layout(loaded, abstract, spec.scan_layers)

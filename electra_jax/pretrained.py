@@ -295,6 +295,7 @@ def load_workdir(workdir: str, step: int | None = None) -> Pretrained:
         tokenizer = load_saved(os.path.join(workdir, "tokenizer"))
     except DataError as e:
         raise PretrainedError(f"{workdir}: {one_line(e, 1000)}") from None
+    _check_recorded_tokenizer(workdir, tokenizer)
     spec = spec_from_run_config(config, tokenizer.vocab_size, os.path.join(workdir, "config.json"))
     params, step = restore_params(workdir, spec, step)
     return Pretrained(spec, params, tokenizer, f"{workdir} (checkpoint {step})", step)
@@ -564,3 +565,24 @@ def tokenize(
 def load(path: str) -> Model:
     """`electra_jax.load`: a workdir, an export dir or "hf:DIR" -> a compiled `Model`."""
     return Model(load_pretrained(path))
+
+
+def _check_recorded_tokenizer(workdir: str, tokenizer) -> None:
+    """PretrainedError when the run's data record (resume.DATA_RECORD, written by train) names
+    another tokenizer than WORKDIR/tokenizer holds: the checkpoints were trained with that one,
+    and another of the same size would load and tokenize without a word. A workdir without a
+    readable record (one from before it) is taken as it is."""
+    from electra_jax.resume import DATA_RECORD
+
+    path = paths.join(workdir, DATA_RECORD)
+    try:
+        record = jsonio.loads(paths.read_bytes(path))
+        recorded = record["fields"]["tokenizer_fingerprint"]
+    except (OSError, ValueError, TypeError, KeyError):
+        return  # missing or damaged: train reports a damaged record; loading needs none
+    if isinstance(recorded, str) and recorded != tokenizer.fingerprint:
+        raise PretrainedError(
+            f"{paths.join(workdir, 'tokenizer')} is not the tokenizer the run trained with "
+            f"({path} records sha256 {recorded[:12]}, the folder holds "
+            f"{tokenizer.fingerprint[:12]}): put the run's tokenizer back from a copy"
+        )

@@ -25,7 +25,9 @@ class SpecialTokens(NamedTuple):
     mask: int
 
 
-DEFAULT_SPECIAL = SpecialTokens(PAD_ID, CLS_ID, SEP_ID, MASK_ID)  # our SentencePiece models'
+# Our SentencePiece models' ids: only for steps that see no tokenizer's rows (random ids in
+# dry_run and the step benchmarks). A run takes its tokenizer's (special_tokens_of) at every use.
+DEFAULT_SPECIAL = SpecialTokens(PAD_ID, CLS_ID, SEP_ID, MASK_ID)
 
 
 def special_tokens_of(tokenizer) -> SpecialTokens:

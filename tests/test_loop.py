@@ -171,6 +171,22 @@ def test_init_from_starts_from_another_runs_weights(shared_data, tmp_path):
     assert not (tmp_path / "c" / "data").exists()  # refused before the data was prepared
 
 
+def test_init_from_whose_tokenizer_does_not_fit_its_embeddings_is_named(micro):
+    """A tokenizer of 6 pieces beside embeddings of 300 rows: named as such, before any work,
+    not as a model.* of other shapes."""
+    from electra_jax import model, weights
+    from electra_jax.data.wordpiece import WordPieceTokenizer
+
+    tok = WordPieceTokenizer(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the"])
+    spec = model.spec_from_config(micro.model, micro.generator, 300)
+    loaded = weights.Pretrained(spec, {}, tok, "hf:x")
+    with pytest.raises(loop.validate.ConfigError) as e:
+        loop._check_init_from(loaded, micro)
+    assert str(e.value).startswith(
+        "train.init_from=hf:x: its tokenizer has 6 pieces but its embeddings 300 rows"
+    )
+
+
 def test_init_from_a_wordpiece_transformers_pair_continues_pretraining(tmp_path):
     """Google's released checkpoints: BERT vocab ([MASK] 103), full-width generator (Small++)."""
     torch = pytest.importorskip("torch")

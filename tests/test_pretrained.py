@@ -368,9 +368,20 @@ def _nan_in(tensor):
     return edit
 
 
+def _generator_with_another_tokenizer(folder):
+    """The generator's folder holding a BERT vocab.txt beside the discriminator's spm.model."""
+    os.remove(folder / "generator" / "spm.model")
+    (folder / "generator" / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nthe\n")
+
+
 @pytest.mark.parametrize(
     "edit, match",
     [
+        (
+            _generator_with_another_tokenizer,
+            r"generator holds another tokenizer \(WordPiece vocab.txt, 6 pieces, sha256 \w+\) "
+            r"than .*discriminator \(SentencePiece, 300 pieces",
+        ),
         (
             _edit_config(vocab_size=1e12),
             "vocab_size is 1000000000000.0; it must be a whole number from 1 to 2097152",
@@ -569,6 +580,29 @@ def test_damaged_workdirs_are_one_line_errors(run, tmp_path, edit, match):
     with pytest.raises(pretrained.PretrainedError, match=match) as e:
         pretrained.load_pretrained(str(workdir))
     assert "\n" not in str(e.value)
+
+
+def test_a_workdir_loads_only_with_the_tokenizer_its_run_recorded(run, tmp_path):
+    """The data record train writes beside the checkpoints names the run's tokenizer: a folder
+    whose tokenizer/ was replaced (by hand, in a copy) is refused, not loaded with the wrong
+    pieces; the run's own loads as before."""
+    from electra_jax.data.tokenizer import load_saved
+
+    workdir = tmp_path / "run"
+    shutil.copytree(run["path"], workdir)
+    fingerprint = load_saved(str(workdir / "tokenizer")).fingerprint
+    record = {"format": 1, "fields": {"tokenizer_fingerprint": fingerprint}, "files": None}
+    _write_json(workdir / "data_record.json", record)
+    assert pretrained.load_pretrained(str(workdir)).tokenizer.fingerprint == fingerprint
+    record["fields"]["tokenizer_fingerprint"] = "0" * 64  # the run trained with another one
+    _write_json(workdir / "data_record.json", record)
+    with pytest.raises(pretrained.PretrainedError) as e:
+        pretrained.load_pretrained(str(workdir))
+    assert str(e.value) == (
+        f"{workdir / 'tokenizer'} is not the tokenizer the run trained with "
+        f"({workdir / 'data_record.json'} records sha256 000000000000, the folder holds "
+        f"{fingerprint[:12]}): put the run's tokenizer back from a copy"
+    )
 
 
 def test_a_checkpoint_with_non_finite_weights_is_named_not_loaded_or_skipped(run, tmp_path):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Sequence
 
 from electra_jax import jsonio, paths
@@ -176,12 +175,15 @@ class WordPieceTokenizer:
         return self._hf.decode([int(i) for i in ids], skip_special_tokens=True)
 
     def save(self, out_dir: str) -> None:
-        """Writes out_dir/vocab.txt and out_dir/tokenizer_config.json (what `load` reads)."""
-        os.makedirs(out_dir, exist_ok=True)
-        with open(os.path.join(out_dir, VOCAB_FILENAME), "w", encoding="utf-8") as f:
-            f.write("".join(f"{p}\n" for p in self._vocab))
+        """Writes out_dir/tokenizer_config.json, then out_dir/vocab.txt (what `load` reads), each
+        under a temporary name renamed into place: vocab.txt, whose presence makes the folder a
+        run's tokenizer (`tokenizer.has_saved`), is never seen half written."""
+        paths.makedirs(out_dir)
         config = {"tokenizer_class": "BertTokenizer", **self.bert_options}
-        jsonio.write_json(os.path.join(out_dir, "tokenizer_config.json"), config)
+        jsonio.write_json(paths.join(out_dir, "tokenizer_config.json"), config)
+        paths.write_atomic(
+            paths.join(out_dir, VOCAB_FILENAME), "".join(f"{p}\n" for p in self._vocab)
+        )
 
     def id_to_piece(self, token_id: int) -> str:
         return self._vocab[int(token_id)]

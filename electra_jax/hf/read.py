@@ -230,12 +230,33 @@ def read_hf(directory: str) -> Pretrained:
         source += f" ({note})"
     check_params(params, spec, directory)
     tokenizer = read_hf_tokenizer(where[DISCRIMINATOR])
+    if has_generator:
+        _check_same_tokenizer(tokenizer, where)
     if tokenizer.vocab_size > spec.vocab_size:
         raise PretrainedError(
             f"{where[DISCRIMINATOR]}: the tokenizer has {tokenizer.vocab_size} tokens but the "
             f"model's vocab_size is {spec.vocab_size}"
         )
     return Pretrained(spec, params, tokenizer, source)
+
+
+def _check_same_tokenizer(tokenizer: Any, where: dict[str, str]) -> None:
+    """PretrainedError when the generator's folder holds a tokenizer other than the
+    discriminator's: the two networks share their embeddings, so their weights belong to one
+    tokenizer (a folder without tokenizer files takes the discriminator's)."""
+    from electra_jax.data.tokenizer import MODEL_FILENAME, describe
+    from electra_jax.data.wordpiece import VOCAB_FILENAME
+
+    folder = where[GENERATOR]
+    if not any(os.path.isfile(os.path.join(folder, n)) for n in (MODEL_FILENAME, VOCAB_FILENAME)):
+        return
+    other = read_hf_tokenizer(folder)
+    if other.fingerprint != tokenizer.fingerprint:
+        raise PretrainedError(
+            f"{folder} holds another tokenizer ({describe(other)}) than {where[DISCRIMINATOR]} "
+            f"({describe(tokenizer)}); a pair's networks share one vocabulary: put the "
+            "generator and discriminator of one model side by side"
+        )
 
 
 def _with_fresh_generator(params: dict, spec: model.ElectraSpec, seed: int = 0) -> dict:

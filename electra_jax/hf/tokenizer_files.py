@@ -78,7 +78,7 @@ def sentencepiece_tokenizer_json(tokenizer: Tokenizer) -> str:
     split = trainer.split_by_whitespace
     hf.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme=scheme, split=split)
     hf.decoder = decoders.Metaspace(replacement="▁", prepend_scheme=scheme, split=split)
-    cls, sep = SPECIAL_PIECES[tokenizer.cls_id], SPECIAL_PIECES[tokenizer.sep_id]
+    cls, sep = tokenizer.id_to_piece(tokenizer.cls_id), tokenizer.id_to_piece(tokenizer.sep_id)
     hf.post_processor = processors.TemplateProcessing(
         single=f"{cls}:0 $A:0 {sep}:0",
         pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",
