@@ -200,6 +200,8 @@ def evaluate_workdir(
             config.data.heldout_examples = heldout_examples
     with workdir_lib.claimed(workdir, workdir_lib.PRETRAIN, command="electra_jax.evaluate"):
         tokenizer = load_saved(paths.join(workdir, "tokenizer"))
+        # The held-out rows are tokenized with it: it must be the one the checkpoints learned.
+        pretrained.check_recorded_tokenizer(workdir, tokenizer)
         prepared = prepare.prepare(
             config.data,
             tokenizer,

@@ -295,7 +295,7 @@ def load_workdir(workdir: str, step: int | None = None) -> Pretrained:
         tokenizer = load_saved(os.path.join(workdir, "tokenizer"))
     except DataError as e:
         raise PretrainedError(f"{workdir}: {one_line(e, 1000)}") from None
-    _check_recorded_tokenizer(workdir, tokenizer)
+    check_recorded_tokenizer(workdir, tokenizer)
     spec = spec_from_run_config(config, tokenizer.vocab_size, os.path.join(workdir, "config.json"))
     params, step = restore_params(workdir, spec, step)
     return Pretrained(spec, params, tokenizer, f"{workdir} (checkpoint {step})", step)
@@ -567,7 +567,7 @@ def load(path: str) -> Model:
     return Model(load_pretrained(path))
 
 
-def _check_recorded_tokenizer(workdir: str, tokenizer) -> None:
+def check_recorded_tokenizer(workdir: str, tokenizer) -> None:
     """PretrainedError when the run's data record (resume.DATA_RECORD, written by train) names
     another tokenizer than WORKDIR/tokenizer holds: the checkpoints were trained with that one,
     and another of the same size would load and tokenize without a word. A workdir without a

@@ -404,6 +404,23 @@ def _symlink_loop_corpus(ctx: Context):
     ], [d]
 
 
+def _prepare_then_init_from(ctx: Context):
+    """`prepare` trained a tokenizer on another corpus; train's init_from brings the trained
+    run's weights with their own tokenizer: refused, the prepared tokenizer kept."""
+    w = ctx.fresh("prepared")
+    half = ctx.fresh("half").with_suffix(".txt")
+    half.write_text("\n".join(ctx.corpus.read_text().splitlines()[:3000]) + "\n")
+    prepared = PREPARE + [
+        f"--config={ctx.config}",
+        f"--workdir={w}",
+        f"--config.data.source=text:{half}",
+    ]
+    code, err, _ = _run(prepared)
+    if code != 0:
+        raise RuntimeError(f"preparing {w} failed:\n{err[-3000:]}")
+    return _train(ctx, w, f"--config.train.init_from={ctx.workdir}"), [w / "tokenizer"]
+
+
 def _hf_damaged(edit: Callable[[pathlib.Path], None]):
     def argv(ctx: Context):
         export = ctx.fresh("export")
@@ -810,6 +827,11 @@ def cases() -> list[Case]:
             contains="needs the keys",
         ),
         Case("finetune, a UTF-16 train.tsv", _utf16_glue, contains="UTF-16"),
+        Case(
+            "prepare, then init_from with another tokenizer",
+            _prepare_then_init_from,
+            contains=" other than the one train.init_from=",
+        ),
     ]
 
 

@@ -145,3 +145,26 @@ def test_a_fine_tuning_workdir_or_an_export_is_named_as_such(tmp_path):
         line = error_line(run_command("electra_jax.evaluate", f"--workdir={folder}"), only=True)
         assert line.startswith(f"error: --workdir {folder} is {what}"), line
         assert "takes a pre-training workdir" in line, line
+
+
+def test_a_tokenizer_other_than_the_runs_is_refused_before_the_rows_are_read(tmp_path):
+    """The held-out rows are tokenized with WORKDIR/tokenizer: one the run did not train with
+    (its data_record.json names another) is refused before any row is prepared."""
+    from electra_jax.data.tokenizer import train_tokenizer
+    from electra_jax.weights import PretrainedError
+    from tests.conftest import micro_config
+
+    workdir = tmp_path / "run"
+    words = ["river", "house", "tree", "city", "king", "ship", "road", "garden", "winter"]
+    sentences = [" ".join(words[(i * k) % 9] for k in range(1, 8)) for i in range(200)]
+    train_tokenizer(sentences, str(workdir / "tokenizer"), 30, 1.0, 0, 1000)
+    (workdir / "config.json").write_text(json.dumps(micro_config().to_dict()))
+    record = {"format": 1, "fields": {"tokenizer_fingerprint": "0" * 64}, "files": None}
+    (workdir / "data_record.json").write_text(json.dumps(record))
+    with pytest.raises(PretrainedError, match="is not the tokenizer the run trained with"):
+        evaluate.evaluate_workdir(str(workdir))
+    assert sorted(p.name for p in workdir.iterdir() if not p.name.startswith(".")) == [
+        "config.json",
+        "data_record.json",
+        "tokenizer",
+    ]  # nothing prepared

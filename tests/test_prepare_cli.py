@@ -146,3 +146,42 @@ def test_a_full_disk_while_packing_is_one_line_and_keeps_nothing_half_written(tm
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "w" / "tokenizer" / "spm.model").read_bytes() == model_bytes
     assert json.loads(out.stdout.strip().splitlines()[-1])["examples"] > 0
+
+
+def test_prepare_with_init_from_tokenizes_with_the_tokenizer_of_those_weights(tmp_path):
+    """Prepared data of a run that starts from weights is tokenized with their tokenizer (here
+    a BERT vocab.txt): prepare places it in the workdir as train does, so that train finds the
+    data prepared (another tokenizer there is refused by both: tests/test_resume.py)."""
+    import jax
+    import numpy as np
+
+    from electra_jax.data.wordpiece import WordPieceTokenizer
+    from electra_jax.hf import write
+    from electra_jax.model import spec_from_config
+    from electra_jax.weights import Pretrained, abstract_params
+    from tests.conftest import micro_config
+
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *letters, *[f"##{c}" for c in letters]]
+    vocab += ["the", "of", "and", "to", "a", "is", "in", "for", "this", "that", "be", "return"]
+    cfg = micro_config()
+    spec = spec_from_config(cfg.model, cfg.generator, len(vocab))
+    params = jax.tree_util.tree_map(lambda x: np.zeros(x.shape, x.dtype), abstract_params(spec))
+    model = tmp_path / "model"
+    write.write_export(Pretrained(spec, params, WordPieceTokenizer(vocab), "test"), str(model))
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "a.txt").write_text(_english(40))
+    source = f"text:{tmp_path}/c/*.txt"
+    init_from = [f"--config.train.init_from={model}", f"--config.data.vocab_size={len(vocab)}"]
+
+    out = _prepare(tmp_path / "w", source, *init_from)
+    assert out.returncode == 0, out.stderr
+    tokenizer = tmp_path / "w" / "tokenizer"
+    assert sorted(os.listdir(tokenizer)) == ["tokenizer_config.json", "vocab.txt"]
+    assert (tokenizer / "vocab.txt").read_text() == "".join(f"{v}\n" for v in vocab)
+    directory = json.loads(out.stdout.strip().splitlines()[-1])["directory"]
+    manifest = json.loads(
+        (tmp_path / "w" / "data" / os.path.basename(directory) / "manifest.json").read_text()
+    )
+    assert manifest["vocab_size"] == len(vocab)
+    assert manifest["tokenizer_fingerprint"] == WordPieceTokenizer(vocab).fingerprint
