@@ -188,11 +188,14 @@ def test_init_from_whose_tokenizer_does_not_fit_its_embeddings_is_named(micro):
 
 
 def test_init_from_a_wordpiece_transformers_pair_continues_pretraining(tmp_path):
-    """Google's released checkpoints: BERT vocab ([MASK] 103), full-width generator (Small++)."""
+    """Google's released checkpoints: BERT vocab ([MASK] 103), full-width generator (Small++).
+    [PAD] is put at id 7 here: a vocab.txt may hold it anywhere, and the run pads and masks with
+    the tokenizer's, not with id 0."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     letters = "abcdefghijklmnopqrstuvwxyz"
-    vocab = ["[PAD]", *[f"[unused{i}]" for i in range(99)], "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    unused = [f"[unused{i}]" for i in range(99)]
+    vocab = [*unused[:7], "[PAD]", *unused[7:], "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     vocab += [*".,:;!?'\"-()0123456789", *letters, *[f"##{c}" for c in letters]]
     vocab += ["the", "of", "and", "to", "a", "is", "in", "for", "this", "that", "be", "return"]
     torch.manual_seed(0)
@@ -266,8 +269,11 @@ def test_init_from_a_wordpiece_transformers_pair_continues_pretraining(tmp_path)
         mask_id=special.mask,
         special_ids=tuple(special),
     )
-    assert special == (0, 101, 102, 103) and int((masked.input_ids == 103).sum()) > 0
+    assert special == (7, 101, 102, 103) and int((masked.input_ids == 103).sum()) > 0
     assert batch["input_ids"][0, 0] == 101  # rows start with [CLS] = 101
+    # Padded with [PAD] = 7, and only those positions are out of the input mask.
+    assert (batch["input_ids"] == 7).any()
+    np.testing.assert_array_equal(batch["input_mask"], batch["input_ids"] != 7)
 
     # Resuming reads the workdir's vocab.txt; init_from is not read again.
     cfg.train.num_steps = 3
