@@ -74,11 +74,13 @@ def run(config, workdir: str, num_workers: int | None) -> dict:
 
     t0 = time.time()
     if config.train.init_from:
-        # The run will start from these weights: its data is tokenized with their tokenizer,
-        # placed in the workdir as train places it (another one there is refused).
-        from electra_jax import resume
+        from electra_jax import checkpointing, resume
 
-        resume.load_init_from(config, workdir)
+        # A new run will start from these weights: its data is tokenized with their tokenizer,
+        # placed in the workdir as train places it (another one there is refused). A run with
+        # checkpoints keeps its own, as train ignores init_from then.
+        if not checkpointing.has_checkpoints(workdir):
+            resume.load_init_from(config, workdir)
     tokenizer = prepare.ensure_tokenizer(
         config.data, os.path.join(workdir, "tokenizer"), config.seed
     )
