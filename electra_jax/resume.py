@@ -398,8 +398,8 @@ def _place_tokenizer(tok, source: str, workdir: str) -> None:
                 f"{folder} holds a tokenizer ({tokenizer_lib.describe(there)}) other than the one "
                 f"{source} was trained with ({tokenizer_lib.describe(tok)}), and its weights work "
                 f"only with their own: use a new --workdir, or delete {folder} (and the data "
-                "prepared with it) so that the run takes init_from's (prepare with the same "
-                "train.init_from prepares for it), or unset train.init_from"
+                "prepared with it) so that the run takes init_from's (prepare given the same "
+                "train.init_from places it), or unset train.init_from"
             )
         return
     if jax.process_index() == 0:
