@@ -52,7 +52,7 @@ setup(
             "tensorflow-datasets>=4.9.7",
             "torch==2.13.0",
             "transformers>=4.40",
-            "matplotlib",  # benchmarks/sample_efficiency.py's plot
+            "matplotlib",  # benchmarks/studies/sample_efficiency/sample_efficiency.py's plot
             # The TPU compiler, for the dry run's compiles for a named slice (--topology) on a
             # machine without a TPU: jax's own extra, which pins the libtpu of this jax. Linux
             # only (no other wheels); elsewhere those tests skip, naming the extra.

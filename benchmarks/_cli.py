@@ -58,9 +58,18 @@ def names(flag: str, value: str, known, what: str) -> list[str]:
     return got
 
 
-def directory(flag: str, path: str, what: str) -> str:
-    """`path`, a folder; one line otherwise."""
-    if not os.path.isdir(path):
+def given(flag: str, value, what: str):
+    """`value`; one line when the flag was not given (None): an input the repository does not
+    hold, such as a corpus or GLUE's files, has no default that could point at one machine's
+    folders."""
+    if value is None:
+        cli.fail(f"{flag} is missing; give {what}")
+    return value
+
+
+def directory(flag: str, path: str | None, what: str) -> str:
+    """`path`, a folder; one line otherwise (also when it was not given)."""
+    if not os.path.isdir(given(flag, path, what)):
         state = "is not a folder" if os.path.exists(path) else "does not exist"
         cli.fail(f"{flag} {path} {state}; give {what}")
     return path
@@ -74,9 +83,9 @@ def file(flag: str, path: str, what: str) -> str:
     return path
 
 
-def matches(flag: str, pattern: str, what: str) -> list[str]:
-    """The files `pattern` names (a glob); one line when none."""
-    found = sorted(p for p in glob.glob(pattern) if os.path.isfile(p))
+def matches(flag: str, pattern: str | None, what: str) -> list[str]:
+    """The files `pattern` names (a glob); one line when none (or it was not given)."""
+    found = sorted(p for p in glob.glob(given(flag, pattern, what)) if os.path.isfile(p))
     if not found:
         cli.fail(f"{flag} {pattern} matches no file; give {what}")
     return found

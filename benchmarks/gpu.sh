@@ -7,8 +7,8 @@
 #   benchmarks/gpu.sh --cpu            # the same script with tiny shapes, to test it on a CPU
 #   benchmarks/gpu.sh --parts=quality  # some of: checks, quality, speed (default: all three)
 #
-# Needs .gpu_data/ (python benchmarks/gpu_data.py, on a machine with the shared corpus; GPU_DATA
-# names another folder) for the quality part, and installs the wheels in .whl/ first when that
+# Needs .gpu_data/ (python benchmarks/gpu_data.py --corpus=DIR --glue=DIR on a CPU machine;
+# GPU_DATA names another folder) for the quality part, and installs the wheels in .whl/ first when that
 # folder holds any (benchmarks/gpu_wheels.sh fetches the ones the H200 image lacks).
 #
 # The budget, in seconds of wall time on one H200. Each part runs under its own `timeout`,
@@ -46,7 +46,7 @@
 #   table.txt              the speed table, the checks and the quality summary
 #   gpu.log                everything the script and its commands printed
 # Work folders (runs, checkpoints) go to a new folder in /tmp; PEER names the PyTorch reference
-# (default: .gpu_data/bench/peer_torch_electra.py, ../shared/bench/, shared/bench/).
+# (default: benchmarks/reference/peer_torch_electra.py, else .gpu_data/bench/'s copy).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 START=$(date +%s)
@@ -114,8 +114,7 @@ if [ $cpu -eq 0 ] && [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
 fi
 GPU_DATA=${GPU_DATA:-.gpu_data}
 PEER=${PEER:-}
-for p in "$GPU_DATA/bench/peer_torch_electra.py" ../shared/bench/peer_torch_electra.py \
-  shared/bench/peer_torch_electra.py; do
+for p in benchmarks/reference/peer_torch_electra.py "$GPU_DATA/bench/peer_torch_electra.py"; do
   [ -z "$PEER" ] && [ -f "$p" ] && PEER=$p
 done
 echo "setup: $(($(date +%s) - START))s; reference: ${PEER:-none found}"

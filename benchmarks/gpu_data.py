@@ -1,10 +1,10 @@
 r"""Prepares, on a CPU machine, every file benchmarks/gpu_quality.py reads on the GPU machine.
 
-    python benchmarks/gpu_data.py                 # -> .gpu_data/ (git-ignored)
+    python benchmarks/gpu_data.py --corpus=corpus --glue=glue_data   # -> .gpu_data/ (git-ignored)
 
-The GPU machine gets only the repository and the ignored folders a run carries (the shared
-corpus beside the checkout stays behind) and has no time to tokenize, so this writes into OUT
-(default .gpu_data/):
+The GPU machine gets only the repository and the ignored folders a run carries (not the corpus
+and GLUE's files, which the repository does not hold: benchmarks/README.md, "Inputs") and has
+no time to tokenize, so this writes into OUT (default .gpu_data/):
 
   corpus/       the corpus's text files (--corpus: *.txt and *.raw), a paragraph per line and a
                 document per file or article (as_documents), gzip-compressed
@@ -12,7 +12,7 @@ corpus beside the checkout stays behind) and has no time to tokenize, so this wr
   shards/       the packed ArrayRecord rows of data.seq_length tokens, both made by
                 `python -m electra_jax.prepare` with --config (configs/gpu_quality.py)
   glue/TASK/    train.tsv and dev.tsv of each of --tasks
-  bench/        the PyTorch reference step (../shared/bench/peer_torch_electra.py), when found
+  bench/        the PyTorch reference step (benchmarks/reference/peer_torch_electra.py)
   gpu_data.json what is there: files and sizes, the shards' content key, the manifest's figures
 
 Prepared shards are found by a content key over the corpus files' absolute paths, sizes and
@@ -47,13 +47,17 @@ sys.path.insert(0, ROOT)
 from benchmarks import _cli  # noqa: E402
 from electra_jax.paths import sha256_of_file  # noqa: E402
 
-SHARED = os.path.join(os.path.dirname(ROOT), "shared")
 FORMAT = "electra_jax-gpu-data-v1"
 MANIFEST = "gpu_data.json"
 STAGE_MARKER = ".electra_jax_gpu_corpus"  # hidden: the corpus glob never matches it
 # Every staged file gets this modification time (2020-09-13), here and on the GPU machine.
 FIXED_MTIME_NS = 1_600_000_000 * 10**9
 CORPUS_SUFFIXES = (".txt", ".raw")
+# The inputs a user supplies (the repository holds neither): what to give, where to read more.
+CORPUS_HELP = (
+    'the pre-training text: *.txt and *.raw files in a folder (benchmarks/README.md, "Inputs")'
+)
+GLUE_HELP = 'GLUE\'s folder: TASK/{train,dev}.tsv (benchmarks/README.md, "Inputs")'
 TASKS = ("SST-2", "MRPC", "STS-B", "CoLA", "RTE")
 CARRY_LIMIT = 64 * 2**20  # the device's limit on the working tree it copies, carried paths in
 
@@ -332,8 +336,8 @@ def build(args, log=lambda m: print(m, file=sys.stderr)) -> dict:
 
 def main(argv=None) -> None:
     ap = _cli.Parser(description=__doc__.splitlines()[0])
-    ap.add_argument("--corpus", default=os.path.join(SHARED, "data", "corpus"))
-    ap.add_argument("--glue", default=os.path.join(SHARED, "data", "glue"), help="TASK/*.tsv")
+    ap.add_argument("--corpus", help=CORPUS_HELP)
+    ap.add_argument("--glue", help=GLUE_HELP)
     ap.add_argument("--tasks", default=",".join(TASKS))
     ap.add_argument("--config", default=os.path.join(ROOT, "configs", "gpu_quality.py"))
     ap.add_argument(
@@ -344,16 +348,14 @@ def main(argv=None) -> None:
     ap.add_argument("--staged_at", default="/tmp/electra_jax_gpu_corpus")
     ap.add_argument(
         "--peer",
-        default=None,
-        help="the PyTorch reference to carry (default: ../shared/bench/peer_torch_electra.py "
-        "when present; '' for none)",
+        default=os.path.join(ROOT, "benchmarks", "reference", "peer_torch_electra.py"),
+        help="the PyTorch reference to carry ('' for none)",
     )
     args = ap.parse_args(argv)
     _cli.glue_tasks("--tasks", args.tasks)
-    if args.peer is None:
-        default = os.path.join(SHARED, "bench", "peer_torch_electra.py")
-        args.peer = default if os.path.isfile(default) else ""
-    elif args.peer and not os.path.isfile(args.peer):
+    _cli.given("--corpus", args.corpus, CORPUS_HELP)
+    _cli.given("--glue", args.glue, GLUE_HELP)
+    if args.peer and not os.path.isfile(args.peer):
         ap.error(f"--peer {args.peer} is not a file")
     if not os.path.isfile(args.config):
         ap.error(f"--config {args.config} is not a file")

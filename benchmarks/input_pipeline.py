@@ -1,7 +1,7 @@
 r"""Input pipeline against the train step: loader batches/s, and step time on real vs synthetic ids.
 
     python benchmarks/input_pipeline.py --config=configs/small.py \
-        --source='text:../shared/data/corpus/*/*.txt' --batch 128 --seq 128 --steps 10
+        --source='text:corpus/*/*.txt' --batch 128 --seq 128 --steps 10
 
 Prepares the source (tokenizer and shards cached under --workdir), then
   1. reads --loader_batches batches from the Grain iterator alone: batches/s;

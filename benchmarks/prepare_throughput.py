@@ -1,7 +1,7 @@
 r"""Times `prepare` (tokenize + pack + write shards) with 1 and more worker processes.
 
     python benchmarks/prepare_throughput.py --config=configs/tiny.py \
-        --source='text:../shared/data/corpus/*/*.txt' --workers 1 2
+        --source='text:corpus/*/*.txt' --workers 1 2
 
 The tokenizer is trained once (not timed) and shared; each worker count prepares into a fresh
 cache. Prints one JSON line per worker count: tokens, examples, seconds, tokens/s, and whether the

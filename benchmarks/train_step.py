@@ -6,7 +6,7 @@ r"""Times the full ELECTRA train step on synthetic ids (no input pipeline in the
 With the config's train.steps_per_call = K > 1 (configs/small.py: 4) each timed call runs K steps
 and counts as K; `--set train.steps_per_call=1` times single-step calls.
 Prints one JSON line: median and mean seconds per step, tokens/s, counted TFLOP/s and MFU where the
-device's peak is known. The ids are drawn like ../shared/bench's PyTorch reference (uniform in
+device's peak is known. The ids are drawn like benchmarks/reference/'s PyTorch reference (uniform in
 [1000, 30000), [CLS] first, [SEP] last, no padding) so the two can be compared shape for shape.
 """
 

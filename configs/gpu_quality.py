@@ -1,6 +1,7 @@
 """ELECTRA-Small for a few minutes of one GPU: the recipe benchmarks/gpu_quality.py runs.
 
-    python benchmarks/gpu_data.py        # CPU machine: tokenizer, shards, GLUE files -> .gpu_data/
+    python benchmarks/gpu_data.py --corpus=DIR --glue=DIR   # CPU machine: tokenizer, shards,
+                                                            # GLUE files -> .gpu_data/
     benchmarks/gpu.sh                    # GPU machine: pre-trains with this, fine-tunes GLUE
 
 The paper's ELECTRA-Small recipe (configs/small.py: 256 wide, 12 layers, a generator 1/4 as

@@ -2,11 +2,11 @@
 
 Each replaces a plain formulation that XLA compiles poorly on some backend. Each is measured,
 and each is tested against plain autodiff in tests/test_kernels.py. The measurements are in
-benchmarks/RESULTS.md ("Train step, CPU", change log and activation memory; ELECTRA-Small,
-32 x 128, float32, XLA:CPU on 2 cores):
+benchmarks/notes/train_step.md (change log) and benchmarks/notes/memory.md (activation memory;
+ELECTRA-Small, 32 x 128, float32, XLA:CPU on 2 cores):
 
-  kernel          replaces                   measured (XLA:CPU, RESULTS.md "Change log" and
-                                             "Activation memory")
+  kernel          replaces                   measured (XLA:CPU, notes/train_step.md "Change
+                                             log" and notes/memory.md "Activation memory")
   add_bias,       a sum over rows for bias   the generator's [608, 30522] logit gradient:
     column_sums     gradients                  109 ms as a reduction, 3.5 ms as ones @ g
   scale_shift     LayerNorm's scale and      the remaining [4096, 256] column reductions; with

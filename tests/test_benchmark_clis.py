@@ -24,6 +24,11 @@ def _run(*argv):
     return out.returncode, out.stderr
 
 
+def _study(name):
+    """The module of the study `name` (benchmarks/studies/NAME/NAME.py), for `python -m`."""
+    return f"benchmarks.studies.{name}.{name}"
+
+
 def _glue_workdir(tmp_path, steps=(), record=None, tasks=()):
     """A folder with a pre-training record (config.json, or `record`) and a folder per step in
     `steps` under checkpoints/, and a GLUE root with a train.tsv and dev.tsv of each of `tasks`
@@ -111,52 +116,68 @@ CASES = [
     ),
     (
         "sample_efficiency, bogus preset",
-        lambda t: ["-m", "benchmarks.sample_efficiency", "--preset=huge", f"--out={t}/o"],
+        lambda t: ["-m", _study("sample_efficiency"), "--preset=huge", f"--out={t}/o"],
         "argument --preset: invalid choice: 'huge'",
     ),
     (
         "sample_efficiency, bogus objective",
-        lambda t: ["-m", "benchmarks.sample_efficiency", "--objectives=electra,bert", f"--out={t}"],
+        lambda t: ["-m", _study("sample_efficiency"), "--objectives=electra,bert", f"--out={t}"],
         "--objectives 'electra,bert': unknown objectives bert",
     ),
     (
         "sample_efficiency, a corpus that matches nothing",
-        lambda t: ["-m", "benchmarks.sample_efficiency", f"--corpus={t}/*.txt", f"--out={t}/o"],
+        lambda t: ["-m", _study("sample_efficiency"), f"--corpus={t}/*.txt", f"--out={t}/o"],
         "--corpus {t}/*.txt matches no file",
     ),
     (
+        "sample_efficiency, no corpus given: no default points at one machine's folders",
+        lambda t: ["-m", _study("sample_efficiency"), f"--glue_dir={t}", f"--out={t}/o"],
+        "--corpus is missing; give the pre-training text",
+    ),
+    (
+        "recipe_study, the sweep's base without GLUE's folder",
+        lambda t: [
+            "-m",
+            _study("recipe_study"),
+            "--base=sweep",
+            "--corpus=configs/*.py",
+            f"--out={t}/o",
+        ],
+        "--glue_dir is missing; give GLUE's folder",
+    ),
+    (
         "generator_size, bogus task",
-        lambda t: ["-m", "benchmarks.generator_size", "--tasks=MNLI-mm", f"--out={t}/o"],
+        lambda t: ["-m", _study("generator_size"), "--tasks=MNLI-mm", f"--out={t}/o"],
         "'MNLI-mm' is not a GLUE task",
     ),
     (
         "compute_sweep, a report of nothing",
-        lambda t: ["-m", "benchmarks.compute_sweep", "--report_only", f"--out={t}"],
+        lambda t: ["-m", _study("compute_sweep"), "--report_only", f"--out={t}"],
         "holds no sweep yet",
     ),
     (
         "compute_sweep, no seed",
-        lambda t: ["-m", "benchmarks.compute_sweep", "--seeds=0", f"--out={t}/o"],
+        lambda t: ["-m", _study("compute_sweep"), "--seeds=0", f"--out={t}/o"],
         "argument --seeds",
     ),
     (
         "compute_sweep, a model not in the preset",
-        lambda t: ["-m", "benchmarks.compute_sweep", "--objectives=bert", f"--out={t}/o"],
+        lambda t: ["-m", _study("compute_sweep"), "--objectives=bert", f"--out={t}/o"],
         "unknown models of the preset bert",
     ),
     (
         "recipe_study, bogus setting",
-        lambda t: ["-m", "benchmarks.recipe_study", "--settings=default,fast", f"--out={t}/o"],
+        lambda t: ["-m", _study("recipe_study"), "--settings=default,fast", f"--out={t}/o"],
         "unknown settings fast",
     ),
     (
         "recipe_study, seeds not numbers",
-        lambda t: ["-m", "benchmarks.recipe_study", "--seeds=0,one", f"--out={t}/o"],
+        lambda t: ["-m", _study("recipe_study"), "--seeds=0,one", f"--out={t}/o"],
         "argument --seeds",
     ),
     (
         "learning_curves, missing workdir",
-        lambda t: ["-m", "benchmarks.learning_curves", f"{t}/nope", f"--out={t}/c.png"],
+        lambda t: ["-m", _study("learning_curves"), f"{t}/nope", f"--out={t}/c.png"],
         "WORKDIR {t}/nope does not exist",
     ),
     (
@@ -201,7 +222,7 @@ CASES = [
     ),
     (
         "learning_curves, a workdir with nothing logged yet",
-        lambda t: ["-m", "benchmarks.learning_curves", str(t), f"--out={t}/c.png"],
+        lambda t: ["-m", _study("learning_curves"), str(t), f"--out={t}/c.png"],
         "{t}/c.png: nothing to plot",
     ),
     (

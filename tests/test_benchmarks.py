@@ -117,6 +117,7 @@ def test_gpu_data_then_quality_on_cpu_writes_every_field(tmp_path):
         [
             "benchmarks/gpu_data.py",
             f"--corpus={corpus}",
+            f"--glue={SHARED / 'data' / 'glue'}",
             f"--out={data}",
             f"--staged_at={staged}",
             f"--tasks={TASKS}",

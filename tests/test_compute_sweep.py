@@ -1,4 +1,5 @@
-"""benchmarks/compute_sweep.py and benchmarks/probe.py: the report over budgets, the probe."""
+"""benchmarks/studies/compute_sweep/compute_sweep.py and benchmarks/probe.py: the report over
+budgets, the probe."""
 
 import json
 import os
@@ -6,8 +7,8 @@ import os
 import numpy as np
 import pytest
 
-from benchmarks import compute_sweep as cs
 from benchmarks import probe
+from benchmarks.studies.compute_sweep import compute_sweep as cs
 
 
 def _results(scores: dict, probes: dict) -> dict:
@@ -109,7 +110,7 @@ def test_a_lead_within_the_seed_noise_is_no_crossover():
 
 
 def test_the_preset_stretches_the_recipes_schedules_to_each_run():
-    from benchmarks import sample_efficiency as se
+    from benchmarks.studies.sample_efficiency import sample_efficiency as se
 
     preset = dict(cs.PRESETS["cpu"], schedule_fractions={"objective.temperature_steps": 0.5})
     config = se.pretrain_config(preset, "electra", "corpus/*.txt", "/tmp/out")
@@ -214,7 +215,7 @@ def test_a_report_while_pretraining_reads_what_is_saved(tmp_path, monkeypatch, c
 
 
 def test_a_stop_short_of_the_budget_keeps_the_whole_runs_schedule():
-    from benchmarks import sample_efficiency as se
+    from benchmarks.studies.sample_efficiency import sample_efficiency as se
 
     preset = cs.PRESETS["cpu"]
     whole = se.pretrain_config(preset, "electra", "corpus/*.txt", "/tmp/out")
@@ -231,7 +232,7 @@ def test_a_stop_short_of_the_budget_keeps_the_whole_runs_schedule():
 
 
 def test_the_headline_of_a_stopped_sweep_is_its_largest_budget_run():
-    from benchmarks import sample_efficiency as se
+    from benchmarks.studies.sample_efficiency import sample_efficiency as se
 
     scores = {("electra", 10): [0.6], ("mlm", 12): [0.62], (cs.RANDOM, 0): [0.61]}
     results = _results(scores, {})

@@ -1,11 +1,12 @@
-"""benchmarks/generator_size.py: the paper's generator widths at equal steps, end to end with
-pre-training and fine-tuning stubbed out (test_sample_efficiency runs that machinery for real)."""
+"""benchmarks/studies/generator_size/generator_size.py: the paper's generator widths at equal steps,
+end to end with pre-training and fine-tuning stubbed out (test_sample_efficiency runs that machinery
+for real)."""
 
 import json
 import os
 
-from benchmarks import generator_size as gs
-from benchmarks import sample_efficiency as se
+from benchmarks.studies.generator_size import generator_size as gs
+from benchmarks.studies.sample_efficiency import sample_efficiency as se
 from tests.test_sample_efficiency import MICRO, _write_inputs
 
 

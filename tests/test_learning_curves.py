@@ -1,9 +1,10 @@
-"""benchmarks/learning_curves.py: curves of both sides over seeds, the prior, the summary line."""
+"""benchmarks/studies/learning_curves/learning_curves.py: curves of both sides over seeds, the
+prior, the summary line."""
 
 import json
 import math
 
-from benchmarks import learning_curves as lc
+from benchmarks.studies.learning_curves import learning_curves as lc
 
 
 def _write(path, rows):

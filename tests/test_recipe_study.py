@@ -1,8 +1,10 @@
-"""benchmarks/recipe_study.py: the long base (the compute sweep's ELECTRA run), stopping early."""
+"""benchmarks/studies/recipe_study/recipe_study.py: the long base (the compute sweep's ELECTRA
+run), stopping early."""
 
 import pytest
 
-from benchmarks import compute_sweep, recipe_study
+from benchmarks.studies.compute_sweep import compute_sweep
+from benchmarks.studies.recipe_study import recipe_study
 from tests.conftest import SHARED
 
 
@@ -10,7 +12,11 @@ from tests.conftest import SHARED
     not (SHARED / "data" / "corpus").is_dir(), reason="needs the shared corpus and GLUE files"
 )
 def test_the_sweep_base_is_the_sweeps_electra_run_under_the_papers_recipe(tmp_path):
-    config = recipe_study.base_config("sweep", str(tmp_path))
+    corpus, glue_dir = (
+        str(SHARED / "data" / "corpus" / "*" / "*.txt"),
+        str(SHARED / "data" / "glue"),
+    )
+    config = recipe_study.base_config("sweep", str(tmp_path), corpus, glue_dir)
     preset = compute_sweep.PRESETS["cpu"]
     # The sweep's budget and shape, in its steps, read every two logged rows.
     assert config.train.num_steps * 2.89e10 == pytest.approx(preset["budget_flops"], rel=0.01)

@@ -1,11 +1,12 @@
-"""benchmarks/sample_efficiency.py: budget arithmetic and a micro preset end to end."""
+"""benchmarks/studies/sample_efficiency/sample_efficiency.py: budget arithmetic and a micro
+preset end to end."""
 
 import json
 import os
 
 import pytest
 
-from benchmarks import sample_efficiency as se
+from benchmarks.studies.sample_efficiency import sample_efficiency as se
 from tests.test_export import _sentences
 
 
@@ -330,7 +331,7 @@ def test_collect_reads_every_finished_fine_tuning_and_trains_nothing(tmp_path, m
     assert sweep == {("electra", 1e-3): False, ("electra", 3e-3): True, (se.RANDOM, 1e-3): False}
     assert not (out / "results.json").exists() and not (out / "results.partial.json").exists()
 
-    from benchmarks import compute_sweep
+    from benchmarks.studies.compute_sweep import compute_sweep
 
     table = compute_sweep.sweep_table(results)
     assert f"| electra@{step} | SST-2 | 70.0 | **80.0** |" in table

@@ -48,8 +48,8 @@ _CHUNKS_IN_FLIGHT_PER_WORKER = 2
 # Input bytes per tokenizing worker when the count is chosen for the host (auto_num_workers). A
 # worker costs about a second to start (a fresh interpreter importing numpy and SentencePiece) and
 # the parent's in-order packing bounds what workers gain, while one process already encodes on
-# SentencePiece's thread per core: on a small corpus it is faster (benchmarks/RESULTS.md: 10 MB on
-# 2 cores, 1.4 s in one process, 3.1 s with two workers).
+# SentencePiece's thread per core: on a small corpus it is faster (benchmarks/notes/
+# input_pipeline.md: 10 MB on 2 cores, 1.4 s in one process, 3.1 s with two workers).
 _BYTES_PER_WORKER = 32 << 20
 # Tokenizer training reads at most this many times data.tokenizer_sample_sentences sentences and
 # samples uniformly among them: a spread-out sample without reading a huge corpus twice.

@@ -6,7 +6,7 @@ objective.disc_mlm_weight (faded to 0 over objective.disc_mlm_steps when set, as
 Why a second pass: 'electra' with objective.disc_mlm_weight > 0 predicts the originals from the
 corrupted sequence it reads for detection, a harder task than MLM's (no [MASK] marks the slot,
 the generator's sample sits there); at small compute that term raised the reading of context
-but not the features (benchmarks/RESULTS.md, "Compute sweep, third part"), while MLM alone is
+but not the features (benchmarks/studies/compute_sweep/NOTES.md, third part), while MLM alone is
 the objective whose linear probe moves. This objective asks whether detection on top of MLM's
 own task adds to it at equal counted FLOPs; the second pass is counted (about 1.9x ELECTRA's
 step at tiny.py's shape). Shapes as in core.py.

@@ -1,13 +1,14 @@
 r"""The ELECTRA paper's Figure 3 (left): how wide the generator should be.
 
-    python -m benchmarks.generator_size --preset=cpu --out=runs/generator-size
+    python -m benchmarks.studies.generator_size.generator_size --preset=cpu \
+        --out=runs/generator-size
 
 Pre-trains the same discriminator with generators of 1/8, 1/4, 1/2, 3/4 and 1 times its width
 (`generator.hidden_fraction`; the generator's heads are width / 64, at least 1, and its
 feed-forward 4 x width, as the original's get_generator_config), all at the same number of
 steps, then fine-tunes each, and a random-init network of the same shape, on each GLUE task x
-seed exactly as benchmarks/sample_efficiency.py does (the same code: the same task files,
-fine-tuning settings, seeds and learning-rate rule).
+seed exactly as the sample-efficiency study (benchmarks/studies/sample_efficiency/) does (the
+same code: the same task files, fine-tuning settings, seeds and learning-rate rule).
 
 It writes OUT/results.json, OUT/table.md (dev scores per generator size and task),
 OUT/summary.json (the average dev score x100 and its std over seeds per generator size and for
@@ -32,7 +33,7 @@ import sys
 import time
 
 from benchmarks import _cli
-from benchmarks import sample_efficiency as se
+from benchmarks.studies.sample_efficiency import sample_efficiency as se
 
 FRACTIONS = (0.125, 0.25, 0.5, 0.75, 1.0)
 
@@ -122,8 +123,8 @@ def main(argv=None) -> None:
     ap.add_argument("--out", required=True, help="where every run goes; a rerun continues it")
     ap.add_argument("--tasks", default="", help="comma-separated; '' = the preset's")
     ap.add_argument("--seeds", type=_cli.natural_int, default=0, help="0 = the preset's")
-    ap.add_argument("--corpus", default=os.path.join(se.SHARED, "corpus", "*", "*.txt"))
-    ap.add_argument("--glue_dir", default=os.path.join(se.SHARED, "glue"), help="<TASK>/*.tsv")
+    ap.add_argument("--corpus", help=se.CORPUS_HELP)
+    ap.add_argument("--glue_dir", help=se.GLUE_HELP)
     args = ap.parse_args(argv)
     started = time.time()
     tasks = _cli.glue_tasks("--tasks", args.tasks) if args.tasks else None

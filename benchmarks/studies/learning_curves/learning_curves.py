@@ -2,15 +2,16 @@ r"""Learning curves of electra_jax against an independent ELECTRA, on the same b
 
     python -m electra_jax.train --config=configs/tiny.py --workdir=runs/curves-s0 --config.seed=0 \
         --config.train.learning_rate=1e-3 --config.train.rtd_prior_init=False
-    python ../shared/bench/hf_reference_pretrain.py --workdir runs/curves-s0 \
+    python benchmarks/reference/hf_reference_pretrain.py --workdir runs/curves-s0 \
         --config runs/curves-s0/config.json --log_every 100
     ... the same for seeds 1, 2 ...
-    python -m benchmarks.learning_curves --out=benchmarks/learning_curves.png runs/curves-s*
+    python -m benchmarks.studies.learning_curves.learning_curves --out=runs/curves.png \
+        runs/curves-s*
 
 The two overrides give the run the paper's rate and zero-initialised head, as the reference trains
 (configs/tiny.py holds the small-compute recipe instead). For each workdir, reads electra_jax's
 WORKDIR/metrics.jsonl and the reference's WORKDIR/hf_reference_metrics.jsonl (written by
-../shared/bench/hf_reference_pretrain.py, which trains transformers' ELECTRA with the original
+benchmarks/reference/hf_reference_pretrain.py, which trains transformers' ELECTRA with the original
 objective and optimizer on the batches electra_jax reads), and plots gen_loss, disc_loss,
 disc_recall and gen_accuracy against the step: per side, the mean over the workdirs (seeds) and a
 band from their minimum to their maximum, each curve smoothed by a running mean over --smooth

@@ -1,7 +1,9 @@
 r"""Which pre-training recipe keeps the discriminator off the prior at small compute.
 
-    python -m benchmarks.recipe_study --out=runs/recipe --settings=default,lr3e-4 --seeds=0,1
-    python -m benchmarks.recipe_study --out=runs/all --join=runs/recipe,runs/recipe2  # one report
+    python -m benchmarks.studies.recipe_study.recipe_study --out=runs/recipe \
+        --settings=default,lr3e-4 --seeds=0,1
+    python -m benchmarks.studies.recipe_study.recipe_study --out=runs/all \
+        --join=runs/recipe,runs/recipe2  # one report
 
 Pre-trains configs/tiny.py (the default first run: 4 x 128 discriminator, 600 steps of 32 x 128
 tokens on the builtin corpus) once per setting and seed, each setting a set of config overrides
@@ -9,11 +11,11 @@ tokens on the builtin corpus) once per setting and seed, each setting a set of c
 held-out evaluation (docs/evaluation.md) they log every 60 steps: the discriminator's AUC, its
 AUC over frequent pieces (the reading of context), its loss against the prior's entropy, and the
 collapse cosine of its states. `--base=small-data` runs the small-data preset's model and corpus
-instead (benchmarks/sample_efficiency.py, preset small-data-cpu: the shared corpus plus the GLUE
-tasks' training sentences, 2 x 128, 64 tokens), `--base=sweep` the compute sweep's ELECTRA run
-(benchmarks/compute_sweep.py: tiny.py's shape on that corpus, 10,378 steps to 3e14 counted
-FLOPs, read every 1,036 steps), `--steps` changes the number of steps and `--stop_after` ends
-each run early with its schedule unchanged (the first part of a long run).
+instead (benchmarks/studies/sample_efficiency/, preset small-data-cpu: the shared corpus plus the
+GLUE tasks' training sentences, 2 x 128, 64 tokens), `--base=sweep` the compute sweep's ELECTRA run
+(benchmarks/studies/compute_sweep/: tiny.py's shape on that corpus, 10,378 steps to 3e14 counted
+FLOPs, read every 1,036 steps), `--steps` changes the number of steps and `--stop_after` ends each
+run early with its schedule unchanged (the first part of a long run).
 
 It writes OUT/results.json (every evaluation row of every run, with the counted FLOPs per step),
 OUT/table.md (per setting: the final readings as mean +- std over seeds, the targets met, and
@@ -31,11 +33,13 @@ import statistics
 import sys
 import time
 
-from benchmarks import _cli, compute_sweep
+from benchmarks import _cli
+from benchmarks.studies.compute_sweep import compute_sweep
+from benchmarks.studies.sample_efficiency import sample_efficiency
 from electra_jax import evaluate, loop, metrics, step_setup
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHARED = os.path.join(os.path.dirname(ROOT), "shared", "data")
+# benchmarks/studies/recipe_study/recipe_study.py: the repository is three folders up.
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 # The paper's learning rate and zero-initialised head, under every setting.
 PAPER = {"train.learning_rate": 1e-3, "train.rtd_prior_init": False}
@@ -192,24 +196,21 @@ TARGETS = {
 SHOWN = compute_sweep.READINGS
 
 
-def base_config(base: str, out: str):
+def base_config(base: str, out: str, corpus: str | None = None, glue_dir: str | None = None):
     """The base config of the study (tiny.py, or the small-data preset's model) with the shared
-    tokenizer and prepared rows of OUT/shared, made by the first run."""
+    tokenizer and prepared rows of OUT/shared, made by the first run. The bases 'small-data' and
+    'sweep' pre-train on the corpus glob `corpus` and the GLUE training sentences in `glue_dir`
+    ('tiny' on the builtin corpus)."""
     if base == "sweep":
-        return _sweep_config(out)
+        return _sweep_config(out, corpus, glue_dir)
     config = runpy.run_path(os.path.join(ROOT, "configs", "tiny.py"))["get_config"]()
     # Every setting is measured against the paper's recipe on tiny.py's shape, which tiny.py ran
     # before it took this study's winner (lr2.5e-5-prior): the settings' names stay true.
     apply(config, PAPER)
     if base == "small-data":
-        from benchmarks import sample_efficiency
-
         preset = sample_efficiency.PRESETS["small-data-cpu"]
         corpus = sample_efficiency.in_domain_corpus(
-            os.path.join(SHARED, "corpus", "**", "*.txt"),
-            os.path.join(SHARED, "glue"),
-            preset["tasks"],
-            os.path.join(out, "corpus"),
+            corpus, glue_dir, preset["tasks"], os.path.join(out, "corpus")
         )
         apply(config, {**preset["pretrain"], "data.source": f"text:{corpus}"})
         apply(config, {"data.heldout_examples": 512, "train.num_steps": 1900})
@@ -220,19 +221,15 @@ def base_config(base: str, out: str):
     return config
 
 
-def _sweep_config(out: str):
-    """The compute sweep's ELECTRA run (benchmarks/compute_sweep.py, preset cpu: tiny.py's shape
-    on the in-domain corpus, a vocabulary of 8192, 3e14 counted FLOPs in 10,378 steps) under the
-    paper's recipe, read every 1,036 steps; its corpus, tokenizer and prepared rows in OUT,
+def _sweep_config(out: str, corpus: str, glue_dir: str):
+    """The compute sweep's ELECTRA run (benchmarks/studies/compute_sweep/, preset cpu: tiny.py's
+    shape on the in-domain corpus, a vocabulary of 8192, 3e14 counted FLOPs in 10,378 steps) under
+    the paper's recipe, read every 1,036 steps; its corpus, tokenizer and prepared rows in OUT,
     made as the sweep makes its own (the same text and seed: the same pieces and rows)."""
-    from benchmarks import sample_efficiency
     from electra_jax.data import prepare
 
     preset = compute_sweep.PRESETS["cpu"]
-    glue = os.path.join(SHARED, "glue")
-    corpus = sample_efficiency.in_domain_corpus(
-        os.path.join(SHARED, "corpus", "*", "*.txt"), glue, preset["tasks"], out
-    )
+    corpus = sample_efficiency.in_domain_corpus(corpus, glue_dir, preset["tasks"], out)
     config = sample_efficiency.pretrain_config(preset, "electra", corpus, out)
     sample_efficiency.plan(config, preset)
     tokenizer = os.path.join(out, "tokenizer")
@@ -249,8 +246,6 @@ def own_budget(config) -> None:
     'electra_mlm''s second pass makes its step 1.9x ELECTRA's, so its run is 5,421 steps and
     its warm-up ends at step 542, not 1,037. The readings stay every 1,036 steps. ('electra'
     with its discriminator MLM term keeps ELECTRA's 10,378 steps, as those runs were measured.)"""
-    from benchmarks import sample_efficiency
-
     every = config.eval.every_steps
     sample_efficiency.plan(config, compute_sweep.PRESETS["cpu"])
     apply(config, {"eval.every_steps": every, "checkpoint.keep": 2})
@@ -406,6 +401,12 @@ def main(argv=None) -> None:
     parser.add_argument("--seeds", default="0,1")
     parser.add_argument("--base", choices=("tiny", "small-data", "sweep"), default="tiny")
     parser.add_argument(
+        "--corpus", help="with --base=small-data or sweep: " + sample_efficiency.CORPUS_HELP
+    )
+    parser.add_argument(
+        "--glue_dir", help="with --base=small-data or sweep: " + sample_efficiency.GLUE_HELP
+    )
+    parser.add_argument(
         "--stop_after",
         type=_cli.natural_int,
         default=0,
@@ -436,6 +437,8 @@ def main(argv=None) -> None:
     if not all(s.strip().isascii() and s.strip().isdigit() for s in args.seeds.split(",")):
         parser.error(f"argument --seeds: {args.seeds!r}: give whole numbers >= 0, e.g. 0,1")
     seeds = _cli.each_once("--seeds", [int(s) for s in args.seeds.split(",")])
+    if args.base != "tiny":
+        sample_efficiency.check_inputs(args.corpus, args.glue_dir)
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "results.json")
     results = {"settings": {}, "base": args.base}
@@ -444,7 +447,7 @@ def main(argv=None) -> None:
             results = json.load(f)
     for name in names:
         for seed in seeds:
-            config = base_config(args.base, args.out)
+            config = base_config(args.base, args.out, args.corpus, args.glue_dir)
             apply(config, SETTINGS[name])
             if args.base == "sweep" and config.objective.name != "electra":
                 own_budget(config)

@@ -1,6 +1,7 @@
 r"""The ELECTRA paper's Table 5 at equal pre-training compute: which objective learns most per FLOP.
 
-    python -m benchmarks.sample_efficiency --preset=cpu --out=runs/sample-efficiency
+    python -m benchmarks.studies.sample_efficiency.sample_efficiency --preset=cpu \
+        --out=runs/sample-efficiency
 
 For each objective (electra, electra_15, mlm, replaced_mlm, all_tokens_mlm) pre-trains the same
 discriminator on the same prepared corpus (one tokenizer, one data cache) until the same counted
@@ -36,7 +37,7 @@ model over 3 seeds, their std, the pre-training FLOPs and the wall seconds.
 
 Presets (PRESETS below): `cpu` took 41 minutes on 2 CPU cores (a 2-layer, 128-wide model, 4-7
 minutes of pre-training per objective, fine-tuning capped to 600 examples of 64 tokens; at this
-compute the scores stay near random init's, see benchmarks/RESULTS.md); `gpu` is ELECTRA-Small
+compute the scores stay near random init's, see NOTES.md); `gpu` is ELECTRA-Small
 at 128 tokens at the compute of the paper's ELECTRA-Small run (untested here; about half a
 GPU-day per objective: run objectives as separate jobs into one --out, then once more with all
 of them, which finds everything done and reports the whole table).
@@ -57,11 +58,14 @@ from electra_jax import checkpointing, loop, metrics, step_setup
 from electra_jax.finetune import tasks as glue_tasks
 from electra_jax.objectives.names import OBJECTIVES as ALL_OBJECTIVES
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHARED = os.path.join(os.path.dirname(ROOT), "shared", "data")
+# benchmarks/studies/sample_efficiency/sample_efficiency.py: the repository is three folders up.
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 OBJECTIVES = ("electra", "electra_15", "mlm", "replaced_mlm", "all_tokens_mlm")
 TASKS = ("SST-2", "MRPC", "STS-B", "CoLA", "RTE")
 UNTIL = ("plan", "pretrain", "collect", "report")  # how far `run` goes
+# The inputs a user supplies (the repository holds neither): what to give, where to read more.
+CORPUS_HELP = 'the pre-training text, a glob of its files (benchmarks/README.md, "Inputs")'
+GLUE_HELP = 'GLUE\'s folder: <TASK>/{train,dev}.tsv (benchmarks/README.md, "Inputs")'
 RANDOM = "random_init"
 
 # Each preset: `pretrain` overrides configs/<base>.py ('data.x' / 'model.x' / 'train.x' keys),
@@ -160,7 +164,7 @@ PRESETS = {
     # ELECTRA-Small (configs/small.py: 12 x 256, generator 1/4, 128 tokens, batch 128) at the
     # compute of the paper's Small run: 1e18 counted FLOPs is ~870K electra steps (1.15e12 each;
     # mlm ~940K, all_tokens_mlm ~650K), checkpointed at 1/8 .. 1, full GLUE training sets.
-    # Untested here. At the 10-30 steps/s expected of one H100/H200 (benchmarks/RESULTS.md) that
+    # Untested here. At the 10-30 steps/s expected of one H100/H200 (benchmarks/notes/gpu.md) that
     # is about half a GPU-day per objective: run objectives as separate jobs (--objectives) into
     # one --out, or lower budget_flops.
     "gpu": {
@@ -251,7 +255,7 @@ def budget_steps(budget_flops: float, flops_per_step: float, fractions) -> list[
 
 def variant(preset: dict, name: str) -> tuple[str, dict]:
     """(objective, config overrides) of the model called `name`: one of the preset's `variants`
-    (e.g. benchmarks/generator_size.py's ELECTRA with each generator width), else the objective
+    (e.g. the generator-size study's ELECTRA with each generator width), else the objective
     of that name with the preset's own settings."""
     found = preset.get("variants", {}).get(name)
     if found is None:
@@ -556,8 +560,8 @@ def run(
     objectives=OBJECTIVES,
     tasks=None,
     seeds: int | None = None,
-    corpus: str = os.path.join(SHARED, "corpus", "*", "*.txt"),
-    glue_dir: str = os.path.join(SHARED, "glue"),
+    corpus: str,
+    glue_dir: str,
     log=None,
     until: str = "report",
 ) -> dict:
@@ -765,9 +769,10 @@ def _run(preset, out, objectives, tasks, seeds, corpus, glue_dir, log, until) ->
 
 
 def check_inputs(corpus: str, glue_dir: str) -> None:
-    """One line, before any run, when --corpus matches no file or --glue_dir is no folder."""
-    _cli.matches("--corpus", corpus, "a glob of the pre-training corpus' text files")
-    _cli.directory("--glue_dir", glue_dir, "GLUE's folder (<TASK>/*.tsv)")
+    """One line, before any run, when --corpus or --glue_dir is missing, --corpus matches no
+    file or --glue_dir is no folder."""
+    _cli.matches("--corpus", corpus, CORPUS_HELP)
+    _cli.directory("--glue_dir", glue_dir, GLUE_HELP)
 
 
 def main(argv=None) -> None:
@@ -777,8 +782,8 @@ def main(argv=None) -> None:
     ap.add_argument("--objectives", default="", help="comma-separated; '' = the preset's")
     ap.add_argument("--tasks", default="", help="comma-separated; '' = the preset's")
     ap.add_argument("--seeds", type=_cli.natural_int, default=0, help="0 = the preset's")
-    ap.add_argument("--corpus", default=os.path.join(SHARED, "corpus", "*", "*.txt"))
-    ap.add_argument("--glue_dir", default=os.path.join(SHARED, "glue"), help="<TASK>/*.tsv")
+    ap.add_argument("--corpus", help=CORPUS_HELP)
+    ap.add_argument("--glue_dir", help=GLUE_HELP)
     args = ap.parse_args(argv)
     started = time.time()
     preset = PRESETS[args.preset]

@@ -1,6 +1,6 @@
 r"""Where ELECTRA passes random init and MLM: the sample-efficiency benchmark over compute.
 
-    python -m benchmarks.compute_sweep --preset=cpu --out=runs/compute-sweep
+    python -m benchmarks.studies.compute_sweep.compute_sweep --preset=cpu --out=runs/compute-sweep
 
 One pre-training run per objective on the small-data preset's in-domain corpus (the shared
 corpus plus the GLUE tasks' training sentences, labels dropped): ELECTRA with configs/tiny.py's
@@ -8,10 +8,10 @@ recipe (its schedules stretched to the run), MLM at the learning rate of its own
 each checkpointed at log-spaced fractions of the largest budget (`fractions`: budgets from
 ~1e12 to 3e14 counted FLOPs for the cpu preset, one run each, so the smaller budgets are the
 early part of one schedule). Every checkpoint, and random init of the same shape, is then
-fine-tuned on SST-2, MRPC, STS-B, CoLA and RTE by benchmarks/sample_efficiency.py's rule (a
-learning-rate sweep on seed 0, the best rate for seeds 1 and 2; the same for every model) and
-probed (benchmarks/probe.py: logistic regression on frozen mean-pooled states, SST-2), the
-low-noise second reading.
+fine-tuned on SST-2, MRPC, STS-B, CoLA and RTE by the sample-efficiency study's rule
+(benchmarks/studies/sample_efficiency/sample_efficiency.py: a learning-rate sweep on seed 0, the
+best rate for seeds 1 and 2; the same for every model) and probed (benchmarks/probe.py: logistic
+regression on frozen mean-pooled states, SST-2), the low-noise second reading.
 
 It writes OUT/summary.json (sample_efficiency's summary at the largest budget, plus `budgets`:
 per budget and model the pre-training FLOPs and steps, the average dev score and its std over
@@ -30,9 +30,11 @@ headline). The pre-trainings can also run as one process each into one --out; st
 second once the first has logged its first compile (it makes the corpus, tokenizer and data
 cache that the second then reads), and the whole command when both have ended:
 
-    python -m benchmarks.compute_sweep --out=OUT --objectives=electra --pretrain_only
-    python -m benchmarks.compute_sweep --out=OUT --objectives=mlm --pretrain_only
-    python -m benchmarks.compute_sweep --out=OUT
+    python -m benchmarks.studies.compute_sweep.compute_sweep --out=OUT --objectives=electra \
+        --pretrain_only
+    python -m benchmarks.studies.compute_sweep.compute_sweep --out=OUT --objectives=mlm \
+        --pretrain_only
+    python -m benchmarks.studies.compute_sweep.compute_sweep --out=OUT
 """
 
 from __future__ import annotations
@@ -45,11 +47,11 @@ import statistics
 import sys
 import time
 
-from benchmarks import _cli, probe, sample_efficiency
+from benchmarks import _cli, probe
+from benchmarks.studies.sample_efficiency import sample_efficiency
 from electra_jax import checkpointing
 
 ROOT = sample_efficiency.ROOT
-SHARED = sample_efficiency.SHARED
 RANDOM = sample_efficiency.RANDOM
 
 _TINY = runpy.run_path(os.path.join(ROOT, "configs", "tiny.py"))["get_config"]()
@@ -65,7 +67,7 @@ _SMALL_DATA = sample_efficiency.PRESETS["small-data-cpu"]
 # ELECTRA whose discriminator learns faster than its generator: 4x the tiny recipe's rate, the
 # generator at a tenth of it with its own embeddings (shared ones learn at the discriminator's
 # rate, and through them the generator would still learn the unigram early). The best of the
-# recipe study at this run's length (benchmarks/RESULTS.md, "Recipe at the sweep's length":
+# recipe study at this run's length (NOTES.md, first part, "The recipe at the sweep's length":
 # held-out AUC 0.89 at 1,036 steps, and the slowest fall after it).
 SLOW_GENERATOR = {
     "train.learning_rate": 1e-4,
@@ -384,8 +386,8 @@ def main(argv=None) -> None:
     ap = _cli.Parser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="cpu", choices=sorted(PRESETS))
     ap.add_argument("--out", required=True)
-    ap.add_argument("--corpus", default=os.path.join(SHARED, "corpus", "*", "*.txt"))
-    ap.add_argument("--glue_dir", default=os.path.join(SHARED, "glue"))
+    ap.add_argument("--corpus", help=sample_efficiency.CORPUS_HELP)
+    ap.add_argument("--glue_dir", help=sample_efficiency.GLUE_HELP)
     ap.add_argument("--report_only", action="store_true", help="report the finished runs")
     ap.add_argument(
         "--objectives", default="", help="comma-separated models of the preset; '' = all"
@@ -436,11 +438,14 @@ def main(argv=None) -> None:
         )
     log = lambda m: print(m, file=sys.stderr, flush=True)
     if args.report_only:
-        _cli.directory("--glue_dir", args.glue_dir, "GLUE's folder (<TASK>/*.tsv)")
         done = os.path.join(args.out, "results.json")
-        if os.path.isdir(os.path.join(args.out, "pretrain")) and os.path.isdir(
+        here = os.path.isdir(os.path.join(args.out, "pretrain")) and os.path.isdir(
             os.path.join(args.out, "tokenizer")
-        ):
+        )
+        if not here and not os.path.isfile(done):
+            ap.error(f"--report_only: --out {args.out} holds no sweep yet; run without it")
+        _cli.directory("--glue_dir", args.glue_dir, sample_efficiency.GLUE_HELP)
+        if here:
             # Read from the folder itself: the runs' plan, what they have saved so far, and
             # every fine-tuning that has finished, whichever process ran it.
             sample_efficiency.check_inputs(args.corpus, args.glue_dir)
@@ -459,11 +464,9 @@ def main(argv=None) -> None:
                 log=lambda m: None,
                 until="collect",
             )
-        elif os.path.isfile(done):
+        else:
             with _cli.failures(done, also=(OSError, ValueError)), open(done) as f:
                 results = json.load(f)
-        else:
-            ap.error(f"--report_only: --out {args.out} holds no sweep yet; run without it")
         results["probe"] = probes(results, preset, args.out, args.glue_dir, log)
     else:
         sample_efficiency.check_inputs(args.corpus, args.glue_dir)
