@@ -77,7 +77,8 @@ def _snapshot(path: pathlib.Path) -> dict:
 
 @dataclasses.dataclass
 class Context:
-    """What the cases start from: a corpus, a micro config, a trained workdir, GLUE files."""
+    """What the cases start from: a corpus, a micro config, a trained workdir, GLUE files (built
+    once, shared read-only), and `root`, the folder where this process's cases make their own."""
 
     root: pathlib.Path
     corpus: pathlib.Path
@@ -155,6 +156,7 @@ def get_config():
 
 
 def make_context(root: pathlib.Path) -> Context:
+    """Builds what the cases start from in `root` (a minute or two: the micro run trains)."""
     corpus = root / "corpus.txt"
     _write_corpus(corpus)
     config = root / "micro.py"
@@ -166,7 +168,21 @@ def make_context(root: pathlib.Path) -> Context:
     code, err, _ = _run(EXPORT + [f"--workdir={workdir}", f"--out={root / 'export'}"])
     if code != 0:
         raise RuntimeError(f"exporting the micro run failed:\n{err[-3000:]}")
-    return Context(root, corpus, config, workdir, root / "export", _write_glue(root))
+    _write_glue(root)
+    return context_at(root, scratch=root)
+
+
+def context_at(built: pathlib.Path, scratch: pathlib.Path) -> Context:
+    """The Context of a folder make_context built (perhaps in another process), whose cases
+    make their own files in `scratch`: one per process, so that two never pick the same name."""
+    return Context(
+        scratch,
+        built / "corpus.txt",
+        built / "micro.py",
+        built / "trained",
+        built / "export",
+        built / "SST-2",
+    )
 
 
 # ---------------------------------------------------------------------------------------- cases
@@ -895,10 +911,16 @@ def run_all(root: pathlib.Path, workers: int = 2, log=print) -> list[Row]:
             for future in futures:
                 rows.append(future.result())
     finally:
-        for holder in _HOLDERS:
-            holder.send_signal(signal.SIGKILL)
-            holder.wait()
+        release_holders()
     return rows
+
+
+def release_holders() -> None:
+    """Ends the processes that hold workdirs for the 'while held' cases."""
+    while _HOLDERS:
+        holder = _HOLDERS.pop()
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
 
 
 def table(rows: list[Row]) -> str:
