@@ -568,11 +568,11 @@ def load(path: str) -> Model:
 
 
 def check_recorded_tokenizer(workdir: str, tokenizer) -> None:
-    """PretrainedError when the run's data record (resume.DATA_RECORD, written by train) names
+    """PretrainedError when the run's data record (workdir.DATA_RECORD, written by train) names
     another tokenizer than WORKDIR/tokenizer holds: the checkpoints were trained with that one,
     and another of the same size would load and tokenize without a word. A workdir without a
     readable record (one from before it) is taken as it is."""
-    from electra_jax.resume import DATA_RECORD
+    from electra_jax.workdir import DATA_RECORD
 
     path = paths.join(workdir, DATA_RECORD)
     try:

@@ -38,7 +38,6 @@ from electra_jax.validate import ConfigError, flatten
 # The --allow_change name that lets a run whose config.json is gone resume with the command
 # line's settings.
 MISSING_CONFIG = "config.json"
-DATA_RECORD = "data_record.json"
 # The --allow_change key that lets each field of the data record differ on a resume; the config
 # keys among them are refused earlier, by check_same_run, unless allowed.
 _DATA_ALLOW = {
@@ -72,7 +71,7 @@ class Resume:
 
     def check_data(self, tokenizer) -> None:
         """Before any data is prepared (process 0): ConfigError when a resumed run's corpus or
-        tokenizer is not what it started from (DATA_RECORD) and --allow_change does not name
+        tokenizer is not what it started from (data_record.json) and --allow_change does not name
         the change. `tokenizer`: the run's, as prepare.ensure_tokenizer gives it."""
         from electra_jax.data import prepare, sources
 
@@ -82,7 +81,7 @@ class Resume:
             "fields": prepare.key_fields(cfg.data, tokenizer, cfg.seed),
             "files": sources.from_config(cfg.data).files(),
         }
-        path = os.path.join(self.workdir, DATA_RECORD)
+        path = os.path.join(self.workdir, workdir_lib.DATA_RECORD)
         stored = _read_data_record(path) if self.resumes else None
         self.data = now
         if stored is None:  # a new run, or one started before the record: it gets one
@@ -129,11 +128,11 @@ class Resume:
             self._record_data(resumed_at)
 
     def _record_data(self, resumed_at: int | None) -> None:
-        """DATA_RECORD for a new run, a run started before it, or an allowed change (which
+        """data_record.json for a new run, a run started before it, or an allowed change (which
         config_changes.jsonl records too)."""
         if self.data is None:
             return
-        write_json(os.path.join(self.workdir, DATA_RECORD), self.data)
+        write_json(os.path.join(self.workdir, workdir_lib.DATA_RECORD), self.data)
         if resumed_at is None or not self.data_changes:
             return
         shown = {k: {"from": a, "to": b} for k, (a, b) in self.data_changes.items()}
@@ -246,7 +245,7 @@ def _read_stored_config(path: str) -> dict | None:
 
 
 def _read_data_record(path: str) -> dict | None:
-    """DATA_RECORD as written (a dict with a fields object); None when missing; ConfigError
+    """data_record.json as written (a dict with a fields object); None when missing; ConfigError
     when unreadable."""
     if not paths.exists(path):
         return None

@@ -53,6 +53,8 @@ KINDS = (PRETRAIN, FINETUNE)
 
 # What a resume was allowed to find changed, at which step (pre-training and fine-tuning alike).
 CHANGES_FILE = "config_changes.jsonl"
+# What a pre-training run read: its corpus, tokenizer and prepared shards (resume.py writes it).
+DATA_RECORD = "data_record.json"
 
 # What our commands write into a workdir, for folders made before the marker existed.
 _PRETRAIN_ENTRIES = frozenset(
@@ -66,7 +68,7 @@ _PRETRAIN_ENTRIES = frozenset(
         "hf",
         "hf_reference_metrics.jsonl",
         CHANGES_FILE,
-        "data_record.json",
+        DATA_RECORD,
         "eval.jsonl",
     }
 )

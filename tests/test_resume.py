@@ -318,7 +318,7 @@ def _get(config_file):
 
 def test_a_resume_refuses_a_corpus_changed_under_the_same_source(text_run):
     config_file, run = text_run
-    record = json.loads((run / resume.DATA_RECORD).read_text())
+    record = json.loads((run / workdir.DATA_RECORD).read_text())
     assert [os.path.basename(p) for p, _ in record["files"]] == ["part0.txt", "part1.txt"]
     corpus = os.path.dirname(record["files"][0][0])
     _corpus_file(tmp := pathlib.Path(corpus) / "part2.txt", 2)
@@ -344,18 +344,18 @@ def test_a_resume_refuses_a_corpus_changed_under_the_same_source(text_run):
     loop.train(_get(config_file), str(run), stop_after=4, allow_changes=("data.source",))
     rows = [json.loads(x) for x in (run / "config_changes.jsonl").read_text().splitlines()]
     assert rows[-1]["step"] == 3 and "source_fingerprint" in rows[-1]["data"]
-    record = json.loads((run / resume.DATA_RECORD).read_text())
+    record = json.loads((run / workdir.DATA_RECORD).read_text())
     assert [os.path.basename(p) for p, _ in record["files"]] == ["part0.txt"]
     loop.train(_get(config_file), str(run), stop_after=5)  # the new record stands
 
 
 def test_a_run_started_before_the_data_record_resumes_as_it_did(text_run):
     config_file, run = text_run
-    os.remove(run / resume.DATA_RECORD)
+    os.remove(run / workdir.DATA_RECORD)
     corpus = os.path.dirname(str(_get(config_file).data.source).removeprefix("text:"))
     _corpus_file(pathlib.Path(corpus) / "part2.txt", 2)
     loop.train(_get(config_file), str(run), stop_after=4)  # no record: no new refusal
-    record = json.loads((run / resume.DATA_RECORD).read_text())
+    record = json.loads((run / workdir.DATA_RECORD).read_text())
     assert len(record["files"]) == 3  # from now on the corpus is checked
 
 
