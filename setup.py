@@ -3,6 +3,9 @@
 from setuptools import find_packages, setup
 
 GCS = ["gcsfs>=2024.2", "google-cloud-storage>=2.14"]
+# data.source=parquet:... reads with ParquetFile.iter_batches over a Python file object (a gs://
+# one through epath), in pyarrow for years; constraints.txt holds the version CI tests with.
+PARQUET = ["pyarrow>=14"]
 
 setup(
     name="electra_jax",
@@ -57,6 +60,8 @@ setup(
             # machine without a TPU: jax's own extra, which pins the libtpu of this jax. Linux
             # only (no other wheels); elsewhere those tests skip, naming the extra.
             "jax[tpu]>=0.4.35; sys_platform == 'linux'",
+            # parquet: sources' tests (tensorflow-datasets brings it too).
+            *PARQUET,
         ],
         # A gs://BUCKET/PATH workdir (or data.cache_dir, init_from, data.source=text:gs://...):
         # epath reaches the bucket through gcsfs; the lock object uses google-cloud-storage's
@@ -71,5 +76,7 @@ setup(
         # TFDS sources (data.source=tfds:...): datasets built with --file_format=array_record are
         # read without TensorFlow; TFRecord-built ones (TFDS's default) need tensorflow-cpu.
         "tfds": ["tensorflow-datasets>=4.9.7", "tensorflow-cpu>=2.16"],
+        # data.source=parquet:GLOB (most public pre-training corpora); jsonl: needs nothing.
+        "parquet": PARQUET,
     },
 )

@@ -20,7 +20,8 @@ def get_config() -> ml_collections.ConfigDict:
     config.seed = 0  # one seed for initialisation, data order and every step's randomness
 
     config.data = ml_collections.ConfigDict()
-    config.data.source = "builtin"  # 'builtin' | 'text:GLOB' | 'tfds:NAME[:SPLIT]'
+    # 'builtin' | 'text:GLOB' | 'parquet:GLOB[:COLUMN]' | 'jsonl:GLOB[:FIELD]' | 'tfds:NAME[:SPLIT]'
+    config.data.source = "builtin"
     config.data.seq_length = 128  # tokens per example, [CLS] and [SEP]s included
     config.data.vocab_size = 30522  # SentencePiece pieces, the five specials included (BERT's size)
     config.data.cache_dir = ""  # prepared shards; '' keeps them in WORKDIR/data

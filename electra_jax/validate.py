@@ -565,13 +565,14 @@ def _check_choices(config: Any) -> None:
 
 
 def _check_source(source: str) -> None:
-    """The form of data.source (whether its files exist is checked when the data is read)."""
-    kind, _, arg = str(source).partition(":")
-    _require(
-        (kind == "builtin" and not arg) or (kind in ("text", "tfds") and bool(arg)),
-        f"data.source={source!r} is not a known source; use 'builtin', 'text:GLOB' (e.g. "
-        "text:corpus/**/*.txt) or 'tfds:NAME[:SPLIT]' (e.g. tfds:wikipedia/20230601.en)",
-    )
+    """The form of data.source, as sources.parse reads it (whether its files exist is checked
+    when the data is read)."""
+    from electra_jax.data import DataError, sources
+
+    try:
+        sources.parse(str(source))
+    except DataError as e:
+        raise ConfigError(str(e)) from None
 
 
 def warmup_warning(train_cfg: Any) -> str | None:
