@@ -53,6 +53,11 @@ KINDS = (PRETRAIN, FINETUNE)
 
 # What a resume was allowed to find changed, at which step (pre-training and fine-tuning alike).
 CHANGES_FILE = "config_changes.jsonl"
+# The command line of each start of a pre-training run, at its step: the export's model card
+# names the one that started it. W&B's run of a workdir (log.wandb_project): its id, and the
+# folder of W&B's own files.
+COMMANDS_FILE = "commands.jsonl"
+WANDB_FILE, WANDB_DIR = "wandb.json", "wandb"
 
 # What our commands write into a workdir, for folders made before the marker existed.
 _PRETRAIN_ENTRIES = frozenset(
@@ -68,6 +73,9 @@ _PRETRAIN_ENTRIES = frozenset(
         CHANGES_FILE,
         "data_record.json",
         "eval.jsonl",
+        COMMANDS_FILE,
+        WANDB_FILE,
+        WANDB_DIR,
     }
 )
 _FINETUNE_ENTRIES = frozenset(
