@@ -161,4 +161,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.log = ml_collections.ConfigDict()
     config.log.every_steps = 100
     config.log.peak_flops = 0.0  # per-device peak FLOP/s for MFU; 0 looks it up by device kind
+    # A W&B project to mirror the metrics rows and the config to ('' for none); needs the [wandb]
+    # extra. WANDB_MODE=offline keeps it on this machine.
+    config.log.wandb_project = ""
     return config

@@ -479,7 +479,9 @@ class _Ledger:
         return cls(
             workdir=workdir,
             manager=manager,
-            writer=metrics.MetricsWriter(workdir, jax.process_index() == 0, resume_step=start_step),
+            writer=metrics.MetricsWriter(
+                workdir, jax.process_index() == 0, resume_step=start_step, config=config
+            ),
             data_iter=data_iter,
             skip=config.train.nan_policy == "skip",
             num_steps=config.train.num_steps,

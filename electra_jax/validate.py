@@ -218,6 +218,7 @@ def check_config(config: Any) -> None:
     _require(config.checkpoint.keep > 0, "checkpoint.keep must be >= 1")
     _check_keep_every(config.checkpoint)
     _require(config.log.every_steps > 0, "log.every_steps must be >= 1")
+    _check_wandb(config.log.get("wandb_project", ""))
     k = t.get("steps_per_call", 1)
     _require(k >= 1, f"train.steps_per_call={k} must be >= 1")
     _check_eval(config)
@@ -562,6 +563,13 @@ def _check_choices(config: Any) -> None:
             f"model.attention='cudnn' needs an NVIDIA GPU, and this machine's backend is "
             f"{backend}; use model.attention='einsum' (or 'xla')",
         )
+
+
+def _check_wandb(project: str) -> None:
+    from electra_jax.wandb_mirror import needs_wandb
+
+    missing = needs_wandb(project)
+    _require(missing is None, missing or "")
 
 
 def _check_source(source: str) -> None:
