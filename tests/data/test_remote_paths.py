@@ -341,7 +341,8 @@ def test_parquet_and_jsonl_sources_read_from_a_bucket(bucket):
     (bucket / "c4").mkdir()
     _write_parquet(bucket / "c4" / "a.parquet", ROWS)
     _write_jsonl(bucket / "c4" / "a.jsonl.gz", ROWS, opener=gzip.open)
-    for kind, pattern in (("parquet", "*.parquet"), ("jsonl", "*.jsonl.gz")):
+    _write_jsonl(bucket / "c4" / "b.jsonl", ROWS[::-1])
+    for kind, pattern in (("parquet", "*.parquet"), ("jsonl", "*.jsonl*")):
         remote, local = f"{kind}:gs://bucket/c4/{pattern}", f"{kind}:{bucket}/c4/{pattern}"
         docs = list(sources.iter_documents(remote))
         assert docs and docs == list(sources.iter_documents(local))
