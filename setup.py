@@ -3,6 +3,11 @@
 from setuptools import find_packages, setup
 
 GCS = ["gcsfs>=2024.2", "google-cloud-storage>=2.14"]
+# data.source=parquet:... reads with ParquetFile.iter_batches over a Python file object (a gs://
+# one through epath), in pyarrow for years; constraints.txt holds the version CI tests with.
+PARQUET = ["pyarrow>=14"]
+# wandb_mirror.py: wandb.init(id=..., resume="allow"), Settings(silent, console), define_metric.
+WANDB = ["wandb>=0.17"]
 
 setup(
     name="electra_jax",
@@ -57,6 +62,11 @@ setup(
             # machine without a TPU: jax's own extra, which pins the libtpu of this jax. Linux
             # only (no other wheels); elsewhere those tests skip, naming the extra.
             "jax[tpu]>=0.4.35; sys_platform == 'linux'",
+            # parquet: sources' tests (tensorflow-datasets brings it too).
+            *PARQUET,
+            # The W&B mirror's tests, in W&B's offline mode (~15 s more to install: a 20 MB
+            # wheel and a dozen small packages).
+            *WANDB,
         ],
         # A gs://BUCKET/PATH workdir (or data.cache_dir, init_from, data.source=text:gs://...):
         # epath reaches the bucket through gcsfs; the lock object uses google-cloud-storage's
@@ -71,5 +81,9 @@ setup(
         # TFDS sources (data.source=tfds:...): datasets built with --file_format=array_record are
         # read without TensorFlow; TFRecord-built ones (TFDS's default) need tensorflow-cpu.
         "tfds": ["tensorflow-datasets>=4.9.7", "tensorflow-cpu>=2.16"],
+        # data.source=parquet:GLOB (most public pre-training corpora); jsonl: needs nothing.
+        "parquet": PARQUET,
+        # log.wandb_project: the metrics rows and the config mirrored to Weights & Biases.
+        "wandb": WANDB,
     },
 )

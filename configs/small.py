@@ -20,7 +20,8 @@ def get_config() -> ml_collections.ConfigDict:
     config.seed = 0  # one seed for initialisation, data order and every step's randomness
 
     config.data = ml_collections.ConfigDict()
-    config.data.source = "builtin"  # 'builtin' | 'text:GLOB' | 'tfds:NAME[:SPLIT]'
+    # 'builtin' | 'text:GLOB' | 'parquet:GLOB[:COLUMN]' | 'jsonl:GLOB[:FIELD]' | 'tfds:NAME[:SPLIT]'
+    config.data.source = "builtin"
     config.data.seq_length = 128  # tokens per example, [CLS] and [SEP]s included
     config.data.vocab_size = 30522  # SentencePiece pieces, the five specials included (BERT's size)
     config.data.cache_dir = ""  # prepared shards; '' keeps them in WORKDIR/data
@@ -160,4 +161,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.log = ml_collections.ConfigDict()
     config.log.every_steps = 100
     config.log.peak_flops = 0.0  # per-device peak FLOP/s for MFU; 0 looks it up by device kind
+    # A W&B project to mirror the metrics rows and the config to ('' for none); needs the [wandb]
+    # extra. WANDB_MODE=offline keeps it on this machine.
+    config.log.wandb_project = ""
     return config

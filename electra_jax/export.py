@@ -2,15 +2,18 @@
 
     python -m electra_jax.export --workdir=runs/tiny --out=runs/tiny/hf
     python -m electra_jax.export --workdir=runs/tiny-sst2 --out=runs/tiny-sst2/hf
+    python -m electra_jax.export --workdir=runs/small --push_to_hub=NAMESPACE/electra-small
 
 A pre-training workdir becomes OUT/discriminator (ElectraForPreTraining), OUT/generator
-(ElectraForMaskedLM) and OUT/export.json from its newest checkpoint. A fine-tuning workdir
+(ElectraForMaskedLM), OUT/README.md (the model card, hf/card.py) and OUT/export.json from its
+newest checkpoint. A fine-tuning workdir
 becomes one model in OUT: ElectraForSequenceClassification (GLUE; config with id2label and
 label2id, problem_type 'regression' for STS-B) or ElectraForQuestionAnswering (SQuAD 1.1 with
 the independent head; see hf/heads.py for what maps exactly and what is refused), with its
 tokenizer files, README.md (the model card, hf/card.py) and export.json. See `electra_jax.hf.write`
-for how a previous export is replaced. Bad input is one `error:` line, exit code 2, and nothing
-written.
+for how a previous export is replaced. `--push_to_hub=REPO` then uploads the export to that
+Hugging Face Hub model repository (hf/hub.py; the card is titled REPO). Bad input is one `error:`
+line, exit code 2, and nothing written.
 """
 
 from __future__ import annotations
@@ -20,14 +23,17 @@ import os
 
 from electra_jax import paths
 from electra_jax.hf.write import check_out, write_export, write_folder
-from electra_jax.pretrained import load_workdir
+from electra_jax.pretrained import load_workdir, read_run_config
 from electra_jax.validate import ConfigError
 from electra_jax.weights import PretrainedError
 
 
-def export(workdir: str, out: str) -> dict:
-    """A workdir's newest checkpoint (or a fine-tuning's saved model) -> OUT; returns the
-    manifest."""
+def export(
+    workdir: str, out: str, push_to_hub: str | None = None, hub_private: bool = False
+) -> dict:
+    """A workdir's newest checkpoint (or a fine-tuning's saved model) -> OUT, then to the Hub
+    repository `push_to_hub` when given (created `hub_private` if missing); returns the
+    manifest (with "hub_url" after an upload)."""
     if paths.is_remote(out):
         # The export's files are written with its own checks against links and foreign files,
         # which need a filesystem; a bucket gets the finished folder by a copy.
@@ -42,6 +48,10 @@ def export(workdir: str, out: str) -> dict:
     except ConfigError as e:
         raise PretrainedError(str(e)) from None
     check_out(os.path.abspath(out))  # before the restore, so a bad --out fails at once
+    if push_to_hub:
+        from electra_jax.hf import hub
+
+        hub.check(push_to_hub)  # and a bad repository name or a missing login
     if not paths.isdir(workdir):
         what = "is a file, not a workdir" if paths.exists(workdir) else "does not exist"
         raise PretrainedError(
@@ -50,13 +60,40 @@ def export(workdir: str, out: str) -> dict:
     from electra_jax.finetune.predictor import is_finetuned
 
     if is_finetuned(workdir):
-        return export_finetuned(workdir, out)
-    return write_export(load_workdir(workdir), out)
+        manifest = export_finetuned(workdir, out, name=push_to_hub)
+    else:
+        pre = load_workdir(workdir)
+        manifest = write_export(pre, out, readme=pretraining_readme(workdir, pre, push_to_hub))
+    if push_to_hub:
+        manifest["hub_url"] = hub.push(out, push_to_hub, manifest, private=hub_private)
+    return manifest
 
 
-def export_finetuned(workdir: str, out: str) -> dict:
+def pretraining_readme(workdir: str, pre, name: str | None = None) -> str:
+    """The model card (hf/card.py) of a pre-training workdir's export at `pre`'s step, from the
+    workdir's records: what a fine-tuning records of it (corpus, steps, counted FLOPs, the
+    metrics row), its held-out readings up to that step, its command lines, config.json. `name`:
+    the card's title and the name its example loads (default: the workdir's folder name)."""
+    from electra_jax import evaluate, metrics
+    from electra_jax import workdir as workdir_lib
+    from electra_jax.finetune import saved
+    from electra_jax.hf import card
+
+    heldout = [r for r in evaluate.read_rows(workdir) if r["step"] <= pre.step]
+    commands = metrics.read_rows(paths.join(workdir, workdir_lib.COMMANDS_FILE))
+    return card.pretraining_card(
+        name=name or card.card_name(workdir),
+        record=saved.pretraining_record(workdir, pre),
+        config=read_run_config(workdir),
+        heldout=heldout[-1] if heldout else None,
+        commands=[r for r in commands if isinstance(r, dict) and r.get("step", 0) <= pre.step],
+    )
+
+
+def export_finetuned(workdir: str, out: str, name: str | None = None) -> dict:
     """A fine-tuning workdir's model -> OUT: config.json, model.safetensors, tokenizer files,
-    README.md, export.json. Everything is read and checked before anything is written.
+    README.md (titled `name`, default the workdir's folder name), export.json. Everything is
+    read and checked before anything is written.
 
     Raises:
       PretrainedError: no saved weights or results, a task or label set this version does not
@@ -127,7 +164,7 @@ def export_finetuned(workdir: str, out: str) -> dict:
             "the pipeline's decoding (its n-best, its length limit) is transformers' own."
         )
     hf["architectures"] = [architecture]
-    name = card.card_name(workdir)
+    name = name or card.card_name(workdir)
     readme = card.model_card(
         name=name,
         record=record,
@@ -166,6 +203,13 @@ def _define_flags():
         "workdir", None, "The workdir to export: pre-training (newest checkpoint) or fine-tuning."
     )
     flags.DEFINE_string("out", None, "Where discriminator/ and generator/ go (default WORKDIR/hf).")
+    flags.DEFINE_string(
+        "push_to_hub",
+        None,
+        "Then upload the export to this Hugging Face Hub model repository (NAMESPACE/NAME), "
+        "created if missing; needs a token (hf auth login, or HF_TOKEN).",
+    )
+    flags.DEFINE_bool("hub_private", False, "Create the --push_to_hub repository private.")
     flags.DEFINE_bool("verbose", False, "Show full tracebacks on errors.")
 
 
@@ -188,7 +232,7 @@ def main(argv) -> None:
         )
     out = values.out or os.path.join(values.workdir, "hf")
     try:
-        manifest = export(values.workdir, out)
+        manifest = export(values.workdir, out, values.push_to_hub, values.hub_private)
     except PretrainedError as e:
         if values.verbose:
             raise
@@ -196,12 +240,14 @@ def main(argv) -> None:
     if "architecture" in manifest:
         print(f"exported {manifest['task']} from {manifest['source']} to {os.path.abspath(out)}: "
               f"{manifest['architecture']}")  # fmt: skip
-        return
-    print(
-        f"exported {manifest['source']} to {os.path.abspath(out)}: discriminator "
-        f"{manifest['discriminator_params']:,} params, generator "
-        f"{manifest['generator_params']:,} params"
-    )
+    else:
+        print(
+            f"exported {manifest['source']} to {os.path.abspath(out)}: discriminator "
+            f"{manifest['discriminator_params']:,} params, generator "
+            f"{manifest['generator_params']:,} params"
+        )
+    if manifest.get("hub_url"):
+        print(f"uploaded to {values.push_to_hub}: {manifest['hub_url']}")
 
 
 def cli() -> None:

@@ -40,6 +40,7 @@ def train(
     workdir: str,
     stop_after: int | None = None,
     allow_changes: tuple[str, ...] = (),
+    command: str | None = None,
 ) -> dict:
     """Pre-trains until config.train.num_steps; returns the last logged metrics row.
 
@@ -56,10 +57,11 @@ def train(
     The workdir is locked for the whole call (workdir.claim): a second run on it gets a
     ConfigError naming this one. A resume must keep the stored settings but for those in
     resume.FREE_ON_RESUME and `allow_changes` (config keys), which are recorded in
-    config_changes.jsonl.
+    config_changes.jsonl. `command`, the command line, is recorded in commands.jsonl for the
+    export's model card.
     """
     validate.check_config(config)
-    run = resume.plan(config, workdir, tuple(allow_changes))
+    run = resume.plan(config, workdir, tuple(allow_changes), command)
     try:
         # Before the data is prepared and the step compiled: minutes for a real corpus.
         _check_outputs(run.workdir)
@@ -251,7 +253,7 @@ def _restore(run: resume.Resume, setup, manager, data_iter, watcher):
 
 
 # What the run writes in its workdir as a file, and as a folder (metrics.py, resume.py).
-_OUTPUT_FILES = ("metrics.jsonl", workdir_lib.CHANGES_FILE)
+_OUTPUT_FILES = ("metrics.jsonl", workdir_lib.CHANGES_FILE, workdir_lib.COMMANDS_FILE)
 _OUTPUT_FOLDERS = ("tensorboard",)
 
 
@@ -485,7 +487,9 @@ class _Ledger:
         return cls(
             workdir=workdir,
             manager=manager,
-            writer=metrics.MetricsWriter(workdir, jax.process_index() == 0, resume_step=start_step),
+            writer=metrics.MetricsWriter(
+                workdir, jax.process_index() == 0, resume_step=start_step, config=config
+            ),
             data_iter=data_iter,
             skip=config.train.nan_policy == "skip",
             num_steps=config.train.num_steps,

@@ -132,15 +132,23 @@ class MetricsWriter:
     (a million steps logged every 100 are ~4 MB) once per checkpoint. A run killed outright loses
     only the rows since the last upload, all logged after its last checkpoint, which a resume
     drops anyway. TensorBoard gets one event file per run invocation, as locally.
+
+    With `config` (the run's) naming a `log.wandb_project`, every row and the config are
+    mirrored to W&B too (wandb_mirror.py).
     """
 
-    def __init__(self, workdir: str, enabled: bool, resume_step: int = 0):
+    def __init__(self, workdir: str, enabled: bool, resume_step: int = 0, config: Any = None):
         self.enabled = enabled
         self.path = paths.join(workdir, "metrics.jsonl")
         self._tb = None
+        self._mirror = None
         self._remote = paths.is_remote(workdir)
         if not enabled:
             return
+        if config is not None and config.log.get("wandb_project"):
+            from electra_jax import wandb_mirror
+
+            self._mirror = wandb_mirror.Mirror.start(workdir, config, log)
         kept = [r for r in read_rows(self.path) if r.get("step", 0) <= resume_step]
         local_path, tb_dir = self.path, os.path.join(workdir, "tensorboard")
         if self._remote:
@@ -182,6 +190,8 @@ class MetricsWriter:
         self._file.write(json.dumps(row) + "\n")
         self._file.flush()
         self._write_tensorboard(step, row)
+        if self._mirror is not None:
+            self._mirror.log(row)
         if self._remote and time.monotonic() - self._uploaded > REMOTE_UPLOAD_SECONDS:
             self.flush()
 
@@ -204,6 +214,8 @@ class MetricsWriter:
             self.flush()
             self._file.close()
             self._tb.close()
+            if self._mirror is not None:
+                self._mirror.close()
             if self._remote:
                 import shutil
 

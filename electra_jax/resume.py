@@ -64,6 +64,7 @@ class Resume:
     claim: Any  # workdir.Claim: the workdir, locked by process 0 until `release`
     resumes: bool = False  # the workdir holds checkpoints
     allow: tuple[str, ...] = ()  # --allow_change
+    command: str | None = None  # the command line, for workdir.COMMANDS_FILE (None: the API's)
     # The data record to write at `record` (None: the one there stands), and its allowed
     # changes, {field: (recorded, now)}.
     data: dict | None = None
@@ -126,6 +127,11 @@ class Resume:
             )
         if is_main:
             self._record_data(resumed_at)
+            if self.command:
+                row = {"step": resumed_at or 0, "command": self.command}
+                paths.append_text(
+                    os.path.join(self.workdir, workdir_lib.COMMANDS_FILE), json.dumps(row) + "\n"
+                )
 
     def _record_data(self, resumed_at: int | None) -> None:
         """data_record.json for a new run, a run started before it, or an allowed change (which
@@ -146,9 +152,15 @@ class Resume:
         self.claim.release()
 
 
-def plan(config: ml_collections.ConfigDict, workdir: str, allow: tuple[str, ...] = ()) -> Resume:
+def plan(
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    allow: tuple[str, ...] = (),
+    command: str | None = None,
+) -> Resume:
     """Claims the workdir and answers what the run continues from: the config as it will run,
-    the allowed changes (config keys in `allow`), train.init_from's weights.
+    the allowed changes (config keys in `allow`), train.init_from's weights. `command`, the
+    command line, is recorded with the step it starts at (`Resume.record`).
 
     Raises ConfigError (the workdir is another run's, or in use; a setting the resume may not
     change; init_from unusable) or CheckpointError (only damaged checkpoints), the workdir
@@ -193,7 +205,7 @@ def plan(config: ml_collections.ConfigDict, workdir: str, allow: tuple[str, ...]
     except BaseException:
         claim.release()
         raise
-    return Resume(workdir, config, changes, init_from, claim, bool(resumes), tuple(allow))
+    return Resume(workdir, config, changes, init_from, claim, bool(resumes), tuple(allow), command)
 
 
 def _claim_workdir(workdir: str):

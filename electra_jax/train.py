@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 import threading
 
@@ -255,7 +256,8 @@ def main(argv) -> None:
         # Printed before the run's first line (data preparation's or the loop's), not beside the
         # one line of an error that ends it first.
         progress.announce(devices_line())
-        loop.train(config, _WORKDIR.value, allow_changes=allow)
+        command = shlex.join(["python", "-m", "electra_jax.train", *sys.argv[1:]])
+        loop.train(config, _WORKDIR.value, allow_changes=allow, command=command)
     except (ConfigError, DataError, CheckpointError) as e:
         if _VERBOSE.value:
             raise

@@ -218,6 +218,7 @@ def check_config(config: Any) -> None:
     _require(config.checkpoint.keep > 0, "checkpoint.keep must be >= 1")
     _check_keep_every(config.checkpoint)
     _require(config.log.every_steps > 0, "log.every_steps must be >= 1")
+    _check_wandb(config.log.get("wandb_project", ""))
     k = t.get("steps_per_call", 1)
     _require(k >= 1, f"train.steps_per_call={k} must be >= 1")
     _check_eval(config)
@@ -564,14 +565,22 @@ def _check_choices(config: Any) -> None:
         )
 
 
+def _check_wandb(project: str) -> None:
+    from electra_jax.wandb_mirror import needs_wandb
+
+    missing = needs_wandb(project)
+    _require(missing is None, missing or "")
+
+
 def _check_source(source: str) -> None:
-    """The form of data.source (whether its files exist is checked when the data is read)."""
-    kind, _, arg = str(source).partition(":")
-    _require(
-        (kind == "builtin" and not arg) or (kind in ("text", "tfds") and bool(arg)),
-        f"data.source={source!r} is not a known source; use 'builtin', 'text:GLOB' (e.g. "
-        "text:corpus/**/*.txt) or 'tfds:NAME[:SPLIT]' (e.g. tfds:wikipedia/20230601.en)",
-    )
+    """The form of data.source, as sources.parse reads it (whether its files exist is checked
+    when the data is read)."""
+    from electra_jax.data import DataError, sources
+
+    try:
+        sources.parse(str(source))
+    except DataError as e:
+        raise ConfigError(str(e)) from None
 
 
 def warmup_warning(train_cfg: Any) -> str | None:

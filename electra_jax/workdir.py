@@ -55,6 +55,11 @@ KINDS = (PRETRAIN, FINETUNE)
 CHANGES_FILE = "config_changes.jsonl"
 # What a pre-training run read: its corpus, tokenizer and prepared shards (resume.py writes it).
 DATA_RECORD = "data_record.json"
+# The command line of each start of a pre-training run, at its step: the export's model card
+# names the one that started it. W&B's run of a workdir (log.wandb_project): its id, and the
+# folder of W&B's own files.
+COMMANDS_FILE = "commands.jsonl"
+WANDB_FILE, WANDB_DIR = "wandb.json", "wandb"
 
 # What our commands write into a workdir, for folders made before the marker existed.
 _PRETRAIN_ENTRIES = frozenset(
@@ -70,6 +75,9 @@ _PRETRAIN_ENTRIES = frozenset(
         CHANGES_FILE,
         DATA_RECORD,
         "eval.jsonl",
+        COMMANDS_FILE,
+        WANDB_FILE,
+        WANDB_DIR,
     }
 )
 _FINETUNE_ENTRIES = frozenset(

@@ -213,7 +213,7 @@ CASES = [
     (
         "input_pipeline, bogus source",
         lambda t: ["benchmarks/input_pipeline.py", "--source=ftp://corpus"],
-        "data.source='ftp://corpus' is not a known source",
+        "data.source 'ftp://corpus' is not a known source",
     ),
     (
         "prepare_throughput, a corpus that matches nothing",

@@ -39,6 +39,10 @@ TEXTS = [
 ]
 
 
+# What a pre-training export holds at its top.
+EXPORT_TOP = ("README.md", "discriminator", "export.json", "generator")
+
+
 def _sentences():
     import pydoc_data.topics
 
@@ -132,7 +136,7 @@ def exported(run, tmp_path_factory):
 
 
 def test_export_layout_and_exact_import(run, exported):
-    assert sorted(os.listdir(exported)) == ["discriminator", "export.json", "generator"]
+    assert sorted(os.listdir(exported)) == [*EXPORT_TOP]
     for network in ("discriminator", "generator"):
         files = set(os.listdir(os.path.join(exported, network)))
         assert {"config.json", "model.safetensors", "tokenizer.json", "spm.model"} <= files
@@ -221,7 +225,7 @@ def test_export_refuses_bad_input_and_replaces_a_previous_export(run, exported, 
     export.export(run["path"], str(again))
     assert (again / "generator" / "notes.txt").read_text() == "mine"
     assert sorted(os.listdir(tmp_path)) == ["again", "empty", "taken"]
-    assert sorted(os.listdir(again)) == ["discriminator", "export.json", "generator"]
+    assert sorted(os.listdir(again)) == [*EXPORT_TOP]
 
 
 @pytest.mark.parametrize("inside", ["checkpoints/99", "checkpoints", "data/x", "tokenizer/hf"])
@@ -343,7 +347,8 @@ def test_reexport_replaces_only_the_files_an_export_wrote(run, exported, tmp_pat
     (out / "sub").mkdir()
     (out / "sub" / "file").write_text("mine too")
     (out / "discriminator" / "notes.md").write_text("and this")
-    hf_write.write_export(_as_pretrained(run), str(out))
+    readme = (out / "README.md").read_text()
+    hf_write.write_export(_as_pretrained(run), str(out), readme=readme)
     assert (out / "important.txt").read_text() == "keep me"
     assert (out / "sub" / "file").read_text() == "mine too"
     assert (out / "discriminator" / "notes.md").read_text() == "and this"
@@ -352,13 +357,7 @@ def test_reexport_replaces_only_the_files_an_export_wrote(run, exported, tmp_pat
     assert _manifest(out)["files"] == written
     assert set(_manifest(out)["sha256"]) == set(written)
     assert set(written) <= hf_write.LAYOUT  # what a later export may replace
-    assert sorted(os.listdir(out)) == [
-        "discriminator",
-        "export.json",
-        "generator",
-        "important.txt",
-        "sub",
-    ]
+    assert sorted(os.listdir(out)) == [*EXPORT_TOP, "important.txt", "sub"]
 
 
 @pytest.mark.parametrize("version", [1, 2, 3])
@@ -566,3 +565,174 @@ def test_a_full_disk_while_exporting_is_one_line_and_the_previous_export_stays(
     ]
     after = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in out.rglob("*") if p.is_file()}
     assert after == before and (out.exists() == previous)
+
+
+def _write_rows(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _front_matter(readme: str) -> dict:
+    yaml = pytest.importorskip("yaml")
+    assert readme.startswith("---\n")
+    return yaml.safe_load(readme.split("---\n")[1])
+
+
+def test_the_pretraining_export_has_a_model_card_from_the_workdirs_records(run, tmp_path):
+    from electra_jax import metrics
+    from electra_jax.objectives.core import num_mask_slots
+
+    workdir = tmp_path / "run"
+    shutil.copytree(run["path"], workdir)
+    # The checkpoint exported is step 6: rows and commands after it are another model's.
+    _write_rows(
+        workdir / "metrics.jsonl",
+        [
+            {"step": 3, "loss": 9.0, "eval/disc_auc": 0.61, "eval/disc_accuracy": 0.8},
+            {"step": 6, "loss": 7.25, "disc_accuracy": 0.875, "gen_accuracy": 0.125},
+            {"step": 9, "loss": 5.0, "eval/disc_auc": 0.97},
+        ],
+    )
+    _write_rows(
+        workdir / "commands.jsonl",
+        [
+            {"step": 0, "command": "python -m electra_jax.train --workdir=run --first"},
+            {"step": 3, "command": "python -m electra_jax.train --workdir=run --second"},
+            {"step": 9, "command": "python -m electra_jax.train --workdir=run --later"},
+        ],
+    )
+    out = tmp_path / "hf"
+    manifest = export.export(str(workdir), str(out))
+    readme = (out / "README.md").read_text()
+    assert "README.md" in manifest["files"]
+    front = _front_matter(readme)
+    assert front["library_name"] == "transformers" and "electra_jax" in front["tags"]
+    config = micro_config()
+    flops = metrics.count_flops(
+        run["spec"],
+        config.train.batch_size,
+        config.data.seq_length,
+        num_mask_slots(config.data.seq_length, config.objective.mask_prob),
+        config.objective.name,
+    )["total"]
+    for line in (
+        "# run",
+        f"- corpus (`data.source`): `{config.data.source}`",
+        f"- steps: 6 of the {config.train.num_steps:,} planned",
+        f"- training compute: {6 * flops:.3e} FLOPs",
+        "- last logged (step 6): loss 7.25, disc_accuracy 0.875, gen_accuracy 0.125",
+        "- held-out at step 3: disc_auc 0.61, disc_accuracy 0.8",
+        "- command: `python -m electra_jax.train --workdir=run --first`",
+        "- resumed 1 time(s), last at step 3: `python -m electra_jax.train --workdir=run --second`",
+        'ElectraForPreTraining.from_pretrained("run", subfolder="discriminator")',
+    ):
+        assert line in readme, line
+    assert "--later" not in readme and "0.97" not in readme
+    assert json.loads(readme.split("```json\n")[1].split("```")[0]) == json.loads(
+        (workdir / "config.json").read_text()
+    )
+    # A later held-out reading of that step (python -m electra_jax.evaluate) is the one shown.
+    _write_rows(workdir / "eval.jsonl", [{"step": 6, "eval/disc_auc": 0.7}])
+    (workdir / "commands.jsonl").unlink()
+    export.export(str(workdir), str(out))
+    readme = (out / "README.md").read_text()
+    assert "- held-out at step 6: disc_auc 0.7" in readme
+    assert "- command: not recorded" in readme
+
+
+class _FakeHub:
+    """HfApi's calls that reach the network, recorded; the folder as the upload found it."""
+
+    def __init__(self, monkeypatch, fail=None):
+        from huggingface_hub import HfApi
+
+        self.calls, self.uploaded, self.fail = [], {}, fail
+        monkeypatch.setattr(HfApi, "create_repo", self.create_repo)
+        monkeypatch.setattr(HfApi, "upload_folder", self.upload_folder)
+
+    # Bound to this recorder, set on the class: HfApi's own `self` is not passed.
+    def create_repo(self, repo_id, **kwargs):
+        self.calls.append(("create_repo", repo_id, kwargs))
+        if self.fail:
+            raise self.fail
+
+    def upload_folder(self, **kwargs):
+        import fnmatch
+
+        self.calls.append(("upload_folder", kwargs["repo_id"], kwargs))
+        root = kwargs["folder_path"]
+        for folder, _, names in os.walk(root):
+            for name in names:
+                rel = os.path.relpath(os.path.join(folder, name), root).replace(os.sep, "/")
+                if any(fnmatch.fnmatch(rel, p) for p in kwargs["allow_patterns"]):
+                    with open(os.path.join(folder, name), "rb") as f:
+                        self.uploaded[rel] = f.read()
+        return None
+
+
+def test_push_to_hub_uploads_the_export_and_nothing_else(run, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_not_a_real_token")
+    hub = _FakeHub(monkeypatch)
+    out = tmp_path / "hf"
+    export.export(run["path"], str(out))
+    (out / "notes.txt").write_text("mine, not for the Hub")
+    manifest = export.export(run["path"], str(out), push_to_hub="someone/electra-micro")
+    assert [c[:2] for c in hub.calls] == [
+        ("create_repo", "someone/electra-micro"),
+        ("upload_folder", "someone/electra-micro"),
+    ]
+    assert hub.calls[0][2]["private"] is False and hub.calls[0][2]["exist_ok"] is True
+    assert hub.calls[1][2]["folder_path"] == str(out)
+    # What went up is the export as its export.json lists it, byte for byte; not notes.txt.
+    assert sorted(hub.uploaded) == sorted([*manifest["files"], "export.json"])
+    for rel, data in hub.uploaded.items():
+        assert data == (out / rel).read_bytes()
+    readme = hub.uploaded["README.md"].decode()
+    assert "# someone/electra-micro" in readme
+    assert 'from_pretrained("someone/electra-micro", subfolder="discriminator")' in readme
+    assert manifest["hub_url"] == "https://huggingface.co/someone/electra-micro"
+
+
+def test_push_to_hub_refuses_a_bad_name_or_no_login_before_the_export(run, tmp_path, monkeypatch):
+    hub = _FakeHub(monkeypatch)
+    out = tmp_path / "hf"
+    monkeypatch.setenv("HF_TOKEN", "hf_not_a_real_token")
+    with pytest.raises(pretrained.PretrainedError, match="--push_to_hub=a/b/c: Repo id must be"):
+        export.export(run["path"], str(out), push_to_hub="a/b/c")
+    monkeypatch.delenv("HF_TOKEN")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))  # no stored token either
+    with pytest.raises(pretrained.PretrainedError, match="needs a Hugging Face token: log in"):
+        export.export(run["path"], str(out), push_to_hub="someone/electra-micro")
+    assert not out.exists() and hub.calls == []
+
+
+def test_a_failed_upload_keeps_the_export_and_says_so(run, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_not_a_real_token")
+    _FakeHub(monkeypatch, fail=OSError("Name or service not known"))
+    out = tmp_path / "hf"
+    with pytest.raises(pretrained.PretrainedError) as e:
+        export.export(run["path"], str(out), push_to_hub="someone/electra-micro")
+    assert str(e.value).startswith(f"the export is in {out}, but uploading it to someone/")
+    assert "(Name or service not known)" in str(e.value) and "\n" not in str(e.value)
+    assert sorted(os.listdir(out)) == [*EXPORT_TOP]
+
+
+def test_cli_push_to_hub_with_a_bad_name_is_one_line(run, tmp_path):
+    env = dict(subprocess_env(), HF_TOKEN="hf_not_a_real_token", HF_HUB_OFFLINE="1")
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "electra_jax.export",
+            f"--workdir={run['path']}",
+            f"--out={tmp_path / 'hf'}",
+            "--push_to_hub=not a repo",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.startswith("error: --push_to_hub=not a repo: Repo id must use")
+    assert out.stderr.count("\n") == 1 and not (tmp_path / "hf").exists()

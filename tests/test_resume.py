@@ -159,6 +159,27 @@ def test_a_resume_keeps_the_stored_run_and_records_the_allowed_changes(tmp_path)
         resume.plan(config, path, ("data.source",))
 
 
+def test_each_start_records_its_command_line_at_its_step(tmp_path):
+    # For the export's model card: the command that started the run and those that resumed it.
+    new = str(tmp_path / "new")
+    for command, resumed_at in (("python -m electra_jax.train --workdir=w", None), (None, 4)):
+        run = resume.plan(micro_config(), new, command=command)
+        try:
+            run.record(resumed_at)
+        finally:
+            run.release()
+    path = _run_workdir(tmp_path / "w")
+    run = resume.plan(micro_config(), path, command="python -m electra_jax.train --again")
+    try:
+        run.record(7)
+    finally:
+        run.release()
+    rows = [json.loads(x) for x in (tmp_path / "new" / workdir.COMMANDS_FILE).open()]
+    assert rows == [{"step": 0, "command": "python -m electra_jax.train --workdir=w"}]  # API: none
+    rows = [json.loads(x) for x in (tmp_path / "w" / workdir.COMMANDS_FILE).open()]
+    assert rows == [{"step": 7, "command": "python -m electra_jax.train --again"}]
+
+
 def test_a_run_from_before_a_setting_existed_keeps_what_it_meant(tmp_path):
     """Its checkpoints hold the layers unrolled and it trained on every row: the plan's config
     says so, whatever the config asks; the config itself is left as it was."""

@@ -63,8 +63,10 @@ def test_objective_and_embedding_sharing_are_checked_in_one_line():
         ("model.attention", "flash", "model.attention='flash' is not a choice"),
         ("objective.sampler", "top_k", "objective.sampler='top_k' is not a choice"),
         ("model.attention", "xla", "model.attention='xla' has no dropout on the attention"),
-        ("data.source", "wikipedia", "data.source='wikipedia' is not a known source"),
-        ("data.source", "text:", "data.source='text:' is not a known source"),
+        ("data.source", "wikipedia", "data.source 'wikipedia' is not a known source"),
+        ("data.source", "text:", "data.source 'text:' is not a known source"),
+        ("data.source", "parquet::text", "data.source 'parquet::text' is not a known source"),
+        ("data.source", "jsonl:", "data.source 'jsonl:' is not a known source"),
         ("objective.temperature", 1e-30, "objective.temperature=1e-30 must be in [0.001, 1000"),
         ("objective.temperature_start", 2.0, "needs objective.temperature_steps > 0"),
         ("objective.temperature_steps", 3, "objective.temperature_start=0.0, which must be in"),
@@ -86,6 +88,21 @@ def test_bad_settings_are_one_line_naming_the_key(key, value, expected):
     with pytest.raises(validate.ConfigError) as e:
         validate.check_config(config)
     assert expected in str(e.value) and "\n" not in str(e.value)
+
+
+def test_every_kind_of_source_is_accepted_by_form():
+    # Its files are not looked for here: that is prepare's, once the run reads them.
+    for source in (
+        "builtin",
+        "text:corpus/**/*.txt",
+        "parquet:gs://bucket/c4/*.parquet",
+        "parquet:corpus/*.parquet:content",
+        "jsonl:corpus/*.jsonl.gz",
+        "tfds:wikipedia/20230601.en",
+    ):
+        config = micro_config()
+        config.data.source = source
+        validate.check_config(config)
 
 
 def test_cudnn_attention_needs_a_gpu_and_fused_attention_no_attention_dropout():

@@ -16,6 +16,18 @@ Sources:
                   may be remote (``gs://bucket/wiki/**/*.txt``; also ``s3://``, ``az://``,
                   ``hf://``): it is then listed, stat'ed and read through ``etils.epath``, with
                   the same matching rules as a local glob.
+  ``parquet:GLOB[:COLUMN]``  Parquet files (most public pre-training corpora), one document per
+                  row: its ``COLUMN`` (``text`` by default) split into lines and sentences as a
+                  TFDS example's. Read a batch of rows at a time (``ParquetFile.iter_batches``,
+                  one column), never a file whole; needs pyarrow (the ``[parquet]`` extra).
+  ``jsonl:GLOB[:FIELD]``  JSON lines (gzip too), one document per line: its ``FIELD`` (``text``
+                  by default), read a line at a time. A line that is not a JSON object, or whose
+                  field is missing or not a string, ends the read in one line naming the file
+                  and line; a null field or a blank line is no document.
+                  Both globs match, list and read local and remote (``gs://``) files as a
+                  ``text:`` glob does, with the same content key of the files' sizes and times.
+                  The part after the last ``:`` is the column when it holds no ``/``: a glob
+                  whose file names hold a ``:`` names the column too.
   ``tfds:NAME[:VERSION][:SPLIT]``  a TFDS text dataset (split ``train`` by default); each example
                   is a document, its ``data.tfds_text_field`` split into lines and sentences.
 
@@ -36,6 +48,7 @@ import dataclasses
 import fnmatch
 import gzip
 import hashlib
+import importlib.util
 import json
 import logging
 import os
@@ -46,9 +59,10 @@ import warnings
 import zlib
 from collections.abc import Iterable, Iterator
 
+from electra_jax import jsonio
 from electra_jax.data import DataError
 from electra_jax.data.uri import remote_errors, remote_path, uri_scheme
-from electra_jax.jsonio import bom_encoding
+from electra_jax.jsonio import bom_encoding, json_kind, one_line
 
 # Bumped whenever the way ``builtin`` text is extracted changes, so cached prepared data keyed on
 # the fingerprint is not silently reused with different content.
@@ -56,6 +70,17 @@ _BUILTIN_VERSION = "builtin-v2"
 # Bumped whenever the way text files are read changes (line cutting, binary detection, ...).
 _TEXT_VERSION = "text-v2"
 _TFDS_VERSION = "tfds-v1"
+_RECORDS_VERSION = {"parquet": "parquet-v1", "jsonl": "jsonl-v1"}
+# The sources that are a glob of files, each one read in its format (see _FILE_READERS).
+FILE_KINDS = ("text", "parquet", "jsonl")
+# The column (parquet) or field (jsonl) read when data.source names none: the name the Hugging
+# Face datasets and most corpora dumped from them use.
+DEFAULT_FIELD = "text"
+# Rows of a parquet file decoded at a time: a few MB of text, whatever the file's row groups.
+PARQUET_BATCH_ROWS = 1024
+# A JSON line longer than this is refused rather than read whole: no document is that long, and
+# a file of one giant line (a JSON array, not JSON lines) would otherwise be held in memory.
+MAX_JSON_LINE_BYTES = 1 << 28
 
 # Stdlib directories whose text is not English prose worth training on (test fixtures, the IDLE
 # app, third-party packages), or that hold files that do not parse as Python 3.
@@ -264,13 +289,14 @@ def _builtin_documents() -> Iterator[list[str]]:
         yield from _docstring_documents(path)
 
 
-def _text_files(pattern: str) -> list[str]:
+def _matched_files(source: str, pattern: str) -> list[str]:
+    """The files a file source's glob matches, sorted (`source`: data.source, for messages)."""
     if uri_scheme(pattern):
-        return _remote_text_files(pattern)
+        return _remote_files(source, pattern)
     paths = _local_glob(os.path.expanduser(pattern))
     if not paths:
         raise DataError(
-            f"data.source 'text:{pattern}' matches no files; check the glob (use ** for "
+            f"data.source '{source}' matches no files; check the glob (use ** for "
             "subdirectories) and that the files exist"
         )
     return paths
@@ -367,8 +393,9 @@ def _looks_binary(head: bytes) -> bool:
     return _sniffed_invalid[0] > _BINARY_INVALID_FRACTION * len(head)
 
 
-def _open_binary(path: str):
-    """Opens path for reading bytes, through gzip when it starts with gzip's magic bytes.
+def _open_binary(path: str, gzip_ok: bool = True):
+    """Opens path for reading bytes, through gzip when it starts with gzip's magic bytes (and
+    `gzip_ok`).
 
     Returns:
       (stream to read, object to close): the stream is the file itself or a GzipFile over it.
@@ -388,7 +415,7 @@ def _open_binary(path: str):
     except BaseException:
         closer.close()
         raise
-    if magic == _GZIP_MAGIC:
+    if magic == _GZIP_MAGIC and gzip_ok:
         return gzip.GzipFile(fileobj=f, mode="rb"), closer
     return f, closer
 
@@ -427,49 +454,56 @@ def _local_size(path: str) -> int | None:
         return None
 
 
+@contextlib.contextmanager
+def _file_read(path: str, stats: SourceStats):
+    """What reading one file adds to `stats`, however the reading ends: its bytes replaced, and
+    its size to the bytes done (the progress lines')."""
+    size = 0 if uri_scheme(path) else _local_size(path) or 0
+    before = _replaced[0]
+    try:
+        yield
+    finally:
+        stats.bytes_replaced += _replaced[0] - before
+        stats._reading = None
+        stats._bytes_done += size
+
+
 def _text_documents(paths: list[str], stats: SourceStats, opts: SourceOptions):
     for path in paths:
-        size = 0 if uri_scheme(path) else _local_size(path) or 0
-        try:
-            stream, raw = _open_binary(path)
-        except OSError as e:
-            stats.skipped.append(f"{path}: {e.strerror or e}")
-            _warn_once(f"skipping {path}: cannot be read ({e.strerror or e})")
-            stats._bytes_done += size
-            continue
-        before = _replaced[0]
         found = False
-        # The file on disk under a gzip stream: its position is in the units of bytes_total.
-        stats._reading = getattr(stream, "fileobj", stream)
-        try:
-            with raw, stream:
-                head = stream.read(_SNIFF_BYTES)
-                if _looks_binary(head):
-                    encoding = bom_encoding(head)
-                    stats.skipped.append(
-                        f"{path}: {encoding} text, not UTF-8" if encoding else f"{path}: binary"
-                    )
-                    _warn_once(
-                        f"skipping {path}: {encoding} text (its byte-order mark), not UTF-8: "
-                        f"convert it, e.g. iconv -f {encoding} -t UTF-8"
-                        if encoding
-                        else f"skipping {path}: binary (NUL bytes or mostly not UTF-8)"
-                    )
-                    found = True  # Counted as skipped, not as empty.
-                    continue
-                stats.files += 1
-                lines = _file_lines(stream, head, opts.max_line_chars)
-                for doc in _split_documents(lines, opts.max_document_chars):
-                    found = True
-                    yield doc
-        except (OSError, EOFError, zlib.error) as e:
-            # A truncated or corrupt gzip member, or a read error mid-file: keep what was read.
-            stats.skipped.append(f"{path}: {e}")
-            _warn_once(f"stopped reading {path} early: {e}")
-        finally:
-            stats.bytes_replaced += _replaced[0] - before
-            stats._reading = None
-            stats._bytes_done += size
+        with _file_read(path, stats):
+            try:
+                stream, raw = _open_binary(path)
+            except OSError as e:
+                stats.skipped.append(f"{path}: {e.strerror or e}")
+                _warn_once(f"skipping {path}: cannot be read ({e.strerror or e})")
+                continue
+            # The file on disk under a gzip stream: its position is in the units of bytes_total.
+            stats._reading = getattr(stream, "fileobj", stream)
+            try:
+                with raw, stream:
+                    head = stream.read(_SNIFF_BYTES)
+                    if _looks_binary(head):
+                        encoding = bom_encoding(head)
+                        stats.skipped.append(
+                            f"{path}: {encoding} text, not UTF-8" if encoding else f"{path}: binary"
+                        )
+                        _warn_once(
+                            f"skipping {path}: {encoding} text (its byte-order mark), not UTF-8: "
+                            f"convert it, e.g. iconv -f {encoding} -t UTF-8"
+                            if encoding
+                            else f"skipping {path}: binary (NUL bytes or mostly not UTF-8)"
+                        )
+                        continue  # Counted as skipped, not as empty.
+                    stats.files += 1
+                    lines = _file_lines(stream, head, opts.max_line_chars)
+                    for doc in _split_documents(lines, opts.max_document_chars):
+                        found = True
+                        yield doc
+            except (OSError, EOFError, zlib.error) as e:
+                # A truncated or corrupt gzip member, or a read error mid-file: keep what was read.
+                stats.skipped.append(f"{path}: {e}")
+                _warn_once(f"stopped reading {path} early: {e}")
         if not found:
             stats.empty_files += 1
 
@@ -489,19 +523,165 @@ def _nothing_usable(source: str, paths: list[str], stats: SourceStats) -> DataEr
     return DataError(f"data.source '{source}' has no usable text: {what}")
 
 
-def _text_source(source: str, pattern: str, stats: SourceStats, opts: SourceOptions):
-    paths = _text_files(pattern)
+# ---- parquet and JSON lines: one document per row ---------------------------------------------
+
+
+def _needs_pyarrow(source: str) -> DataError:
+    return DataError(
+        f"data.source '{source}' needs pyarrow to read parquet: pip install -e '.[parquet]'"
+    )
+
+
+def _import_pyarrow(source: str):
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise _needs_pyarrow(source) from None
+    return pa, pq
+
+
+def _parquet_rows(source: str, path: str, stream, column: str):
+    """The text of each row of one parquet file's `column` (None for a null), a batch of
+    PARQUET_BATCH_ROWS rows at a time: only that column is read, never the file whole. The file's
+    footer (its schema) is read at the call."""
+    pa, pq = _import_pyarrow(source)
+    try:
+        parquet = pq.ParquetFile(stream)
+    except (pa.ArrowException, OSError) as e:
+        raise _Unreadable(f"not a parquet file ({one_line(e, 200)})") from None
+    schema = parquet.schema_arrow
+    if schema.get_field_index(column) < 0:
+        raise DataError(
+            f"data.source '{source}': {path} has no column '{column}' (it has "
+            f"{', '.join(schema.names) or 'none'}); name the text column: parquet:GLOB:COLUMN"
+        )
+    kind = schema.field(column).type
+    # Read as bytes and decoded here: invalid UTF-8 in a string column becomes U+FFFD and is
+    # counted, as in text files, where pyarrow's own decoding would raise.
+    as_bytes = {pa.string(): pa.binary(), pa.large_string(): pa.large_binary()}.get(kind)
+    if as_bytes is None and kind not in (pa.binary(), pa.large_binary()):
+        raise DataError(
+            f"data.source '{source}': column '{column}' of {path} holds {kind}, not text; name "
+            "a string column: parquet:GLOB:COLUMN"
+        )
+
+    def rows():
+        for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=[column]):
+            values = batch.column(0)
+            for value in (values.cast(as_bytes) if as_bytes else values).to_pylist():
+                yield None if value is None else value.decode("utf-8", "electra_jax_count_replace")
+
+    return rows()
+
+
+def _jsonl_rows(source: str, path: str, stream, field: str):
+    """The `field` of each JSON line of one file (None for a null or a blank line), a line at a
+    time."""
+    number = 0
+    while True:
+        line = stream.readline(MAX_JSON_LINE_BYTES + 1)
+        if not line:
+            return
+        number += 1
+        where = f"data.source '{source}': {path} line {number}"
+        if len(line) > MAX_JSON_LINE_BYTES:
+            raise DataError(
+                f"{where} is over {MAX_JSON_LINE_BYTES >> 20} MB: JSON lines hold one object a "
+                "line (a JSON array or one huge object is not JSON lines)"
+            )
+        if number == 1:
+            encoding = bom_encoding(line)
+            if encoding:
+                raise DataError(
+                    f"{where}: the file is {encoding} text (its byte-order mark), not UTF-8: "
+                    f"convert it, e.g. iconv -f {encoding} -t UTF-8"
+                )
+            line = line.removeprefix(codecs.BOM_UTF8)
+        text = line.decode("utf-8", "electra_jax_count_replace")
+        if not text.strip():
+            yield None
+            continue
+        try:
+            record = jsonio.loads(text)
+        except ValueError as e:
+            raise DataError(
+                f"{where} is not JSON ({one_line(e, 120)}); each line must be one JSON object"
+            ) from None
+        if not isinstance(record, dict):
+            raise DataError(f"{where} is a JSON {json_kind(record)}, not an object")
+        if field not in record:
+            fields = ", ".join(sorted(record)[:10]) or "none"
+            raise DataError(
+                f"{where} has no field '{field}' (it has {fields}); name the text field: "
+                "jsonl:GLOB:FIELD"
+            )
+        value = record[field]
+        if value is not None and not isinstance(value, str):
+            raise DataError(
+                f"{where}: field '{field}' is a {json_kind(value)}, not text; name a string "
+                "field: jsonl:GLOB:FIELD"
+            )
+        yield value
+
+
+class _Unreadable(Exception):
+    """A file a record reader cannot read at all (not parquet): skipped, as a binary text file."""
+
+
+def _record_documents(
+    source: str, kind: str, paths: list[str], field: str, stats: SourceStats, opts: SourceOptions
+):
+    """Documents of parquet or JSON-lines files, one per row with text; files that cannot be
+    opened or read are skipped (and counted) as text sources skip them."""
+    rows = _parquet_rows if kind == "parquet" else _jsonl_rows
+    for path in paths:
+        found = False
+        try:
+            with _file_read(path, stats):
+                # A parquet file's footer is read first: its reader seeks, so no gzip layer.
+                stream, raw = _open_binary(path, gzip_ok=kind == "jsonl")
+                stats._reading = getattr(stream, "fileobj", stream)
+                with raw, stream:
+                    texts = rows(source, path, stream, field)
+                    stats.files += 1
+                    for text in texts:
+                        for doc in () if text is None else _example_documents(text, opts):
+                            found = True
+                            yield doc
+        except _Unreadable as e:
+            stats.skipped.append(f"{path}: {e}")
+            _warn_once(f"skipping {path}: {e}")
+            continue  # Counted as skipped, not as empty.
+        except (OSError, EOFError, zlib.error) as e:
+            # Cannot be opened, or a read error (a truncated gzip member) mid-file.
+            stats.skipped.append(f"{path}: {getattr(e, 'strerror', None) or e}")
+            _warn_once(f"stopped reading {path}: {e}")
+            continue
+        if not found:
+            stats.empty_files += 1
+
+
+def _file_source(source: Source, stats: SourceStats):
+    """The documents of a file source (text, parquet or jsonl): its files listed at the call."""
+    paths = _matched_files(source.name, source.pattern)
     stats.files_total = len(paths)
-    if not uri_scheme(pattern):  # a remote store's sizes would cost a round trip per file
+    if not uri_scheme(source.pattern):  # a remote store's sizes would cost a round trip per file
         stats.bytes_total = sum(_local_size(p) or 0 for p in paths)
+    if source.kind == "text":
+        documents = _text_documents(paths, stats, source.options)
+    else:
+        documents = _record_documents(
+            source.name, source.kind, paths, source.field, stats, source.options
+        )
 
     def generate():
         found = False
-        for doc in _text_documents(paths, stats, opts):
+        for doc in documents:
             found = True
             yield doc
         if not found:
-            raise _nothing_usable(source, paths, stats)
+            raise _nothing_usable(source.name, paths, stats)
 
     return generate()
 
@@ -588,8 +768,8 @@ def _remote_glob(top: str, pattern: list[str], what: str) -> tuple[list[str], li
     return matched, [str(e) for e in errors]
 
 
-def _remote_text_files(pattern: str) -> list[str]:
-    what = f"data.source 'text:{pattern}'"
+def _remote_files(source: str, pattern: str) -> list[str]:
+    what = f"data.source '{source}'"
     prefix = f"{uri_scheme(pattern)}://"
     parts = [p for p in pattern[len(prefix) :].split("/") if p]
     magic = [i for i, p in enumerate(parts) if _MAGIC_RE.search(p)]
@@ -731,6 +911,18 @@ def _tfds_text(example, field: str, source: str) -> str:
     return str(value)
 
 
+def _example_documents(text: str, opts: SourceOptions) -> Iterator[list[str]]:
+    """One example (a TFDS example's, a parquet row's or a JSON line's text), one document: its
+    lines (paragraphs in Wikipedia and C4) are split into sentences so that a paragraph longer
+    than seq_length is not mostly trimmed; a document over max_document_chars is ended early."""
+    sentences = []
+    for line in text.split("\n"):
+        for sentence in _SENTENCE_END_RE.split(line.strip()):
+            if sentence:
+                sentences.extend(cut_line(sentence, opts.max_line_chars))
+    return _split_documents(sentences, opts.max_document_chars)
+
+
 def _tfds_source(source: str, arg: str, stats: SourceStats, opts: SourceOptions):
     name, split = _parse_tfds(arg)
     examples = _tfds_examples(source, name, split, opts)
@@ -742,14 +934,7 @@ def _tfds_source(source: str, arg: str, stats: SourceStats, opts: SourceOptions)
             text = _tfds_text(example, opts.tfds_text_field, source)
             stats.bytes_replaced += _replaced[0] - before
             stats.files += 1
-            # One example, one document: its lines (paragraphs in Wikipedia and C4) are split
-            # into sentences so that a paragraph longer than seq_length is not mostly trimmed.
-            sentences = []
-            for line in text.split("\n"):
-                for sentence in _SENTENCE_END_RE.split(line.strip()):
-                    if sentence:
-                        sentences.extend(cut_line(sentence, opts.max_line_chars))
-            for doc in _split_documents(sentences, opts.max_document_chars):
+            for doc in _example_documents(text, opts):
                 found = True
                 yield doc
         if not found:
@@ -766,10 +951,20 @@ class Source:
     """A corpus as data.source names it, parsed once, with the options that read it: what
     prepare asks of a corpus (its documents, its size, its content key)."""
 
-    name: str  # data.source as given: 'builtin', 'text:GLOB' or 'tfds:NAME[:VERSION][:SPLIT]'
-    kind: str  # 'builtin', 'text' or 'tfds'
-    arg: str  # the glob, or the TFDS name, version and split; '' for builtin
+    name: str  # data.source as given: 'builtin', 'text:GLOB', 'parquet:GLOB[:COLUMN]', ...
+    kind: str  # 'builtin', 'text', 'parquet', 'jsonl' or 'tfds'
+    arg: str  # what follows 'KIND:' (the glob and column; the TFDS name, version and split)
     options: SourceOptions = SourceOptions()
+
+    @property
+    def pattern(self) -> str:
+        """A file source's glob (text, parquet, jsonl)."""
+        return _glob_and_field(self.kind, self.arg)[0]
+
+    @property
+    def field(self) -> str:
+        """The parquet column or JSON field a row's text is in; '' for other sources."""
+        return _glob_and_field(self.kind, self.arg)[1]
 
     def documents(self, stats: SourceStats | None = None) -> Iterator[list[str]]:
         """Streams the documents of the corpus, in a deterministic order.
@@ -788,33 +983,32 @@ class Source:
         stats = SourceStats() if stats is None else stats
         if self.kind == "builtin":
             return _builtin_documents()
-        if self.kind == "text":
-            return _text_source(self.name, self.arg, stats, self.options)
+        if self.kind in FILE_KINDS:
+            return _file_source(self, stats)
         return _tfds_source(self.name, self.arg, stats, self.options)
 
     def input_bytes(self) -> int | None:
-        """The size on disk of a ``text:`` source's local files; None for other sources
-        (builtin, TFDS, remote globs), whose size is not known without reading or a round trip
-        per file.
+        """The size on disk of a file source's local files; None for other sources (builtin,
+        TFDS, remote globs), whose size is not known without reading or a round trip per file.
 
         Raises:
           DataError: a glob that matches no file.
         """
-        if self.kind != "text" or uri_scheme(self.arg):
-            return None
-        return sum(_local_size(p) or 0 for p in _text_files(self.arg))
+        files = self.files()
+        return None if files is None else sum(size for _, size in files)
 
     def files(self) -> list[list] | None:
-        """[[absolute path, size], ...] of a ``text:`` source's local files, sorted; None for
-        other sources (builtin, TFDS, remote globs). What a resume names when the corpus under
-        the same data.source changed (resume.py).
+        """[[absolute path, size], ...] of a file source's local files (text, parquet, jsonl),
+        sorted; None for other sources (builtin, TFDS, remote globs). What a resume names when
+        the corpus under the same data.source changed (resume.py).
 
         Raises:
           DataError: a glob that matches no file.
         """
-        if self.kind != "text" or uri_scheme(self.arg):
+        if self.kind not in FILE_KINDS or uri_scheme(self.pattern):
             return None
-        return [[os.path.abspath(p), _local_size(p) or 0] for p in _text_files(self.arg)]
+        paths = _matched_files(self.name, self.pattern)
+        return [[os.path.abspath(p), _local_size(p) or 0] for p in paths]
 
     def fingerprint(self) -> str:
         """A content key of the corpus: equal keys mean the same documents (hex sha256).
@@ -823,8 +1017,9 @@ class Source:
         stdlib location identify it. For text files, (path, size, mtime_ns) of every matched
         file changes whenever a file is added, removed or rewritten, without reading the corpus;
         for remote files, (URI, size, mtime) as ``etils.epath`` stats them: mtime in whole
-        seconds (GCS: the object's update time), 0 where the store reports none. For TFDS, the
-        dataset's name, version, split, data_dir and text field.
+        seconds (GCS: the object's update time), 0 where the store reports none. Parquet and
+        JSON-lines files alike, with the column or field read. For TFDS, the dataset's name,
+        version, split, data_dir and text field.
 
         Returns:
           a 64-character hex string.
@@ -832,9 +1027,9 @@ class Source:
         kind, arg, options = self.kind, self.arg, self.options
         if kind == "builtin":
             key: object = [_BUILTIN_VERSION, sys.version, sysconfig.get_paths()["stdlib"]]
-        elif kind == "text":
-            paths = _text_files(arg)
-            if uri_scheme(arg):
+        elif kind in FILE_KINDS:
+            paths = _matched_files(self.name, self.pattern)
+            if uri_scheme(self.pattern):
                 files = _remote_file_keys(self.name, paths)
             else:
                 files = []
@@ -842,6 +1037,8 @@ class Source:
                     st = os.stat(path)
                     files.append([os.path.abspath(path), st.st_size, st.st_mtime_ns])
             key = [_TEXT_VERSION, files, options.max_line_chars, options.max_document_chars]
+            if kind != "text":  # a text source's key is as it was before the other kinds
+                key = [_RECORDS_VERSION[kind], self.field, *key]
         else:
             name, split = _parse_tfds(arg)
             builder = _tfds_builder(self.name, name, options)
@@ -864,20 +1061,36 @@ def parse(source: str | Source, options: SourceOptions | None = None) -> Source:
     """data.source as a `Source` (a Source is returned as it is).
 
     Raises:
-      DataError: not ``'builtin'``, ``'text:GLOB'`` or ``'tfds:NAME[:VERSION][:SPLIT]'``.
+      DataError: not ``'builtin'``, ``'text:GLOB'``, ``'parquet:GLOB[:COLUMN]'``,
+        ``'jsonl:GLOB[:FIELD]'`` or ``'tfds:NAME[:VERSION][:SPLIT]'``; a parquet source without
+        pyarrow installed. Nothing is read.
     """
     if isinstance(source, Source):
         return source
     options = SourceOptions() if options is None else options
-    kind, _, arg = source.partition(":")
-    if kind == "builtin" and not arg:
-        return Source(source, kind, arg, options)
-    if kind in ("text", "tfds") and arg:
-        return Source(source, kind, arg, options)
-    raise DataError(
-        f"data.source '{source}' is not a known source; use 'builtin', 'text:GLOB' "
-        "(e.g. text:corpus/**/*.txt) or 'tfds:NAME[:SPLIT]' (e.g. tfds:wikipedia/20230601.en)"
-    )
+    kind, _, arg = str(source).partition(":")
+    known = (kind == "builtin" and not arg) or (kind in (*FILE_KINDS, "tfds") and bool(arg))
+    if not known or (kind in FILE_KINDS and not _glob_and_field(kind, arg)[0]):
+        raise DataError(
+            f"data.source '{source}' is not a known source; use 'builtin', 'text:GLOB' (e.g. "
+            "text:corpus/**/*.txt), 'parquet:GLOB[:COLUMN]', 'jsonl:GLOB[:FIELD]' (e.g. "
+            "jsonl:corpus/*.jsonl.gz:text) or 'tfds:NAME[:SPLIT]' (e.g. tfds:wikipedia/20230601.en)"
+        )
+    if kind == "parquet" and importlib.util.find_spec("pyarrow") is None:
+        raise _needs_pyarrow(source)  # before anything is read (the import itself takes longer)
+    return Source(source, kind, arg, options)
+
+
+def _glob_and_field(kind: str, arg: str) -> tuple[str, str]:
+    """'GLOB[:FIELD]' -> (glob, field) for parquet and jsonl ((arg, '') for the others): the
+    part after the last ':' is the field when it holds no '/', so that 'gs://...' globs keep
+    their scheme; a glob whose names hold a ':' names its field too."""
+    if kind not in ("parquet", "jsonl"):
+        return arg, ""
+    glob, colon, field = arg.rpartition(":")
+    if not colon or "/" in field:
+        return arg, DEFAULT_FIELD
+    return glob, field or DEFAULT_FIELD
 
 
 def from_config(data_cfg) -> Source:

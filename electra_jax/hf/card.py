@@ -1,8 +1,14 @@
-"""The model card of a fine-tuned export: README.md with the YAML front matter the Hugging Face
-Hub reads (pipeline tag, datasets, tags, model-index with the dev score), then what the model
-is, written from the workdir's own records only: model.json (the task, the labels, the
-pre-training's corpus, steps and counted FLOPs, the command), config.json (the fine-tuning
-settings) and eval_results.json (the dev metrics). Nothing in it is typed by hand.
+"""The model cards of exports: README.md with the YAML front matter the Hugging Face Hub reads,
+then what the model is, written from the workdir's own records only. Nothing in it is typed by
+hand.
+
+A fine-tuned export's (`model_card`): pipeline tag, datasets, tags, model-index with the dev
+score; from model.json (the task, the labels, the pre-training's corpus, steps and counted FLOPs,
+the command), config.json (the fine-tuning settings) and eval_results.json (the dev metrics).
+
+A pre-training export's (`pretraining_card`): from config.json (corpus, objective, batch, the
+settings), the checkpoint's step, the FLOPs counted for it, metrics.jsonl's row of that step,
+the held-out readings (metrics.jsonl and eval.jsonl) and commands.jsonl (the command lines).
 
 The front matter's values are written as JSON, which YAML reads as they are.
 """
@@ -62,6 +68,16 @@ def _pretraining(record: dict) -> list[str]:
     return lines
 
 
+def _head(front: dict, name: str, summary: str) -> list[str]:
+    """The front matter, the title and the summary, up to the pre-training section's lines."""
+    return ["---", _yaml(front).rstrip("\n"), "---", "", f"# {name}", "", summary, "",
+            "## Pre-training", ""]  # fmt: skip
+
+
+def _config(title: str, config: dict) -> list[str]:
+    return [f"## {title}", "", "```json", json.dumps(config, indent=2, sort_keys=True), "```", ""]
+
+
 def model_card(
     *,
     name: str,
@@ -99,16 +115,7 @@ def model_card(
     }
     command = record.get("command")
     lines = [
-        "---",
-        _yaml(front).rstrip("\n"),
-        "---",
-        "",
-        f"# {name}",
-        "",
-        f"An ELECTRA discriminator fine-tuned on {task} with electra_jax.",
-        "",
-        "## Pre-training",
-        "",
+        *_head(front, name, f"An ELECTRA discriminator fine-tuned on {task} with electra_jax."),
         *_pretraining(record),
         "",
         "## Fine-tuning",
@@ -138,14 +145,87 @@ def model_card(
         "",
         note,
         "",
-        "## The fine-tuning config",
-        "",
-        "```json",
-        json.dumps(config, indent=2, sort_keys=True),
-        "```",
-        "",
+        *_config("The fine-tuning config", config),
     ]
     return "\n".join(lines)
+
+
+# The held-out readings a pre-training card shows (evaluation.py has them all), in this order.
+_HELDOUT_SHOWN = ("disc_auc", "disc_auc_frequent", "disc_auc_unigram", "disc_accuracy")
+
+
+def pretraining_card(
+    *,
+    name: str,
+    record: dict,
+    config: dict,
+    heldout: dict | None,
+    commands: list[dict],
+) -> str:
+    """README.md text of a pre-training export (OUT/discriminator and OUT/generator).
+
+    record: what finetune.saved.pretraining_record reads of the workdir at the exported step
+    (the fine-tuned card's "Pre-training" section, the same lines); heldout: the held-out row
+    (``eval/`` keys, with its step) at or before that step, or None; commands: commands.jsonl's
+    rows ({step, command}), oldest first.
+    """
+    tags = ["electra", "electra_jax", "pretraining"]
+    objective = record.get("objective")
+    front = {
+        "library_name": "transformers",
+        "tags": tags + ([objective] if objective and objective not in tags else []),
+    }
+    summary = (
+        "An ELECTRA pre-trained with electra_jax: `discriminator/` (ElectraForPreTraining, the "
+        "encoder to fine-tune) and `generator/` (ElectraForMaskedLM), each with its tokenizer."
+    )
+    lines = [
+        *_head(front, name, summary),
+        *_pretraining({"pretraining": record}),
+        *_heldout(heldout),
+        *_commands(commands),
+        "",
+        "## Use",
+        "",
+        "```python",
+        "from transformers import AutoTokenizer, ElectraForPreTraining",
+        "",
+        f'model = ElectraForPreTraining.from_pretrained("{name}", subfolder="discriminator")',
+        f'tokenizer = AutoTokenizer.from_pretrained("{name}", subfolder="discriminator")',
+        "```",
+        "",
+        "Fine-tune it with `python -m electra_jax.finetune --config.init_from=hf:FOLDER` or as "
+        "any transformers ELECTRA.",
+        "",
+        *_config("The pre-training config", config),
+    ]
+    return "\n".join(lines)
+
+
+def _heldout(row: dict | None) -> list[str]:
+    if not row:
+        return ["- held-out: not evaluated (eval.every_steps, or python -m electra_jax.evaluate)"]
+    shown = [f"{k} {_number(row[f'eval/{k}'])}" for k in _HELDOUT_SHOWN if f"eval/{k}" in row]
+    seen = " (rows the run trained on)" if row.get("eval/trained_on") else ""
+    return [f"- held-out at step {row.get('step')}{seen}: " + ", ".join(shown)]
+
+
+def _commands(rows: list[dict]) -> list[str]:
+    if not rows:
+        return ["- command: not recorded (a run started through the Python API, or before "
+                "commands.jsonl)"]  # fmt: skip
+    first = rows[0]
+    what = "command"
+    if first.get("step") != 0:
+        what = f"command at step {first.get('step')} (the start's is not recorded)"
+    lines = [f"- {what}: `{first.get('command')}`"]
+    if len(rows) > 1:
+        last = rows[-1]
+        lines.append(
+            f"- resumed {len(rows) - 1} time(s), last at step {last.get('step')}: "
+            f"`{last.get('command')}`"
+        )
+    return lines
 
 
 def glue_dataset(tfds_name: str, split: str) -> dict:

@@ -260,8 +260,9 @@ def _move_into_place(out: str, tmp: str, previous: dict[str, set[str] | None], f
     os.remove(os.path.join(out, PARTIAL_MANIFEST))
 
 
-def write_export(pretrained: Pretrained, out: str) -> dict:
-    """Writes OUT/discriminator, OUT/generator and OUT/export.json; returns the manifest.
+def write_export(pretrained: Pretrained, out: str, readme: str | None = None) -> dict:
+    """Writes OUT/discriminator, OUT/generator, OUT/README.md (`readme`, the model card, when
+    given) and OUT/export.json; returns the manifest.
 
     OUT may be missing, empty, or a previous export; anything else is refused. The export is
     written into a hidden folder inside OUT, then each file is renamed into place, so every file
@@ -278,7 +279,14 @@ def write_export(pretrained: Pretrained, out: str) -> dict:
         "discriminator_params": counts[DISCRIMINATOR],
         "generator_params": counts[GENERATOR],
     }
-    return write_folder(out, manifest, lambda tmp: _write_networks(pretrained, tmp))
+
+    def write(folder: str) -> None:
+        _write_networks(pretrained, folder)
+        if readme is not None:
+            with open(os.path.join(folder, "README.md"), "w", encoding="utf-8") as f:
+                f.write(readme)
+
+    return write_folder(out, manifest, write)
 
 
 def write_folder(out: str, manifest: dict, write) -> dict:

@@ -288,7 +288,9 @@ def test_two_workers_write_the_same_shards(
 
 def test_auto_num_workers_follows_input_size_and_cores(corpus, monkeypatch):
     size = sources.input_bytes(corpus)
-    assert size == sum(os.path.getsize(p) for p in sources._text_files(corpus[len("text:") :]))
+    assert size == sum(
+        os.path.getsize(p) for p in sources._matched_files(corpus, corpus[len("text:") :])
+    )
     assert prepare_lib.auto_num_workers(corpus, cpus=8) == 1  # ~150 KB: one process
     monkeypatch.setattr(prepare_lib, "_BYTES_PER_WORKER", size // 3)
     assert prepare_lib.auto_num_workers(corpus, cpus=8) == 3
@@ -686,3 +688,25 @@ def test_inaugural_corpus_keeps_its_tokens(tmp_path):
     assert m["tokens_read"] == _count_read(source, tok)[0]
     assert m["tokens_kept"] == _count_kept(_read_rows(prep.shard_paths), tok)
     assert m["tokens_kept"] >= 0.8 * m["tokens_read"], m
+
+
+def test_parquet_and_jsonl_corpora_prepare_as_text_does(tokenizer, tmp_path):
+    from tests.data.test_sources import _write_jsonl, _write_parquet
+
+    pytest.importorskip("pyarrow.parquet", reason="parquet sources need pyarrow ([parquet])")
+    rows = [topics[n] for n in sorted(topics)[:12]]
+    _write_parquet(tmp_path / "c.parquet", rows)
+    _write_jsonl(tmp_path / "c.jsonl", rows)
+    parquet, jsonl = f"parquet:{tmp_path}/*.parquet", f"jsonl:{tmp_path}/*.jsonl"
+    a = prepare_lib.prepare(make_cfg(parquet), tokenizer, str(tmp_path / "a"), seed=0)
+    b = prepare_lib.prepare(make_cfg(jsonl), tokenizer, str(tmp_path / "b"), seed=0)
+    assert a.num_examples == b.num_examples > 0
+    assert _shard_bytes(a) == _shard_bytes(b)  # the same rows, the same examples
+    for prep, source in ((a, parquet), (b, jsonl)):
+        assert prep.manifest["source"] == source and prep.manifest["files_read"] == 1
+        assert prep.manifest["source_fingerprint"] == sources.source_fingerprint(source)
+    again = prepare_lib.prepare(make_cfg(parquet), tokenizer, str(tmp_path / "a"), seed=0)
+    assert again.directory == a.directory  # the same content key: reused
+    _write_parquet(tmp_path / "c.parquet", rows[:6])
+    other = prepare_lib.prepare(make_cfg(parquet), tokenizer, str(tmp_path / "a"), seed=0)
+    assert other.directory != a.directory and other.num_examples < a.num_examples

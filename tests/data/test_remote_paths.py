@@ -180,9 +180,9 @@ def test_remote_glob_matches_what_glob_glob_matches(bucket, pattern):
     )
     if not local:
         with pytest.raises(DataError, match="matches no files"):
-            sources._text_files(f"gs://bucket/wiki/{pattern}")
+            sources._matched_files("text", f"gs://bucket/wiki/{pattern}")
         return
-    remote = sources._text_files(f"gs://bucket/wiki/{pattern}")
+    remote = sources._matched_files("text", f"gs://bucket/wiki/{pattern}")
     prefix = "gs://bucket/wiki/"
     assert all(p.startswith(prefix) for p in remote)
     assert [p[len(prefix) :] for p in remote] == local
@@ -191,10 +191,12 @@ def test_remote_glob_matches_what_glob_glob_matches(bucket, pattern):
 def test_remote_glob_lists_only_directories_a_match_can_be_under(bucket):
     # Each listing is a round trip to the bucket: sib/, deep/ and .hid/ cannot hold a match.
     _write_tree(bucket)
-    assert sources._text_files("gs://bucket/wiki/sub/*.txt") == ["gs://bucket/wiki/sub/c.txt"]
+    assert sources._matched_files("text", "gs://bucket/wiki/sub/*.txt") == [
+        "gs://bucket/wiki/sub/c.txt"
+    ]
     assert sorted(FakeGCS.listed) == ["bucket/wiki/sub"]
     FakeGCS.listed.clear()
-    sources._text_files("gs://bucket/wiki/s*/*.txt")
+    sources._matched_files("text", "gs://bucket/wiki/s*/*.txt")
     assert sorted(FakeGCS.listed) == ["bucket/wiki", "bucket/wiki/sib", "bucket/wiki/sub"]
 
 
@@ -329,3 +331,25 @@ def test_workdirs_and_caches_on_stores_other_than_gcs_are_refused_before_any_wri
         prepare_lib.prepare(make_cfg("text:x"), None, "s3://bkt/c", seed=0)
     with pytest.raises(DataError, match=r"tokenizer directory .* s3://bkt/run/tokenizer"):
         prepare_lib.ensure_tokenizer(make_cfg("text:x"), "s3://bkt/run/tokenizer", seed=0)
+
+
+def test_parquet_and_jsonl_sources_read_from_a_bucket(bucket):
+    # The same path layer as text: listed, keyed and read through epath; parquet through the
+    # remote file object (pyarrow seeks to the footer), never read whole.
+    from tests.data.test_sources import ROWS, _write_jsonl, _write_parquet
+
+    (bucket / "c4").mkdir()
+    _write_parquet(bucket / "c4" / "a.parquet", ROWS)
+    _write_jsonl(bucket / "c4" / "a.jsonl.gz", ROWS, opener=gzip.open)
+    _write_jsonl(bucket / "c4" / "b.jsonl", ROWS[::-1])
+    for kind, pattern in (("parquet", "*.parquet"), ("jsonl", "*.jsonl*")):
+        remote, local = f"{kind}:gs://bucket/c4/{pattern}", f"{kind}:{bucket}/c4/{pattern}"
+        docs = list(sources.iter_documents(remote))
+        assert docs and docs == list(sources.iter_documents(local))
+        assert sources.source_fingerprint(remote) == sources.source_fingerprint(remote)
+        assert sources.source_fingerprint(remote) != sources.source_fingerprint(local)
+        assert sources.parse(remote).files() is None  # sizes cost a round trip each
+    with pytest.raises(DataError, match="a.parquet has no column 'body'"):
+        list(sources.iter_documents("parquet:gs://bucket/c4/*.parquet:body"))
+    sizes = FakeGCS.read_sizes
+    assert sizes and all(s is not None and s > 0 for s in sizes), sizes  # never read(-1)

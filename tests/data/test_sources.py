@@ -354,7 +354,7 @@ def test_text_glob_follows_links_but_not_loops(tmp_path):
         "from electra_jax.data import sources\n"
         "source = 'text:' + sys.argv[1]\n"
         "docs = list(sources.iter_documents(source))\n"
-        "print(json.dumps([sources._text_files(sys.argv[1]), docs,\n"
+        "print(json.dumps([sources._matched_files(source, sys.argv[1]), docs,\n"
         "                  sources.source_fingerprint(source)]))\n"
     )
     out = subprocess.run(
@@ -423,3 +423,195 @@ def test_a_source_is_parsed_once_into_what_prepare_asks(tmp_path):
     assert builtin.input_bytes() is None and builtin.options == sources.SourceOptions()
     with pytest.raises(DataError, match="data.source 'text' is not a known source"):
         sources.parse("text")
+
+
+# ---- parquet and JSON lines -------------------------------------------------------------------
+
+ROWS = [
+    "First document. It has two sentences.\nAnd a second paragraph.",
+    None,  # a null: no document
+    "",  # no text: no document
+    "Second document, one line.",
+    "caf\u00e9 and na\u00efve.",
+]
+
+
+def _pq():
+    return pytest.importorskip("pyarrow.parquet", reason="parquet sources need pyarrow ([parquet])")
+
+
+def _write_parquet(path, rows, column="text", row_group_size=2, **columns):
+    import pyarrow as pa
+
+    table = pa.table({column: pa.array(rows, pa.string()), **columns})
+    _pq().write_table(table, path, row_group_size=row_group_size)
+
+
+def _write_jsonl(path, rows, field="text", opener=open):
+    with opener(path, "wt", encoding="utf-8") as f:
+        for i, row in enumerate(rows):
+            f.write(json.dumps({"id": i, field: row}) + "\n")
+            if i == 1:
+                f.write("\n")  # a blank line: no document
+
+
+def _expected(rows):
+    return [d for r in rows if r for d in sources._example_documents(r, sources.SourceOptions())]
+
+
+def test_parquet_and_jsonl_rows_are_documents(tmp_path):
+    _write_parquet(tmp_path / "b.parquet", ROWS[:2])
+    _write_parquet(tmp_path / "a.parquet", ROWS[2:])
+    _write_jsonl(tmp_path / "b.jsonl", ROWS[:2])
+    _write_jsonl(tmp_path / "a.jsonl.gz", ROWS[2:], opener=gzip.open)
+    want = _expected(ROWS[2:]) + _expected(ROWS[:2])  # files in sorted order, rows in order
+    assert want[0] == ["Second document, one line."]
+    assert ["First document.", "It has two sentences.", "And a second paragraph."] in want
+    for source, names in (
+        (f"parquet:{tmp_path}/*.parquet", ("a.parquet", "b.parquet")),
+        (f"jsonl:{tmp_path}/*.jsonl*", ("a.jsonl.gz", "b.jsonl")),
+    ):
+        stats = sources.SourceStats()
+        assert list(sources.iter_documents(source, stats)) == want, source
+        assert (stats.files, stats.files_total, stats.skipped) == (2, 2, [])
+        size = sum((tmp_path / n).stat().st_size for n in names)
+        assert stats.bytes_read() == stats.bytes_total == size  # as on disk: progress lines
+
+
+def test_a_named_column_or_field_is_read(tmp_path):
+    _write_parquet(tmp_path / "a.parquet", ROWS, column="content")
+    _write_jsonl(tmp_path / "a.jsonl", ROWS, field="content")
+    want = _expected(ROWS)
+    assert list(sources.iter_documents(f"parquet:{tmp_path}/*.parquet:content")) == want
+    assert list(sources.iter_documents(f"jsonl:{tmp_path}/*.jsonl:content")) == want
+    # The part after the last ':' is the field only without a '/': a URI keeps its scheme.
+    assert sources.parse("parquet:gs://b/c4/*.parquet").pattern == "gs://b/c4/*.parquet"
+    assert sources.parse("parquet:gs://b/c4/*.parquet").field == "text"
+    assert sources.parse("jsonl:gs://b/x:y/*.jsonl:body").pattern == "gs://b/x:y/*.jsonl"
+    assert sources.parse("jsonl:gs://b/x:y/*.jsonl:body").field == "body"
+
+
+def test_a_missing_column_or_field_is_named_in_one_line(tmp_path):
+    _write_parquet(tmp_path / "a.parquet", ROWS, column="content", id=list(range(len(ROWS))))
+    with (tmp_path / "a.jsonl").open("w") as f:
+        f.write('{"text": "fine"}\n{"body": "elsewhere", "id": 2}\n')
+    cases = {
+        f"parquet:{tmp_path}/*.parquet": r"a\.parquet has no column 'text' \(it has content, id\);"
+        r" name the text column: parquet:GLOB:COLUMN",
+        f"parquet:{tmp_path}/*.parquet:id": r"column 'id' of .*a\.parquet holds int64, not text",
+        f"jsonl:{tmp_path}/*.jsonl": r"a\.jsonl line 2 has no field 'text' \(it has body, id\);"
+        r" name the text field: jsonl:GLOB:FIELD",
+        f"jsonl:{tmp_path}/*.jsonl:body": r"a\.jsonl line 1 has no field 'body' \(it has text\)",
+    }
+    for source, message in cases.items():
+        with pytest.raises(DataError, match=message) as e:
+            list(sources.iter_documents(source))
+        assert "\n" not in str(e.value) and str(e.value).startswith(f"data.source '{source}'")
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ('{"text": "cut', r"line 2 is not JSON \(.*\); each line must be one JSON object"),
+        ('["text"]', "line 2 is a JSON list, not an object"),
+        ('{"text": 3}', "line 2: field 'text' is a number, not text"),
+    ],
+)
+def test_a_bad_json_line_is_named(tmp_path, line, message):
+    (tmp_path / "a.jsonl").write_text('{"text": "fine"}\n' + line + "\n")
+    with pytest.raises(DataError, match=message):
+        list(sources.iter_documents(f"jsonl:{tmp_path}/a.jsonl"))
+
+
+def test_jsonl_encodings(tmp_path):
+    # A UTF-8 byte-order mark is read past; invalid UTF-8 is replaced and counted as in text.
+    (tmp_path / "a.jsonl").write_bytes(b'\xef\xbb\xbf{"text": "caf\xe9 au lait."}\n')
+    stats = sources.SourceStats()
+    docs = list(sources.iter_documents(f"jsonl:{tmp_path}/a.jsonl", stats))
+    assert docs == [["caf\ufffd au lait."]] and stats.bytes_replaced == 1
+    (tmp_path / "b.jsonl").write_bytes('{"text": "x"}\n'.encode("utf-16"))
+    with pytest.raises(DataError, match="b.jsonl line 1: the file is UTF-16 text"):
+        list(sources.iter_documents(f"jsonl:{tmp_path}/b.jsonl"))
+
+
+def test_a_file_that_is_not_parquet_is_skipped(tmp_path, caplog):
+    _write_parquet(tmp_path / "a.parquet", ROWS)
+    (tmp_path / "b.parquet").write_text("not parquet\n")
+    stats = sources.SourceStats()
+    with caplog.at_level(logging.WARNING, logger="electra_jax.data"):
+        docs = list(sources.iter_documents(f"parquet:{tmp_path}/*.parquet", stats))
+    assert docs == _expected(ROWS) and stats.files == 1
+    assert len(stats.skipped) == 1 and "b.parquet: not a parquet file" in stats.skipped[0]
+    (tmp_path / "a.parquet").unlink()
+    with pytest.raises(DataError, match="has no usable text: all 1 matched files were skipped"):
+        list(sources.iter_documents(f"parquet:{tmp_path}/*.parquet"))
+
+
+def test_parquet_is_read_a_batch_at_a_time(tmp_path, monkeypatch):
+    pa = pytest.importorskip("pyarrow", reason="parquet sources need pyarrow ([parquet])")
+    row = "The chef cooked a meal for the family. " * 25  # ~1 KB
+    # ~16 MB of text (the file compresses it to ~130 KB), which read whole takes as much memory.
+    _write_parquet(tmp_path / "a.parquet", [row] * 16_000, row_group_size=500)
+    monkeypatch.setattr(sources, "PARQUET_BATCH_ROWS", 100)
+    peak = count = 0
+    for _ in sources.iter_documents(f"parquet:{tmp_path}/a.parquet"):
+        peak, count = max(peak, pa.total_allocated_bytes()), count + 1
+    assert count == 16_000
+    assert peak < 4 << 20, peak  # a row group or two (~0.5 MB each of text), never all 16 MB
+
+
+def test_jsonl_is_read_a_line_at_a_time(tmp_path):
+    row = "The chef cooked a meal for the family. " * 25
+    _write_jsonl(tmp_path / "a.jsonl", [row] * 8000)  # ~8 MB
+    tracemalloc.start()
+    try:
+        n = sum(1 for _ in sources.iter_documents(f"jsonl:{tmp_path}/a.jsonl"))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert n == 8000
+    assert peak < 2 << 20, peak
+
+
+def test_a_jsonl_line_over_the_limit_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(sources, "MAX_JSON_LINE_BYTES", 1000)
+    (tmp_path / "a.jsonl").write_text(json.dumps([{"text": "x" * 50}] * 40))  # a JSON array
+    with pytest.raises(DataError, match="line 1 is over 0 MB: JSON lines hold one object a line"):
+        list(sources.iter_documents(f"jsonl:{tmp_path}/a.jsonl"))
+
+
+def test_record_sources_have_the_content_key_and_files_of_text_sources(tmp_path):
+    _write_parquet(tmp_path / "a.parquet", ROWS, extra=pa_strings(len(ROWS)))
+    source = f"parquet:{tmp_path}/*.parquet"
+    first = sources.source_fingerprint(source)
+    assert sources.source_fingerprint(source) == first
+    assert sources.source_fingerprint(source + ":extra") != first  # another column
+    size = (tmp_path / "a.parquet").stat().st_size
+    assert sources.parse(source).files() == [[str(tmp_path / "a.parquet"), size]]
+    assert sources.input_bytes(source) == size
+    _write_parquet(tmp_path / "b.parquet", ROWS)
+    second = sources.source_fingerprint(source)
+    assert second != first
+    _write_jsonl(tmp_path / "a.jsonl", ROWS)
+    jsonl = sources.source_fingerprint(f"jsonl:{tmp_path}/*.jsonl")
+    assert jsonl != sources.source_fingerprint(f"text:{tmp_path}/*.jsonl")  # read otherwise
+    with pytest.raises(DataError, match=r"data.source 'jsonl:.*nothing\*' matches no files"):
+        sources.source_fingerprint(f"jsonl:{tmp_path}/nothing*")
+
+
+def pa_strings(n):
+    return [f"other {i}" for i in range(n)]
+
+
+def test_a_parquet_source_without_pyarrow_is_one_line(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "pyarrow" else real(name, *a)
+    )
+    with pytest.raises(
+        DataError, match=r"needs pyarrow to read parquet: pip install -e '\.\[parquet\]'"
+    ):
+        sources.parse("parquet:corpus/*.parquet")
+    assert sources.parse("jsonl:corpus/*.jsonl").kind == "jsonl"  # JSON lines need nothing

@@ -1,0 +1,61 @@
+"""`export --push_to_hub=REPO`: an export folder uploaded to the Hugging Face Hub.
+
+What is uploaded is the export itself, as its export.json lists it (the model card, the networks'
+files, export.json): nothing else a user keeps in the folder. The repository id and the token are
+checked before the export is written, so that a typo or a missing login costs no restore; the
+upload is one commit through huggingface_hub's `HfApi.upload_folder`, whose own retries and
+large-file handling apply.
+"""
+
+from __future__ import annotations
+
+from electra_jax.jsonio import one_line
+from electra_jax.weights import PretrainedError
+
+LOGIN = "log in with `hf auth login` or set HF_TOKEN"
+
+
+def check(repo: str) -> None:
+    """PretrainedError (one line) for a repository id the Hub refuses ('NAME' or
+    'NAMESPACE/NAME') or when no Hugging Face token is found; nothing is sent."""
+    from huggingface_hub import get_token
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(repo)
+    except HFValidationError as e:
+        raise PretrainedError(f"--push_to_hub={repo}: {one_line(e, 200)}") from None
+    if not get_token():
+        raise PretrainedError(f"--push_to_hub={repo} needs a Hugging Face token: {LOGIN}")
+
+
+def push(out: str, repo: str, manifest: dict, private: bool = False) -> str:
+    """Uploads the export in `out` (the files `manifest`, its export.json, lists) to the model
+    repository `repo`, created if missing (`private` then), in one commit; returns the commit's
+    URL.
+
+    Raises:
+      PretrainedError: the Hub refused or could not be reached (the export stays in `out`).
+    """
+    from huggingface_hub import HfApi
+
+    from electra_jax.hf.write import MANIFEST
+
+    api = HfApi()
+    source = manifest.get("source", out)
+    try:
+        api.create_repo(repo, repo_type="model", private=private, exist_ok=True)
+        commit = api.upload_folder(
+            repo_id=repo,
+            repo_type="model",
+            folder_path=out,
+            allow_patterns=[*manifest["files"], MANIFEST],
+            commit_message=f"electra_jax export of {source}",
+        )
+    except Exception as e:  # noqa: BLE001 (the Hub's HTTP errors, and its transport's, which
+        # differ by huggingface_hub version (requests, httpx): none is the export's fault)
+        raise PretrainedError(
+            f"the export is in {out}, but uploading it to {repo} failed ({one_line(e, 200)}); "
+            f"check the repository's name and your rights to it ({LOGIN}), then export again"
+        ) from e
+    return getattr(commit, "commit_url", None) or f"https://huggingface.co/{repo}"
