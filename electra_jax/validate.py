@@ -566,10 +566,14 @@ def _check_choices(config: Any) -> None:
 
 
 def _check_wandb(project: str) -> None:
-    from electra_jax.wandb_mirror import needs_wandb
+    """A `log.wandb_project` needs wandb installed (the optional [wandb] extra)."""
+    import importlib.util
 
-    missing = needs_wandb(project)
-    _require(missing is None, missing or "")
+    _require(
+        not project or importlib.util.find_spec("wandb") is not None,
+        f"log.wandb_project={project!r} needs wandb: pip install -e '.[wandb]' (or set "
+        "log.wandb_project='' to log to metrics.jsonl and TensorBoard only)",
+    )
 
 
 def _check_source(source: str) -> None:

@@ -11,7 +11,7 @@ writes to metrics.jsonl to `Mirror.log` too, on process 0 only. What W&B is sent
 
 One W&B run per workdir: its id is kept in WORKDIR/wandb.json (written before `wandb.init`, so
 that a run killed at any point resumes into the same one), and every start attaches to it
-(`resume="allow"`). W&B's own files go under WORKDIR/wandb/ (a gs:// workdir: W&B's default,
+(`resume="allow"`). W&B's own files go under WORKDIR/wandb/start-N/, one per start (a gs:// workdir: W&B's default,
 ./wandb; WANDB_DIR, when set, wins). W&B's mode is the user's: WANDB_MODE=offline keeps all on
 this machine for a later `wandb sync`, WANDB_MODE=disabled turns it off for one command.
 
@@ -27,18 +27,6 @@ from typing import Any
 
 from electra_jax import jsonio, paths
 from electra_jax import workdir as workdir_lib
-
-
-def needs_wandb(project: str) -> str | None:
-    """The line for a `log.wandb_project` set where wandb is not installed; else None."""
-    import importlib.util
-
-    if project and importlib.util.find_spec("wandb") is None:
-        return (
-            f"log.wandb_project={project!r} needs wandb: pip install -e '.[wandb]' (or set "
-            "log.wandb_project='' to log to metrics.jsonl and TensorBoard only)"
-        )
-    return None
 
 
 class Mirror:
@@ -106,8 +94,15 @@ class Mirror:
 
 
 def _wandb_dir(workdir: str) -> str | None:
-    """Where W&B keeps its files: WANDB_DIR's choice when set, else WORKDIR (W&B makes its
-    wandb/ folder there), or for a gs:// workdir W&B's own default on this host."""
+    """Where W&B keeps this start's files: WANDB_DIR's choice when set; else a folder of this
+    start's own under WORKDIR/wandb/ (W&B names its run folder by the second the run started, so
+    two starts within one second would write one folder); for a gs:// workdir W&B's own default
+    on this host."""
     if os.environ.get("WANDB_DIR") or paths.is_remote(workdir):
         return None
-    return workdir
+    base = os.path.join(workdir, workdir_lib.WANDB_DIR)
+    os.makedirs(base, exist_ok=True)
+    starts = sum(1 for name in os.listdir(base) if name.startswith("start-"))
+    folder = os.path.join(base, f"start-{starts}")
+    os.makedirs(folder)
+    return folder
