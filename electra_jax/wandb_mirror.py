@@ -11,9 +11,10 @@ writes to metrics.jsonl to `Mirror.log` too, on process 0 only. What W&B is sent
 
 One W&B run per workdir: its id is kept in WORKDIR/wandb.json (written before `wandb.init`, so
 that a run killed at any point resumes into the same one), and every start attaches to it
-(`resume="allow"`). W&B's own files go under WORKDIR/wandb/start-N/, one per start (a gs:// workdir: W&B's default,
-./wandb; WANDB_DIR, when set, wins). W&B's mode is the user's: WANDB_MODE=offline keeps all on
-this machine for a later `wandb sync`, WANDB_MODE=disabled turns it off for one command.
+(`resume="allow"`). W&B's own files go under WORKDIR/wandb/start-N/, one per start (a gs://
+workdir: W&B's default, ./wandb; WANDB_DIR, when set, wins). W&B's mode is the user's:
+WANDB_MODE=offline keeps all on this machine for a later `wandb sync`, WANDB_MODE=disabled
+turns it off for one command.
 
 A dashboard must never cost the run: a W&B that cannot start or log is one warning line, and
 the run goes on with metrics.jsonl and TensorBoard.
