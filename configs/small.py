@@ -160,4 +160,15 @@ def get_config() -> ml_collections.ConfigDict:
     config.log = ml_collections.ConfigDict()
     config.log.every_steps = 100
     config.log.peak_flops = 0.0  # per-device peak FLOP/s for MFU; 0 looks it up by device kind
+    # A trace of the steps profile_steps .. profile_steps + profile_num_steps - 1 (compiled
+    # before it starts), in WORKDIR/profile/ for TensorBoard's profile plugin and Perfetto
+    # (docs/performance.md); 0: no trace
+    config.log.profile_steps = 0
+    config.log.profile_num_steps = 3
+
+    config.compile = ml_collections.ConfigDict()
+    # jax's persistent compilation cache, where a restart finds the compiled step: a folder or
+    # gs:// path; '' is $JAX_COMPILATION_CACHE_DIR where set, else WORKDIR/compile_cache;
+    # 'off' compiles every start afresh
+    config.compile.cache_dir = ""
     return config
