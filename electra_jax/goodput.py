@@ -21,7 +21,6 @@ prints a run's report from its metrics.jsonl.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import sys
 import time
@@ -40,8 +39,8 @@ SHOW_ABOVE = 0.05
 
 
 def now() -> float:
-    """The clock of every figure here (seconds; wall time, so that it goes on across
-    processes); one function, so that a test can put a clock of its own in its place."""
+    """The clock of every figure here, in seconds: wall time, which goes on across processes
+    and hosts, so that a resumed run's wall total includes the time it was down."""
     return time.time()
 
 
@@ -55,15 +54,6 @@ class Breakdown:
 
     def add(self, column: str, seconds: float) -> None:
         self.seconds[column] = self.seconds.get(column, 0.0) + seconds
-
-    @contextlib.contextmanager
-    def timed(self, column: str):
-        """Adds the seconds the block takes to `column`."""
-        t = now()
-        try:
-            yield
-        finally:
-            self.add(column, now() - t)
 
     def waited(self) -> float:
         """The interval's seconds so far that were not compute (WAITS)."""
