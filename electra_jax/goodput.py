@@ -101,8 +101,9 @@ class Totals:
 
 
 def not_compute_note(row: dict, interval: float) -> str:
-    """'  not compute 12% (data 3%, checkpoint 9%)' when the waits of a row whose interval took
-    `interval` seconds (evaluation left out) pass SHOW_ABOVE of it with the evaluation; else ''."""
+    """'  not compute 12% (data 3%, checkpoint 9%)' when the waits in an interval of `interval`
+    seconds (`row`: Breakdown.take's, with the evaluation's eval_sec, which is outside it) pass
+    SHOW_ABOVE of it with the evaluation; else ''."""
     total = interval + row.get("eval_sec", 0.0)
     parts = [(name, row.get(c, 0.0) / total) for c, name in _SHOWN if total > 0]
     share = sum(s for _, s in parts)

@@ -398,6 +398,8 @@ class _Calls:
             if idle_from is None and busy.is_ready():
                 idle_from = goodput.now()
             local.append(next(self.data_iter))
+        if idle_from is None and busy.is_ready():  # done during the last batch: its transfer
+            idle_from = goodput.now()
         if n == self.per_call > 1:
             out = sharding.global_batches(local, self.mesh)
         else:
@@ -640,7 +642,8 @@ class _Ledger:
         now = goodput.now()
         steps_done = done - self.last_logged
         # Without the compiling a first call (or a first short call) waited for.
-        seconds = max(step_seconds - waits.get("compile_sec", 0.0), 1e-9)
+        compiled = waits.get("compile_sec", 0.0)
+        seconds = max(step_seconds - compiled, 1e-9)
         row["tokens_per_sec"] = self.tokens_per_step * steps_done / seconds
         achieved = self.flops_per_step * steps_done / seconds / jax.device_count()
         row["mfu"] = achieved / self.peak if self.peak else None
@@ -652,9 +655,10 @@ class _Ledger:
         row.update(self.totals.columns(now))
         row.update(held_out)
         self.writer.write(done, row)
-        left = (self.num_steps - done) * (now - self.last_time) / steps_done
+        left = (self.num_steps - done) * (now - self.last_time - compiled) / steps_done
         line = metrics.progress_line(done, self.num_steps, row, left)
-        metrics.log(line + goodput.not_compute_note(row, step_seconds))
+        # The interval's own waits: a start's compiling before it (the evaluation's) is not.
+        metrics.log(line + goodput.not_compute_note(waits, step_seconds))
         self.row, self.last_time, self.last_logged = row, now, done
 
     def _compute(self, seconds: float, waits: dict) -> float:
