@@ -626,8 +626,8 @@ class _Ledger:
         # Timed apart from the steps (the evaluation's own seconds are in its row), so that
         # tokens_per_sec and mfu stay the training's.
         step_seconds = goodput.now() - self.last_time
+        self.totals.productive += max(step_seconds - self.breakdown.waited(), 0.0)
         waits = self.breakdown.take()
-        self.totals.productive += self._compute(step_seconds, waits)
         held_out = {}
         last = self.num_steps if self.last_step is None else self.last_step
         if state is not None and self.evaluator and self.evaluator.due(done, last):
@@ -661,15 +661,11 @@ class _Ledger:
         metrics.log(line + goodput.not_compute_note(waits, step_seconds))
         self.row, self.last_time, self.last_logged = row, now, done
 
-    def _compute(self, seconds: float, waits: dict) -> float:
-        """The compute seconds of an interval of `seconds` with `waits` (goodput.WAITS)."""
-        return max(seconds - sum(waits.get(c, 0.0) for c in goodput.WAITS), 0.0)
-
     def save(self, done: int, state) -> None:
         self.check_finite()  # never save a state that a non-finite update produced
         t = goodput.now()
         # The productive seconds up to step `done`: those of the rows, and of its steps since.
-        pending = self._compute(t - self.last_time, self.breakdown.seconds)
+        pending = max(t - self.last_time - self.breakdown.waited(), 0.0)
         self.writer.flush()  # a gs:// workdir's metrics.jsonl, uploaded with each checkpoint
         # Before the next batch is read, so the saved position is that of step `done`.
         checkpointing.save(
