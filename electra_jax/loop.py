@@ -432,8 +432,7 @@ class _Calls:
         batches = self.read(start_step)
         whole = isinstance(batches, dict)
         self.program(whole, state, batches if whole else batches[0])
-        step, last = also if also else (0, 0)
-        step -= 1
+        step, last = (also[0] - 1, also[1]) if also else (0, 0)
         while step < min(last, self.last_step):
             n = self.size(step)
             each = n == self.per_call > 1

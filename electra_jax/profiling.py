@@ -75,6 +75,7 @@ class Profile:
         self._local = tempfile.mkdtemp(prefix="electra_jax-profile-") if remote else self.target
         jax.profiler.start_trace(self._local, create_perfetto_trace=True)
         self.active = True
+        metrics.log(f"tracing steps {self.first}-{self.last}")
 
     def stop(self) -> None:
         """Ends the trace (at its last step, or when the run stops inside it) and writes it."""
