@@ -72,13 +72,16 @@ def test_the_trace_holds_exactly_the_chosen_steps(
 @pytest.mark.slow
 def test_no_trace_by_default_nor_for_steps_already_run(shared_data, tmp_path, capsys):
     cfg = config_with(shared_data)
-    cfg.train.num_steps = 4
+    cfg.train.num_steps, cfg.train.steps_per_call = 4, 2
+    cfg.log.every_steps = cfg.checkpoint.every_steps = 2
     workdir = tmp_path / "w"
-    loop.train(cfg, str(workdir), stop_after=3)
+    loop.train(cfg, str(workdir), stop_after=2)
     assert not (workdir / "profile").exists()
+    # One whole call: its program only (no single step compiled for a profile not asked for).
+    assert capsys.readouterr().err.count("compiled the") == 1
     cfg.log.profile_steps = 2
     loop.train(cfg, str(workdir))
     assert not (workdir / "profile").exists()
-    assert "log.profile_steps=2: the run resumes at step 3, after it; no trace" in (
+    assert "log.profile_steps=2: the run resumes at step 2, after it; no trace" in (
         capsys.readouterr().err
     )
