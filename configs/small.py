@@ -164,4 +164,15 @@ def get_config() -> ml_collections.ConfigDict:
     # A W&B project to mirror the metrics rows and the config to ('' for none); needs the [wandb]
     # extra. WANDB_MODE=offline keeps it on this machine.
     config.log.wandb_project = ""
+    # A trace of the steps profile_steps .. profile_steps + profile_num_steps - 1 (compiled
+    # before it starts), in WORKDIR/profile/ for TensorBoard's profile plugin and Perfetto
+    # (docs/performance.md); 0: no trace
+    config.log.profile_steps = 0
+    config.log.profile_num_steps = 3
+
+    config.compile = ml_collections.ConfigDict()
+    # jax's persistent compilation cache, where a restart finds the compiled step: a folder or
+    # gs:// path; '' is $JAX_COMPILATION_CACHE_DIR where set, else WORKDIR/compile_cache;
+    # 'off' compiles every start afresh
+    config.compile.cache_dir = ""
     return config

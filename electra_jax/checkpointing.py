@@ -162,6 +162,17 @@ def saved_layout(workdir: str) -> tuple[int, dict] | None:
     return None if layout is None else (steps[-1], layout)
 
 
+def saved_goodput(workdir: str, step: int) -> dict | None:
+    """The goodput totals checkpoint `step` of WORKDIR kept (goodput.Totals.saved); None for a
+    checkpoint written before them, or without a readable position (the restore has read it)."""
+    try:
+        position = _read_position_file(paths.join(checkpoint_dir(workdir), str(step)))
+    except (OSError, ValueError):
+        return None
+    saved = (position or {}).get("goodput")
+    return saved if isinstance(saved, dict) else None
+
+
 def _read_position_file(folder: str) -> dict | None:
     """The POSITION item of a checkpoint folder as saved; None when it has none."""
     path = paths.join(folder, POSITION, POSITION_FILE)
@@ -221,10 +232,17 @@ def _legacy_position(folder: str, step: int) -> dict:
     return states[0]
 
 
-def save(manager: ocp.CheckpointManager, step: int, state: Any, data_iter: Any = None) -> bool:
+def save(
+    manager: ocp.CheckpointManager,
+    step: int,
+    state: Any,
+    data_iter: Any = None,
+    goodput: dict | None = None,
+) -> bool:
     """Starts an asynchronous save of `state` and the iterator's position at `step` (a run
     without an input iterator, such as fine-tuning, whose batches follow from the step, passes
-    None and saves the state alone).
+    None and saves the state alone), with the run's goodput totals (goodput.Totals.saved) beside
+    the position.
 
     A full disk, a lost permission or an I/O error (here, or from the previous save still being
     written, which orbax reports now) is a CheckpointError of one line. The checkpoint being
@@ -235,6 +253,8 @@ def save(manager: ocp.CheckpointManager, step: int, state: Any, data_iter: Any =
     if data_iter is not None:
         # Process 0 writes it: the position is the same step counter on every process.
         position = {"data": data_iter.get_state(), "layout": current_layout()}
+        if goodput is not None:
+            position["goodput"] = goodput
         items[POSITION] = ocp.args.JsonSave(position)
     try:
         return manager.save(step, args=ocp.args.Composite(**items), force=True)

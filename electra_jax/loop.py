@@ -9,14 +9,24 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import time
 from typing import Any
 
 import jax
 import ml_collections
 import numpy as np
 
-from electra_jax import checkpointing, layer_stack, metrics, paths, resume, sharding, validate
+from electra_jax import (
+    checkpointing,
+    compile_cache,
+    goodput,
+    layer_stack,
+    metrics,
+    paths,
+    profiling,
+    resume,
+    sharding,
+    validate,
+)
 from electra_jax import workdir as workdir_lib
 from electra_jax.model import Electra, init_params
 from electra_jax.step_setup import (
@@ -82,6 +92,8 @@ def train(
 def _train(run: resume.Resume, stop_after, watcher) -> dict:
     """The run, top to bottom: mesh -> data -> state -> restore -> compile -> steps."""
     config, workdir = run.config, run.workdir
+    started = goodput.now()  # the run's first start, unless a checkpoint knows an earlier one
+    compile_cache.configure(config.get("compile", {}).get("cache_dir", ""), workdir)
     mesh = _mesh(run)
     tokenizer, prepared, data_iter = _data(config, workdir, run)
     # From here to the first compiled call, jax and orbax work in `watcher.deferred()` blocks: a
@@ -92,21 +104,42 @@ def _train(run: resume.Resume, stop_after, watcher) -> dict:
         setup = setup_step(config, tokenizer.vocab_size, mesh, special, unigram)
         evaluator = _evaluator(config, setup, mesh, prepared, special)
     manager = checkpointing.make_manager(workdir, config.checkpoint)
+    breakdown = goodput.Breakdown()
     try:
+        t = goodput.now()
         state, start_step = _restore(run, setup, manager, data_iter, watcher)
-        calls = _Calls(config, setup, mesh, data_iter, stop_after)
+        startup = {"restore_sec": goodput.now() - t}
+        saved = checkpointing.saved_goodput(workdir, start_step) if start_step else None
+        totals = goodput.Totals.restored(saved, started)
+        profile = profiling.Profile(
+            workdir,
+            config.log.get("profile_steps", 0),
+            config.log.get("profile_num_steps", 1),
+            start_step,
+        )
+        calls = _Calls(config, setup, mesh, data_iter, stop_after, breakdown, profile.bounds())
+        # The first interval starts here: its batches' reading and the programs' compiling are
+        # its data_wait_sec and compile_sec, not compute.
+        interval_start = goodput.now()
         with watcher.deferred():
             # Compiled before the watcher is armed: a signal during compilation (minutes for a
             # large model) then ends the run once the compiler returns, with no step to save,
             # rather than after compilation and a first call.
-            batches = calls.first_batches(state, start_step)
+            batches = calls.first_batches(state, start_step, also=profile.steps())
     except BaseException:
         manager.close()
         raise
+    if evaluator is not None:  # compiled before the interval: a start's cost, not a wait in it
+        startup["compile_sec"] = evaluator.compile_seconds
     ledger = _Ledger.start(config, workdir, setup, manager, data_iter, start_step)
     ledger.evaluator = evaluator
     ledger.last_step = calls.last_step
-    return _steps(calls, ledger, state, start_step, batches, watcher)
+    ledger.breakdown, ledger.totals, ledger.startup = breakdown, totals, startup
+    ledger.last_time = interval_start
+    try:
+        return _steps(calls, ledger, state, start_step, batches, watcher, profile)
+    finally:
+        profile.stop()
 
 
 def _mesh(run: resume.Resume):
@@ -321,8 +354,19 @@ class _Calls:
     whole call computes what K single steps do, bit for bit (tests/test_loop.py).
     """
 
-    def __init__(self, config, setup: StepSetup, mesh, data_iter, stop_after: int | None):
+    def __init__(
+        self,
+        config,
+        setup: StepSetup,
+        mesh,
+        data_iter,
+        stop_after: int | None,
+        breakdown: goodput.Breakdown,
+        bounds: tuple[int, ...] = (),
+    ):
         self.setup, self.mesh, self.data_iter = setup, mesh, data_iter
+        self.breakdown = breakdown
+        self.bounds = bounds  # steps calls also end at (a profile's first - 1 and last)
         self.num_steps = config.train.num_steps
         self.last_step = self.num_steps if stop_after is None else min(self.num_steps, stop_after)
         self.per_call = config.train.get("steps_per_call", 1)
@@ -338,6 +382,7 @@ class _Calls:
             self.save_every - step % self.save_every,
             self.eval_every - step % self.eval_every if self.eval_every else self.per_call,
             self.last_step - step,
+            *(b - step for b in self.bounds if b > step),
         )
 
     def row_due(self, step: int) -> bool:
@@ -348,33 +393,81 @@ class _Calls:
         evaluated = self.eval_every and step % self.eval_every == 0
         return step % self.log_every == 0 or step == self.last_step or bool(evaluated)
 
-    def read(self, step: int):
+    def read(self, step: int, busy=None):
         """The batches of the call after `step`: [K, B, L] for a whole call, else a list of
-        [B, L]."""
+        [B, L].
+
+        `busy`: an output of the call in flight, or None when none is. The seconds from when
+        the device is found idle (`busy` ready; at once without one) to the end of the read
+        are the interval's data_wait_sec: a read the device's work hides costs nothing.
+        """
         n = self.size(step)
-        local = [next(self.data_iter) for _ in range(n)]
+        idle_from = goodput.now() if busy is None else None
+        local = []
+        for _ in range(n):
+            if idle_from is None and busy.is_ready():
+                idle_from = goodput.now()
+            local.append(next(self.data_iter))
+        if idle_from is None and busy.is_ready():  # done during the last batch: its transfer
+            idle_from = goodput.now()
         if n == self.per_call > 1:
-            return sharding.global_batches(local, self.mesh)
-        return [sharding.global_batch(b, self.mesh) for b in local]
+            out = sharding.global_batches(local, self.mesh)
+        else:
+            out = [sharding.global_batch(b, self.mesh) for b in local]
+        if idle_from is not None:
+            self.breakdown.add("data_wait_sec", goodput.now() - idle_from)
+        return out
 
     def program(self, whole: bool, state, batches):
-        """The compiled whole call or single step (compiled at its first use)."""
+        """The compiled whole call or single step (compiled at its first use; `batches` may be
+        abstract)."""
         if whole not in self.programs:
-            t0 = time.time()
+            t0, hits = goodput.now(), compile_cache.hits()
             fn = self.setup.multi_step_fn if whole else self.setup.step_fn
             self.programs[whole] = fn.lower(state, batches).compile()
+            seconds, loaded = goodput.now() - t0, compile_cache.hits() - hits
+            self.breakdown.add("compile_sec", seconds)
+            self.breakdown.cache_hits += loaded
             steps = f"{self.per_call} train steps per call" if whole else "train step"
-            metrics.log(f"compiled the {steps} in {time.time() - t0:.1f}s")
+            cached = " (from the compilation cache)" if loaded else ""
+            metrics.log(f"compiled the {steps} in {seconds:.1f}s{cached}")
         return self.programs[whole]
 
-    def first_batches(self, state, start_step: int):
-        """The first call's batches (None when no step is left), its program compiled."""
+    def first_batches(self, state, start_step: int, also: tuple[int, int] | None = None):
+        """The first call's batches (None when no step is left), its program compiled; with
+        `also` = (first, last), those of the calls running steps first .. last too (a
+        profile's steps then compile nothing)."""
         if start_step >= self.last_step:
             return None
         batches = self.read(start_step)
         whole = isinstance(batches, dict)
         self.program(whole, state, batches if whole else batches[0])
+        step, last = (also[0] - 1, also[1]) if also else (0, 0)
+        while step < min(last, self.last_step):
+            n = self.size(step)
+            each = n == self.per_call > 1
+            if each not in self.programs:
+                self.program(each, state, self._abstract(batches, each))
+            step += n
         return batches
+
+    def _abstract(self, batches, whole: bool):
+        """The shapes (with shardings) of a whole call's batches or of one step's, from either."""
+        if isinstance(batches, dict):
+            one = {k: (v.shape[1:], v.dtype) for k, v in batches.items()}
+        else:
+            one = {k: (v.shape, v.dtype) for k, v in batches[0].items()}
+        if whole:
+            spec = sharding.stacked_batch_sharding(self.mesh)
+            return {
+                k: jax.ShapeDtypeStruct((self.per_call, *shape), dtype, sharding=spec)
+                for k, (shape, dtype) in one.items()
+            }
+        spec = sharding.batch_sharding(self.mesh)
+        return {
+            k: jax.ShapeDtypeStruct(shape, dtype, sharding=spec)
+            for k, (shape, dtype) in one.items()
+        }
 
     def run(self, state, step: int, batches, flags: list):
         """One call from `step`: (state, the step it reaches, its metrics). Appends the call's
@@ -393,28 +486,31 @@ class _Calls:
 # -------------------------------------------------------------------------------------- steps
 
 
-def _steps(calls: _Calls, ledger: _Ledger, state, start_step: int, batches, watcher) -> dict:
+def _steps(
+    calls: _Calls, ledger: _Ledger, state, start_step: int, batches, watcher, profile
+) -> dict:
     """Runs the calls until the last step or a preemption; returns the last metrics row."""
     watcher.arm()
     preempted_at = start_step if watcher.requested(start_step) else None
     step = start_step
     while step < calls.last_step and preempted_at is None:
-        state, done, step_metrics = calls.run(state, step, batches, ledger.flags)
-        step = done
-        save_due = done % calls.save_every == 0 or done == calls.last_step
-        # The next call's batches are read while the device works on this one, except before a
-        # save, which records the iterator's position at step `done`; a preemption puts the
-        # position back (`position`) before it saves.
-        position = None
-        if done < calls.last_step and not save_due:
-            position = calls.data_iter.get_state()
-            batches = calls.read(done)
-        # At most one call in flight. Dispatch is asynchronous: unchecked, the host would run
-        # ahead to the next log step's read (up to log.every_steps steps, minutes on a slow
-        # device), and a SIGTERM would wait for all of them; its Python handler cannot even run
-        # while the main thread blocks in that read. Waiting here costs the device only the
-        # dispatch of the next call, whose batches are already on it.
-        jax.block_until_ready(ledger.flags[-1][1])
+        with profile.call(step, calls.size(step)):
+            state, done, step_metrics = calls.run(state, step, batches, ledger.flags)
+            step = done
+            save_due = done % calls.save_every == 0 or done == calls.last_step
+            # The next call's batches are read while the device works on this one, except
+            # before a save, which records the iterator's position at step `done`; a
+            # preemption puts the position back (`position`) before it saves.
+            position = None
+            if done < calls.last_step and not save_due:
+                position = calls.data_iter.get_state()
+                batches = calls.read(done, busy=ledger.flags[-1][1])
+            # At most one call in flight. Dispatch is asynchronous: unchecked, the host would
+            # run ahead to the next log step's read (up to log.every_steps steps, minutes on a
+            # slow device), and a SIGTERM would wait for all of them; its Python handler cannot
+            # even run while the main thread blocks in that read. Waiting here costs the device
+            # only the dispatch of the next call, whose batches are already on it.
+            jax.block_until_ready(ledger.flags[-1][1])
         if calls.row_due(done):
             ledger.log_row(done, step_metrics, state)
         if watcher.requested(done):
@@ -476,6 +572,11 @@ class _Ledger:
     # The step this call to `train` ends at (num_steps, or stop_after): it gets the held-out
     # readings too, as the run's last step does.
     last_step: int | None = None
+    # The waits of the interval since the last row (shared with _Calls), the run's goodput
+    # totals, and what this start cost before its first interval (its first row's).
+    breakdown: goodput.Breakdown = dataclasses.field(default_factory=goodput.Breakdown)
+    totals: goodput.Totals = dataclasses.field(default_factory=lambda: goodput.Totals(0.0))
+    startup: dict = dataclasses.field(default_factory=dict)
 
     @classmethod
     def start(cls, config, workdir, setup: StepSetup, manager, data_iter, start_step: int):
@@ -483,7 +584,7 @@ class _Ledger:
         flops = metrics.count_flops(
             setup.spec, batch, length, setup.num_slots, config.objective.name
         )["total"]
-        now = time.time()
+        now = goodput.now()
         return cls(
             workdir=workdir,
             manager=manager,
@@ -535,36 +636,55 @@ class _Ledger:
         row = {k: float(np.ravel(v)[-1]) for k, v in jax.device_get(step_metrics).items()}
         # Timed apart from the steps (the evaluation's own seconds are in its row), so that
         # tokens_per_sec and mfu stay the training's.
-        step_seconds = time.time() - self.last_time
+        step_seconds = goodput.now() - self.last_time
+        self.totals.productive += max(step_seconds - self.breakdown.waited(), 0.0)
+        waits = self.breakdown.take()
         held_out = {}
         last = self.num_steps if self.last_step is None else self.last_step
         if state is not None and self.evaluator and self.evaluator.due(done, last):
+            t = goodput.now()
             held_out = self.evaluator.run(state.params)
+            waits["eval_sec"] = goodput.now() - t
         self.step_seconds += step_seconds
         row["skipped_updates"] = self.skipped
         if self.skipped:
             metrics.log(f"warning: skipped {self.skipped} non-finite update(s) up to step {done}")
         self.skipped = 0
-        now = time.time()
+        now = goodput.now()
         steps_done = done - self.last_logged
-        seconds = max(step_seconds, 1e-9)
+        # Without the compiling a first call (or a first short call) waited for.
+        compiled = waits.get("compile_sec", 0.0)
+        seconds = max(step_seconds - compiled, 1e-9)
         row["tokens_per_sec"] = self.tokens_per_step * steps_done / seconds
         achieved = self.flops_per_step * steps_done / seconds / jax.device_count()
         row["mfu"] = achieved / self.peak if self.peak else None
         row["elapsed_sec"] = now - self.run_start
+        row.update(waits)
+        for column, seconds_before in self.startup.items():  # this start's first row
+            row[column] = row.get(column, 0.0) + seconds_before
+        self.startup = {}
+        row.update(self.totals.columns(now))
         row.update(held_out)
         self.writer.write(done, row)
-        left = (self.num_steps - done) * (now - self.last_time) / steps_done
-        metrics.log(metrics.progress_line(done, self.num_steps, row, left))
+        left = (self.num_steps - done) * (now - self.last_time - compiled) / steps_done
+        line = metrics.progress_line(done, self.num_steps, row, left)
+        # The interval's own waits: a start's compiling before it (the evaluation's) is not.
+        metrics.log(line + goodput.not_compute_note(waits, step_seconds))
         self.row, self.last_time, self.last_logged = row, now, done
 
     def save(self, done: int, state) -> None:
         self.check_finite()  # never save a state that a non-finite update produced
-        t = time.time()
+        t = goodput.now()
+        # The productive seconds up to step `done`: those of the rows, and of its steps since.
+        pending = max(t - self.last_time - self.breakdown.waited(), 0.0)
         self.writer.flush()  # a gs:// workdir's metrics.jsonl, uploaded with each checkpoint
         # Before the next batch is read, so the saved position is that of step `done`.
-        checkpointing.save(self.manager, done, state, self.data_iter)
-        self.save_seconds += time.time() - t
+        checkpointing.save(
+            self.manager, done, state, self.data_iter, goodput=self.totals.saved(pending)
+        )
+        seconds = goodput.now() - t
+        self.save_seconds += seconds
+        self.breakdown.add("checkpoint_block_sec", seconds)
         self.last_saved = done
 
     def close(self, compiled: bool) -> None:

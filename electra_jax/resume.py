@@ -541,6 +541,7 @@ FREE_ON_RESUME = (
     "mesh.",
     "checkpoint.",
     "log.",
+    "compile.",  # where compiled programs are cached: the same programs either way
     "eval.",  # what is read and how often; never what is trained (data.heldout_examples is)
 )
 

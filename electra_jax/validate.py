@@ -207,6 +207,7 @@ def check_config(config: Any) -> None:
     for key, value in (
         ("data.cache_dir", d.get("cache_dir", "")),
         ("train.init_from", t.get("init_from", "")),
+        ("compile.cache_dir", _get(config, "compile.cache_dir") or ""),
     ):
         scheme = uri_scheme(str(value))
         if scheme and scheme not in WRITABLE_SCHEMES:
@@ -231,6 +232,12 @@ def check_config(config: Any) -> None:
         not (cache_dir and os.path.exists(cache_dir) and not os.path.isdir(cache_dir)),
         f"data.cache_dir={cache_dir} is a file, not a folder; choose a folder (or '' for "
         "WORKDIR/data)",
+    )
+    compile_cache = _get(config, "compile.cache_dir") or ""
+    _require(
+        not (compile_cache and os.path.exists(compile_cache) and not os.path.isdir(compile_cache)),
+        f"compile.cache_dir={compile_cache} is a file, not a folder; choose a folder ('' for "
+        "the default, 'off' for none)",
     )
 
 
@@ -393,6 +400,8 @@ _RANGES = (
     ("train.adam_eps", 0, None, False, True),
     ("train.generator_lr_scale", 0, None, False, True),
     ("log.peak_flops", 0, None, True, True),
+    ("log.profile_steps", 0, None, True, True),
+    ("log.profile_num_steps", 1, None, True, True),
 )
 
 
