@@ -264,12 +264,17 @@ def _builtin_documents() -> Iterator[list[str]]:
         yield from _docstring_documents(path)
 
 
+class SourceAbsent(DataError):
+    """A text: source whose glob matches no file (the corpus moved or deleted): what a resume
+    can stand in for with the shards its data record names (resume.prepared_data)."""
+
+
 def _text_files(pattern: str) -> list[str]:
     if uri_scheme(pattern):
         return _remote_text_files(pattern)
     paths = _local_glob(os.path.expanduser(pattern))
     if not paths:
-        raise DataError(
+        raise SourceAbsent(
             f"data.source 'text:{pattern}' matches no files; check the glob (use ** for "
             "subdirectories) and that the files exist"
         )
@@ -611,7 +616,8 @@ def _remote_text_files(pattern: str) -> list[str]:
             paths, errors = _remote_glob(top, parts[magic[0] :], what)
     if not paths:
         why = f" (listing failed: {errors[0]})" if errors else ""
-        raise DataError(
+        # Listed without an error, the files are gone; a failed listing says nothing of them.
+        raise (DataError if errors else SourceAbsent)(
             f"{what} matches no files{why}; check the glob (use ** for subdirectories), that "
             "the objects exist and that this machine can read them"
         )
