@@ -574,7 +574,7 @@ def _switch_config_file(ctx: Context, switch: int) -> pathlib.Path:
     return path
 
 
-def _switch_moved_behind(ctx: Context):
+def _passed_switch_moved_ahead(ctx: Context):
     """A two_stage run at step 6 that switched at 4 (its config.json says so; the refusal comes
     before the checkpoints are read), its switch moved to 9 with --allow_change."""
     w = ctx.copy("switch")
@@ -904,8 +904,8 @@ def cases() -> list[Case]:
             contains="holds the run's state at step 6",
         ),
         Case(
-            "resume, two_stage switch moved behind the step",
-            _switch_moved_behind,
+            "resume, a passed two_stage switch moved ahead",
+            _passed_switch_moved_ahead,
             contains="would rewrite the run's phases",
         ),
         Case(

@@ -461,6 +461,11 @@ def test_a_corpus_moved_away_resumes_from_the_shards_its_record_proves(text_run,
     after = {p: p.read_bytes() for p in (run.parent / "cache").rglob("*") if p.is_file()}
     assert after == before  # read, not rewritten
 
+    # Another source, absent too: the record's shards are not its rows.
+    other = _get(config_file)
+    other.data.source = f"text:{corpus}-elsewhere/*.txt"
+    with pytest.raises(ConfigError, match=r"\(the record's source differs from this run's\)"):
+        loop.train(other, str(run), stop_after=5, allow_changes=("data.source",))
     # Unproven, refused in one line naming the record and the way out: a shard cut short ...
     (shard,) = (run.parent / "cache").glob("*/shard-00000.array_record")
     data = shard.read_bytes()

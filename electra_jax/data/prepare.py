@@ -244,7 +244,8 @@ def recorded(
     now = _key_fields(data_cfg, source, tokenizer, seed, fingerprint=content)
     differ = sorted(k for k in set(now) | set(fields) if now.get(k) != fields.get(k))
     if differ:
-        raise DataError(f"the record's {', '.join(differ)} differ from this run's")
+        verb = "differs" if len(differ) == 1 else "differ"
+        raise DataError(f"the record's {', '.join(differ)} {verb} from this run's")
     key = _hash(fields)
     target = paths.join(paths.absolute(cache_dir), key[:16])
     if not paths.isfile(paths.join(target, MANIFEST)):
