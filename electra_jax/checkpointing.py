@@ -20,6 +20,12 @@ of a killed save are removed when the next run opens the manager). A finished ch
 still cannot be restored (a truncated or deleted file) is renamed `<step>.corrupt`, which orbax
 does not take for a step, and the previous one is used: nothing unreadable is ever deleted.
 
+What else is in checkpoints/ is left alone (`survey`, before orbax lists the steps): a name orbax
+does not take for a step is never touched by it, and the run says in one line that it is there;
+one that orbax does take for a step but that is not the run's checkpoint of that step (another
+program's folder, a checkpoint renamed or copied by hand) is refused (ForeignFolderError) rather
+than restored, set aside as damaged, deleted with the old checkpoints or collided with.
+
 Preemption: `PreemptionWatcher` turns SIGTERM / SIGINT into a request that the loop honours after
 the call in flight (save, then exit 0); on multi-host runs every process stops at the same step.
 """

@@ -16,7 +16,15 @@ row format, ...) and the corpus's files, written when the run starts. A resume c
 before anything is prepared: a corpus that changed under the same data.source (a file added to
 a text: folder, one edited or removed) or another tokenizer is refused in one line saying what
 changed, unless --allow_change names it (data.source; data.tokenizer), which is recorded in
-config_changes.jsonl. A run started before the record resumes as it did, and gets one.
+config_changes.jsonl. A run started before the record resumes as it did, and gets one. A corpus
+gone since (a text: glob that matches no file) is stood in for by the shards the record proves to
+be its rows (`prepared_data`), with one line.
+
+A resume never rewrites the run's past (`Resume.check_step`, before any work and again for the
+checkpoint restored): an allowed change that moves a phase switch across the resumed step
+(PHASE_SWITCHES) is refused, and so is train.num_steps below it; checkpoints/ entries that orbax
+would take for steps but are not the run's (an export put there, a checkpoint renamed by hand)
+are refused by checkpointing.survey.
 """
 
 from __future__ import annotations

@@ -460,6 +460,12 @@ def test_a_corpus_moved_away_resumes_from_the_shards_its_record_proves(text_run,
     assert [r["step"] for r in metrics_rows(run)][-1] == 4
     after = {p: p.read_bytes() for p in (run.parent / "cache").rglob("*") if p.is_file()}
     assert after == before  # read, not rewritten
+    # evaluate reads the same rows (the held-out slice of the run's shards) the same way.
+    from electra_jax import evaluate
+
+    rows = evaluate.evaluate_workdir(str(run), steps=[4], heldout_examples=16)
+    assert [r["step"] for r in rows] == [4] and "eval/disc_auc" in rows[0]
+    assert "matches no files now; reading the shards" in capsys.readouterr().err
 
     # Another source, absent too: the record's shards are not its rows.
     other = _get(config_file)
