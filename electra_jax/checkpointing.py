@@ -177,7 +177,10 @@ def _check_step_folder(directory: str, name: str) -> None:
         _refuse_foreign(directory, name, "is a file, not a checkpoint folder")
     if not _STEP_NAME.fullmatch(name):
         _refuse_foreign(directory, name, "is named in digits that this run never writes")
-    entries = sorted(paths.listdir(folder))
+    try:
+        entries = sorted(paths.listdir(folder))
+    except OSError:
+        return  # unreadable here: the restore names the machine's error in one line
     if entries and not set(entries) & set(_CHECKPOINT_ENTRIES):
         shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
         _refuse_foreign(directory, name, f"holds {shown}, not a checkpoint")

@@ -632,3 +632,19 @@ def test_step_names_are_ascii_digits_as_orbax_writes_them(tmp_path):
     assert checkpointing.set_aside(str(tmp_path)) == ["4.corrupt"]
     others = ["007", "\u00b2", "\u00b2.corrupt", "\u0669"]
     assert checkpointing.survey(str(checkpoints)) == others
+
+
+def test_a_step_folder_that_cannot_be_listed_is_left_to_the_restore(tmp_path, monkeypatch):
+    """The survey cannot tell what it holds: no verdict (the restore names the machine's error
+    in one line, as test_each_machine_error_moves_nothing checks)."""
+    _write(str(tmp_path), [2, 5])
+    checkpoints = str(tmp_path / "checkpoints")
+    real = checkpointing.paths.listdir
+
+    def listdir(path):
+        if path != checkpoints:
+            raise PermissionError(13, "Permission denied", path)
+        return real(path)
+
+    monkeypatch.setattr(checkpointing.paths, "listdir", listdir)
+    assert checkpointing.survey(checkpoints) == []
