@@ -20,6 +20,12 @@ of a killed save are removed when the next run opens the manager). A finished ch
 still cannot be restored (a truncated or deleted file) is renamed `<step>.corrupt`, which orbax
 does not take for a step, and the previous one is used: nothing unreadable is ever deleted.
 
+What else is in checkpoints/ is left alone (`survey`, before orbax lists the steps): a name orbax
+does not take for a step is never touched by it, and the run says in one line that it is there;
+one that orbax does take for a step but that is not the run's checkpoint of that step (another
+program's folder, a checkpoint renamed or copied by hand) is refused (ForeignFolderError) rather
+than restored, set aside as damaged, deleted with the old checkpoints or collided with.
+
 Preemption: `PreemptionWatcher` turns SIGTERM / SIGINT into a request that the loop honours after
 the call in flight (save, then exit 0); on multi-host runs every process stops at the same step.
 """
@@ -36,6 +42,7 @@ import signal
 import sys
 import threading
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 import grain
@@ -112,12 +119,108 @@ def saved_steps(workdir: str) -> list[int]:
     directory = checkpoint_dir(workdir)
     if not paths.isdir(directory):
         return []
-    return sorted(int(n) for n in paths.listdir(directory) if n.isdigit())
+    return sorted(int(n) for n in paths.listdir(directory) if _STEP_NAME.fullmatch(n))
 
 
 def has_checkpoints(workdir: str) -> bool:
     """Whether WORKDIR/checkpoints holds any finished step (without opening a manager)."""
     return bool(saved_steps(workdir))
+
+
+# A step's folder as this run names it: ASCII digits, no leading zero. orbax takes for a step
+# any name of decimal digits without a leading zero (Unicode ones too: its regex's \d), and
+# treats that folder as its own: restores it, deletes it once older than checkpoint.keep, and
+# refuses to save that step again (StepAlreadyExistsError).
+_STEP_NAME = re.compile(r"0|[1-9][0-9]*")
+_ORBAX_STEP_NAME = re.compile(r"0|[1-9]\d*")
+# What each checkpoint folder this run writes holds (orbax's metadata, its commit marker, and
+# the items): a folder holding none of them is not one of ours.
+_CHECKPOINT_ENTRIES = ("_CHECKPOINT_METADATA", "commit_success.txt", "state", POSITION)
+# Names in checkpoints/ that are this run's without being steps: a checkpoint set aside as
+# damaged, orbax's temporary folder of a save in progress or cut off.
+_SET_ASIDE_NAME = re.compile(r"[0-9]+" + re.escape(CORRUPT_SUFFIX) + r"(\.[0-9]+)?")
+_TMP_MARK = ".orbax-checkpoint-tmp"
+
+
+class ForeignFolderError(CheckpointError):
+    """An entry of checkpoints/ that orbax would take for a step but is no checkpoint of this
+    run at that step: another program's folder, or a checkpoint renamed or copied by hand.
+    Nothing is moved or changed; the message names the entry, what it holds and the way out."""
+
+
+def survey(directory: str) -> list[str]:
+    """Checks the entries of a checkpoints/ folder (`directory`) before orbax lists them: the
+    names that are not this run's (a user's `backup`, `99_copy`, ...), sorted, which orbax
+    ignores and the run leaves as they are; [] when there are none or no folder.
+
+    Raises ForeignFolderError for an entry orbax would take for step N that is not the run's
+    checkpoint N: a file, a folder holding none of a checkpoint's entries (an export put there),
+    a name of non-ASCII digits, or a checkpoint whose input position says another step (renamed
+    or copied by hand). An empty folder is left to the restore (damage: set aside, with
+    nothing in it to lose)."""
+    if not paths.isdir(directory):
+        return []
+    others = []
+    for name in sorted(paths.listdir(directory)):
+        if _ORBAX_STEP_NAME.fullmatch(name):
+            _check_step_folder(directory, name)
+        elif not (name.startswith(".") or _SET_ASIDE_NAME.fullmatch(name) or _TMP_MARK in name):
+            others.append(name)
+    return others
+
+
+def _check_step_folder(directory: str, name: str) -> None:
+    """ForeignFolderError when `directory`/`name` (a step's name to orbax) is not the run's
+    checkpoint of that step."""
+    folder, step = paths.join(directory, name), int(name)
+    if not paths.isdir(folder):
+        _refuse_foreign(directory, name, "is a file, not a checkpoint folder")
+    if not _STEP_NAME.fullmatch(name):
+        _refuse_foreign(directory, name, "is named in digits that this run never writes")
+    try:
+        entries = sorted(paths.listdir(folder))
+    except OSError:
+        return  # unreadable here: the restore names the machine's error in one line
+    if entries and not set(entries) & set(_CHECKPOINT_ENTRIES):
+        shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+        _refuse_foreign(directory, name, f"holds {shown}, not a checkpoint")
+    try:
+        held = _read_position_file(folder)["data"]["next_index"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # no readable position: the restore decides (damage, or the state's step)
+    if isinstance(held, int) and not isinstance(held, bool) and held != step:
+        renamed(directory, step, held, "its input position")
+
+
+def _refuse_foreign(directory: str, name: str, what: str) -> None:
+    raise ForeignFolderError(
+        f"{paths.join(directory, name)} {what}, but orbax would take it for checkpoint "
+        f"{int(name)} (restore it, delete it with the old checkpoints, or fail to save that "
+        f"step): move it out of {directory}; nothing was changed"
+    )
+
+
+def renamed(directory: str, step: int, held: int, source: str) -> None:
+    """Raises ForeignFolderError for `directory`/`step` holding the run's state at step `held`
+    (as `source` says): a checkpoint renamed or copied by hand, which a resume would take for
+    step `step`, training again steps it holds and ending in orbax's StepAlreadyExistsError."""
+    folder, back = paths.join(directory, str(step)), paths.join(directory, str(held))
+    way = (
+        f"move it out of {directory} ({back} is there)"
+        if paths.exists(back)
+        else f"rename it back to {back}, or move it out of {directory}"
+    )
+    raise ForeignFolderError(
+        f"{folder} holds the run's state at step {held} ({source}), not step {step}: renamed "
+        f"or copied by hand, it would be resumed as the wrong step; {way}; nothing was changed"
+    )
+
+
+def _listed(names: list[str], limit: int = 5) -> str:
+    """'a, b and c', or the first `limit` and how many more."""
+    if len(names) > limit:
+        return f"{', '.join(names[:limit])} and {len(names) - limit} more"
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
 def current_layout() -> dict:
@@ -496,15 +599,32 @@ def set_aside(workdir: str) -> list[str]:
     directory = checkpoint_dir(workdir)
     if not paths.isdir(directory):
         return []
-    names = [n for n in paths.listdir(directory) if CORRUPT_SUFFIX in n]
-    return sorted(names, key=lambda n: int(n.split(".")[0]) if n.split(".")[0].isdigit() else 0)
+    names = [n for n in paths.listdir(directory) if _SET_ASIDE_NAME.fullmatch(n)]
+    return sorted(names, key=lambda n: (int(n.split(".")[0]), n))
+
+
+def _step_of(state: Any) -> Any:
+    """The step a restored state holds (its `step` field or key), or None when it has none."""
+    if isinstance(state, dict):
+        return state.get("step")
+    return getattr(state, "step", None)
 
 
 def restore_latest(
-    manager: ocp.CheckpointManager, abstract_state: Any, data_iter: Any, log=print
+    manager: ocp.CheckpointManager,
+    abstract_state: Any,
+    data_iter: Any,
+    log=print,
+    step_of: Callable[[Any], Any] = _step_of,
 ) -> Any:
     """Restores the newest readable checkpoint into (state, iterator); None when there is none.
     With `data_iter` None only the state is read (the checkpoints of `save(..., None)`).
+
+    First the folders of checkpoints/ are surveyed (`survey`): an entry orbax would take for a
+    step that is not the run's checkpoint of that step is refused (ForeignFolderError), and
+    the names that are not the run's are left alone, with one line to `log`. A restored state
+    whose step (`step_of(state)`, None: not checked) is not its folder's is refused the same
+    way: a checkpoint renamed by hand, not damage.
 
     Damage and mismatch are told apart. First the checkpoint's metadata is read (no arrays):
     - unreadable or missing metadata is damage;
@@ -523,6 +643,13 @@ def restore_latest(
     Raises CheckpointError when checkpoints exist (or were set aside, now or by an earlier run)
     but none can be restored: a run never starts over silently where checkpoints were.
     """
+    directory = os.fspath(manager.directory)
+    others = survey(directory)
+    if others:
+        log(
+            f"{directory} also holds {_listed(others)}, which {'is' if len(others) == 1 else 'are'}"
+            " not this run's checkpoints: left as they are"
+        )
     failed: list[str] = []
     expected = _leaf_shapes(abstract_state)
     _quiet_late_callbacks()
@@ -539,13 +666,18 @@ def restore_latest(
             if differences:
                 raise CheckpointMismatch(step, differences)
             try:
-                return _restore_step(manager, step, abstract_state, data_iter, log)
+                state = _restore_step(manager, step, abstract_state, data_iter, log)
             except CheckpointLayoutError:
                 raise  # readable, written for another layout: not damage
             except Exception as e:  # orbax and tensorstore raise many types for damaged files
                 if _is_environment_error(e):
                     raise CheckpointError(_environment_message(manager, step, e)) from e
                 damage = e
+            else:
+                held = step_of(state)
+                if held is not None and int(jax.device_get(held)) != step:
+                    renamed(directory, step, int(jax.device_get(held)), "its train state")
+                return state
         reason = " ".join(f"{type(damage).__name__}: {damage}".split())[:300]
         _DAMAGED.add(os.path.join(os.fspath(manager.directory), str(step)) + os.sep)
         moved = _move_aside(manager, step)

@@ -171,7 +171,6 @@ def evaluate_workdir(
 
     from electra_jax import checkpointing, pretrained, resume
     from electra_jax import workdir as workdir_lib
-    from electra_jax.data import prepare
     from electra_jax.data.tokenizer import load_saved
     from electra_jax.model import Electra
     from electra_jax.objectives.core import num_mask_slots
@@ -202,13 +201,8 @@ def evaluate_workdir(
         tokenizer = load_saved(paths.join(workdir, "tokenizer"))
         # The held-out rows are tokenized with it: it must be the one the checkpoints learned.
         pretrained.check_recorded_tokenizer(workdir, tokenizer)
-        prepared = prepare.prepare(
-            config.data,
-            tokenizer,
-            config.data.cache_dir or paths.join(workdir, "data"),
-            config.seed,
-            num_workers=None,
-        )
+        # A corpus gone since the run: the shards its data record proves stand in for it.
+        prepared = resume.prepared_data(config, workdir, tokenizer, log=metrics.log)
         mesh = sharding.make_mesh(ml_collections.ConfigDict({"fsdp": 1}))
         where = paths.join(workdir, "config.json")
         spec = pretrained.spec_from_run_config(config.to_dict(), tokenizer.vocab_size, where)

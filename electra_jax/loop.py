@@ -228,10 +228,12 @@ def _data(config, workdir: str, run: resume.Resume | None = None):
     )
     if is_main and run is not None:
         run.check_data(tokenizer)
-    cache_dir = config.data.cache_dir or os.path.join(workdir, "data")
-    # As many tokenizing processes as the corpus's size warrants on this host (the same rule as
-    # `python -m electra_jax.prepare`); the shards are the same bytes for any number.
-    prepared = prepare.prepare(config.data, tokenizer, cache_dir, config.seed, num_workers=None)
+    if run is not None and run.recorded is not None:
+        prepared = run.recorded  # the corpus is gone; check_data proved its shards
+    else:
+        # As many tokenizing processes as the corpus's size warrants on this host (the same
+        # rule as `python -m electra_jax.prepare`); the shards are the same bytes for any number.
+        prepared = resume.prepared_data(config, workdir, tokenizer, num_workers=None)
     if is_main:
         _barrier("electra_jax_prepared")
     data_iter = pipeline.make_iterator(
@@ -280,6 +282,8 @@ def _restore(run: resume.Resume, setup, manager, data_iter, watcher):
         run.record(None)
         return state, 0
     start_step = int(jax.device_get(state.step))
+    # plan checked the newest checkpoint; a damaged one set aside, this is an older one.
+    run.check_step(start_step)
     metrics.log(f"resumed from checkpoint {start_step} in {run.workdir}")
     run.record(start_step)
     return state, start_step
@@ -491,6 +495,17 @@ def _steps(
 ) -> dict:
     """Runs the calls until the last step or a preemption; returns the last metrics row."""
     watcher.arm()
+    if start_step >= calls.last_step:
+        # A finished run run again (or stop_after at or below its step): said, not silent.
+        asked = (
+            f"train.num_steps={calls.num_steps}"
+            if calls.last_step == calls.num_steps
+            else f"stop_after={calls.last_step}"
+        )
+        metrics.log(
+            f"the run in {ledger.workdir} is already at step {start_step} ({asked}): nothing "
+            f"was trained; raise train.num_steps above {start_step} to go on"
+        )
     preempted_at = start_step if watcher.requested(start_step) else None
     step = start_step
     while step < calls.last_step and preempted_at is None:

@@ -16,7 +16,15 @@ row format, ...) and the corpus's files, written when the run starts. A resume c
 before anything is prepared: a corpus that changed under the same data.source (a file added to
 a text: folder, one edited or removed) or another tokenizer is refused in one line saying what
 changed, unless --allow_change names it (data.source; data.tokenizer), which is recorded in
-config_changes.jsonl. A run started before the record resumes as it did, and gets one.
+config_changes.jsonl. A run started before the record resumes as it did, and gets one. A corpus
+gone since (a text: glob that matches no file) is stood in for by the shards the record proves to
+be its rows (`prepared_data`), with one line.
+
+A resume never rewrites the run's past (`Resume.check_step`, before any work and again for the
+checkpoint restored): an allowed change that moves a phase switch across the resumed step
+(PHASE_SWITCHES) is refused, and so is train.num_steps below it; checkpoints/ entries that orbax
+would take for steps but are not the run's (an export put there, a checkpoint renamed by hand)
+are refused by checkpointing.survey.
 """
 
 from __future__ import annotations
@@ -69,6 +77,9 @@ class Resume:
     # changes, {field: (recorded, now)}.
     data: dict | None = None
     data_changes: dict = dataclasses.field(default_factory=dict)
+    # The prepared data (prepare.PreparedData) that stands in for a corpus gone since the run
+    # started, found by `check_data`; None when the corpus is there.
+    recorded: Any = None
 
     def check_data(self, tokenizer) -> None:
         """Before any data is prepared (process 0): ConfigError when a resumed run's corpus or
@@ -77,13 +88,22 @@ class Resume:
         from electra_jax.data import prepare, sources
 
         cfg = self.config
-        now = {
-            "format": 1,
-            "fields": prepare.key_fields(cfg.data, tokenizer, cfg.seed),
-            "files": sources.from_config(cfg.data).files(),
-        }
         path = os.path.join(self.workdir, workdir_lib.DATA_RECORD)
         stored = _read_data_record(path) if self.resumes else None
+        try:
+            now = {
+                "format": 1,
+                "fields": prepare.key_fields(cfg.data, tokenizer, cfg.seed),
+                "files": sources.from_config(cfg.data).files(),
+            }
+        except sources.SourceAbsent as e:
+            if stored is None:
+                raise
+            # The corpus is gone: the shards the record names stand in for it, once proven.
+            self.recorded = _recorded_shards(cfg, self.workdir, tokenizer, stored, e)
+            metrics.log(_standing_in(cfg, self.recorded))
+            self.data = None
+            return
         self.data = now
         if stored is None:  # a new run, or one started before the record: it gets one
             return
@@ -148,8 +168,71 @@ class Resume:
             "as --allow_change allows"
         )
 
+    def check_step(self, step: int) -> None:
+        """ConfigError when the run, resumed at `step`, would rewrite what it did: a step
+        switch moved across it (PHASE_SWITCHES), or train.num_steps below it (nothing could be
+        trained). Asked by `plan` of the newest checkpoint and by the restore of the one it
+        resumes from."""
+        num_steps = self.config.train.num_steps
+        if num_steps < step:
+            raise ConfigError(
+                f"train.num_steps={num_steps} is below step {step}, where the run in "
+                f"{self.workdir} is (checkpoint {step}): nothing would be trained, and a run "
+                f"is not shortened after the fact; set train.num_steps above {step} to go on, "
+                "or use a new --workdir for a shorter run"
+            )
+        for key, (old, new) in self.changes.items():
+            _check_phase_switch(key, old, new, step, self.config)
+
     def release(self) -> None:
         self.claim.release()
+
+
+# Settings that name the step at which a run passes, once, from one phase to the next, with the
+# objective that has them and its phases. The update of step s (s updates done) is in the second
+# phase when s >= the switch, so a run resumed at step R has passed the switch when it is below
+# R. --allow_change may move a switch that is still ahead, or one already behind (nothing
+# changes then); moved across R, it would send the run back into a phase it has left (two_stage
+# training the generator alone again, then copying it over the trained discriminator again), or
+# past a switch it never made (two_stage never copying the generator at all).
+PHASE_SWITCHES = {
+    "objective.two_stage_steps": (
+        "two_stage",
+        "the generator alone, then the discriminator started from the generator's weights",
+    ),
+    "objective.mle_warmup_steps": (
+        "adversarial",
+        "the generator's maximum-likelihood warm start, then the policy gradient",
+    ),
+}
+
+
+def _check_phase_switch(key: str, old, new, step: int, config) -> None:
+    """ConfigError when an allowed change of a PHASE_SWITCHES key moves the switch across
+    `step`, where the run resumes."""
+    if key not in PHASE_SWITCHES or config.objective.name != PHASE_SWITCHES[key][0]:
+        return
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (old, new)):
+        return  # validate.check_config has refused a switch that is not a step
+    if (old < step) == (new < step):
+        return
+    phases = PHASE_SWITCHES[key][1]
+    if old < step:
+        what = (
+            f"the run, at step {step}, passed its switch at step {old}; at {new} it would go "
+            "back into the first phase and make the switch again"
+        )
+        way = f"keep it below {step} (the switch stays behind the run)"
+    else:
+        what = (
+            f"the run, at step {step}, has not reached its switch at step {old}; at {new} the "
+            "switch would lie behind the run without having been made"
+        )
+        way = f"set it to {step} to switch at the next step, or later"
+    raise ConfigError(
+        f"--allow_change={key}: {key}={new} would rewrite the run's phases ({phases}): {what}; "
+        f"{way}, or use a new --workdir"
+    )
 
 
 def plan(
@@ -200,12 +283,79 @@ def plan(
                         config[section][field] = value
             check_same_model(old, new, path)
             changes = check_same_run(old, new, path, tuple(allow))
-        new_run = config.train.init_from and not resumes  # a resumed run goes on from its state
-        init_from = load_init_from(config, workdir) if new_run else None
+        run = Resume(workdir, config, changes, None, claim, bool(resumes), tuple(allow), command)
+        if resumes:
+            # The newest checkpoint's step: the restore checks the one it resumes from again.
+            run.check_step(checkpointing.saved_steps(workdir)[-1])
+        elif config.train.init_from:  # a resumed run goes on from its own state
+            run.init_from = load_init_from(config, workdir)
     except BaseException:
         claim.release()
         raise
-    return Resume(workdir, config, changes, init_from, claim, bool(resumes), tuple(allow), command)
+    return run
+
+
+def cache_dir(config: ml_collections.ConfigDict, workdir: str) -> str:
+    """Where a run's prepared data is: data.cache_dir, by default WORKDIR/data."""
+    return config.data.cache_dir or paths.join(workdir, "data")
+
+
+def prepared_data(
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    tokenizer,
+    num_workers: int | None = None,
+    log=None,
+):
+    """The run's prepared data (prepare.PreparedData): prepare.prepare's (made, or reused by its
+    content key), or, when data.source matches no files any more (sources.SourceAbsent), the
+    shards that WORKDIR's data record proves complete and unchanged, with one line to `log`
+    (when given); ConfigError when it does not. For every process of a run (process 0 says so
+    in `Resume.check_data`) and for `evaluate`, which reads the held-out rows of a run's
+    shards."""
+    from electra_jax.data import prepare, sources
+
+    directory = cache_dir(config, workdir)
+    try:
+        return prepare.prepare(
+            config.data, tokenizer, directory, config.seed, num_workers=num_workers
+        )
+    except sources.SourceAbsent as e:
+        stored = _read_data_record(os.path.join(workdir, workdir_lib.DATA_RECORD))
+        if stored is None:
+            raise
+        prepared = _recorded_shards(config, workdir, tokenizer, stored, e)
+        if log is not None:
+            log(_standing_in(config, prepared))
+        return prepared
+
+
+def _standing_in(config, prepared) -> str:
+    """The line that says the recorded shards stand in for an absent corpus."""
+    return (
+        f"data.source '{config.data.source}' matches no files now; reading the shards prepared "
+        f"from it ({prepared.directory}, {prepared.num_examples:,} rows), which "
+        f"{workdir_lib.DATA_RECORD} proves complete and unchanged"
+    )
+
+
+def _recorded_shards(config, workdir: str, tokenizer, stored: dict, absent: Exception):
+    """The prepared data of the rows `stored` (the data record) describes
+    (prepare.recorded); ConfigError naming the record and what fails when it is not proven."""
+    from electra_jax.data import DataError, prepare
+
+    try:
+        return prepare.recorded(
+            config.data, tokenizer, cache_dir(config, workdir), config.seed, stored["fields"]
+        )
+    except DataError as e:
+        raise ConfigError(
+            f"data.source '{config.data.source}' matches no files, and the prepared shards "
+            f"that {os.path.join(workdir, workdir_lib.DATA_RECORD)} records cannot stand in for "
+            f"it ({e}); "
+            "put the corpus back where data.source says, or point data.source at where it is "
+            "now with --allow_change=data.source"
+        ) from absent
 
 
 def _claim_workdir(workdir: str):
@@ -324,6 +474,9 @@ def _has_checkpoints(workdir: str) -> bool:
             f"{directory} is a file, where the run keeps its checkpoints; move it away or use "
             "a new --workdir"
         )
+    # Before any step is taken for a checkpoint: an entry orbax would take for one that is not
+    # (an export put there, a checkpoint renamed by hand) is refused, nothing moved.
+    checkpointing.survey(directory)
     if checkpointing.has_checkpoints(workdir):
         return True
     aside = checkpointing.set_aside(workdir)

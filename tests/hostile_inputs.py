@@ -568,6 +568,88 @@ def _nonutf8_workdir(ctx: Context):
     return argv, []
 
 
+def _beside_users_folders(ctx: Context):
+    """The trained run's copy whose checkpoints/ holds a user's backup of checkpoint 6 and a
+    folder of notes: resumed beside them, they stay as they are."""
+    w = ctx.copy("beside")
+    shutil.copytree(w / "checkpoints" / "6", w / "checkpoints" / "6_copy")
+    (w / "checkpoints" / "backup").mkdir()
+    (w / "checkpoints" / "backup" / "notes.txt").write_text("a user's file")
+    kept = [w / "checkpoints" / "6_copy", w / "checkpoints" / "backup"]
+    return _train(ctx, w, "--config.train.num_steps=9"), kept
+
+
+def _export_in_checkpoints(ctx: Context):
+    """An export put at checkpoints/99 before the --out check existed (or by hand)."""
+    w = ctx.copy("exported")
+    shutil.copytree(ctx.export, w / "checkpoints" / "99")
+    return _train(ctx, w, "--config.train.num_steps=9"), [w]
+
+
+def _renamed_checkpoint(ctx: Context):
+    w = ctx.copy("renamed")
+    (w / "checkpoints" / "6").rename(w / "checkpoints" / "9")
+    return _train(ctx, w, "--config.train.num_steps=12"), [w]
+
+
+def _switch_config_file(ctx: Context, switch: int) -> pathlib.Path:
+    """A two_stage micro config (a generator as wide as the discriminator) switching at `switch`."""
+    path = ctx.fresh("two_stage").with_suffix(".py")
+    path.write_text(
+        ctx.config.read_text()
+        + "\n\n_base = get_config\n\n\ndef get_config():\n    config = _base()\n"
+        + "    config.objective.name = 'two_stage'\n"
+        + f"    config.objective.two_stage_steps = {switch}\n"
+        + "    config.generator.hidden_fraction = 1.0\n"
+        + "    config.model.num_heads, config.model.intermediate_size = 1, 256\n"
+        + "    config.train.num_steps = 12\n    return config\n"
+    )
+    return path
+
+
+def _passed_switch_moved_ahead(ctx: Context):
+    """A two_stage run at step 6 that switched at 4 (its config.json says so; the refusal comes
+    before the checkpoints are read), its switch moved to 9 with --allow_change."""
+    w = ctx.copy("switch")
+    code = "import runpy, json, sys\nc = runpy.run_path(sys.argv[1])['get_config']()\n"
+    code += "print(json.dumps(c.to_dict()))"
+    out = subprocess.run(
+        PY + ["-c", code, str(_switch_config_file(ctx, 4))],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    (w / "config.json").write_text(out.stdout)
+    argv = TRAIN + [
+        f"--config={_switch_config_file(ctx, 9)}",
+        f"--workdir={w}",
+        "--allow_change=objective.two_stage_steps",
+    ]
+    return argv, [w]
+
+
+def _corpus_moved_away(ctx: Context):
+    """A run of its own corpus stopped at step 3, the corpus then moved: it resumes from the
+    shards its data record names (a run of its own: the shared corpus stays)."""
+    corpus = ctx.fresh("corpus").with_suffix(".txt")
+    shutil.copy(ctx.corpus, corpus)
+    w = ctx.fresh("moved")
+    source = f"--config.data.source=text:{corpus}"
+    code, err, _ = _run(_train(ctx, w, source, "--config.train.num_steps=3"), timeout=600)
+    if code != 0:
+        raise RuntimeError(f"training the run whose corpus moves failed:\n{err[-3000:]}")
+    corpus.rename(corpus.with_suffix(".moved"))
+    return _train(ctx, w, source), [w / "data", w / "tokenizer"]
+
+
+def _reached_step_6(ctx: Context, argv: list) -> str:
+    w = pathlib.Path(next(a for a in argv if str(a).startswith("--workdir=")).split("=", 1)[1])
+    steps = sorted(p.name for p in (w / "checkpoints").iterdir() if p.name.isdigit())
+    return "" if "6" in steps else f"checkpoints/ holds {steps}"
+
+
 def cases() -> list[Case]:
     return [
         # ---- train: settings, each one line before any work
@@ -847,6 +929,44 @@ def cases() -> list[Case]:
             "prepare, then init_from with another tokenizer",
             _prepare_then_init_from,
             contains=" other than the one train.init_from=",
+        ),
+        Case("resume beside a user's folders in checkpoints/", _beside_users_folders, expect="ok"),
+        Case(
+            "resume, an export at checkpoints/99",
+            _export_in_checkpoints,
+            contains="orbax would take it for checkpoint 99",
+        ),
+        Case(
+            "resume, checkpoint 6 renamed 9",
+            _renamed_checkpoint,
+            contains="holds the run's state at step 6",
+        ),
+        Case(
+            "resume, a passed two_stage switch moved ahead",
+            _passed_switch_moved_ahead,
+            contains="would rewrite the run's phases",
+        ),
+        Case(
+            "resume, num_steps below the checkpoint",
+            lambda ctx: (lambda w: (_train(ctx, w, "--config.train.num_steps=3"), [w]))(
+                ctx.copy("shorter")
+            ),
+            contains="is below step 6",
+        ),
+        Case(
+            "resume a finished run",
+            lambda ctx: (lambda w: (_train(ctx, w), [w / "checkpoints", w / "config.json"]))(
+                ctx.copy("finished")
+            ),
+            expect="ok",
+            contains="nothing was trained",
+        ),
+        Case(
+            "resume, corpus moved away",
+            _corpus_moved_away,
+            expect="ok",
+            timeout=600,
+            after=_reached_step_6,
         ),
     ]
 

@@ -23,8 +23,12 @@ def _cfg(keep=5, keep_every_steps=0):
     )
 
 
-def _iterator():
-    return iter(grain.MapDataset.range(1000).batch(4).to_iter_dataset())
+def _iterator(position=0):
+    """Batches of 4 counting up, `position` of them read (a run's position at that step)."""
+    it = iter(grain.MapDataset.range(1000).batch(4).to_iter_dataset())
+    for _ in range(position):
+        next(it)
+    return it
 
 
 def _state(step):
@@ -107,7 +111,7 @@ def test_damaged_latest_is_moved_aside_and_the_previous_one_used(tmp_path, victi
     # Kept for inspection, and orbax does not list it as a step when the run goes on.
     manager = checkpointing.make_manager(str(tmp_path), _cfg())
     assert manager.all_steps() == [2]
-    checkpointing.save(manager, 5, _state(5), _iterator())
+    checkpointing.save(manager, 5, _state(5), _iterator(5))
     manager.wait_until_finished()
     manager.close()
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["2", "5", "5.corrupt"]
@@ -503,3 +507,144 @@ def test_each_machine_error_moves_nothing(tmp_path, monkeypatch, kind, legacy):
         _restore(str(tmp_path))
     assert advice in str(e.value) and "nothing was moved" in str(e.value)
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["2", "5"]
+
+
+# ------------------------------------------------------- folders in checkpoints/ not the run's
+
+
+def _tree(path) -> dict:
+    """{relative path: bytes, or None for a folder} of everything under `path`."""
+    return {
+        str(p.relative_to(path)): None if p.is_dir() else p.read_bytes()
+        for p in sorted(path.rglob("*"))
+    }
+
+
+def test_folders_that_are_not_steps_are_left_alone_with_one_line(tmp_path):
+    _write(str(tmp_path), [2, 5])
+    checkpoints = tmp_path / "checkpoints"
+    shutil.copytree(checkpoints / "5", checkpoints / "5_copy")  # a user's backup
+    (checkpoints / "backup").mkdir()
+    (checkpoints / "backup" / "notes.txt").write_text("a user's file")
+    shutil.copytree(checkpoints / "2", checkpoints / "002")  # no step to orbax: a leading 0
+    theirs = {n: _tree(checkpoints / n) for n in ("5_copy", "backup", "002")}
+    state, it, lines = _restore(str(tmp_path))
+    assert int(state["step"]) == 5 and list(next(it)) == [20, 21, 22, 23]
+    assert lines == [
+        f"{checkpoints} also holds 002, 5_copy and backup, which are not this run's "
+        "checkpoints: left as they are"
+    ]
+    # The run goes on beside them: orbax neither lists nor deletes them (keep=1 drops 5 and 6).
+    _write(str(tmp_path), [6, 7], _cfg(keep=1))
+    assert sorted(os.listdir(checkpoints)) == ["002", "5_copy", "7", "backup"]
+    assert {n: _tree(checkpoints / n) for n in theirs} == theirs
+    assert checkpointing.saved_steps(str(tmp_path)) == [7]
+
+
+def _export_there(checkpoints):
+    (checkpoints / "9" / "discriminator").mkdir(parents=True)
+    (checkpoints / "9" / "export.json").write_text("{}")
+
+
+def _file_there(checkpoints):
+    (checkpoints / "9").write_text("a user's file")
+
+
+def _other_digits(checkpoints):
+    # orbax's step names are [1-9] then any of Unicode's decimal digits: '9' and ARABIC-INDIC
+    # DIGIT NINE, a step 99 to it.
+    shutil.copytree(checkpoints / "5", checkpoints / "9\u0669")
+
+
+@pytest.mark.parametrize(
+    "make,says",
+    [
+        (_export_there, "holds discriminator, export.json, not a checkpoint"),
+        (_file_there, "is a file, not a checkpoint folder"),
+        (_other_digits, "is named in digits that this run never writes"),
+    ],
+    ids=["an export", "a file", "non-ASCII digits"],
+)
+def test_an_entry_orbax_takes_for_a_step_that_is_no_checkpoint_is_refused_and_kept(
+    tmp_path, make, says
+):
+    """Left in place, orbax would restore it (or set it aside as damage), delete it once older
+    than checkpoint.keep, and fail to save step 9 (StepAlreadyExistsError)."""
+    _write(str(tmp_path), [2, 5])
+    checkpoints = tmp_path / "checkpoints"
+    make(checkpoints)
+    before = _tree(checkpoints)
+    with pytest.raises(checkpointing.ForeignFolderError) as e:
+        _restore(str(tmp_path))
+    message = str(e.value)
+    assert says in message and "orbax would take it for checkpoint 9" in message  # or 99
+    assert f"move it out of {checkpoints}; nothing was changed" in message
+    assert "\n" not in message
+    assert _tree(checkpoints) == before
+
+
+def test_a_checkpoint_renamed_by_hand_is_refused_naming_what_it_holds(tmp_path):
+    """Found from its input position before orbax opens it: resumed, it would train steps 6 to 9
+    again and fail to save step 9, which its own folder holds."""
+    _write(str(tmp_path), [2, 5])
+    checkpoints = tmp_path / "checkpoints"
+    os.rename(checkpoints / "5", checkpoints / "9")
+    before = _tree(checkpoints)
+    with pytest.raises(checkpointing.ForeignFolderError) as e:
+        _restore(str(tmp_path))
+    assert str(e.value) == (
+        f"{checkpoints}/9 holds the run's state at step 5 (its input position), not step 9: "
+        "renamed or copied by hand, it would be resumed as the wrong step; rename it back to "
+        f"{checkpoints}/5, or move it out of {checkpoints}; nothing was changed"
+    )
+    assert _tree(checkpoints) == before
+    # A copy beside the original: the way out is to move it away.
+    shutil.copytree(checkpoints / "9", checkpoints / "5")
+    with pytest.raises(checkpointing.ForeignFolderError, match=r"\(.*/5 is there\)"):
+        checkpointing.survey(str(checkpoints))
+
+
+def test_a_renamed_checkpoint_without_a_position_is_found_by_its_state(tmp_path):
+    """A state-only checkpoint (fine-tuning's) has no input position: its state's step says."""
+    manager = checkpointing.make_manager(str(tmp_path), _cfg())
+    for step in (2, 5):
+        checkpointing.save(manager, step, _state(step), None)
+        manager.wait_until_finished()
+    manager.close()
+    checkpoints = tmp_path / "checkpoints"
+    os.rename(checkpoints / "5", checkpoints / "9")
+    assert checkpointing.survey(str(checkpoints)) == []  # nothing to read it from before
+    manager = checkpointing.make_manager(str(tmp_path), _cfg())
+    try:
+        with pytest.raises(checkpointing.ForeignFolderError, match="at step 5 \\(its train state"):
+            checkpointing.restore_latest(manager, _abstract(), None)
+    finally:
+        manager.close()
+    assert sorted(os.listdir(checkpoints)) == ["2", "9"]
+
+
+def test_step_names_are_ascii_digits_as_orbax_writes_them(tmp_path):
+    checkpoints = tmp_path / "checkpoints"
+    for name in ("\u00b2", "007", "\u0669", "3", "4.corrupt", "\u00b2.corrupt"):
+        (checkpoints / name).mkdir(parents=True)
+    # '²' passes str.isdigit() and fails int(); '007' and '٩' are no names orbax gives a step.
+    assert checkpointing.saved_steps(str(tmp_path)) == [3]
+    assert checkpointing.set_aside(str(tmp_path)) == ["4.corrupt"]
+    others = ["007", "\u00b2", "\u00b2.corrupt", "\u0669"]
+    assert checkpointing.survey(str(checkpoints)) == others
+
+
+def test_a_step_folder_that_cannot_be_listed_is_left_to_the_restore(tmp_path, monkeypatch):
+    """The survey cannot tell what it holds: no verdict (the restore names the machine's error
+    in one line, as test_each_machine_error_moves_nothing checks)."""
+    _write(str(tmp_path), [2, 5])
+    checkpoints = str(tmp_path / "checkpoints")
+    real = checkpointing.paths.listdir
+
+    def listdir(path):
+        if path != checkpoints:
+            raise PermissionError(13, "Permission denied", path)
+        return real(path)
+
+    monkeypatch.setattr(checkpointing.paths, "listdir", listdir)
+    assert checkpointing.survey(checkpoints) == []

@@ -82,6 +82,27 @@ def test_train_writes_the_workdir_and_resumes_exactly(shared_data, tmp_path):
             assert a[k] == b[k], (a["step"], k)
 
 
+def test_a_finished_run_run_again_says_that_nothing_was_trained(shared_data, tmp_path, capsys):
+    """Exit 0 (the run is done, as asked), but never silent; the workdir is left as it was."""
+    cfg = config_with(shared_data)
+    cfg.train.num_steps = 3
+    workdir = tmp_path / "w"
+    loop.train(cfg, str(workdir))
+    before = {p: p.read_bytes() for p in (workdir / "checkpoints").rglob("*") if p.is_file()}
+    rows = metrics.read_rows(str(workdir / "metrics.jsonl"))
+    capsys.readouterr()
+    assert loop.train(cfg, str(workdir)) == {}
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == (
+        f"the run in {workdir} is already at step 3 (train.num_steps=3): nothing was trained; "
+        "raise train.num_steps above 3 to go on"
+    )
+    assert "compiled" not in err
+    assert metrics.read_rows(str(workdir / "metrics.jsonl")) == rows
+    after = {p: p.read_bytes() for p in (workdir / "checkpoints").rglob("*") if p.is_file()}
+    assert after == before
+
+
 @pytest.mark.slow
 def test_resume_drops_rows_logged_after_the_last_checkpoint(shared_data, tmp_path):
     cfg = config_with(shared_data)

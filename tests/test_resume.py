@@ -8,6 +8,7 @@ import pytest
 
 from electra_jax import checkpointing, loop, resume, workdir
 from electra_jax.checkpointing import CheckpointError
+from electra_jax.data import DataError
 from electra_jax.validate import ConfigError, flatten
 from tests.conftest import micro_config
 from tests.test_loop import config_with, prepare_shared_data
@@ -219,6 +220,95 @@ def test_an_unreadable_config_or_only_damaged_checkpoints_are_refused(tmp_path):
         resume.plan(micro_config(), damaged)
 
 
+def _switch_config(name: str, key: str, value: int):
+    """The micro config under objective `name` ('two_stage' or 'adversarial') with its switch
+    `key` at `value`, 12 steps long."""
+    from tests.test_train_step import two_stage_config
+
+    config = two_stage_config() if name == "two_stage" else micro_config()
+    config.objective.name = name
+    config.objective[key.split(".")[1]] = value
+    config.train.num_steps = 12
+    return config
+
+
+@pytest.mark.parametrize(
+    "name,key",
+    [("two_stage", "objective.two_stage_steps"), ("adversarial", "objective.mle_warmup_steps")],
+)
+def test_a_switch_moved_across_the_resumed_step_is_refused(tmp_path, name, key):
+    """Resumed at step 6: a switch behind the run may move behind it, one ahead ahead of it;
+    across, the run would go back into a phase it left (two_stage: copy the generator over the
+    trained discriminator again), or past a switch it never made."""
+    for old, new, refused in [
+        (4, 9, "passed its switch at step 4; at 9 it would go back into the first phase"),
+        (4, 6, "passed its switch at step 4; at 6"),  # the update of step 6 would switch again
+        (8, 3, "has not reached its switch at step 8; at 3 the switch would lie behind the run"),
+        (4, 2, None),  # behind the run either way: nothing changes
+        (8, 10, None),
+        (8, 6, None),  # the next update switches
+    ]:
+        path = _run_workdir(
+            tmp_path / f"w{old}-{new}", _stored(_switch_config(name, key, old)), ["6"]
+        )
+        config = _switch_config(name, key, new)
+        if refused is None:
+            run = resume.plan(config, path, (key,))
+            run.release()
+            assert run.changes == {key: (old, new)}
+            continue
+        with pytest.raises(ConfigError) as e:
+            resume.plan(config, path, (key,))
+        message = str(e.value)
+        assert message.startswith(f"--allow_change={key}: {key}={new} would rewrite the run's")
+        assert refused in message and "\n" not in message
+        way = "keep it below 6" if old < 6 else "set it to 6 to switch at the next step"
+        assert way in message
+        # The claim went with the refusal; nothing was written.
+        assert not os.path.exists(os.path.join(path, workdir.CHANGES_FILE))
+    # Another objective does not read the key: its change is any allowed change.
+    path = _run_workdir(tmp_path / "electra", _stored(micro_config()), ["6"])
+    config = micro_config()
+    config.objective[key.split(".")[1]] = 9
+    resume.plan(config, path, (key,)).release()
+
+
+def test_num_steps_below_the_resumed_step_is_refused_before_any_work(tmp_path):
+    path = _run_workdir(tmp_path / "w", steps=("3", "6"))
+    config = micro_config()
+    config.train.num_steps = 4
+    with pytest.raises(ConfigError) as e:
+        resume.plan(config, path)
+    assert str(e.value) == (
+        f"train.num_steps=4 is below step 6, where the run in {path} is (checkpoint 6): "
+        "nothing would be trained, and a run is not shortened after the fact; set "
+        "train.num_steps above 6 to go on, or use a new --workdir for a shorter run"
+    )
+    config.train.num_steps = 6  # a finished run run again: the loop says nothing was trained
+    resume.plan(config, path).release()
+
+
+def test_checkpoints_that_are_not_the_runs_are_refused_before_any_work(tmp_path):
+    """An export put into checkpoints/, a checkpoint renamed by hand: refused by the plan,
+    before the data is prepared and the step compiled; a user's other folder is no step."""
+    path = _run_workdir(tmp_path / "w", steps=("3",))
+    checkpoints = tmp_path / "w" / "checkpoints"
+    (checkpoints / "backup").mkdir()
+    (checkpoints / "backup" / "notes.txt").write_text("a user's file")
+    resume.plan(micro_config(), path).release()
+    (checkpoints / "99").mkdir()
+    (checkpoints / "99" / "export.json").write_text("{}")
+    with pytest.raises(checkpointing.ForeignFolderError, match="99 holds export.json, not a"):
+        resume.plan(micro_config(), path)
+    os.rename(checkpoints / "99", tmp_path / "export")
+    (checkpoints / "5" / "position").mkdir(parents=True)  # checkpoint 3, renamed
+    position = {"data": {"next_index": 3}, "layout": {"processes": 1, "devices": 1}}
+    (checkpoints / "5" / "position" / "position.json").write_text(json.dumps(position))
+    with pytest.raises(checkpointing.ForeignFolderError, match="state at step 3 .*not step 5"):
+        resume.plan(micro_config(), path)
+    assert sorted(os.listdir(checkpoints)) == ["3", "5", "backup"]
+
+
 def test_init_from_is_loaded_for_a_new_run_only(shared_data, tmp_path):
     first = config_with(shared_data)
     first.train.num_steps, first.checkpoint.every_steps = 1, 1
@@ -420,3 +510,57 @@ def test_the_command_line_refuses_a_changed_corpus_or_a_lost_config_in_one_line(
     assert not (run / "config.json").exists()
     assert sorted(os.listdir(run / "checkpoints")) == ["3"]
     (run / "config.json").write_bytes(stored)
+
+
+def test_a_corpus_moved_away_resumes_from_the_shards_its_record_proves(text_run, capsys):
+    """The shards in the workdir are the rows the run started on: a resume reads them, says so,
+    and trains what the uninterrupted run trains; without a proof it is refused."""
+    config_file, run = text_run
+    cfg = _get(config_file)
+    corpus = os.path.dirname(str(cfg.data.source).removeprefix("text:"))
+    os.rename(corpus, corpus + "-moved")
+    before = {p: p.read_bytes() for p in (run.parent / "cache").rglob("*") if p.is_file()}
+    loop.train(_get(config_file), str(run), stop_after=4)
+    err = capsys.readouterr().err
+    (line,) = [ln for ln in err.splitlines() if "matches no files now" in ln]
+    assert line.startswith(f"data.source '{cfg.data.source}' matches no files now; reading the")
+    assert "which data_record.json proves complete and unchanged" in line
+    assert [r["step"] for r in metrics_rows(run)][-1] == 4
+    after = {p: p.read_bytes() for p in (run.parent / "cache").rglob("*") if p.is_file()}
+    assert after == before  # read, not rewritten
+    # evaluate reads the same rows (the held-out slice of the run's shards) the same way.
+    from electra_jax import evaluate
+
+    rows = evaluate.evaluate_workdir(str(run), steps=[4], heldout_examples=16)
+    assert [r["step"] for r in rows] == [4] and "eval/disc_auc" in rows[0]
+    assert "matches no files now; reading the shards" in capsys.readouterr().err
+
+    # Another source, absent too: the record's shards are not its rows.
+    other = _get(config_file)
+    other.data.source = f"text:{corpus}-elsewhere/*.txt"
+    with pytest.raises(ConfigError, match=r"\(the record's source differs from this run's\)"):
+        loop.train(other, str(run), stop_after=5, allow_changes=("data.source",))
+    # Unproven, refused in one line naming the record and the way out: a shard cut short ...
+    (shard,) = (run.parent / "cache").glob("*/shard-00000.array_record")
+    data = shard.read_bytes()
+    shard.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ConfigError) as e:
+        loop.train(_get(config_file), str(run), stop_after=5)
+    message = str(e.value)
+    assert "cannot stand in for it (prepared shard" in message and "is damaged" in message
+    assert "put the corpus back where data.source says" in message and "delete" not in message
+    shard.write_bytes(data)
+    # ... or a record of other rows than any prepared directory holds (another corpus's).
+    record = json.loads((run / resume.DATA_RECORD).read_text())
+    record["fields"]["source_fingerprint"] = "0" * 64
+    (run / resume.DATA_RECORD).write_text(json.dumps(record))
+    with pytest.raises(ConfigError, match="holds no complete prepared data"):
+        loop.train(_get(config_file), str(run), stop_after=5)
+    # Without a record there is nothing to stand in: the corpus is missing, as for a new run.
+    os.remove(run / resume.DATA_RECORD)
+    with pytest.raises(DataError, match="matches no files; check the glob"):
+        loop.train(_get(config_file), str(run), stop_after=5)
+
+
+def metrics_rows(run) -> list[dict]:
+    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]

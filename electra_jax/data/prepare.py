@@ -188,14 +188,19 @@ def _files_read(stats: sources.SourceStats) -> str:
 
 
 def _key_fields(
-    data_cfg, source: sources.Source, tokenizer: tokenizer_lib.Tokenizer, seed: int
+    data_cfg,
+    source: sources.Source,
+    tokenizer: tokenizer_lib.Tokenizer,
+    seed: int,
+    fingerprint: str | None = None,
 ) -> dict:
+    """The key fields; `fingerprint` stands for the source's content key (not read then)."""
     # Shard size is left out: the loader reads all shards as one sequence, so it does not change
     # what training sees.
     return {
         "format": _FORMAT,
         "source": source.name,
-        "source_fingerprint": source.fingerprint(),
+        "source_fingerprint": source.fingerprint() if fingerprint is None else fingerprint,
         "tokenizer_fingerprint": tokenizer.fingerprint,
         "seq_length": int(data_cfg.seq_length),
         "seed": int(seed),
@@ -213,6 +218,47 @@ def key_fields(data_cfg, tokenizer: tokenizer_lib.Tokenizer, seed: int) -> dict:
     packing probabilities, row format), found without reading the corpus: what a resume
     compares with the run's start (resume.py) before any data is prepared."""
     return _key_fields(data_cfg, sources.from_config(data_cfg), tokenizer, seed)
+
+
+def recorded(
+    data_cfg,
+    tokenizer: tokenizer_lib.Tokenizer,
+    cache_dir: str,
+    seed: int,
+    fields: dict,
+    min_examples: int = 1,
+) -> PreparedData:
+    """The prepared directory under `cache_dir` of the rows that `fields` describe (key_fields
+    as recorded when they were prepared: a run's data record), found without reading
+    data.source: for a corpus that is gone. Proven to be those rows as a reuse is, and more:
+    the config's other key fields (tokenizer, seq_length, seed, ...) are the recorded ones,
+    the directory is named after the fields' key, its manifest records that key and those
+    fields, and every shard it names is there with the manifest's number of records.
+
+    Raises:
+      DataError: saying which of these fails (one line; the caller says what to do).
+    """
+    source = sources.from_config(data_cfg)
+    content = fields.get("source_fingerprint")
+    if not isinstance(content, str):
+        raise DataError("the record holds no content key of the corpus")
+    now = _key_fields(data_cfg, source, tokenizer, seed, fingerprint=content)
+    differ = sorted(k for k in set(now) | set(fields) if now.get(k) != fields.get(k))
+    if differ:
+        verb = "differs" if len(differ) == 1 else "differ"
+        raise DataError(f"the record's {', '.join(differ)} {verb} from this run's")
+    key = _hash(fields)
+    target = paths.join(paths.absolute(cache_dir), key[:16])
+    if not paths.isfile(paths.join(target, MANIFEST)):
+        raise DataError(f"{target} holds no complete prepared data (no {MANIFEST})")
+    try:
+        prepared = _reuse(target, data_cfg, key, min_examples)
+    except DataError as e:  # its way out, preparing the data again, needs the corpus
+        raise DataError(str(e).split("; delete ", 1)[0]) from None
+    manifest = prepared.manifest
+    if manifest.get("key") != key or any(manifest.get(k) != v for k, v in fields.items()):
+        raise DataError(f"{paths.join(target, MANIFEST)} records other rows than the record")
+    return prepared
 
 
 def content_key(data_cfg, tokenizer: tokenizer_lib.Tokenizer, seed: int) -> str:

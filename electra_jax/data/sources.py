@@ -289,13 +289,18 @@ def _builtin_documents() -> Iterator[list[str]]:
         yield from _docstring_documents(path)
 
 
+class SourceAbsent(DataError):
+    """A file source whose glob matches no file (the corpus moved or deleted): what a resume can
+    stand in for with the shards its data record names (resume.prepared_data)."""
+
+
 def _matched_files(source: str, pattern: str) -> list[str]:
     """The files a file source's glob matches, sorted (`source`: data.source, for messages)."""
     if uri_scheme(pattern):
         return _remote_files(source, pattern)
     paths = _local_glob(os.path.expanduser(pattern))
     if not paths:
-        raise DataError(
+        raise SourceAbsent(
             f"data.source '{source}' matches no files; check the glob (use ** for "
             "subdirectories) and that the files exist"
         )
@@ -791,7 +796,8 @@ def _remote_files(source: str, pattern: str) -> list[str]:
             paths, errors = _remote_glob(top, parts[magic[0] :], what)
     if not paths:
         why = f" (listing failed: {errors[0]})" if errors else ""
-        raise DataError(
+        # Listed without an error, the files are gone; a failed listing says nothing of them.
+        raise (DataError if errors else SourceAbsent)(
             f"{what} matches no files{why}; check the glob (use ** for subdirectories), that "
             "the objects exist and that this machine can read them"
         )

@@ -652,7 +652,9 @@ def _finetune(config, workdir, family: Family, task, started, stop_after, comman
                 ),
                 "history": jax.ShapeDtypeStruct(history.shape, history.dtype, sharding=replicated),
             }
-            restored = checkpointing.restore_latest(manager, abstract, None, log=log)
+            restored = checkpointing.restore_latest(
+                manager, abstract, None, log=log, step_of=lambda r: r["train"].step
+            )
             if restored is not None:
                 state, history = restored["train"], np.array(restored["history"])
                 first = int(state.step)

@@ -710,3 +710,37 @@ def test_parquet_and_jsonl_corpora_prepare_as_text_does(tokenizer, tmp_path):
     _write_parquet(tmp_path / "c.parquet", rows[:6])
     other = prepare_lib.prepare(make_cfg(parquet), tokenizer, str(tmp_path / "a"), seed=0)
     assert other.directory != a.directory and other.num_examples < a.num_examples
+
+
+def test_recorded_rows_are_found_without_the_corpus_and_only_when_proven(
+    corpus, tokenizer, tmp_path
+):
+    """prepare.recorded: the prepared folder of a record's key fields (a run's data record),
+    found with the corpus gone, and only when the record proves it to be those rows."""
+    from electra_jax.data import sources
+
+    folder = tmp_path / "corpus"
+    shutil.copytree(corpus.removeprefix("text:").removesuffix("/*.txt"), folder)
+    cfg = make_cfg(f"text:{folder}/*.txt")
+    cache = str(tmp_path / "cache")
+    made = prepare_lib.prepare(cfg, tokenizer, cache, seed=0)
+    fields = prepare_lib.key_fields(cfg, tokenizer, 0)  # what the record holds
+    os.rename(folder, tmp_path / "moved")
+    with pytest.raises(sources.SourceAbsent, match="matches no files"):
+        prepare_lib.key_fields(cfg, tokenizer, 0)
+    found = prepare_lib.recorded(cfg, tokenizer, cache, 0, fields)
+    assert found.directory == made.directory and found.shard_paths == made.shard_paths
+    assert found.num_examples == made.num_examples
+    # Not proven: other settings than the record's, a record of other rows, a folder of others.
+    with pytest.raises(DataError, match="^the record's seed differs from this run's$"):
+        prepare_lib.recorded(cfg, tokenizer, cache, 1, fields)
+    other = {**fields, "source_fingerprint": "0" * 64}
+    with pytest.raises(DataError, match="holds no complete prepared data"):
+        prepare_lib.recorded(cfg, tokenizer, cache, 0, other)
+    _edit_manifest(made.directory, _with(short_seq_prob=0.5))
+    with pytest.raises(DataError, match="manifest.json records other rows than the record"):
+        prepare_lib.recorded(cfg, tokenizer, cache, 0, fields)
+    _edit_manifest(made.directory, _with(short_seq_prob=cfg.short_seq_prob, examples=1))
+    with pytest.raises(DataError) as e:  # damaged: named, without "delete" (the corpus is gone)
+        prepare_lib.recorded(cfg, tokenizer, cache, 0, fields)
+    assert "is damaged" in str(e.value) and "delete" not in str(e.value)

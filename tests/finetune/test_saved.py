@@ -83,6 +83,26 @@ def test_a_stopped_run_resumes_bit_for_bit(tmp_path, capfd, family):
     assert _files(resumed) == before
 
 
+def test_a_checkpoint_renamed_by_hand_is_refused_not_resumed_as_another_step(tmp_path):
+    """Checkpoint 4 renamed 8: resumed as step 8, the run would train steps 5 to 8 again and
+    die saving step 8 (StepAlreadyExistsError). Its train state's step gives it away; nothing
+    is moved."""
+    from electra_jax import checkpointing
+
+    config = _glue(tmp_path)
+    workdir = tmp_path / "w"
+    loop.finetune(config, str(workdir), stop_after=4)
+    checkpoints = workdir / "checkpoints"
+    os.rename(checkpoints / "4", checkpoints / "8")
+    before = _files(workdir)
+    with pytest.raises(checkpointing.ForeignFolderError) as e:
+        loop.finetune(config, str(workdir))
+    assert str(e.value).startswith(
+        f"{checkpoints}/8 holds the run's state at step 4 (its train state), not step 8"
+    )
+    assert _files(workdir) == before
+
+
 def test_the_workdir_keeps_weights_tokenizer_and_labels_and_load_predicts(tmp_path):
     config = _glue(tmp_path)
     workdir = tmp_path / "w"
