@@ -551,13 +551,13 @@ def test_a_corpus_moved_away_resumes_from_the_shards_its_record_proves(text_run,
     assert "put the corpus back where data.source says" in message and "delete" not in message
     shard.write_bytes(data)
     # ... or a record of other rows than any prepared directory holds (another corpus's).
-    record = json.loads((run / resume.DATA_RECORD).read_text())
+    record = json.loads((run / workdir.DATA_RECORD).read_text())
     record["fields"]["source_fingerprint"] = "0" * 64
-    (run / resume.DATA_RECORD).write_text(json.dumps(record))
+    (run / workdir.DATA_RECORD).write_text(json.dumps(record))
     with pytest.raises(ConfigError, match="holds no complete prepared data"):
         loop.train(_get(config_file), str(run), stop_after=5)
     # Without a record there is nothing to stand in: the corpus is missing, as for a new run.
-    os.remove(run / resume.DATA_RECORD)
+    os.remove(run / workdir.DATA_RECORD)
     with pytest.raises(DataError, match="matches no files; check the glob"):
         loop.train(_get(config_file), str(run), stop_after=5)
 

@@ -252,7 +252,7 @@ def recorded(
     if not paths.isfile(paths.join(target, MANIFEST)):
         raise DataError(f"{target} holds no complete prepared data (no {MANIFEST})")
     try:
-        prepared = _reuse(target, data_cfg, key, min_examples)
+        prepared = _reuse(target, data_cfg, key, min_examples, tokenizer.pad_id)
     except DataError as e:  # its way out, preparing the data again, needs the corpus
         raise DataError(str(e).split("; delete ", 1)[0]) from None
     manifest = prepared.manifest
