@@ -15,13 +15,16 @@ benchmarks/RESULTS.md ("Train step, CPU", change log and activation memory; ELEC
   dropout_bits    threefry words for masks   11 -> 0.8 ms per 1M words; with the 2-D matmuls:
                                                4.72 -> 3.62 s/step under load
   gelu_dense      autodiff of gelu(h)W + b   temporaries 1458 -> 1086 MB; step 0.977x (A/B)
-  attention_core  autodiff of attention      temporaries 1086 -> 992 MB; step within noise
-                    with dropout
+  attention_core  autodiff of attention      temporaries 1086 -> 992 MB; step within noise;
+                    with dropout               its backward's row sums from dO . O: the TPU
+                                               compiler's plan for a base layer (RESULTS.md,
+                                               "What holds the MFU ceiling") 11.96 -> 10.82 GB
 
-Backends: every kernel is used on every backend today, and all were measured on XLA:CPU only.
-On GPU and TPU they compute the same numbers but are not measured yet; the reductions and the
-erf they avoid are cheap there, so a GPU measurement (benchmarks/gpu.sh) may turn one off for
-that backend, with its figure here. `fused_attention_args` is the other attention path: jax's
+Backends: every kernel is used on every backend today, and all were measured on XLA:CPU only
+(attention_core's row sums also in the TPU compiler's plan, not on a TPU). On GPU and TPU they
+compute the same numbers but are not timed yet; the reductions and the erf they avoid are cheap
+there, so a GPU measurement (benchmarks/gpu.sh) may turn one off for that backend, with its
+figure here. `fused_attention_args` is the other attention path: jax's
 fused dot_product_attention ('xla' or cuDNN), chosen with model.attention.
 """
 
