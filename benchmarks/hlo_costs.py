@@ -10,6 +10,8 @@ compiler's `estimated_cycles` in its backend config; this prints their sum and t
 reads and writes (its operands and results, as XLA's cost analysis counts them), by part of the
 model (from each instruction's op_name: network, layer part, forward or backward) and the
 largest instructions one by one. --hlo=FILE also writes the optimized program's text.
+--layer=N compiles one discriminator layer alone instead (forward and backward, N rows a
+device, for one device of the slice): a change to a layer measured in minutes, not the step.
 --set SECTION.KEY=VALUE changes the config (repeatable), as train.py's --config.SECTION.KEY.
 """
 
@@ -139,6 +141,47 @@ def _compiled(config, topology_name: str, layers: int):
     return compiled, seconds
 
 
+def layer_compiled(config, topology_name: str, batch_per_device: int):
+    """One discriminator layer of `config` (its TransformerLayer with the config's width,
+    heads, dtype, dropout and remat), forward and backward of the sum of its squared outputs,
+    at `batch_per_device` rows of data.seq_length, compiled for one device of the slice:
+    (compiled, seconds)."""
+    import functools
+
+    import jax
+    import jax.numpy as jnp
+
+    from electra_jax import dry_run, topology
+    from electra_jax.model import TransformerLayer, spec_from_config
+
+    device = topology.compile_only_devices(topology.resolve(topology_name))[0]
+    spec = spec_from_config(config.model, config.generator, config.data.vocab_size,
+                            config.train.remat)  # fmt: skip
+    layer = TransformerLayer(spec, spec.discriminator)
+    shape = (batch_per_device, config.data.seq_length, spec.discriminator.hidden_size)
+    bias = (batch_per_device, 1, 1, config.data.seq_length)  # the padding mask's, an input
+    init = functools.partial(layer.init, deterministic=False)
+    keys = {"params": jax.random.PRNGKey(0), "dropout": jax.random.PRNGKey(1)}
+    params = jax.eval_shape(lambda: init(keys, jnp.zeros(shape), jnp.zeros(bias)))
+
+    def loss(params, x, bias, key):
+        y = layer.apply(params, x, bias, False, rngs={"dropout": key})
+        return jnp.sum(y.astype(jnp.float32) ** 2)
+
+    on = jax.sharding.SingleDeviceSharding(device)
+    abstract = jax.tree_util.tree_map(
+        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=on),
+        (
+            params,
+            *(jax.ShapeDtypeStruct(s, jnp.float32) for s in (shape, bias)),
+            jax.ShapeDtypeStruct((2,), jnp.uint32),
+        ),  # fmt: skip
+    )
+    step = jax.jit(jax.grad(loss, argnums=(0, 1)))
+    with dry_run._without_persistent_cache():
+        return dry_run._compile(step, *abstract)
+
+
 def main() -> None:
     parser = _cli.Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default="configs/base.py", help="a pre-training config")
@@ -147,6 +190,12 @@ def main() -> None:
     parser.add_argument("--top", type=_cli.natural_int, default=25, help="instructions listed")
     parser.add_argument("--set", action="append", default=[], help="SECTION.KEY=VALUE")
     parser.add_argument("--hlo", default="", help="write the optimized program's text here")
+    parser.add_argument(
+        "--layer",
+        type=_cli.natural_int,
+        default=0,
+        help="N > 0: one discriminator layer alone at N rows a device, not the step",
+    )
     args = parser.parse_args()
     config = _cli.config("--config", args.config)
     with config.unlocked():
@@ -159,7 +208,10 @@ def main() -> None:
         topology.resolve(args.topology)
         topology.require_libtpu()
     with _cli.failures(""):
-        compiled, seconds = _compiled(config, args.topology, args.layers)
+        if args.layer:
+            compiled, seconds = layer_compiled(config, args.topology, args.layer)
+        else:
+            compiled, seconds = _compiled(config, args.topology, args.layers)
     hlo = compiled.as_text()
     if args.hlo:
         from electra_jax import jsonio
@@ -168,7 +220,8 @@ def main() -> None:
     rows = instructions(hlo)
     costs = dry_run._costs(compiled)
     print(json.dumps({
-        "config": args.config, "topology": args.topology, "layers": args.layers,
+        "config": args.config, "topology": args.topology,
+        **({"layer_rows": args.layer} if args.layer else {"layers": args.layers}),
         "compile_seconds": round(seconds, 1),
         "estimated_cycles": sum(r["cycles"] for r in rows),
         "xla_flops": costs.get("flops"), "xla_bytes_accessed": costs.get("bytes accessed"),

@@ -11,7 +11,7 @@ import pytest
 
 from benchmarks import gpu_data
 from electra_jax import dry_run, topology
-from tests.conftest import ROOT, SHARED, subprocess_env
+from tests.conftest import ROOT, SHARED, micro_config, subprocess_env
 from tests.test_topology import libtpu_env, needs_libtpu  # noqa: F401  (a fixture)
 
 
@@ -286,3 +286,20 @@ def test_compile_table_again_replaces_a_row_in_its_place(tmp_path, monkeypatch):
     rows = json.loads((tmp_path / "table.json").read_text())
     assert [r["error"] for r in rows] == ["error: run 3", "error: run 2"]
     assert "run 3" in (tmp_path / "table.md").read_text()
+
+
+@needs_libtpu
+@pytest.mark.usefixtures("libtpu_env")
+def test_hlo_costs_compiles_one_discriminator_layer_alone():
+    """--layer: one layer's forward and backward, whose attention core and feed-forward parts
+    are found in both directions, and whose FLOPs are at least the layer's matmuls'."""
+    from benchmarks import hlo_costs
+
+    config = micro_config()
+    compiled, _ = hlo_costs.layer_compiled(config, "v5e:2x2", 2)
+    parts = {p["part"] for p in hlo_costs.by_part(hlo_costs.instructions(compiled.as_text()))}
+    for part in ("attention_core", "ffn"):
+        assert {f"{part}/forward", f"{part}/backward"} <= parts, parts
+    tokens, width = 2 * config.data.seq_length, config.model.hidden_size
+    matmuls = 2 * tokens * (4 * width * width + 2 * width * config.model.intermediate_size)
+    assert dry_run._costs(compiled)["flops"] >= 3 * matmuls  # forward and two gradients
