@@ -7,7 +7,9 @@ Each row is one `python -m electra_jax.train --config=... --dry_run --topology=.
 process: a large compile holds gigabytes), so the table shows exactly what a user's command
 prints. Rows are written to OUT.json (and the markdown table to OUT.md) as each finishes, so an
 interrupted run keeps the rows it has; a rerun skips the rows OUT.json already holds.
---only=NAME,... runs the rows whose names are given.
+--only=NAME,... runs the rows whose names are given; --again runs them even where OUT.json
+holds them, each new row taking its old one's place once it is done (a change to the program
+measured against the table's figures).
 """
 
 from __future__ import annotations
@@ -110,21 +112,27 @@ def main() -> None:
     parser.add_argument(
         "--timeout", type=_cli.positive_float, default=3600.0, help="seconds per row"
     )
+    parser.add_argument("--again", action="store_true", help="rerun rows OUT.json holds")
     args = parser.parse_args()
     known = [row_name(*r) for r in ROWS]
     wanted = set(_cli.names("--only", args.only, known, "rows")) if args.only else set(known)
     path = args.out + ".json"
     rows = jsonio.read_json(path, ValueError, default=[])
-    done = {row_name(r["config"], r["topology"], r["overrides"]) for r in rows}
+    done = [row_name(r["config"], r["topology"], r["overrides"]) for r in rows]
     for spec in ROWS:
         name = row_name(*spec)
-        if name not in wanted or name in done:
+        if name not in wanted or (name in done and not args.again):
             continue
         print(f"{name} ...", flush=True)
-        rows.append(run_row(*spec, timeout=args.timeout))
+        row = run_row(*spec, timeout=args.timeout)
+        if name in done:
+            rows[done.index(name)] = row
+        else:
+            rows.append(row)
+            done.append(name)
         jsonio.write_json(path, rows)
         jsonio.write_atomic(args.out + ".md", markdown(rows))
-        print(f"  {json.dumps(rows[-1])}", flush=True)
+        print(f"  {json.dumps(row)}", flush=True)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ others wait; every host writes its part of each checkpoint.
 
 Meant for a TPU v3-512 or v5p-128 slice as it stands (the TPU compiler's plans: 10.8 of each v3
 core's 16 GiB, 39.3 of a v5p chip's 95), or a v4-128 or v6e-64 with --config.train.remat=full,
-which changes no number of the run (11.9 and 12.0 of a chip's 32 GiB; as it stands the step
+which changes no number of the run (12.1 and 12.0 of a chip's 32 GiB; as it stands the step
 needs 36.7G of temporaries against the 30.75G a v4 chip has, 36.8G against a v6e's 31.25G):
 benchmarks/RESULTS.md, "The paper configs compiled for their slices". Before booking another
 slice, compile for it: add --dry_run --topology=SLICE (README, "Will it fit?"). On GPUs, a

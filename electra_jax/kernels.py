@@ -15,13 +15,16 @@ ELECTRA-Small, 32 x 128, float32, XLA:CPU on 2 cores):
   dropout_bits    threefry words for masks   11 -> 0.8 ms per 1M words; with the 2-D matmuls:
                                                4.72 -> 3.62 s/step under load
   gelu_dense      autodiff of gelu(h)W + b   temporaries 1458 -> 1086 MB; step 0.977x (A/B)
-  attention_core  autodiff of attention      temporaries 1086 -> 992 MB; step within noise
-                    with dropout
+  attention_core  autodiff of attention      temporaries 1086 -> 992 MB; step within noise;
+                    with dropout               its backward's row sums from dO . O: the TPU
+                                               compiler's plan for a base layer (RESULTS.md,
+                                               "What holds the MFU ceiling") 11.96 -> 10.82 GB
 
-Backends: every kernel is used on every backend today, and all were measured on XLA:CPU only.
-On GPU and TPU they compute the same numbers but are not measured yet; the reductions and the
-erf they avoid are cheap there, so a GPU measurement (benchmarks/gpu.sh) may turn one off for
-that backend, with its figure here. `fused_attention_args` is the other attention path: jax's
+Backends: every kernel is used on every backend today, and all were measured on XLA:CPU only
+(attention_core's row sums also in the TPU compiler's plan, not on a TPU). On GPU and TPU they
+compute the same numbers but are not timed yet; the reductions and the erf they avoid are cheap
+there, so a GPU measurement (benchmarks/gpu.sh) may turn one off for that backend, with its
+figure here. `fused_attention_args` is the other attention path: jax's
 fused dot_product_attention ('xla' or cuDNN), chosen with model.attention.
 """
 
@@ -171,10 +174,13 @@ def attention_core(q, k, v, bias, key, rate: float):
     q, k, v: [B, heads, L, d]; bias: [B, 1, 1, L] float32; key: a PRNG key (unused at rate 0).
     Returns [B, heads, L, d] in q's dtype; scores and softmax are float32.
 
-    Differentiated by hand: the backward pass keeps q, k, v and the probabilities, and
-    recomputes the dropout mask from its hash (`dropout_bits`) rather than holding the dropped
-    probabilities; the 1/sqrt(d) scale is applied to the float32 scores, not to a copy of q.
-    In configs/small.py's step at 32 x 128 this cut XLA:CPU's temporaries from 1086 to 992 MB.
+    Differentiated by hand: the backward pass keeps q, k, v, the probabilities and the output,
+    and recomputes the dropout mask from its hash (`dropout_bits`) rather than holding the
+    dropped probabilities; the 1/sqrt(d) scale is applied to the float32 scores, not to a copy
+    of q. In configs/small.py's step at 32 x 128 this cut XLA:CPU's temporaries from 1086 to
+    992 MB. The softmax gradient's row sums, sum_k dP[q, k] P[q, k], are taken as
+    sum_d dO[q, d] O[q, d] (the same sum, as FlashAttention takes it) from [B, heads, L, d]
+    arrays instead of from a pass over the [B, heads, L, L] ones.
     """
     return _attention_fwd(q, k, v, bias, key, rate)[0]
 
@@ -193,20 +199,25 @@ def _attention_fwd(q, k, v, bias, key, rate):
     probs = jax.nn.softmax(scores * scale + bias, axis=-1)
     dropped, _ = _dropped(probs, key, rate)
     context = jnp.einsum("bhqk,bhkd->bhqd", dropped.astype(q.dtype), v)
-    return context, (q, k, v, probs, key)
+    return context, (q, k, v, probs, context, key)
 
 
 def _attention_bwd(rate, residuals, g):
-    q, k, v, probs, key = residuals
+    q, k, v, probs, context, key = residuals
     scale = np.float32(1.0 / np.sqrt(q.shape[-1]))
     d_dropped = jnp.einsum("bhqd,bhkd->bhqk", g, v, preferred_element_type=jnp.float32)
-    # The recomputed dropout waits for the cotangent (see _gelu_dense_bwd): d_dropped * 0 adds
-    # nothing a finite gradient can see. Without dropout there is nothing to recompute.
-    tied = probs + d_dropped * np.float32(0.0) if rate else probs
+    # The recomputed dropout waits for the cotangent (see _gelu_dense_bwd): g's first column
+    # [B, heads, L, 1] times 0, broadcast along the keys, adds nothing a finite gradient can
+    # see and is local under any sharding of the batch. Not d_dropped * 0: tied to all of it,
+    # dv's fusion read that [B, heads, L, L] array too, on TPU a pass over it for nothing.
+    # Without dropout there is nothing to recompute.
+    tied = probs + g[..., :1].astype(jnp.float32) * np.float32(0.0) if rate else probs
     dropped, mask = _dropped(tied, key, rate)
     d_probs = d_dropped if mask is None else jnp.where(mask[0], d_dropped * mask[1], 0.0)
     dv = jnp.einsum("bhqk,bhqd->bhkd", dropped.astype(g.dtype), g)
-    d_scores = probs * (d_probs - jnp.sum(d_probs * probs, axis=-1, keepdims=True)) * scale
+    # sum_k dP[q, k] P[q, k] = sum_k dO[q] . v[k] dropped[q, k] = dO[q] . O[q]
+    rows = jnp.sum(g.astype(jnp.float32) * context.astype(jnp.float32), axis=-1)  # [B, heads, L]
+    d_scores = probs * (d_probs - rows[..., None]) * scale
     d_scores = d_scores.astype(q.dtype)
     dq = jnp.einsum("bhqk,bhkd->bhqd", d_scores, k)
     dk = jnp.einsum("bhqk,bhqd->bhkd", d_scores, q)

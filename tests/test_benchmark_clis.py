@@ -265,6 +265,11 @@ CASES = [
         lambda t: ["benchmarks/compile_table.py", "--only=large@v9-8", f"--out={t}/table"],
         "unknown rows large@v9-8",
     ),
+    (
+        "hlo_costs, a slice that is not one",
+        lambda t: ["benchmarks/hlo_costs.py", "--topology=v9-8"],
+        "--topology: --topology=v9-8 is not a TPU slice name",
+    ),
 ]
 
 

@@ -5,10 +5,14 @@ import shutil
 import subprocess
 import sys
 
+import jax
+import jax.numpy as jnp
 import pytest
 
 from benchmarks import gpu_data
-from tests.conftest import ROOT, SHARED, subprocess_env
+from electra_jax import dry_run, topology
+from tests.conftest import ROOT, SHARED, micro_config, subprocess_env
+from tests.test_topology import libtpu_env, needs_libtpu  # noqa: F401  (a fixture)
 
 
 def test_train_step_benchmark_prints_one_json_line():
@@ -227,3 +231,76 @@ def test_compile_table_rows_and_markdown():
     assert "| 3.00 (1.00 + 2.00) of 32.00 | yes (29.00) | 12.5 | 50.0% |" in table[2]
     assert "train.remat=full" in table[3] and "no: does not fit v4-128" in table[3]
     assert "try remat" not in table[3]  # the need and the have; the hints are the command's
+
+
+@needs_libtpu
+@pytest.mark.usefixtures("libtpu_env")
+def test_hlo_costs_reads_the_tpu_compilers_estimates_and_bytes():
+    """A small program compiled by the TPU compiler: each top-level instruction comes with the
+    compiler's estimated cycles and the bytes of its operands and results, and is put under the
+    part of the model its op_name names."""
+    from benchmarks import hlo_costs
+
+    device = topology.compile_only_devices(topology.resolve("v5e:2x2"))[0]
+    where = jax.sharding.SingleDeviceSharding(device)
+    x = jax.ShapeDtypeStruct((256, 512), jnp.float32, sharding=where)
+
+    @jax.jit
+    def f(x):
+        with jax.named_scope("intermediate"):
+            return jnp.tanh(x @ x.T) * 2.0
+
+    with dry_run._without_persistent_cache():  # a compile-only executable is not cached
+        rows = hlo_costs.instructions(f.lower(x).compile().as_text())
+    assert rows and all(r["cycles"] >= 0 for r in rows) and sum(r["cycles"] for r in rows) > 0
+    matmul = max(rows, key=lambda r: r["cycles"])  # the one fusion: matmul, tanh, scale
+    # reads x and writes the [256, 256] product
+    assert matmul["op"] == "fusion" and matmul["bytes"] == 256 * 512 * 4 + 256 * 256 * 4
+    assert hlo_costs.part(matmul["op_name"]) == "ffn/forward"
+    parts = hlo_costs.by_part(rows)
+    assert sum(p["cycles"] for p in parts) == sum(r["cycles"] for r in rows)
+    assert hlo_costs.shape_bytes("(f32[2,3]{1,0}, bf16[4]{0})") == 2 * 3 * 4 + 4 * 2
+    name = "jit(s)/transpose(jvp(Electra.generator_logits))/generator/layer_0/attention/dot_general"
+    assert hlo_costs.part(name) == "generator/attention_projections/backward"
+
+
+def test_compile_table_again_replaces_a_row_in_its_place(tmp_path, monkeypatch):
+    """--only skips a row OUT.json holds; with --again it runs it and puts the new row where
+    the old one was, the other rows untouched."""
+    from benchmarks import compile_table
+
+    asked = []
+
+    def fake_row(config, topology_name, overrides, timeout):
+        asked.append(compile_table.row_name(config, topology_name, overrides))
+        return {"config": config, "topology": topology_name, "overrides": list(overrides),
+                "error": f"error: run {len(asked)}"}  # fmt: skip
+
+    monkeypatch.setattr(compile_table, "run_row", fake_row)
+    out = tmp_path / "table"
+    first, second = (compile_table.row_name(*r) for r in compile_table.ROWS[3:5])
+    only = f"--only={first}"
+    for extra in ([f"{only},{second}"], [only], [only, "--again"]):
+        monkeypatch.setattr(sys, "argv", ["compile_table.py", f"--out={out}", *extra])
+        compile_table.main()
+    assert asked == [first, second, first]
+    rows = json.loads((tmp_path / "table.json").read_text())
+    assert [r["error"] for r in rows] == ["error: run 3", "error: run 2"]
+    assert "run 3" in (tmp_path / "table.md").read_text()
+
+
+@needs_libtpu
+@pytest.mark.usefixtures("libtpu_env")
+def test_hlo_costs_compiles_one_discriminator_layer_alone():
+    """--layer: one layer's forward and backward, whose attention core and feed-forward parts
+    are found in both directions, and whose FLOPs are at least the layer's matmuls'."""
+    from benchmarks import hlo_costs
+
+    config = micro_config()
+    compiled, _ = hlo_costs.layer_compiled(config, "v5e:2x2", 2)
+    parts = {p["part"] for p in hlo_costs.by_part(hlo_costs.instructions(compiled.as_text()))}
+    for part in ("attention_core", "ffn"):
+        assert {f"{part}/forward", f"{part}/backward"} <= parts, parts
+    tokens, width = 2 * config.data.seq_length, config.model.hidden_size
+    matmuls = 2 * tokens * (4 * width * width + 2 * width * config.model.intermediate_size)
+    assert dry_run._costs(compiled)["flops"] >= 3 * matmuls  # forward and two gradients

@@ -145,3 +145,25 @@ def test_gelu_dense_backward_keeps_less_memory():
     plain = lambda h, k, b: kernels.gelu(h) @ k + b
     ours, theirs = temp_bytes(kernels.gelu_dense), temp_bytes(plain)
     assert ours < 0.8 * theirs, (ours, theirs)
+
+
+def test_attention_backward_takes_the_softmax_row_sums_from_the_output():
+    """The softmax gradient's row sums come from dO . O ([B, heads, L, d]), so the backward
+    pass sums no [B, heads, L, L] array over its keys (one pass over it fewer), and ties its
+    recomputed dropout to a [B, heads, L, 1] slice of the cotangent, not to an [L, L] array."""
+    b, h, length, d = 2, 3, 16, 4
+    q, k, v, g = (jax.random.normal(key, (b, h, length, d)) for key in jax.random.split(
+        jax.random.PRNGKey(6), 4))  # fmt: skip
+    bias = jnp.zeros((b, 1, 1, length))
+    _, pullback = jax.vjp(lambda *a: kernels.attention_core(*a, bias, jax.random.PRNGKey(1), 0.1),
+                          q, k, v)  # fmt: skip
+    eqns = jax.make_jaxpr(pullback)(g).jaxpr.eqns
+    square = (b, h, length, length)
+    sums = [e for e in eqns if e.primitive.name == "reduce_sum"]
+    assert sums and not [e for e in sums if e.invars[0].aval.shape == square]
+    zeros = [  # x * 0: the tie of the recomputed dropout to the cotangent
+        e
+        for e in eqns
+        if e.primitive.name == "mul" and any(getattr(x, "val", None) == 0.0 for x in e.invars)
+    ]
+    assert [e.outvars[0].aval.shape for e in zeros] == [(b, h, length, 1)]

@@ -1,0 +1,241 @@
+r"""What the TPU compiler says holds a step: its compiled program's instructions ranked by the
+compiler's own cost estimate, grouped by the part of the model they come from.
+
+    python -m benchmarks.hlo_costs --config=configs/base.py --topology=v4-16
+
+Compiles (on a machine without a TPU, like --dry_run --topology) the program the MFU ceiling is
+costed from (electra_jax/dry_run.py, COST_METHOD): one step with `--layers` layers unrolled and
+no accumulation. Every top-level instruction of the optimized program carries the TPU
+compiler's `estimated_cycles` in its backend config; this prints their sum and the bytes each
+reads and writes (its operands and results, as XLA's cost analysis counts them), by part of the
+model (from each instruction's op_name: network, layer part, forward or backward) and the
+largest instructions one by one. --hlo=FILE also writes the optimized program's text.
+--layer=N compiles one discriminator layer alone instead (forward and backward, N rows a
+device, for one device of the slice): a change to a layer measured in minutes, not the step.
+--set SECTION.KEY=VALUE changes the config (repeatable), as train.py's --config.SECTION.KEY.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import re
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks import _cli  # noqa: E402
+
+_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4,
+          "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8}  # fmt: skip
+_SHAPE = re.compile(r"\b(" + "|".join(_BYTES) + r")\[([\d,]*)\]")
+_HEADER = re.compile(r"^(ENTRY )?%?([\w.\-]+) .*\{$")
+_INSTRUCTION = re.compile(r"^\s+(?:ROOT )?%?([\w.\-]+) = (.*?) ([\w\-]+)\((.*)$")
+# Instructions that move no data of their own (or only name another's).
+_FREE = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while", "call",
+         "conditional", "after-all", "opt-barrier"}  # fmt: skip
+# Parts of the model: (what an instruction's op_name holds, the part's name), looked for in
+# this order. attention._einsum is kernels.attention_core (scores, softmax, dropout, context);
+# attention alone, the q/k/v and output projections and the moves of heads between them.
+PARTS = (("attention._einsum", "attention_core"), ("attention", "attention_projections"),
+         ("intermediate", "ffn"), ("output_LayerNorm", "layer_norm"), ("/output/", "ffn"),
+         ("attention_LayerNorm", "layer_norm"), ("_generator_head", "mlm_head"),
+         ("_replaced_logits", "rtd_head"), ("embeddings", "embeddings"))  # fmt: skip
+
+
+def shape_bytes(text: str) -> int:
+    """Bytes of every array shape written in `text` ('f32[2,3]' is 24; tuples add up)."""
+    total = 0
+    for dtype, dims in _SHAPE.findall(text):
+        count = 1
+        for d in filter(None, dims.split(",")):
+            count *= int(d)
+        total += count * _BYTES[dtype]
+    return total
+
+
+def instructions(hlo: str) -> list[dict]:
+    """The instructions of the optimized program's top-level computations (the entry and the
+    bodies of its loops and calls; not the insides of fusions), each as {name, op, shape,
+    cycles (the compiler's estimated_cycles; 0 where it gives none), bytes (operands and
+    results), op_name}."""
+    computations, current = {}, None
+    for line in hlo.splitlines():
+        header = _HEADER.match(line)
+        if header and not line.startswith(" "):
+            current = computations[header.group(2)] = {"entry": bool(header.group(1)), "lines": []}
+        elif current is not None and line.startswith("  "):
+            current["lines"].append(line)
+    called = set()
+    for comp in computations.values():
+        for line in comp["lines"]:
+            if re.search(r" (while|conditional|call)\(", line):
+                called.update(
+                    re.findall(r"(?:body|condition|to_apply|computation)=%?([\w.\-]+)", line)
+                )
+    rows = []
+    for name, comp in computations.items():
+        if not (comp["entry"] or name in called):
+            continue
+        parsed = [m.groups() for m in map(_INSTRUCTION.match, comp["lines"]) if m]
+        sizes = {inst: shape_bytes(shape) for inst, shape, _, _ in parsed}
+        for inst, shape, op, rest in parsed:
+            if op in _FREE:
+                continue
+            depth, end = 1, 0
+            while end < len(rest) and depth:  # the operand list ends at its closing parenthesis
+                depth += {"(": 1, ")": -1}.get(rest[end], 0)
+                end += 1
+            operands, attributes = rest[: end - 1], rest[end:]
+            read = sum(sizes.get(o, 0) for o in re.findall(r"%([\w.\-]+)", operands))
+            cycles = re.search(r'"estimated_cycles":"(\d+)"', attributes)
+            op_name = re.search(r'op_name="([^"]*)"', attributes)
+            rows.append({
+                "name": inst,
+                "op": op,
+                "shape": shape.split("{")[0],
+                "cycles": int(cycles.group(1)) if cycles else 0,
+                "bytes": read + shape_bytes(shape),
+                "op_name": op_name.group(1) if op_name else "",
+            })  # fmt: skip
+    return rows
+
+
+def part(op_name: str) -> str:
+    """'generator/attention/backward' and the like: the network, the part of it and the
+    direction an instruction's op_name names ('other' where it names no part)."""
+    network = next((n for n in ("generator", "discriminator") if n in op_name), "")
+    found = next((name for pattern, name in PARTS if pattern in op_name), "")
+    if not found:
+        return "other"
+    direction = "backward" if "transpose(" in op_name else "forward"
+    return "/".join(filter(None, (network, found, direction)))
+
+
+def by_part(rows: list[dict]) -> list[dict]:
+    """{part, cycles, bytes, instructions} per part, the most cycles first."""
+    sums = collections.defaultdict(lambda: {"cycles": 0, "bytes": 0, "instructions": 0})
+    for r in rows:
+        s = sums[part(r["op_name"])]
+        s["cycles"] += r["cycles"]
+        s["bytes"] += r["bytes"]
+        s["instructions"] += 1
+    return sorted(({"part": k, **v} for k, v in sums.items()), key=lambda s: -s["cycles"])
+
+
+def _compiled(config, topology_name: str, layers: int):
+    from electra_jax import dry_run, topology
+    from electra_jax.step_setup import checked_mesh
+
+    target = topology.resolve(topology_name)
+    devices = topology.compile_only_devices(target)
+    mesh = checked_mesh(
+        config, process_count=len({d.process_index for d in devices}), devices=devices
+    )
+    cfg = dry_run._cost_config(config, layers, 1)
+    with dry_run._without_persistent_cache():
+        compiled, seconds = dry_run._compile(
+            *dry_run._abstract_inputs(cfg, config.data.vocab_size, mesh)
+        )
+    return compiled, seconds
+
+
+def layer_compiled(config, topology_name: str, batch_per_device: int):
+    """One discriminator layer of `config` (its TransformerLayer with the config's width,
+    heads, dtype, dropout and remat), forward and backward of the sum of its squared outputs,
+    at `batch_per_device` rows of data.seq_length, compiled for one device of the slice:
+    (compiled, seconds)."""
+    import functools
+
+    import jax
+    import jax.numpy as jnp
+
+    from electra_jax import dry_run, topology
+    from electra_jax.model import TransformerLayer, spec_from_config
+
+    device = topology.compile_only_devices(topology.resolve(topology_name))[0]
+    spec = spec_from_config(config.model, config.generator, config.data.vocab_size,
+                            config.train.remat)  # fmt: skip
+    layer = TransformerLayer(spec, spec.discriminator)
+    shape = (batch_per_device, config.data.seq_length, spec.discriminator.hidden_size)
+    bias = (batch_per_device, 1, 1, config.data.seq_length)  # the padding mask's, an input
+    init = functools.partial(layer.init, deterministic=False)
+    keys = {"params": jax.random.PRNGKey(0), "dropout": jax.random.PRNGKey(1)}
+    params = jax.eval_shape(lambda: init(keys, jnp.zeros(shape), jnp.zeros(bias)))
+
+    def loss(params, x, bias, key):
+        y = layer.apply(params, x, bias, False, rngs={"dropout": key})
+        return jnp.sum(y.astype(jnp.float32) ** 2)
+
+    on = jax.sharding.SingleDeviceSharding(device)
+    abstract = jax.tree_util.tree_map(
+        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=on),
+        (
+            params,
+            *(jax.ShapeDtypeStruct(s, jnp.float32) for s in (shape, bias)),
+            jax.ShapeDtypeStruct((2,), jnp.uint32),
+        ),  # fmt: skip
+    )
+    step = jax.jit(jax.grad(loss, argnums=(0, 1)))
+    with dry_run._without_persistent_cache():
+        return dry_run._compile(step, *abstract)
+
+
+def main() -> None:
+    parser = _cli.Parser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", default="configs/base.py", help="a pre-training config")
+    parser.add_argument("--topology", default="v4-16", help="a TPU slice, as --dry_run takes")
+    parser.add_argument("--layers", type=_cli.positive_int, default=1, help="layers unrolled")
+    parser.add_argument("--top", type=_cli.natural_int, default=25, help="instructions listed")
+    parser.add_argument("--set", action="append", default=[], help="SECTION.KEY=VALUE")
+    parser.add_argument("--hlo", default="", help="write the optimized program's text here")
+    parser.add_argument(
+        "--layer",
+        type=_cli.natural_int,
+        default=0,
+        help="N > 0: one discriminator layer alone at N rows a device, not the step",
+    )
+    args = parser.parse_args()
+    config = _cli.config("--config", args.config)
+    with config.unlocked():
+        for item in _cli.settings("--set", args.set):
+            _cli.set_field("--set", config, item, sections=True)
+    _cli.checked(config)
+    from electra_jax import dry_run, topology
+
+    with _cli.failures("--topology"):
+        topology.resolve(args.topology)
+        topology.require_libtpu()
+    with _cli.failures(""):
+        if args.layer:
+            compiled, seconds = layer_compiled(config, args.topology, args.layer)
+        else:
+            compiled, seconds = _compiled(config, args.topology, args.layers)
+    hlo = compiled.as_text()
+    if args.hlo:
+        from electra_jax import jsonio
+
+        jsonio.write_atomic(args.hlo, hlo)
+    rows = instructions(hlo)
+    costs = dry_run._costs(compiled)
+    print(json.dumps({
+        "config": args.config, "topology": args.topology,
+        **({"layer_rows": args.layer} if args.layer else {"layers": args.layers}),
+        "compile_seconds": round(seconds, 1),
+        "estimated_cycles": sum(r["cycles"] for r in rows),
+        "xla_flops": costs.get("flops"), "xla_bytes_accessed": costs.get("bytes accessed"),
+    }))  # fmt: skip
+    print(f"{'part':42s} {'Mcycles':>8s} {'GB':>8s} {'instructions':>12s}")
+    for s in by_part(rows):
+        print(f"{s['part']:42s} {s['cycles'] / 1e6:8.2f} {s['bytes'] / 1e9:8.2f} "
+              f"{s['instructions']:12d}")  # fmt: skip
+    print(f"\n{'kcycles':>8s} {'GB':>6s} {'op':12s} {'result':44s} where")
+    for r in sorted(rows, key=lambda r: -r["cycles"])[: args.top]:
+        where = r["op_name"].removeprefix("jit(guarded_train_step)/")
+        print(f"{r['cycles'] / 1e3:8.0f} {r['bytes'] / 1e9:6.3f} {r['op']:12s} "
+              f"{r['shape'][:44]:44s} {where}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    _cli.run(main)
