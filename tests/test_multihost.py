@@ -92,7 +92,11 @@ def test_two_processes_match_one_and_resume(runs, tmp_path):
     state = sorted(n for n in os.listdir(two / "checkpoints" / "6" / "state") if "process" in n)
     assert state == ["ocdbt.process_0", "ocdbt.process_1"], state
     position = json.loads((two / "checkpoints" / "6" / "position" / "position.json").read_text())
-    assert position == {"data": {"next_index": 6}, "layout": {"processes": 2, "devices": 8}}
+    assert position["data"] == {"next_index": 6}
+    assert position["layout"] == {"processes": 2, "devices": 8}
+    # The goodput totals (process 0's clock) travel with the position: nothing else does.
+    assert set(position) == {"data", "layout", "goodput"}
+    assert position["goodput"]["productive_sec"] > 0
 
     # Lose the last checkpoint: both processes restore step 3 and redo 4-6 identically.
     workdir = _from_checkpoint_3(runs, "two", tmp_path)
