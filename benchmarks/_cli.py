@@ -222,8 +222,8 @@ def failures(where: str, also: tuple = ()):
     """The block's bad-input errors (the package's ConfigError, DataError and PretrainedError,
     and the classes in `also`) as one line starting with `where`; a traceback with --verbose."""
     from electra_jax.data import DataError
+    from electra_jax.model.weights import PretrainedError
     from electra_jax.validate import ConfigError
-    from electra_jax.weights import PretrainedError
 
     try:
         yield

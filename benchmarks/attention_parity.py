@@ -24,7 +24,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import _cli  # noqa: E402
-from electra_jax import model as model_lib  # noqa: E402
+from electra_jax.model import networks as model_lib  # noqa: E402
 
 
 def main() -> None:

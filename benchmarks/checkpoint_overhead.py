@@ -27,8 +27,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import grain  # noqa: E402
 
 from benchmarks import _cli  # noqa: E402
-from electra_jax import checkpointing, sharding, step_setup  # noqa: E402
 from electra_jax.data.tokenizer import CLS_ID, SEP_ID  # noqa: E402
+from electra_jax.model import sharding
+from electra_jax.pretraining import program
+from electra_jax.store import checkpointing  # noqa: E402
 
 
 def main() -> None:
@@ -44,9 +46,9 @@ def main() -> None:
     config = _cli.config("--config", args.config)
     batch_size, seq = config.train.batch_size, config.data.seq_length
     mesh = sharding.make_mesh(config.mesh)
-    setup = step_setup.setup_step(config, config.data.vocab_size, mesh)
+    setup = program.setup_step(config, config.data.vocab_size, mesh)
     spec, step = setup.spec, setup.step_fn
-    state = step_setup.init_on_mesh(setup)
+    state = program.init_on_mesh(setup)
     rng = np.random.default_rng(0)
     ids = rng.integers(5, spec.vocab_size, (batch_size, seq), np.int32)
     ids[:, 0], ids[:, -1] = CLS_ID, SEP_ID

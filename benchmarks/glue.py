@@ -27,8 +27,9 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import _cli  # noqa: E402
-from electra_jax import checkpointing, jsonio, pretrained  # noqa: E402
+from electra_jax import pretrained  # noqa: E402
 from electra_jax.finetune import checks, loop, tasks  # noqa: E402
+from electra_jax.store import checkpointing, jsonio
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_TASKS = "SST-2,MRPC,STS-B,CoLA,RTE"

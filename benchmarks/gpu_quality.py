@@ -118,13 +118,13 @@ def apply(config, overrides: dict):
 def check_prepared(config, data_dir: str) -> tuple[str, float]:
     """(the shards' folder, counted FLOPs per step) for `config`. Raises Refused when the
     carried shards are not the ones this config reads (its data fields changed)."""
-    from electra_jax import dry_run
-    from electra_jax.data import prepare, tokenizer
+    from electra_jax.data import shards, tokenizer
+    from electra_jax.pretraining import dry_run
 
     tok = tokenizer.Tokenizer.load(config.data.tokenizer)
-    key16 = prepare.content_key(config.data, tok, config.seed)[:16]
+    key16 = shards.content_key(config.data, tok, config.seed)[:16]
     folder = os.path.join(config.data.cache_dir, key16)
-    if not os.path.isfile(os.path.join(folder, prepare.MANIFEST)):
+    if not os.path.isfile(os.path.join(folder, shards.MANIFEST)):
         raise gpu_data.Refused(
             f"{data_dir} holds no shards for this config's data fields (key {key16}); rerun "
             "`python benchmarks/gpu_data.py` with the same recipe and carry the folder again"

@@ -4,10 +4,10 @@ compiler's own cost estimate, grouped by the part of the model they come from.
     python -m benchmarks.hlo_costs --config=configs/base.py --topology=v4-16
 
 Compiles (on a machine without a TPU, like --dry_run --topology) the program the MFU ceiling is
-costed from (electra_jax/dry_run.py, COST_METHOD): one step with `--layers` layers unrolled and
-no accumulation. Every top-level instruction of the optimized program carries the TPU
-compiler's `estimated_cycles` in its backend config; this prints their sum and the bytes each
-reads and writes (its operands and results, as XLA's cost analysis counts them), by part of the
+costed from (electra_jax/pretraining/dry_run.py, COST_METHOD): one step with `--layers` layers
+unrolled and no accumulation. Every top-level instruction of the optimized program carries the TPU
+compiler's `estimated_cycles` in its backend config; this prints their sum and the bytes each reads
+and writes (its operands and results, as XLA's cost analysis counts them), by part of the
 model (from each instruction's op_name: network, layer part, forward or backward) and the
 largest instructions one by one. --hlo=FILE also writes the optimized program's text.
 --layer=N compiles one discriminator layer alone instead (forward and backward, N rows a
@@ -125,8 +125,8 @@ def by_part(rows: list[dict]) -> list[dict]:
 
 
 def _compiled(config, topology_name: str, layers: int):
-    from electra_jax import dry_run, topology
-    from electra_jax.step_setup import checked_mesh
+    from electra_jax.pretraining import dry_run, topology
+    from electra_jax.pretraining.program import checked_mesh
 
     target = topology.resolve(topology_name)
     devices = topology.compile_only_devices(target)
@@ -151,8 +151,8 @@ def layer_compiled(config, topology_name: str, batch_per_device: int):
     import jax
     import jax.numpy as jnp
 
-    from electra_jax import dry_run, topology
-    from electra_jax.model import TransformerLayer, spec_from_config
+    from electra_jax.model.networks import TransformerLayer, spec_from_config
+    from electra_jax.pretraining import dry_run, topology
 
     device = topology.compile_only_devices(topology.resolve(topology_name))[0]
     spec = spec_from_config(config.model, config.generator, config.data.vocab_size,
@@ -202,7 +202,7 @@ def main() -> None:
         for item in _cli.settings("--set", args.set):
             _cli.set_field("--set", config, item, sections=True)
     _cli.checked(config)
-    from electra_jax import dry_run, topology
+    from electra_jax.pretraining import dry_run, topology
 
     with _cli.failures("--topology"):
         topology.resolve(args.topology)
@@ -214,7 +214,7 @@ def main() -> None:
             compiled, seconds = _compiled(config, args.topology, args.layers)
     hlo = compiled.as_text()
     if args.hlo:
-        from electra_jax import jsonio
+        from electra_jax.store import jsonio
 
         jsonio.write_atomic(args.hlo, hlo)
     rows = instructions(hlo)

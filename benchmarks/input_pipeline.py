@@ -27,9 +27,13 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import _cli  # noqa: E402
-from electra_jax import sharding, step_setup  # noqa: E402
-from electra_jax.data import pipeline, prepare  # noqa: E402
-from electra_jax.train_step import special_tokens_of  # noqa: E402
+from electra_jax.data import (
+    pipeline,  # noqa: E402
+    shards,
+)
+from electra_jax.model import sharding  # noqa: E402
+from electra_jax.pretraining import program
+from electra_jax.pretraining.optimizer_step import special_tokens_of  # noqa: E402
 
 
 def _time_interleaved(compiled, state, fetchers, warmup: int, steps: int):
@@ -63,10 +67,10 @@ def main() -> None:
     config.train.batch_size, config.data.seq_length = args.batch, args.seq
     _cli.checked(config)
     with _cli.failures(f"--source {args.source}"):  # e.g. a glob that matches no file
-        tok = prepare.ensure_tokenizer(
+        tok = shards.ensure_tokenizer(
             config.data, os.path.join(args.workdir, "tokenizer"), config.seed
         )
-        prep = prepare.prepare(config.data, tok, os.path.join(args.workdir, "data"), config.seed)
+        prep = shards.prepare(config.data, tok, os.path.join(args.workdir, "data"), config.seed)
 
     # 1. The loader alone.
     it = pipeline.make_iterator(prep, args.batch, config.seed)
@@ -78,9 +82,9 @@ def main() -> None:
 
     # 2. The step, fed synthetic or real batches.
     mesh = sharding.make_mesh(config.mesh)
-    setup = step_setup.setup_step(config, tok.vocab_size, mesh, special_tokens_of(tok))
+    setup = program.setup_step(config, tok.vocab_size, mesh, special_tokens_of(tok))
     step = setup.step_fn
-    state = step_setup.init_on_mesh(setup)
+    state = program.init_on_mesh(setup)
     rng = np.random.default_rng(0)
     synthetic = []
     for _ in range(4):

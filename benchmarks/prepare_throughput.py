@@ -21,7 +21,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import _cli  # noqa: E402
-from electra_jax.data import prepare  # noqa: E402
+from electra_jax.data import shards  # noqa: E402
 
 
 def _digest(prepared) -> str:
@@ -45,12 +45,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         with _cli.failures(f"--source {args.source}"):  # e.g. a glob that matches no file
-            tok = prepare.ensure_tokenizer(config.data, os.path.join(tmp, "tokenizer"), config.seed)
+            tok = shards.ensure_tokenizer(config.data, os.path.join(tmp, "tokenizer"), config.seed)
         tokenizer_s = time.perf_counter() - t0
         first = None
         for i, n in enumerate(args.workers):
             t0 = time.perf_counter()
-            prep = prepare.prepare(
+            prep = shards.prepare(
                 config.data, tok, os.path.join(tmp, f"cache{i}"), config.seed, num_workers=n
             )
             seconds = time.perf_counter() - t0

@@ -107,9 +107,9 @@ def random_model(like):
     """A Model of `like`'s spec and tokenizer with freshly initialised weights (seed 0)."""
     import jax
 
-    from electra_jax import model as model_lib
+    from electra_jax.model import networks as model_lib
+    from electra_jax.model.weights import Pretrained
     from electra_jax.pretrained import Model
-    from electra_jax.weights import Pretrained
 
     params = model_lib.init_params(model_lib.Electra(like.pretrained.spec), jax.random.PRNGKey(0))
     params = jax.tree_util.tree_map(np.asarray, params)
@@ -124,10 +124,10 @@ def truncated(model, layers: int):
 
     import jax
 
-    from electra_jax.layer_stack import layer_key
-    from electra_jax.model import LAYERS
+    from electra_jax.model.layer_stack import layer_key
+    from electra_jax.model.networks import LAYERS
+    from electra_jax.model.weights import Pretrained
     from electra_jax.pretrained import Model
-    from electra_jax.weights import Pretrained
 
     spec = model.pretrained.spec
     total = spec.discriminator.num_layers

@@ -26,8 +26,9 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import _cli  # noqa: E402
-from electra_jax import metrics, sharding, step_setup  # noqa: E402
 from electra_jax.data.tokenizer import CLS_ID, SEP_ID  # noqa: E402
+from electra_jax.model import sharding
+from electra_jax.pretraining import metrics, program  # noqa: E402
 
 
 def main() -> None:
@@ -54,9 +55,9 @@ def main() -> None:
     for item in _cli.settings("--set", args.set):
         _cli.set_field("--set", config, item, sections=True)
     mesh = sharding.make_mesh(config.mesh)
-    setup = step_setup.setup_step(config, config.data.vocab_size, mesh)
+    setup = program.setup_step(config, config.data.vocab_size, mesh)
     spec, slots, step = setup.spec, setup.num_slots, setup.step_fn
-    state = step_setup.init_on_mesh(setup)
+    state = program.init_on_mesh(setup)
     rng = np.random.default_rng(0)
 
     per_call = config.train.steps_per_call  # > 1: K steps per call (train_step.multi_step)

@@ -9,7 +9,7 @@ import sys
 
 from absl import flags
 
-from electra_jax import jsonio
+from electra_jax.store import jsonio
 
 # orbax's warnings on opening checkpoints read-only, which is what reading a run's weights is
 # meant to do (pretrained.py, evaluate.py): they say nothing the user can act on.
@@ -44,7 +44,7 @@ def quiet_logs() -> None:
 
     from absl import logging as absl_logging
 
-    from electra_jax import topology
+    from electra_jax.pretraining import topology
 
     topology.quiet_libtpu()  # where the [tpu] extra is installed on a machine without TPUs
     logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)

@@ -24,10 +24,13 @@ from typing import Any
 
 import jax
 
-from electra_jax import evaluation, jsonio, metrics, paths, sharding
+from electra_jax import paths
 from electra_jax.data import heldout as heldout_lib
 from electra_jax.data import pipeline
-from electra_jax.train_step import SpecialTokens, eval_step
+from electra_jax.model import sharding
+from electra_jax.pretraining import eval_pass, metrics
+from electra_jax.pretraining.optimizer_step import SpecialTokens, eval_step
+from electra_jax.store import jsonio
 
 PREFIX = "eval/"
 EVAL_FILE = "eval.jsonl"
@@ -64,11 +67,11 @@ class Evaluator:
             row[PREFIX + key] = value if math.isfinite(value) else None
         row[PREFIX + "seconds"] = seconds
         cosine = row.get(PREFIX + "collapse_cosine")
-        if cosine is not None and cosine > evaluation.COLLAPSE_WARNING and not self.warned:
+        if cosine is not None and cosine > eval_pass.COLLAPSE_WARNING and not self.warned:
             self.warned = True
             metrics.log(
                 f"warning: the discriminator's states are collapsing (mean cosine {cosine:.2f} "
-                f"between held-out tokens, above {evaluation.COLLAPSE_WARNING}): they all point "
+                f"between held-out tokens, above {eval_pass.COLLAPSE_WARNING}): they all point "
                 "one way, which fine-tuning inherits; see docs/ablations.md for the recipe "
                 "settings that keep them apart"
             )
@@ -169,12 +172,14 @@ def evaluate_workdir(
     import ml_collections
     import orbax.checkpoint as ocp
 
-    from electra_jax import checkpointing, pretrained, resume
+    from electra_jax import pretrained
     from electra_jax import workdir as workdir_lib
     from electra_jax.data.tokenizer import load_saved
-    from electra_jax.model import Electra
+    from electra_jax.model.networks import Electra
     from electra_jax.objectives.core import num_mask_slots
-    from electra_jax.train_step import special_tokens_of
+    from electra_jax.pretraining import resume
+    from electra_jax.pretraining.optimizer_step import special_tokens_of
+    from electra_jax.store import checkpointing
 
     kind = pretrained.folder_kind(workdir)
     if kind == "fine-tuning":
@@ -247,7 +252,7 @@ def evaluate_workdir(
 
 
 def _init_params(model):
-    from electra_jax.model import init_params
+    from electra_jax.model.networks import init_params
 
     return init_params(model, jax.random.PRNGKey(0))
 
@@ -295,7 +300,7 @@ def main(argv) -> None:
     from electra_jax import validate
     from electra_jax.cli import each_once, fail, quiet_logs
     from electra_jax.data import DataError
-    from electra_jax.weights import PretrainedError
+    from electra_jax.model.weights import PretrainedError
 
     values = flags.FLAGS
     if not values.verbose:

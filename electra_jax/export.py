@@ -23,9 +23,9 @@ import os
 
 from electra_jax import paths
 from electra_jax.hf.write import check_out, write_export, write_folder
+from electra_jax.model.weights import PretrainedError
 from electra_jax.pretrained import load_workdir, read_run_config
 from electra_jax.validate import ConfigError
-from electra_jax.weights import PretrainedError
 
 
 def export(
@@ -74,10 +74,11 @@ def pretraining_readme(workdir: str, pre, name: str | None = None) -> str:
     workdir's records: what a fine-tuning records of it (corpus, steps, counted FLOPs, the
     metrics row), its held-out readings up to that step, its command lines, config.json. `name`:
     the card's title and the name its example loads (default: the workdir's folder name)."""
-    from electra_jax import evaluate, metrics
+    from electra_jax import evaluate
     from electra_jax import workdir as workdir_lib
     from electra_jax.finetune import saved
     from electra_jax.hf import card
+    from electra_jax.pretraining import metrics
 
     heldout = [r for r in evaluate.read_rows(workdir) if r["step"] <= pre.step]
     commands = metrics.read_rows(paths.join(workdir, workdir_lib.COMMANDS_FILE))
@@ -104,17 +105,17 @@ def export_finetuned(workdir: str, out: str, name: str | None = None) -> dict:
 
     from electra_jax.finetune import predictor, saved
     from electra_jax.finetune.glue import regression_targets
-    from electra_jax.hf import card, heads
-    from electra_jax.hf.config import hf_config
+    from electra_jax.hf import card, task_heads
+    from electra_jax.hf.electra_config import hf_config
     from electra_jax.hf.names import DISCRIMINATOR, WEIGHTS, encoder_to_hf
     from electra_jax.hf.tokenizer_files import write_tokenizer_files
-    from electra_jax.jsonio import write_json
+    from electra_jax.store.jsonio import write_json
 
     config, record, family, task = predictor.read_run(workdir)
     spec = saved.spec_from_json(record.get("spec"), paths.join(workdir, saved.MODEL_FILE))
     network = family.network(config, task, spec)
     if family.name == "squad":
-        refusal = heads.qa_refusal(config.joint_prediction, network.answerable)
+        refusal = task_heads.qa_refusal(config.joint_prediction, network.answerable)
         if refusal:
             raise PretrainedError(f"{workdir}: {record['task']} cannot be exported: {refusal}")
     abstract = jax.eval_shape(functools.partial(family.init_params, network), jax.random.PRNGKey(0))
@@ -129,10 +130,12 @@ def export_finetuned(workdir: str, out: str, name: str | None = None) -> dict:
     if family.name == "glue":
         low, width = regression_targets(task, config.scale_regression_targets)
         tensors.update(
-            heads.classifier_to_hf(params["classifier"], spec.discriminator.hidden_size, low, width)
+            task_heads.classifier_to_hf(
+                params["classifier"], spec.discriminator.hidden_size, low, width
+            )
         )
         names = list(task.labels) or ["score"]
-        architecture, pipeline_tag = heads.SEQUENCE_CLASSIFICATION, "text-classification"
+        architecture, pipeline_tag = task_heads.SEQUENCE_CLASSIFICATION, "text-classification"
         hf.update(
             id2label={str(i): n for i, n in enumerate(names)},
             label2id={n: i for i, n in enumerate(names)},
@@ -144,7 +147,7 @@ def export_finetuned(workdir: str, out: str, name: str | None = None) -> dict:
         note = (
             "The head is the original ELECTRA's single linear layer on [CLS], written into "
             "transformers' dense + gelu + out_proj head so that it computes the same logits "
-            "(gelu(y) - gelu(-y) = y; see electra_jax/hf/heads.py)."
+            "(gelu(y) - gelu(-y) = y; see electra_jax/hf/task_heads.py)."
             + (
                 f" The logit is the score on the task's scale ({low:g} + {width:g} x the "
                 "trained output)."
@@ -153,8 +156,8 @@ def export_finetuned(workdir: str, out: str, name: str | None = None) -> dict:
             )
         )
     else:
-        tensors.update(heads.qa_to_hf(params))
-        architecture, pipeline_tag = heads.QUESTION_ANSWERING, "question-answering"
+        tensors.update(task_heads.qa_to_hf(params))
+        architecture, pipeline_tag = task_heads.QUESTION_ANSWERING, "question-answering"
         hf["num_labels"] = 2
         metrics = {k: results[k] for k in ("exact_match", "f1")}
         dataset = card.squad_dataset(task)

@@ -67,28 +67,29 @@ _REPORTED = (
 
 def run(config, workdir: str, num_workers: int | None) -> dict:
     """Prepares the tokenizer and shards of ``config`` for ``workdir`` on ``num_workers``
-    tokenizing processes (None: chosen for this host, see ``prepare.auto_num_workers``); returns
+    tokenizing processes (None: chosen for this host, see ``shards.auto_num_workers``); returns
     a summary dict (the manifest's figures, the prepared directory, whether it was reused,
     seconds taken)."""
-    from electra_jax.data import prepare
+    from electra_jax.data import shards
 
     t0 = time.time()
     if config.train.init_from:
-        from electra_jax import checkpointing, resume
+        from electra_jax.pretraining import resume
+        from electra_jax.store import checkpointing
 
         # A new run will start from these weights: its data is tokenized with their tokenizer,
         # placed in the workdir as train places it (another one there is refused). A run with
         # checkpoints keeps its own, as train ignores init_from then.
         if not checkpointing.has_checkpoints(workdir):
             resume.load_init_from(config, workdir)
-    tokenizer = prepare.ensure_tokenizer(
+    tokenizer = shards.ensure_tokenizer(
         config.data, os.path.join(workdir, "tokenizer"), config.seed
     )
     t_tok = time.time()
     cache_dir = config.data.cache_dir or os.path.join(workdir, "data")
-    key16 = prepare.content_key(config.data, tokenizer, config.seed)[:16]
-    reused = os.path.isfile(os.path.join(os.path.abspath(cache_dir), key16, prepare.MANIFEST))
-    prepared = prepare.prepare(
+    key16 = shards.content_key(config.data, tokenizer, config.seed)[:16]
+    reused = os.path.isfile(os.path.join(os.path.abspath(cache_dir), key16, shards.MANIFEST))
+    prepared = shards.prepare(
         config.data,
         tokenizer,
         cache_dir,

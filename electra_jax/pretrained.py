@@ -7,7 +7,7 @@
     hidden = model.encode(ids)                         # [batch, length, hidden]
 
 `load_pretrained(path)` is the plain-data layer the fine-tuning code builds on: the spec, the
-parameters as a nested dict of float32 numpy arrays (the tree of `model.Electra`), the tokenizer
+parameters as a nested dict of float32 numpy arrays (the tree of `networks.Electra`), the tokenizer
 and a description of the source. `load(path)` wraps it in `Model`, whose functions are compiled.
 
 Paths:
@@ -31,10 +31,10 @@ from typing import Any
 
 import numpy as np
 
-from electra_jax import jsonio, model, paths
+from electra_jax import paths
 from electra_jax.hf.read import HF_PREFIX, read_hf
-from electra_jax.jsonio import json_kind, one_line
-from electra_jax.weights import (  # noqa: F401  (PretrainedError and Pretrained: public here too)
+from electra_jax.model import networks
+from electra_jax.model.weights import (  # noqa: F401  (PretrainedError and Pretrained: public here too)
     Pretrained,
     PretrainedError,
     abstract_params,
@@ -43,6 +43,8 @@ from electra_jax.weights import (  # noqa: F401  (PretrainedError and Pretrained
     check_size,
     check_spec,
 )
+from electra_jax.store import jsonio
+from electra_jax.store.jsonio import json_kind, one_line
 
 
 def load_pretrained(path: str) -> Pretrained:
@@ -168,7 +170,7 @@ _RUN_SIZES = (
 )
 
 
-def spec_from_run_config(config: dict, vocab_size: int, where: str) -> model.ElectraSpec:
+def spec_from_run_config(config: dict, vocab_size: int, where: str) -> networks.ElectraSpec:
     """The model's spec from a run's config.json (as saved by loop.train)."""
     import ml_collections
 
@@ -178,7 +180,7 @@ def spec_from_run_config(config: dict, vocab_size: int, where: str) -> model.Ele
     try:
         from electra_jax.objectives import registry
 
-        spec = model.spec_from_config(
+        spec = networks.spec_from_config(
             ml_collections.ConfigDict(config["model"]),
             ml_collections.ConfigDict(config["generator"]),
             vocab_size,
@@ -206,7 +208,7 @@ def _quiet_absl():
 
 
 def restore_params(
-    workdir: str, spec: model.ElectraSpec, step: int | None = None
+    workdir: str, spec: networks.ElectraSpec, step: int | None = None
 ) -> tuple[dict, int]:
     """The params of the newest restorable checkpoint in WORKDIR/checkpoints, as numpy arrays;
     with `step`, of that checkpoint only (no fallback: another step is another model).
@@ -222,7 +224,7 @@ def restore_params(
     import jax
     import orbax.checkpoint as ocp
 
-    from electra_jax import checkpointing
+    from electra_jax.store import checkpointing
 
     directory = checkpointing.checkpoint_dir(workdir)
     if not checkpointing.has_checkpoints(workdir):
@@ -323,16 +325,24 @@ class Model:
         self.tokenizer = pretrained.tokenizer
         self.source = pretrained.source
         self.params = jax.device_put(pretrained.params)
-        module = model.Electra(self.spec)
+        module = networks.Electra(self.spec)
 
         def logits(params, ids, segments, mask):
             return module.apply(
-                {"params": params}, ids, segments, mask, method=model.Electra.discriminator_logits
+                {"params": params},
+                ids,
+                segments,
+                mask,
+                method=networks.Electra.discriminator_logits,
             )
 
         def hidden(params, ids, segments, mask):
             return module.apply(
-                {"params": params}, ids, segments, mask, method=model.Electra.discriminator_hidden
+                {"params": params},
+                ids,
+                segments,
+                mask,
+                method=networks.Electra.discriminator_hidden,
             )
 
         self._logits = jax.jit(logits)

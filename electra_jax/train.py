@@ -1,7 +1,7 @@
 """python -m electra_jax.train --config=configs/tiny.py --workdir=runs/tiny [--config.KEY=VALUE ...]
 
 Flags only: parse the config and the workdir, join the other processes when there are any, and
-hand over to loop.train(). Bad input ends with one line on stderr and exit code 2; a diverged
+hand over to runner.train(). Bad input ends with one line on stderr and exit code 2; a diverged
 run (NaN/Inf under train.nan_policy='stop') with one line and exit code 1; SIGTERM / SIGINT with a
 checkpoint of the current step and exit code 0.
 """
@@ -109,7 +109,7 @@ def _check_process_flags() -> None:
 def _topology_target():
     """--topology and --num_slices as a slice to compile for (topology.Target); ConfigError
     for a name no slice has or a missing libtpu, fail() for flags that cannot go together."""
-    from electra_jax import topology
+    from electra_jax.pretraining import topology
 
     if _TOPOLOGY.value is None:
         fail("--num_slices needs --topology (a real run's slices are those of its devices)")
@@ -143,11 +143,12 @@ def _maybe_initialize_distributed() -> None:
     """Join the other processes: the explicit flags', or those jax's cluster detection finds.
 
     SLURM, Open MPI, GKE and Cloud TPU slices and Kubernetes Jobs are detected by jax itself
-    (electra_jax/cluster.py); a single process (no cluster, or a cluster of one) starts alone.
+    (electra_jax/pretraining/cluster.py); a single process (no cluster, or a cluster of one)
+    starts alone.
     """
     import jax
 
-    from electra_jax import cluster
+    from electra_jax.pretraining import cluster
 
     startup = _PEER_TIMEOUT.value * 5
     if _COORDINATOR.value:
@@ -240,8 +241,9 @@ def main(argv) -> None:
             from electra_jax import workdir as workdir_lib
 
             workdir_lib.claim(_WORKDIR.value, workdir_lib.PRETRAIN, lock=False)
-    from electra_jax import checkpointing, dry_run, loop
-    from electra_jax.checkpointing import CheckpointError, Preempted
+    from electra_jax.pretraining import dry_run, runner
+    from electra_jax.store import checkpointing
+    from electra_jax.store.checkpointing import CheckpointError, Preempted
 
     if not _VERBOSE.value:
         checkpointing.quiet_write_failures()  # orbax's threads' reports of a full disk
@@ -257,12 +259,12 @@ def main(argv) -> None:
         # one line of an error that ends it first.
         progress.announce(devices_line())
         command = shlex.join(["python", "-m", "electra_jax.train", *sys.argv[1:]])
-        loop.train(config, _WORKDIR.value, allow_changes=allow, command=command)
+        runner.train(config, _WORKDIR.value, allow_changes=allow, command=command)
     except (ConfigError, DataError, CheckpointError) as e:
         if _VERBOSE.value:
             raise
         fail(str(e))
-    except loop.NonFiniteError as e:
+    except runner.NonFiniteError as e:
         if _VERBOSE.value:
             raise
         # Not bad input (exit 2) but a diverged run: exit 1, still one line.

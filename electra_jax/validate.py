@@ -8,7 +8,7 @@ import struct
 from typing import Any
 
 from electra_jax.data.uri import uri_scheme
-from electra_jax.objectives.names import OBJECTIVES
+from electra_jax.objectives.catalog import OBJECTIVES
 
 
 class ConfigError(ValueError):

@@ -42,8 +42,9 @@ import socket
 import sys
 import time
 
-from electra_jax import jsonio, paths
-from electra_jax.jsonio import write_json
+from electra_jax import paths
+from electra_jax.store import jsonio
+from electra_jax.store.jsonio import write_json
 from electra_jax.validate import ConfigError, check_workdir
 
 MARKER = ".electra_jax"
@@ -335,7 +336,7 @@ def _write_marker(path: str, kind: str) -> None:
 def _take_remote_lock(path: str, kind: str, flag: str, command: str):
     """The lease lock WORKDIR/.lock of a gs:// workdir (gcs_lock.py), or ConfigError naming its
     live holder."""
-    from electra_jax import gcs_lock
+    from electra_jax.store import gcs_lock
 
     lock = gcs_lock.GcsLock(paths.join(path, LOCK), {"command": command, "kind": kind})
     try:

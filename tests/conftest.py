@@ -160,7 +160,7 @@ def run_command(module: str, *args: str, timeout: float = 180, file_size_limit: 
 
 def micro_config_file(path, shared_data) -> str:
     """A config file at `path` for the commands: the micro config reading the shared tokenizer
-    and prepared data (tests/test_loop.py's shared_data: (tokenizer, cache dir))."""
+    and prepared data (tests/pretraining/test_runner.py's shared_data: (tokenizer, cache dir))."""
     tokenizer, cache_dir = shared_data
     path.write_text(
         f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nfrom tests.micro import micro_config\n\n"

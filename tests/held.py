@@ -75,7 +75,7 @@ def release(hold_dir) -> None:
 
 
 def _at_step(hold_dir, first: int, wait: bool) -> None:
-    from electra_jax import checkpointing
+    from electra_jax.store import checkpointing
 
     requested = checkpointing.PreemptionWatcher.requested
     done = []

@@ -26,9 +26,9 @@ import numpy as np
 import pytest
 from jax._src.cudnn import fused_attention_stablehlo as cudnn_fa
 
-from electra_jax import kernels
-from electra_jax import model as model_lib
-from electra_jax.model import ElectraSpec, EncoderSpec
+from electra_jax.model import kernels
+from electra_jax.model import networks as model_lib
+from electra_jax.model.networks import ElectraSpec, EncoderSpec
 
 HEADS, HEAD_DIM = 4, 64
 # (batch, seq_length): the length of the H200 failure, and configs/small.py's.

@@ -10,9 +10,9 @@ import jax.numpy as jnp
 import pytest
 
 from benchmarks import gpu_data
-from electra_jax import dry_run, topology
+from electra_jax.pretraining import dry_run, topology
 from tests.conftest import ROOT, SHARED, micro_config, subprocess_env
-from tests.test_topology import libtpu_env, needs_libtpu  # noqa: F401  (a fixture)
+from tests.pretraining.test_topology import libtpu_env, needs_libtpu  # noqa: F401  (a fixture)
 
 
 def test_train_step_benchmark_prints_one_json_line():

@@ -137,11 +137,11 @@ def test_the_probe_fits_a_separable_problem_deterministically():
 def test_features_are_mean_pooled_states_of_real_tokens(tmp_path):
     import jax
 
-    from electra_jax import model as model_lib
     from electra_jax.data import tokenizer as tokenizer_lib
     from electra_jax.finetune.tasks import Example
+    from electra_jax.model import networks as model_lib
+    from electra_jax.model.weights import Pretrained
     from electra_jax.pretrained import Model
-    from electra_jax.weights import Pretrained
     from tests.micro import micro_config
     from tests.test_export import _sentences
 
@@ -285,11 +285,11 @@ def test_a_truncated_model_encodes_with_its_first_layers_in_either_layout(tmp_pa
 
     import jax
 
-    from electra_jax import layer_stack
-    from electra_jax import model as model_lib
     from electra_jax.data import tokenizer as tokenizer_lib
+    from electra_jax.model import layer_stack
+    from electra_jax.model import networks as model_lib
+    from electra_jax.model.weights import Pretrained
     from electra_jax.pretrained import Model
-    from electra_jax.weights import Pretrained
     from tests.micro import micro_config
     from tests.test_export import _sentences
 

@@ -7,9 +7,10 @@ import sys
 
 import pytest
 
-from electra_jax import evaluate, loop, metrics
+from electra_jax import evaluate
+from electra_jax.pretraining import metrics, runner
 from tests.conftest import ROOT, run_command, subprocess_env
-from tests.test_loop import config_with, prepare_shared_data
+from tests.pretraining.test_runner import config_with, prepare_shared_data
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +39,7 @@ def test_training_evaluates_on_schedule_and_resumes_with_the_same_readings(share
     cfg = _eval_config(shared_data)
     cfg.log.every_steps = 5  # an evaluation writes a row of its own
     straight = tmp_path / "straight"
-    loop.train(cfg, str(straight))
+    runner.train(cfg, str(straight))
     rows = metrics.read_rows(str(straight / "metrics.jsonl"))
     assert [r["step"] for r in rows] == [2, 4, 5, 6]
     evaluated = [r["step"] for r in rows if "eval/disc_auc" in r]
@@ -48,8 +49,8 @@ def test_training_evaluates_on_schedule_and_resumes_with_the_same_readings(share
             assert set(r) >= EVAL_KEYS
             assert 0.0 <= r["eval/disc_auc"] <= 1.0 and r["eval/collapse_cosine"] < 1.0
     resumed = tmp_path / "resumed"
-    loop.train(cfg, str(resumed), stop_after=3)
-    loop.train(cfg, str(resumed))
+    runner.train(cfg, str(resumed), stop_after=3)
+    runner.train(cfg, str(resumed))
     again = {r["step"]: r for r in metrics.read_rows(str(resumed / "metrics.jsonl"))}
     # The stop at step 3 wrote a row with the held-out readings, where its checkpoint is.
     assert sorted(again) == [2, 3, 4, 5, 6] and set(again[3]) >= EVAL_KEYS
@@ -79,15 +80,15 @@ def test_a_run_from_before_the_heldout_slice_resumes_on_every_row(shared_data, t
     every row (exactly as a run with the slice off), and evaluate says it read seen rows."""
     cfg = config_with(shared_data)
     cfg.data.heldout_examples = 0
-    straight = loop.train(cfg, str(tmp_path / "straight"))
+    straight = runner.train(cfg, str(tmp_path / "straight"))
     old = tmp_path / "old"
-    loop.train(cfg, str(old), stop_after=3)
+    runner.train(cfg, str(old), stop_after=3)
     stored = json.loads((old / "config.json").read_text())
     del stored["data"]["heldout_examples"]
     del stored["eval"]
     (old / "config.json").write_text(json.dumps(stored))
     capsys.readouterr()
-    resumed = loop.train(config_with(shared_data), str(old))  # heldout_examples=256
+    resumed = runner.train(config_with(shared_data), str(old))  # heldout_examples=256
     assert "resuming with data.heldout_examples=0" in capsys.readouterr().err
     for k in ("loss", "gen_loss", "disc_loss", "grad_norm"):
         assert resumed[k] == straight[k], k
@@ -151,7 +152,7 @@ def test_a_tokenizer_other_than_the_runs_is_refused_before_the_rows_are_read(tmp
     """The held-out rows are tokenized with WORKDIR/tokenizer: one the run did not train with
     (its data_record.json names another) is refused before any row is prepared."""
     from electra_jax.data.tokenizer import train_tokenizer
-    from electra_jax.weights import PretrainedError
+    from electra_jax.model.weights import PretrainedError
     from tests.conftest import micro_config
 
     workdir = tmp_path / "run"

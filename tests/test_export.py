@@ -18,11 +18,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from electra_jax import checkpointing, export, pretrained, step_setup
+from electra_jax import export, pretrained
 from electra_jax.data.tokenizer import train_tokenizer
 from electra_jax.hf import write as hf_write
-from electra_jax.model import Electra
-from electra_jax.train_step import TrainState
+from electra_jax.model.networks import Electra
+from electra_jax.pretraining import program
+from electra_jax.pretraining.optimizer_step import TrainState
+from electra_jax.store import checkpointing
 from tests.conftest import ROOT, micro_config, subprocess_env
 
 _SHARED: dict = {}
@@ -83,7 +85,7 @@ def make_workdir(tmp_path_factory) -> dict:
     )
     with open(os.path.join(workdir, "config.json"), "w") as f:
         json.dump(cfg.to_dict(), f)  # as loop.train writes it
-    spec, _, tx, _, _ = step_setup.build(cfg, tok.vocab_size)
+    spec, _, tx, _, _ = program.build(cfg, tok.vocab_size)
     manager = checkpointing.make_manager(workdir, cfg.checkpoint)
     it = iter(grain.MapDataset.range(64).batch(4).to_iter_dataset())
     for step in (3, 6):
@@ -578,8 +580,8 @@ def _front_matter(readme: str) -> dict:
 
 
 def test_the_pretraining_export_has_a_model_card_from_the_workdirs_records(run, tmp_path):
-    from electra_jax import metrics
     from electra_jax.objectives.core import num_mask_slots
+    from electra_jax.pretraining import metrics
 
     workdir = tmp_path / "run"
     shutil.copytree(run["path"], workdir)

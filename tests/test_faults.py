@@ -12,10 +12,10 @@ import time
 
 import pytest
 
-from electra_jax import metrics
+from electra_jax.pretraining import metrics
 from tests import held
 from tests.conftest import ROOT, subprocess_env
-from tests.test_loop import prepare_shared_data
+from tests.pretraining.test_runner import prepare_shared_data
 
 NUM_STEPS = 16
 COMPARED = ("loss", "gen_loss", "disc_loss", "grad_norm", "gen_accuracy", "disc_accuracy")

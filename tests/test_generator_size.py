@@ -38,11 +38,11 @@ def test_every_generator_width_is_pretrained_for_the_same_steps_and_plotted(tmp_
             "init_source": config.init_from,
         }
 
-    from electra_jax.data import prepare
+    from electra_jax.data import shards
 
     monkeypatch.setattr(se, "pretrain", fake_pretrain)
     monkeypatch.setattr(se, "finetune", fake_finetune)
-    monkeypatch.setattr(prepare, "ensure_tokenizer", lambda *a, **k: None)
+    monkeypatch.setattr(shards, "ensure_tokenizer", lambda *a, **k: None)
     out = tmp_path / "out"
     results = gs.run(preset, str(out), corpus=corpus, glue_dir=glue_dir, log=lambda m: None)
 

@@ -12,10 +12,12 @@ import sys
 
 import pytest
 
-from electra_jax import checkpointing, goodput, loop, metrics
+from electra_jax import goodput
+from electra_jax.pretraining import metrics, runner
+from electra_jax.store import checkpointing
 from tests import held
 from tests.conftest import ROOT, error_line, micro_config_file, run_command, subprocess_env
-from tests.test_loop import config_with, prepare_shared_data
+from tests.pretraining.test_runner import config_with, prepare_shared_data
 
 
 @pytest.fixture(scope="module")
@@ -113,8 +115,8 @@ def test_the_report_command_refuses_a_workdir_without_one(tmp_path, make, says):
 def test_every_row_has_its_breakdown_and_a_resume_goes_on_counting(shared_data, tmp_path):
     cfg = config_with(shared_data)
     workdir = tmp_path / "w"
-    loop.train(cfg, str(workdir), stop_after=4)  # checkpoints 3 and 4
-    loop.train(cfg, str(workdir))
+    runner.train(cfg, str(workdir), stop_after=4)  # checkpoints 3 and 4
+    runner.train(cfg, str(workdir))
     rows = metrics.read_rows(str(workdir / "metrics.jsonl"))
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
     for row in rows:

@@ -1,7 +1,7 @@
 """launch/k8s/'s JobSets, offline: each parses, names the image, the train command with a
 gs:// workdir, and what the pods get; and what Kubernetes and GKE give each pod of them, fed to
-jax's own cluster detection (electra_jax.cluster.detect, as train.py calls it), makes every pod
-one process of one run with pod 0 as the coordinator."""
+jax's own cluster detection (electra_jax.pretraining.cluster.detect, as train.py calls it),
+makes every pod one process of one run with pod 0 as the coordinator."""
 
 import math
 import re
@@ -10,7 +10,7 @@ import shlex
 import pytest
 import yaml
 
-from electra_jax import cluster
+from electra_jax.pretraining import cluster
 from tests import cluster_envs
 from tests.conftest import ROOT
 

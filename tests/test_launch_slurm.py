@@ -1,9 +1,9 @@
 """launch/slurm.sbatch run as SLURM runs it (bash), its srun line through a fake `srun` that
-starts 2 tasks on this machine with SLURM's variables, and `python -m electra_jax.train` replaced
-by a stub that records what each task asks jax for: the launch electra_jax.cluster detects
-(jax's SlurmCluster) and the GPUs the task can see; then the tasks join as train.py joins them
-(on CPU). jax is started in each task with the script's XLA_FLAGS, which aborts on a flag this
-jaxlib does not know. No training."""
+starts 2 tasks on this machine with SLURM's variables, and `python -m electra_jax.train` replaced by
+a stub that records what each task asks jax for: the launch electra_jax.pretraining.cluster detects
+(jax's SlurmCluster) and the GPUs the task can see; then the tasks join as train.py joins them (on
+CPU). jax is started in each task with the script's XLA_FLAGS, which aborts on a flag this jaxlib
+does not know. No training."""
 
 import contextlib
 import json
@@ -38,12 +38,14 @@ exit $status
 """
 
 # `python -m electra_jax.train ARGS` in a task: its argv, its environment's launch variables, and
-# the launch train.py would start (electra_jax.cluster.detect, jax's own SLURM detection).
+# the launch train.py would start (electra_jax.pretraining.cluster.detect, jax's own SLURM
+# detection).
 STUB = """
 import json, os, sys
 from absl import flags
 import jax
-from electra_jax import cluster, train
+from electra_jax import train
+from electra_jax.pretraining import cluster
 from jax.experimental import multihost_utils
 
 # The script's variables are exported; a task's own come from srun. jax starts with them

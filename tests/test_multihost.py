@@ -15,9 +15,9 @@ import time
 import numpy as np
 import pytest
 
-from electra_jax import loop, metrics
+from electra_jax.pretraining import metrics, runner
 from tests.conftest import ROOT, error_line, subprocess_env
-from tests.test_loop import prepare_shared_data
+from tests.pretraining.test_runner import prepare_shared_data
 from tests.test_preemption import _config_file
 
 
@@ -59,12 +59,12 @@ def runs(shared_data, tmp_path_factory):
     config_path = _config_file(root, shared_data, num_steps=6, every=3)
     out = _launch(config_path, root / "two", 2, 4)
     assert out.returncode == 0, out.stderr[-3000:]
-    loop.train(_file_config(config_path), str(root / "one"))
+    runner.train(_file_config(config_path), str(root / "one"))
     return {"config": config_path, "two": root / "two", "one": root / "one"}
 
 
 def _file_config(config_path):
-    """The config of a config file, for loop.train in this process."""
+    """The config of a config file, for runner.train in this process."""
     return runpy.run_path(config_path)["get_config"]()
 
 
@@ -112,7 +112,7 @@ def test_two_processes_checkpoint_resumes_on_one_process(runs, tmp_path, capsys)
     the start, and no checkpoint set aside."""
     workdir = _from_checkpoint_3(runs, "two", tmp_path)
     capsys.readouterr()
-    loop.train(_file_config(runs["config"]), str(workdir))
+    runner.train(_file_config(runs["config"]), str(workdir))
     err = capsys.readouterr().err
     assert (
         "checkpoint 3 was written by 2 processes x 4 devices; resuming it on 1 process x 1 device"

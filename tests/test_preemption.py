@@ -10,10 +10,11 @@ import time
 
 import pytest
 
-from electra_jax import checkpointing, loop, metrics
+from electra_jax.pretraining import metrics, runner
+from electra_jax.store import checkpointing
 from tests import held
 from tests.conftest import ROOT, subprocess_env
-from tests.test_loop import config_with, prepare_shared_data
+from tests.pretraining.test_runner import config_with, prepare_shared_data
 
 LINE = "preempted at step {}; checkpoint saved; run the same command to resume"
 
@@ -207,7 +208,7 @@ def test_preempted_between_logs_resumes_exactly(shared_data, tmp_path, monkeypat
         cfg = config_with(shared_data)
         cfg.train.num_steps, cfg.train.steps_per_call = 12, 2
         cfg.log.every_steps, cfg.checkpoint.every_steps = 4, 100
-        row = loop.train(cfg, str(tmp_path / workdir))
+        row = runner.train(cfg, str(tmp_path / workdir))
         return row, {
             r["step"]: r for r in metrics.read_rows(str(tmp_path / workdir / "metrics.jsonl"))
         }
@@ -257,7 +258,7 @@ def test_sigint_in_process_returns_after_saving_and_restores_handlers(
     monkeypatch.setattr(checkpointing, "PreemptionWatcher", HeldAfterStep3)
     thread = threading.Thread(target=interrupt_after_first_checkpoint, daemon=True)
     thread.start()
-    row = loop.train(cfg, str(workdir))
+    row = runner.train(cfg, str(workdir))
     thread.join(timeout=60)
     step = row["preempted_at"]
     assert step == 4

@@ -151,14 +151,14 @@ def test_a_full_disk_while_packing_is_one_line_and_keeps_nothing_half_written(tm
 def test_prepare_with_init_from_tokenizes_with_the_tokenizer_of_those_weights(tmp_path):
     """Prepared data of a run that starts from weights is tokenized with their tokenizer (here
     a BERT vocab.txt): prepare places it in the workdir as train does, so that train finds the
-    data prepared (another tokenizer there is refused by both: tests/test_resume.py)."""
+    data prepared (another tokenizer there is refused by both: tests/pretraining/test_resume.py)."""
     import jax
     import numpy as np
 
     from electra_jax.data.wordpiece import WordPieceTokenizer
     from electra_jax.hf import write
-    from electra_jax.model import spec_from_config
-    from electra_jax.weights import Pretrained, abstract_params
+    from electra_jax.model.networks import spec_from_config
+    from electra_jax.model.weights import Pretrained, abstract_params
     from tests.conftest import micro_config
 
     letters = "abcdefghijklmnopqrstuvwxyz"

@@ -608,8 +608,8 @@ def test_a_workdir_loads_only_with_the_tokenizer_its_run_recorded(run, tmp_path)
 def test_a_checkpoint_with_non_finite_weights_is_named_not_loaded_or_skipped(run, tmp_path):
     """A diverged checkpoint is readable: it is refused by name, and never passed over for an
     older one (another step is another model)."""
-    from electra_jax import checkpointing
-    from electra_jax.train_step import TrainState
+    from electra_jax.pretraining.optimizer_step import TrainState
+    from electra_jax.store import checkpointing
     from tests.micro import micro_config
 
     workdir = tmp_path / "run"

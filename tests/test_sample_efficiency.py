@@ -143,10 +143,10 @@ def test_micro_preset_end_to_end_and_a_rerun_skips_finished_work(tmp_path, monke
     def fail(*args, **kwargs):
         raise AssertionError("a finished run was started again")
 
-    from electra_jax import loop
-    from electra_jax.finetune import loop as finetune_loop
+    from electra_jax.finetune import runner as finetune_loop
+    from electra_jax.pretraining import runner
 
-    monkeypatch.setattr(loop, "train", fail)
+    monkeypatch.setattr(runner, "train", fail)
     monkeypatch.setattr(finetune_loop, "finetune", fail)
     again = se.run(MICRO, out, **kw)
     assert again["table"] == results["table"]
@@ -174,11 +174,11 @@ def test_in_domain_corpus_sweep_and_summary(tmp_path, monkeypatch):
             "learning_rate": config.learning_rate,
         }
 
-    from electra_jax.data import prepare
+    from electra_jax.data import shards
 
     monkeypatch.setattr(se, "pretrain", lambda config, workdir, steps, log, allow=(): 1.0)
     monkeypatch.setattr(se, "finetune", fake_finetune)
-    monkeypatch.setattr(prepare, "ensure_tokenizer", lambda *a, **k: None)
+    monkeypatch.setattr(shards, "ensure_tokenizer", lambda *a, **k: None)
     preset = dict(MICRO, in_domain=True, fractions=(1.0,), seeds=3, learning_rates=(1e-3, 3e-3))
     out = tmp_path / "out"
     results = se.run(
@@ -229,11 +229,11 @@ def test_pretraining_alone_then_the_full_budget_first_and_the_corpus_left_untouc
             "learning_rate": 1e-3,
         }
 
-    from electra_jax.data import prepare
+    from electra_jax.data import shards
 
     monkeypatch.setattr(se, "pretrain", lambda config, workdir, steps, log, allow=(): 1.0)
     monkeypatch.setattr(se, "finetune", fake_finetune)
-    monkeypatch.setattr(prepare, "ensure_tokenizer", lambda *a, **k: None)
+    monkeypatch.setattr(shards, "ensure_tokenizer", lambda *a, **k: None)
     preset = dict(MICRO, in_domain=True)
     out = tmp_path / "out"
     kw = dict(corpus=corpus, glue_dir=glue_dir, log=lambda m: None)
@@ -258,9 +258,9 @@ def test_pretraining_alone_then_the_full_budget_first_and_the_corpus_left_untouc
 def test_a_signal_stops_the_pretraining_at_its_checkpoint_not_the_next_budget(
     tmp_path, monkeypatch
 ):
-    """loop.train returns after SIGTERM with the step it saved: `pretrain` stops there (it used
+    """runner.train returns after SIGTERM with the step it saved: `pretrain` stops there (it used
     to go on to the next budget, so the signal never ended the benchmark)."""
-    from electra_jax import loop
+    from electra_jax.pretraining import runner
 
     calls = []
 
@@ -268,7 +268,7 @@ def test_a_signal_stops_the_pretraining_at_its_checkpoint_not_the_next_budget(
         calls.append(stop_after)
         return {"step": 5, "preempted_at": 5}
 
-    monkeypatch.setattr(loop, "train", interrupted)
+    monkeypatch.setattr(runner, "train", interrupted)
     config = se.pretrain_config(MICRO, "electra", "corpus/*.txt", str(tmp_path))
     workdir = str(tmp_path / "w")
     os.makedirs(workdir)
@@ -282,7 +282,7 @@ def test_a_signal_stops_the_pretraining_at_its_checkpoint_not_the_next_budget(
 def test_a_signal_stops_the_benchmark_at_the_fine_tuning_it_interrupted(tmp_path, monkeypatch):
     """finetune returns {'stopped_at'} after SIGTERM (it saved): the benchmark ends there with
     one line, instead of reading the missing score (a KeyError); a finished run is read back."""
-    from electra_jax.finetune import loop as finetune_loop
+    from electra_jax.finetune import runner as finetune_loop
 
     monkeypatch.setattr(
         finetune_loop, "finetune", lambda config, workdir: {"stopped_at": 40, "steps": 250}
@@ -299,14 +299,14 @@ def test_collect_reads_every_finished_fine_tuning_and_trains_nothing(tmp_path, m
     are read from their eval_results.json; a start whose seed-0 sweep is incomplete has its
     runs listed with no rate chosen and no seed beyond 0; nothing is pre-trained or fine-tuned."""
     corpus, glue_dir = _write_inputs(tmp_path)
-    from electra_jax.data import prepare
+    from electra_jax.data import shards
 
     def refuse(*args, **kwargs):
         raise AssertionError("collect trains nothing")
 
     monkeypatch.setattr(se, "pretrain", refuse)
     monkeypatch.setattr(se, "finetune", refuse)
-    monkeypatch.setattr(prepare, "ensure_tokenizer", lambda *a, **k: None)
+    monkeypatch.setattr(shards, "ensure_tokenizer", lambda *a, **k: None)
     preset = dict(MICRO, fractions=(1.0,), seeds=2, learning_rates=(1e-3, 3e-3))
     out = tmp_path / "out"
     kw = dict(objectives=["electra"], corpus=corpus, glue_dir=glue_dir, log=lambda m: None)

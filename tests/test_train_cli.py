@@ -96,7 +96,7 @@ def test_batch_and_mesh_that_do_not_fit_8_devices(tmp_path, args, expected):
 
 
 def test_tokenizer_with_another_vocabulary(tmp_path, tmp_path_factory):
-    from tests.test_loop import prepare_shared_data
+    from tests.pretraining.test_runner import prepare_shared_data
 
     tokenizer, _ = prepare_shared_data(tmp_path_factory)  # 300 pieces; tiny.py asks for 4096
     out = _run(

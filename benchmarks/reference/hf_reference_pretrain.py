@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from transformers import ElectraConfig, ElectraForMaskedLM, ElectraForPreTraining
 
-from electra_jax.data import pipeline, prepare
+from electra_jax.data import pipeline, shards
 
 
 def parse_args():
@@ -241,11 +241,12 @@ def main():
     assert cfg.model.get("embedding_sharing", "electra") == "electra"
     torch.manual_seed(cfg.seed)
 
-    # Data, exactly as electra_jax/loop.py builds it (reuses WORKDIR's tokenizer and shards).
-    tok = prepare.ensure_tokenizer(cfg.data, os.path.join(args.workdir, "tokenizer"), cfg.seed)
+    # Data, exactly as electra_jax/pretraining/runner.py builds it (reuses WORKDIR's tokenizer
+    # and shards).
+    tok = shards.ensure_tokenizer(cfg.data, os.path.join(args.workdir, "tokenizer"), cfg.seed)
     cache_dir = cfg.data.cache_dir or os.path.join(args.workdir, "data")
     before = set(os.listdir(cache_dir)) if os.path.isdir(cache_dir) else set()
-    prepared = prepare.prepare(cfg.data, tok, cache_dir, cfg.seed)
+    prepared = shards.prepare(cfg.data, tok, cache_dir, cfg.seed)
     if os.path.basename(prepared.directory) not in before:
         print(
             f"NOTE: prepared NEW shards {prepared.directory}: no earlier run in this workdir "

@@ -20,7 +20,7 @@ import grain
 import numpy as np
 
 from electra_jax.data import DataError, heldout
-from electra_jax.data.prepare import ROW_DTYPE, PreparedData
+from electra_jax.data.shards import ROW_DTYPE, PreparedData
 
 
 @dataclasses.dataclass(frozen=True)

@@ -59,10 +59,10 @@ import warnings
 import zlib
 from collections.abc import Iterable, Iterator
 
-from electra_jax import jsonio
 from electra_jax.data import DataError
 from electra_jax.data.uri import remote_errors, remote_path, uri_scheme
-from electra_jax.jsonio import bom_encoding, json_kind, one_line
+from electra_jax.store import jsonio
+from electra_jax.store.jsonio import bom_encoding, json_kind, one_line
 
 # Bumped whenever the way ``builtin`` text is extracted changes, so cached prepared data keyed on
 # the fingerprint is not silently reused with different content.

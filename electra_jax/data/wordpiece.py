@@ -12,8 +12,9 @@ import hashlib
 import json
 from collections.abc import Sequence
 
-from electra_jax import jsonio, paths
+from electra_jax import paths
 from electra_jax.data import SPECIAL_PIECES, DataError
+from electra_jax.store import jsonio
 
 VOCAB_FILENAME = "vocab.txt"
 

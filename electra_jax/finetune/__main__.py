@@ -76,8 +76,8 @@ def main(argv) -> None:
         # checks, nothing written), are answered in a blink. finetune() claims it for good.
         checks.check_config(config)
         workdir_lib.claim(_WORKDIR.value, workdir_lib.FINETUNE, lock=False)
-    from electra_jax import checkpointing
-    from electra_jax.checkpointing import CheckpointError, Preempted
+    from electra_jax.store import checkpointing
+    from electra_jax.store.checkpointing import CheckpointError, Preempted
 
     if not _VERBOSE.value:
         checkpointing.quiet_write_failures()  # orbax's threads' reports of a full disk

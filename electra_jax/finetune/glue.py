@@ -15,8 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from electra_jax.data import DataError
-from electra_jax.finetune import features, heads, tasks
-from electra_jax.finetune import metrics as glue_metrics
+from electra_jax.finetune import features, glue_heads, tasks
+from electra_jax.finetune import glue_metrics as glue_metrics
 from electra_jax.finetune.family import Data, Family, Features, fixed_subset
 
 PREDICTIONS_FILE = "dev_predictions.jsonl"
@@ -58,7 +58,7 @@ def predict_step(params, batch: dict, *, model, regression: bool) -> dict:
     )
     return {
         "outputs": outputs,
-        "prediction": heads.predictions(outputs, regression),
+        "prediction": glue_heads.predictions(outputs, regression),
         "finite": jnp.all(jnp.isfinite(outputs), axis=-1),
     }
 
@@ -117,10 +117,10 @@ class Glue(Family):
         )
 
     def network(self, config, task: tasks.Task, spec):
-        return heads.Classifier(spec, task.num_outputs)
+        return glue_heads.Classifier(spec, task.num_outputs)
 
     def init_params(self, model, rng) -> dict:
-        return heads.init_params(model, rng)
+        return glue_heads.init_params(model, rng)
 
     def loss(self, config, task: tasks.Task, model, params, batch: dict, rng):
         outputs = model.apply(
@@ -131,7 +131,7 @@ class Glue(Family):
             False,
             rngs={"dropout": rng},
         )
-        total, count = heads.task_loss(outputs, batch["labels"], task.is_regression)
+        total, count = glue_heads.task_loss(outputs, batch["labels"], task.is_regression)
         return total / count
 
     def predict_step(self, config, task: tasks.Task, model, params, batch: dict) -> dict:

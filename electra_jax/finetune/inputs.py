@@ -29,10 +29,11 @@ from typing import Any
 
 import numpy as np
 
-from electra_jax import jsonio, paths
+from electra_jax import paths
 from electra_jax import workdir as workdir_lib
 from electra_jax.finetune import saved
 from electra_jax.finetune.checks import ALLOWED
+from electra_jax.store import jsonio
 from electra_jax.validate import ConfigError
 
 CHANGES_FILE = workdir_lib.CHANGES_FILE

@@ -23,24 +23,26 @@ import ml_collections
 import numpy as np
 import optax
 
-from electra_jax import checkpointing, jsonio, paths, sharding
+from electra_jax import paths
 from electra_jax import workdir as workdir_lib
 from electra_jax.data import DataError
-from electra_jax.finetune import checks, heads, inputs, saved
+from electra_jax.finetune import checks, glue_heads, inputs, saved
 from electra_jax.finetune.family import ORDER_STREAM, Family
 from electra_jax.finetune.glue import GLUE
 from electra_jax.finetune.squad import SQUAD
-from electra_jax.metrics import log
-from electra_jax.model import (
+from electra_jax.model import sharding
+from electra_jax.model.networks import (
     ElectraSpec,
     EncoderSpec,
     discriminator_embedding_params,
     generator_spec,
 )
-from electra_jax.optim import layerwise_lr_multipliers, make_finetune_optimizer
-from electra_jax.train_step import TrainState
+from electra_jax.model.optim import layerwise_lr_multipliers, make_finetune_optimizer
+from electra_jax.model.weights import PretrainedError
+from electra_jax.pretraining.metrics import log
+from electra_jax.pretraining.optimizer_step import TrainState
+from electra_jax.store import checkpointing, jsonio
 from electra_jax.validate import ConfigError
-from electra_jax.weights import PretrainedError
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (GLUE, SQUAD)}
 RESULTS_FILE = saved.RESULTS_FILE
@@ -171,7 +173,7 @@ def _pretrained(config, path: str | None = None):
 
 
 def _encoder_params(pre) -> dict:
-    params = {k: pre.params[k] for k in heads.PRETRAINED_SUBTREES}
+    params = {k: pre.params[k] for k in glue_heads.PRETRAINED_SUBTREES}
     # The discriminator's own embeddings (under 'gdes': the shared tables plus its deltas).
     params["embeddings"] = discriminator_embedding_params(pre.params, pre.spec.embedding_sharing)
     return params
@@ -592,7 +594,7 @@ def _finetune(config, workdir, family: Family, task, started, stop_after, comman
     params = jax.jit(functools.partial(family.init_params, model))(init_rng)
     if init.encoder_params is not None:
         try:
-            params = heads.with_pretrained(params, init.encoder_params)
+            params = glue_heads.with_pretrained(params, init.encoder_params)
         except ValueError as e:
             raise ConfigError(f"config.init_from={config.init_from!r}: {e}") from None
     hyper = resolve_hyperparameters(config, spec.discriminator.hidden_size)

@@ -26,12 +26,13 @@ import jax
 import ml_collections
 import numpy as np
 
-from electra_jax import paths, sharding
+from electra_jax import paths
 from electra_jax.finetune import features, loop, saved, squad_data, squad_eval, tasks
 from electra_jax.finetune.glue import regression_targets
 from electra_jax.finetune.squad import featurizer, inputs
+from electra_jax.model import sharding
+from electra_jax.model.weights import PretrainedError
 from electra_jax.pretrained import length_argument, text_argument, texts_argument
-from electra_jax.weights import PretrainedError
 
 
 class Classified(NamedTuple):

@@ -31,10 +31,11 @@ from typing import Any
 
 import numpy as np
 
-from electra_jax import jsonio, paths
-from electra_jax import model as model_lib
-from electra_jax.jsonio import json_kind, one_line
-from electra_jax.weights import PretrainedError, check_finite, check_spec
+from electra_jax import paths
+from electra_jax.model import networks as model_lib
+from electra_jax.model.weights import PretrainedError, check_finite, check_spec
+from electra_jax.store import jsonio
+from electra_jax.store.jsonio import json_kind, one_line
 
 CONFIG_FILE = "config.json"
 MODEL_FILE = "model.json"
@@ -241,10 +242,11 @@ def pretraining_record(init_from: str, pre: Any) -> dict:
     source; for a pre-training workdir also its corpus, objective, step, batch and sequence
     length, its counted training FLOPs up to that step (metrics.count_flops, as the run's MFU
     uses) and the metrics.jsonl row of that step; for an export, its export.json."""
-    from electra_jax import metrics, pretrained
+    from electra_jax import pretrained
     from electra_jax.hf.read import HF_PREFIX
+    from electra_jax.objectives.catalog import DEFAULT
     from electra_jax.objectives.core import num_mask_slots
-    from electra_jax.objectives.names import DEFAULT
+    from electra_jax.pretraining import metrics
 
     record: dict = {"source": pre.source, "init_from": init_from}
     path, _ = pretrained.split_step(init_from)

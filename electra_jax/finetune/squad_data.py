@@ -29,9 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from electra_jax import jsonio
 from electra_jax.data import DataError
-from electra_jax.jsonio import json_kind, one_line
+from electra_jax.store import jsonio
+from electra_jax.store.jsonio import json_kind, one_line
 
 VERSIONS = ("1.1", "2.0")
 URL = "https://rajpurkar.github.io/SQuAD-explorer/dataset/"

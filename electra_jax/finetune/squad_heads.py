@@ -21,7 +21,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from electra_jax.model import ElectraSpec, Embeddings, Encoder
+from electra_jax.model.networks import ElectraSpec, Embeddings, Encoder
 
 _MASKED = -1000.0  # the original's additive mask: exp(-1000) is 0 in float32
 

@@ -21,8 +21,8 @@ import math
 import os
 from collections.abc import Sequence
 
-from electra_jax import jsonio
 from electra_jax.data import DataError
+from electra_jax.store import jsonio
 
 
 @dataclasses.dataclass(frozen=True)

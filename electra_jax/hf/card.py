@@ -52,7 +52,7 @@ def _pretraining(record: dict) -> list[str]:
             lines.append(
                 f"- training compute: {pre['flops']:.3e} FLOPs (counted: "
                 f"{pre['flops_per_step']:.3e} per step, forward and backward, by "
-                "electra_jax.metrics.count_flops)"
+                "electra_jax.pretraining.metrics.count_flops)"
             )
         row = pre.get("metrics") or {}
         shown = [

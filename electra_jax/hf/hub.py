@@ -9,8 +9,8 @@ large-file handling apply.
 
 from __future__ import annotations
 
-from electra_jax.jsonio import one_line
-from electra_jax.weights import PretrainedError
+from electra_jax.model.weights import PretrainedError
+from electra_jax.store.jsonio import one_line
 
 LOGIN = "log in with `hf auth login` or set HF_TOKEN"
 

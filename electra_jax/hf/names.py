@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from electra_jax import layer_stack, model
-from electra_jax.weights import PretrainedError
+from electra_jax.model import layer_stack, networks
+from electra_jax.model.weights import PretrainedError
 
 DISCRIMINATOR, GENERATOR = "discriminator", "generator"
 NETWORKS = (DISCRIMINATOR, GENERATOR)
@@ -53,7 +53,7 @@ def _layer_norm(path: tuple[str, ...], name: str) -> list[_Entry]:
     return [_copy((*path, "scale"), f"{name}.weight"), _copy((*path, "bias"), f"{name}.bias")]
 
 
-def _attention(path: tuple[str, ...], name: str, enc: model.EncoderSpec) -> list[_Entry]:
+def _attention(path: tuple[str, ...], name: str, enc: networks.EncoderSpec) -> list[_Entry]:
     """Fused q/k/v [H, 3, heads, hd] and output [heads, hd, H] <-> four [H, H] Linear layers.
 
     transformers splits the query/key/value outputs as [heads, head_dim] (head-major), the same
@@ -97,7 +97,7 @@ def _embedding_entries() -> list[_Entry]:
     ]
 
 
-def _encoder_entries(spec: model.ElectraSpec, network: str) -> list[_Entry]:
+def _encoder_entries(spec: networks.ElectraSpec, network: str) -> list[_Entry]:
     enc = getattr(spec, network)
     entries = []
     if spec.embedding_size != enc.hidden_size:
@@ -112,7 +112,7 @@ def _encoder_entries(spec: model.ElectraSpec, network: str) -> list[_Entry]:
     return entries
 
 
-def mapping(spec: model.ElectraSpec) -> dict[str, list[_Entry]]:
+def mapping(spec: networks.ElectraSpec) -> dict[str, list[_Entry]]:
     """Per network, every leaf's conversion; the embedding entries appear in both networks."""
     disc = [
         *_embedding_entries(),
@@ -145,7 +145,7 @@ def _set(tree: dict, path: tuple[str, ...], value: Any) -> None:
     tree[path[-1]] = value
 
 
-def network_embeddings(params: dict, spec: model.ElectraSpec, network: str) -> dict:
+def network_embeddings(params: dict, spec: networks.ElectraSpec, network: str) -> dict:
     """The embedding block `network` computes with, in the layout of params["embeddings"].
 
     transformers' ELECTRA has one embedding block per model, so each network gets the tables it
@@ -154,13 +154,13 @@ def network_embeddings(params: dict, spec: model.ElectraSpec, network: str) -> d
     own block.
     """
     if network == DISCRIMINATOR:
-        return model.discriminator_embedding_params(params, spec.embedding_sharing)
+        return networks.discriminator_embedding_params(params, spec.embedding_sharing)
     if spec.embedding_sharing == "none":
         return params["generator_embeddings"]
     return params["embeddings"]
 
 
-def params_to_hf(params: dict, spec: model.ElectraSpec) -> dict[str, dict[str, np.ndarray]]:
+def params_to_hf(params: dict, spec: networks.ElectraSpec) -> dict[str, dict[str, np.ndarray]]:
     """Our params -> {network: {transformers key: contiguous float32 array}}, each network with
     the embeddings it computes with (`network_embeddings`), whatever the sharing mode and the
     layers' layout (transformers names each layer)."""
@@ -182,7 +182,7 @@ def _to_hf(entries: list[_Entry], tree: dict) -> dict[str, np.ndarray]:
     return tensors
 
 
-def encoder_to_hf(params: dict, spec: model.ElectraSpec) -> dict[str, np.ndarray]:
+def encoder_to_hf(params: dict, spec: networks.ElectraSpec) -> dict[str, np.ndarray]:
     """A fine-tuned network's embeddings and discriminator encoder (one plain embedding block,
     as finetune/heads.py builds them) -> transformers' `electra.*` tensors, contiguous float32."""
     entries = [*_embedding_entries(), *_encoder_entries(spec, DISCRIMINATOR)]
@@ -190,7 +190,7 @@ def encoder_to_hf(params: dict, spec: model.ElectraSpec) -> dict[str, np.ndarray
 
 
 def params_from_hf(
-    tensors: dict[str, dict[str, np.ndarray]], spec: model.ElectraSpec, where: dict[str, str]
+    tensors: dict[str, dict[str, np.ndarray]], spec: networks.ElectraSpec, where: dict[str, str]
 ) -> dict:
     """{network: state dict} -> our params in the layout of `spec.scan_layers` (generator
     subtrees only when tensors has one).

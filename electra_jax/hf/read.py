@@ -16,8 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from electra_jax import jsonio, model
-from electra_jax.hf.config import DEFAULT_GENERATOR_FRACTION, spec_from_hf
+from electra_jax.hf.electra_config import DEFAULT_GENERATOR_FRACTION, spec_from_hf
 from electra_jax.hf.names import (
     DISCRIMINATOR,
     GENERATOR,
@@ -27,14 +26,16 @@ from electra_jax.hf.names import (
     params_from_hf,
 )
 from electra_jax.hf.tokenizer_files import read_hf_tokenizer
-from electra_jax.jsonio import json_kind, one_line
-from electra_jax.weights import (
+from electra_jax.model import networks
+from electra_jax.model.weights import (
     Pretrained,
     PretrainedError,
     abstract_params,
     check_finite,
     check_params,
 )
+from electra_jax.store import jsonio
+from electra_jax.store.jsonio import json_kind, one_line
 
 # load_pretrained's prefix for a transformers folder, also written into the source it reports.
 HF_PREFIX = "hf:"
@@ -259,8 +260,8 @@ def _check_same_tokenizer(tokenizer: Any, where: dict[str, str]) -> None:
         )
 
 
-def _with_fresh_generator(params: dict, spec: model.ElectraSpec, seed: int = 0) -> dict:
-    """`params` plus every subtree it lacks, initialised as model.Electra does.
+def _with_fresh_generator(params: dict, spec: networks.ElectraSpec, seed: int = 0) -> dict:
+    """`params` plus every subtree it lacks, initialised as networks.Electra does.
 
     Kernels and embeddings ~ truncated normal (+-2 std, std initializer_range), except the
     embedding projection's kernel, Glorot-uniform as in the original; LayerNorm scales 1, biases

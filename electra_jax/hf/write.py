@@ -26,14 +26,16 @@ from typing import Any
 
 from safetensors import SafetensorError
 
-from electra_jax import jsonio, model, paths
+from electra_jax import paths
 from electra_jax.data.tokenizer import MODEL_FILENAME
 from electra_jax.data.wordpiece import VOCAB_FILENAME
-from electra_jax.hf.config import hf_config
+from electra_jax.hf.electra_config import hf_config
 from electra_jax.hf.names import DISCRIMINATOR, GENERATOR, NETWORKS, WEIGHTS, params_to_hf
 from electra_jax.hf.tokenizer_files import write_tokenizer_files
-from electra_jax.jsonio import json_kind, one_line, write_advice, write_json
-from electra_jax.weights import Pretrained, PretrainedError
+from electra_jax.model import networks
+from electra_jax.model.weights import Pretrained, PretrainedError
+from electra_jax.store import jsonio
+from electra_jax.store.jsonio import json_kind, one_line, write_advice, write_json
 
 MANIFEST = "export.json"
 # Version 3: export.json records each file's sha256.
@@ -269,7 +271,7 @@ def write_export(pretrained: Pretrained, out: str, readme: str | None = None) ->
     is whole. Of a previous export only the files it wrote (its manifest lists them) are replaced
     or deleted: whatever else the user keeps in OUT stays as it is.
     """
-    counts = model.network_param_counts(pretrained.params)
+    counts = networks.network_param_counts(pretrained.params)
     manifest = {
         "source": pretrained.source,
         "tokenizer_fingerprint": pretrained.tokenizer.fingerprint,

@@ -5,8 +5,8 @@ names.py, which validate.py reads without jax); docs/development.md shows it."""
 from __future__ import annotations
 
 from electra_jax.objectives import ablations, adversarial, electra, electra_mlm, mlm, two_stage
+from electra_jax.objectives.catalog import DEFAULT, OBJECTIVES
 from electra_jax.objectives.core import Objective
-from electra_jax.objectives.names import DEFAULT, OBJECTIVES
 
 REGISTRY: dict[str, Objective] = {
     o.name: o

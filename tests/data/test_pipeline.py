@@ -10,10 +10,10 @@ import pytest
 from etils import epath
 
 from electra_jax.data import DataError
-from electra_jax.data import prepare as prepare_lib
+from electra_jax.data import shards as prepare_lib
 from electra_jax.data.pipeline import make_iterator
 
-from .test_prepare import SEQ, _read_rows, make_cfg, make_corpus
+from .test_shards import SEQ, _read_rows, make_cfg, make_corpus
 
 BATCH = 16
 
@@ -183,11 +183,12 @@ def test_shard_damaged_after_loading_raises_one_line_naming_it(prepared, tmp_pat
 
 _READ_ALL_SHARDS = """
 import resource, sys
-from electra_jax.data import DataError, prepare
+from electra_jax.data import DataError
+from electra_jax.data import shards
 from electra_jax.data.pipeline import make_iterator
 soft, hard = int(sys.argv[2]), int(sys.argv[3])
 resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-data = prepare._load(sys.argv[1], 0)  # the prepared folder, as a run reuses it ([PAD] 0)
+data = shards._load(sys.argv[1], 0)  # the prepared folder, as a run reuses it ([PAD] 0)
 try:
     it = make_iterator(data, 8, seed=0, num_threads=0)
     for _ in range(2 * data.num_examples // 8):  # two epochs: every shard read

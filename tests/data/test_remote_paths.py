@@ -20,10 +20,10 @@ from fsspec import AbstractFileSystem
 
 from electra_jax import validate
 from electra_jax.data import DataError, sources
-from electra_jax.data import prepare as prepare_lib
+from electra_jax.data import shards as prepare_lib
 from electra_jax.data.tokenizer import Tokenizer, train_tokenizer
 from tests.conftest import ROOT, micro_config, subprocess_env
-from tests.data.test_prepare import make_cfg, make_corpus
+from tests.data.test_shards import make_cfg, make_corpus
 from tests.data.test_tokenizer import _small_corpus
 
 _fsspec_registry = importlib.import_module("fsspec.registry")

@@ -7,10 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from electra_jax import layer_stack
-from electra_jax.finetune import heads
-from electra_jax.model import ElectraSpec, EncoderSpec
-from electra_jax.optim import layerwise_lr_multipliers, make_finetune_optimizer
+from electra_jax.finetune import glue_heads
+from electra_jax.model import layer_stack
+from electra_jax.model.networks import ElectraSpec, EncoderSpec
+from electra_jax.model.optim import layerwise_lr_multipliers, make_finetune_optimizer
 
 
 def _spec(num_layers=2, embedding_size=16, scan_layers=True):
@@ -40,8 +40,8 @@ def _spec(num_layers=2, embedding_size=16, scan_layers=True):
 )
 @pytest.mark.parametrize("scan_layers", [True, False])
 def test_multipliers(num_layers, decay, exponents, layers_top_down, embeddings, scan_layers):
-    model = heads.Classifier(_spec(num_layers, scan_layers=scan_layers), 3)
-    params = jax.eval_shape(functools.partial(heads.init_params, model), jax.random.PRNGKey(0))
+    model = glue_heads.Classifier(_spec(num_layers, scan_layers=scan_layers), 3)
+    params = jax.eval_shape(functools.partial(glue_heads.init_params, model), jax.random.PRNGKey(0))
     m = layerwise_lr_multipliers(params, num_layers, decay, exponents)
     if scan_layers:
         # One factor per layer on the leading axis, broadcast over the rest of the leaf.

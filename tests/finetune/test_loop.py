@@ -14,8 +14,8 @@ import pytest
 
 from electra_jax.data import DataError
 from electra_jax.data.tokenizer import train_tokenizer
-from electra_jax.finetune import glue, heads, loop, tasks
-from electra_jax.model import Electra, ElectraSpec, EncoderSpec, init_params
+from electra_jax.finetune import glue, glue_heads, loop, tasks
+from electra_jax.model.networks import Electra, ElectraSpec, EncoderSpec, init_params
 from electra_jax.validate import ConfigError
 from tests.conftest import ROOT
 
@@ -163,9 +163,9 @@ def test_finetune_from_pretrained_regression(tmp_path, monkeypatch):
     )
     monkeypatch.setattr(loop, "_load_pretrained", lambda path: fake)
     dropped_in = []
-    original = heads.with_pretrained
+    original = glue_heads.with_pretrained
     monkeypatch.setattr(
-        heads, "with_pretrained", lambda p, q: dropped_in.append(q) or original(p, q)
+        glue_heads, "with_pretrained", lambda p, q: dropped_in.append(q) or original(p, q)
     )
     pretrained = functools.partial(_config, data, task="STS-B", init_from="some/run")
     config = pretrained(num_epochs=1.0)

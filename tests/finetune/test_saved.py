@@ -13,8 +13,8 @@ from safetensors.numpy import load_file, save_file
 
 import electra_jax
 from electra_jax.finetune import loop, predictor, saved
+from electra_jax.model.weights import PretrainedError
 from electra_jax.validate import ConfigError
-from electra_jax.weights import PretrainedError
 from tests import held
 from tests.conftest import ROOT, subprocess_env
 from tests.finetune import test_squad_loop
@@ -87,7 +87,7 @@ def test_a_checkpoint_renamed_by_hand_is_refused_not_resumed_as_another_step(tmp
     """Checkpoint 4 renamed 8: resumed as step 8, the run would train steps 5 to 8 again and
     die saving step 8 (StepAlreadyExistsError). Its train state's step gives it away; nothing
     is moved."""
-    from electra_jax import checkpointing
+    from electra_jax.store import checkpointing
 
     config = _glue(tmp_path)
     workdir = tmp_path / "w"
@@ -269,8 +269,8 @@ def _flat(tree, prefix=""):
 
 
 def test_fine_tuning_from_a_pretraining_workdir_leaves_it_untouched(tmp_path, tmp_path_factory):
-    from electra_jax import metrics
     from electra_jax.objectives.core import num_mask_slots
+    from electra_jax.pretraining import metrics
     from tests.test_export import make_workdir
 
     run = make_workdir(tmp_path_factory)

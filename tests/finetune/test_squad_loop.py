@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from electra_jax.finetune import loop, squad_data, squad_heads
-from electra_jax.model import ElectraSpec, EncoderSpec
-from electra_jax.optim import layerwise_lr_multipliers
+from electra_jax.model.networks import ElectraSpec, EncoderSpec
+from electra_jax.model.optim import layerwise_lr_multipliers
 from tests.conftest import ROOT, subprocess_env
 from tests.finetune.test_squad_data import squad_json, write_squad
 

@@ -6,8 +6,8 @@ import pytest
 
 from electra_jax.data.wordpiece import WordPieceTokenizer
 from electra_jax.hf import write
-from electra_jax.model import Electra, init_params, spec_from_config
-from electra_jax.weights import Pretrained, PretrainedError
+from electra_jax.model.networks import Electra, init_params, spec_from_config
+from electra_jax.model.weights import Pretrained, PretrainedError
 from tests.conftest import micro_config
 from tests.hf.test_read import SPECIALS
 

@@ -7,8 +7,9 @@ import jax
 import numpy as np
 import pytest
 
-from electra_jax import metrics, sharding, step_setup
-from electra_jax.objectives import names, registry
+from electra_jax.model import sharding
+from electra_jax.objectives import catalog, registry
+from electra_jax.pretraining import metrics, program
 from tests.conftest import ROOT, micro_config, subprocess_env
 
 # Non-default embedding sharing, paired with some objectives so that each mode trains too.
@@ -25,8 +26,8 @@ OWN_METRICS = {
 
 
 def test_the_registry_holds_the_names_validate_accepts_in_their_order():
-    assert tuple(registry.REGISTRY) == names.OBJECTIVES
-    for name in names.OBJECTIVES:
+    assert tuple(registry.REGISTRY) == catalog.OBJECTIVES
+    for name in catalog.OBJECTIVES:
         assert registry.get(name).name == name
     with pytest.raises(ValueError, match="objective.name='bert': use one of electra, mlm"):
         registry.get("bert")
@@ -42,7 +43,7 @@ def test_the_names_and_the_config_check_import_no_jax():
 
 
 def test_the_model_heads_follow_the_objective():
-    heads = {n: registry.model_heads({"name": n}) for n in names.OBJECTIVES}
+    heads = {n: registry.model_heads({"name": n}) for n in catalog.OBJECTIVES}
     assert {n for n, h in heads.items() if h["mlm_head"]} == {
         "mlm",
         "replaced_mlm",
@@ -82,16 +83,16 @@ def _pattern_batch(cfg, seed=0):
     return {"input_ids": ids, "segment_ids": 0 * ones, "input_mask": ones}
 
 
-@pytest.mark.parametrize("name", names.OBJECTIVES)
+@pytest.mark.parametrize("name", catalog.OBJECTIVES)
 def test_every_registered_objective_runs_the_micro_step(name):
     """Six steps of the micro model on a learnable batch: finite, the objective's own metrics
     logged, its heads in the parameters, its FLOPs counted; the loss falls, but for two_stage
-    (whose loss changes meaning at the switch: tests/test_train_step.py)."""
+    (whose loss changes meaning at the switch: tests/pretraining/test_optimizer_step.py)."""
     cfg = _config(name)
     objective = registry.get(name)
     mesh = sharding.make_mesh(cfg.mesh, jax.devices()[:1])
-    setup = step_setup.setup_step(cfg, cfg.data.vocab_size, mesh)
-    state = step_setup.init_on_mesh(setup)
+    setup = program.setup_step(cfg, cfg.data.vocab_size, mesh)
+    state = program.init_on_mesh(setup)
     params = state.params
     assert ("mlm_lm_head_bias" in params) == objective.mlm_head
     assert ("adversarial_baseline" in params) == objective.policy_baseline

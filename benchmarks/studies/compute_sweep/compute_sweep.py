@@ -49,7 +49,7 @@ import time
 
 from benchmarks import _cli, probe
 from benchmarks.studies.sample_efficiency import sample_efficiency
-from electra_jax import checkpointing
+from electra_jax.store import checkpointing
 
 ROOT = sample_efficiency.ROOT
 RANDOM = sample_efficiency.RANDOM

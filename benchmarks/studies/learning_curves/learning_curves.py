@@ -29,7 +29,7 @@ import os
 import statistics
 
 from benchmarks import _cli
-from electra_jax import metrics
+from electra_jax.pretraining import metrics
 
 METRICS = ("gen_loss", "disc_loss", "disc_recall", "gen_accuracy")
 SIDES = {"electra_jax": "metrics.jsonl", "reference": "hf_reference_metrics.jsonl"}

@@ -36,7 +36,8 @@ import time
 from benchmarks import _cli
 from benchmarks.studies.compute_sweep import compute_sweep
 from benchmarks.studies.sample_efficiency import sample_efficiency
-from electra_jax import evaluate, loop, metrics, step_setup
+from electra_jax import evaluate
+from electra_jax.pretraining import metrics, program, runner
 
 # benchmarks/studies/recipe_study/recipe_study.py: the repository is three folders up.
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -226,14 +227,14 @@ def _sweep_config(out: str, corpus: str, glue_dir: str):
     shape on the in-domain corpus, a vocabulary of 8192, 3e14 counted FLOPs in 10,378 steps) under
     the paper's recipe, read every 1,036 steps; its corpus, tokenizer and prepared rows in OUT,
     made as the sweep makes its own (the same text and seed: the same pieces and rows)."""
-    from electra_jax.data import prepare
+    from electra_jax.data import shards
 
     preset = compute_sweep.PRESETS["cpu"]
     corpus = sample_efficiency.in_domain_corpus(corpus, glue_dir, preset["tasks"], out)
     config = sample_efficiency.pretrain_config(preset, "electra", corpus, out)
     sample_efficiency.plan(config, preset)
     tokenizer = os.path.join(out, "tokenizer")
-    prepare.ensure_tokenizer(config.data, tokenizer, config.seed)
+    shards.ensure_tokenizer(config.data, tokenizer, config.seed)
     apply(config, PAPER)
     apply(config, {"data.tokenizer": tokenizer, "eval.every_steps": 2 * config.log.every_steps})
     apply(config, {"checkpoint.every_steps": config.train.num_steps, "checkpoint.keep": 2})
@@ -272,13 +273,13 @@ def run_one(config, workdir: str, stop_after: int = 0) -> dict:
     last = stop_after or config.train.num_steps
     if not _finished(workdir, last):
         t0 = time.time()
-        row = loop.train(config, workdir, stop_after=stop_after or None)
+        row = runner.train(config, workdir, stop_after=stop_after or None)
         seconds = time.time() - t0
         if "preempted_at" in row:  # SIGTERM / Ctrl-C: the run saved; the study stops too
             sys.exit(f"stopped at step {row['preempted_at']} of {workdir}; rerun to continue")
     else:
         seconds = None
-    spec, _, _, _, slots = step_setup.build(config, config.data.vocab_size)
+    spec, _, _, _, slots = program.build(config, config.data.vocab_size)
     flops = metrics.count_flops(
         spec, config.train.batch_size, config.data.seq_length, slots, config.objective.name
     )["total"]

@@ -54,9 +54,10 @@ import sys
 import time
 
 from benchmarks import _cli, glue
-from electra_jax import checkpointing, loop, metrics, step_setup
 from electra_jax.finetune import tasks as glue_tasks
-from electra_jax.objectives.names import OBJECTIVES as ALL_OBJECTIVES
+from electra_jax.objectives.catalog import OBJECTIVES as ALL_OBJECTIVES
+from electra_jax.pretraining import metrics, program, runner
+from electra_jax.store import checkpointing
 
 # benchmarks/studies/sample_efficiency/sample_efficiency.py: the repository is three folders up.
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -289,7 +290,7 @@ def plan(config, preset: dict) -> dict:
     equal compute); sets config's num_steps, warm-up and checkpoint cadence (a checkpoint at
     each budget step, all kept)."""
     name = config.objective.name
-    spec, _, _, _, num_slots = step_setup.build(config, config.data.vocab_size)
+    spec, _, _, _, num_slots = program.build(config, config.data.vocab_size)
     per_step = metrics.count_flops(
         spec, config.train.batch_size, config.data.seq_length, num_slots, name
     )["total"]
@@ -354,7 +355,7 @@ def pretrain(config, workdir: str, steps: list[int], log=print, allow_changes=()
     """Trains to each budget step in turn (stop_after: one schedule, a checkpoint at each);
     skips steps already saved. Returns the seconds spent on this workdir over all calls (kept
     in WORKDIR/pretrain_seconds.json, so a resumed benchmark still reports the whole).
-    `allow_changes`: config keys a resumed run may find changed (loop.train's)."""
+    `allow_changes`: config keys a resumed run may find changed (runner.train's)."""
     path = os.path.join(workdir, "pretrain_seconds.json")
     spent = seconds_spent(workdir)
     for step in steps:
@@ -363,7 +364,7 @@ def pretrain(config, workdir: str, steps: list[int], log=print, allow_changes=()
             continue
         log(f"pre-training {config.objective.name} to step {step} of {steps[-1]}")
         started = time.time()
-        row = loop.train(config, workdir, stop_after=step, allow_changes=tuple(allow_changes))
+        row = runner.train(config, workdir, stop_after=step, allow_changes=tuple(allow_changes))
         spent += time.time() - started
         _write_json(path, spent)  # whole or as it was: a kill mid-write loses no seconds
         if "preempted_at" in row:
@@ -384,7 +385,7 @@ def finetune(config, workdir: str) -> dict:
     done = finished(workdir)
     if done is not None:
         return done
-    from electra_jax.finetune import loop as finetune_loop
+    from electra_jax.finetune import runner as finetune_loop
 
     result = finetune_loop.finetune(config, workdir)
     if "stopped_at" in result:
@@ -648,14 +649,14 @@ def summary(results: dict) -> dict:
 
 def _run(preset, out, objectives, tasks, seeds, corpus, glue_dir, log, until) -> dict:
     """Pre-training and fine-tuning, skipping what is done: the results without the report."""
-    from electra_jax.data import prepare
+    from electra_jax.data import shards
 
     if preset.get("in_domain"):
         corpus = in_domain_corpus(corpus, glue_dir, tasks, out)
     # One tokenizer for every objective, so they also share one prepared data cache.
     first = pretrain_config(preset, objectives[0], corpus, out)
     tokenizer_dir = os.path.join(out, "tokenizer")
-    prepare.ensure_tokenizer(first.data, tokenizer_dir, first.seed)
+    shards.ensure_tokenizer(first.data, tokenizer_dir, first.seed)
 
     results = {
         "preset": preset,

@@ -1,0 +1,1 @@
+"""ELECTRA's networks: kernels, layer layouts, sharding, the optimizer, weights as data."""

@@ -1,0 +1,98 @@
+"""A trace of chosen training steps (log.profile_steps, log.profile_num_steps) in WORKDIR/profile.
+
+jax.profiler's trace of steps FIRST .. LAST, started once every program the steps use is
+compiled and stopped once the last of them has finished on the device: host and device events,
+each compiled call marked `train` with its first step (`step_num`, which TensorBoard's profile
+plugin groups steps by) and its last (`last_step`; a call runs train.steps_per_call steps).
+The loop ends calls at FIRST - 1 and at LAST, so the trace holds exactly those steps.
+
+Written as jax writes it: WORKDIR/profile/plugins/profile/<time>/ with `<host>.xplane.pb`
+(TensorBoard: `tensorboard --logdir WORKDIR/profile`, the Profile tab) and
+`perfetto_trace.json.gz` (ui.perfetto.dev: Open trace file). A gs:// workdir's trace is written
+on this host and uploaded when it ends. Nothing happens, and nothing is imported, when off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+
+from electra_jax import paths
+from electra_jax.pretraining import metrics
+
+FOLDER = "profile"
+
+
+class Profile:
+    """The trace of steps first .. first + count - 1 (steps counted from 1, as the rows' are);
+    first = 0 traces nothing."""
+
+    def __init__(self, workdir: str, first: int, count: int, start_step: int):
+        self.first, self.last = first, first + count - 1
+        self.target = paths.join(workdir, FOLDER)
+        self.active = False
+        self.wanted = first > 0 and start_step < first
+        if first > 0 and start_step >= first:
+            metrics.log(
+                f"log.profile_steps={first}: the run resumes at step {start_step}, after it; "
+                "no trace (name a later step)"
+            )
+        self._local = None
+        self._traced = first - 1  # the last step whose call the trace holds
+
+    def steps(self) -> tuple[int, int] | None:
+        """(first, last) of the steps to trace, or None when there is no trace to take."""
+        return (self.first, self.last) if self.wanted else None
+
+    def bounds(self) -> tuple[int, ...]:
+        """The steps a call must end at so that the trace holds exactly its steps."""
+        return (self.first - 1, self.last) if self.wanted else ()
+
+    @contextlib.contextmanager
+    def call(self, step: int, size: int):
+        """Around the call of `size` steps after `step`, its batches read and its results
+        waited for: the trace starts before the first traced call and stops after the last."""
+        if not self.wanted:
+            yield
+            return
+        import jax
+
+        if step == self.first - 1 and not self.active:
+            self._start()
+        if not self.active:
+            yield
+            return
+        with jax.profiler.StepTraceAnnotation("train", step_num=step + 1, last_step=step + size):
+            yield
+        self._traced = step + size
+        if self._traced >= self.last:
+            self.stop()
+
+    def _start(self) -> None:
+        import jax
+
+        remote = paths.is_remote(self.target)
+        self._local = tempfile.mkdtemp(prefix="electra_jax-profile-") if remote else self.target
+        jax.profiler.start_trace(self._local, create_perfetto_trace=True)
+        self.active = True
+        metrics.log(f"tracing steps {self.first}-{self.last}")
+
+    def stop(self) -> None:
+        """Ends the trace (at its last step, or when the run stops inside it) and writes it."""
+        if not self.active:
+            return
+        import jax
+
+        jax.profiler.stop_trace()
+        self.active, self.wanted = False, False
+        if self._local != self.target:
+            for root, _, files in os.walk(self._local):
+                for name in files:
+                    local = os.path.join(root, name)
+                    rel = os.path.relpath(local, self._local).replace(os.sep, "/")
+                    paths.upload_file(local, paths.join(self.target, rel))
+        metrics.log(
+            f"wrote a trace of steps {self.first}-{self._traced} to {self.target} (tensorboard "
+            "--logdir there, or its perfetto_trace.json.gz in ui.perfetto.dev)"
+        )

@@ -1,0 +1,169 @@
+"""What a run's config compiles: the mesh checked against the batch, the model, optimizer and
+schedule, the state's layout on the mesh, and the jitted train step (one step, and K per call).
+
+The loop (loop.py), the dry run (dry_run.py), the benchmarks and the tests all build their step
+here, so that what is measured is what trains.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+
+from electra_jax import validate
+from electra_jax.model import sharding
+from electra_jax.model.networks import Electra, ElectraSpec, param_logical_axes, spec_from_config
+from electra_jax.model.optim import make_optimizer
+from electra_jax.objectives import registry
+from electra_jax.objectives.core import num_mask_slots
+from electra_jax.pretraining.optimizer_step import (
+    DEFAULT_SPECIAL,
+    SpecialTokens,
+    guarded_train_step,
+    init_state,
+    multi_step,
+)
+
+
+def build(config: ml_collections.ConfigDict, vocab_size: int, mesh=None):
+    """The model, optimizer, schedule and mask-slot count a config describes (for `mesh`, when
+    given: FSDP pins activations to the batch split)."""
+    spec = spec_from_config(
+        config.model,
+        config.generator,
+        vocab_size,
+        config.train.remat,
+        **registry.model_heads(config.objective),
+    )
+    if mesh is not None and mesh.shape["fsdp"] > 1:
+        spec = dataclasses.replace(spec, activation_sharding=sharding.batch_sharding(mesh))
+    model = Electra(spec)
+    tx, schedule = make_optimizer(config.train)
+    num_slots = num_mask_slots(config.data.seq_length, config.objective.mask_prob)
+    return spec, model, tx, schedule, num_slots
+
+
+def rtd_prior_bias(config) -> float:
+    """The replaced-token head's starting bias: with train.rtd_prior_init, the logit of the
+    share of tokens a fresh generator replaces (about objective.mask_prob: its near-uniform
+    samples are almost never the original), so that the head starts calibrated and the
+    discriminator's first updates need not shift every token's state to lower its logit; else 0,
+    as the original."""
+    if not config.train.get("rtd_prior_init", False):
+        return 0.0
+    p = config.objective.mask_prob
+    return float(np.log(p / (1.0 - p)))
+
+
+@dataclasses.dataclass(frozen=True)
+class StepSetup:
+    """What a run compiles: the model's spec, how to make the state, and the jitted step."""
+
+    spec: ElectraSpec
+    num_slots: int
+    make_state: Callable  # () -> TrainState, for jax.jit(..., out_shardings=state_sharding)
+    abstract_state: Any  # jax.eval_shape(make_state)
+    state_sharding: Any
+    step_fn: Callable  # jitted (state, global batch) -> (state, metrics); the state is donated
+    # jitted (state, [K, B, L] batches) -> (state, [K] metrics): K = train.steps_per_call steps
+    # in one call (train_step.multi_step); None when K = 1
+    multi_step_fn: Callable | None = None
+
+
+def setup_step(
+    config: ml_collections.ConfigDict,
+    vocab_size: int,
+    mesh,
+    special: SpecialTokens = DEFAULT_SPECIAL,
+    unigram_cdf=None,
+) -> StepSetup:
+    """The model, state layout and compiled-on-first-use train step a config describes
+    (`special`: the tokenizer's [PAD], [CLS], [SEP], [MASK] ids; `unigram_cdf`: float32 [V],
+    the corpus's cumulative unigram distribution, which objective.unigram_share > 0 needs)."""
+    if unigram_cdf is None and config.objective.get("unigram_share", 0.0) > 0:
+        raise ValueError("objective.unigram_share > 0: give setup_step the corpus's unigram_cdf")
+    spec, model, tx, schedule, num_slots = build(config, vocab_size, mesh)
+    make_state = functools.partial(
+        init_state, model, tx, config.seed, rtd_bias=rtd_prior_bias(config)
+    )
+    abstract = jax.eval_shape(make_state)
+    params_sharding = sharding.param_shardings(param_logical_axes(model), abstract.params, mesh)
+    state_sharding = sharding.state_shardings(abstract, params_sharding, mesh)
+    one_step = functools.partial(
+        guarded_train_step,
+        nan_policy=config.train.nan_policy,
+        debug_nan_at_step=config.train.debug_nan_at_step,
+        model=model,
+        tx=tx,
+        schedule=schedule,
+        objective_cfg=config.objective,
+        num_slots=num_slots,
+        grad_accum_steps=config.train.grad_accum_steps,
+        special=special,
+        unigram_cdf=(
+            np.asarray(unigram_cdf, np.float32)
+            if config.objective.get("unigram_share", 0.0) > 0
+            else None
+        ),
+    )
+
+    def jitted(fn, batch_sharding):
+        return jax.jit(
+            fn,
+            in_shardings=(state_sharding, batch_sharding),
+            out_shardings=(state_sharding, sharding.replicated(mesh)),
+            donate_argnums=(0,),
+        )
+
+    step_fn = jitted(one_step, sharding.batch_sharding(mesh))
+    multi_step_fn = None
+    if config.train.get("steps_per_call", 1) > 1:
+        multi_step_fn = jitted(
+            functools.partial(multi_step, step_fn=one_step), sharding.stacked_batch_sharding(mesh)
+        )
+    return StepSetup(spec, num_slots, make_state, abstract, state_sharding, step_fn, multi_step_fn)
+
+
+def init_on_mesh(setup: StepSetup):
+    """Fresh parameters and optimizer state, laid out as the step expects."""
+    return jax.jit(setup.make_state, out_shardings=setup.state_sharding)()
+
+
+def checked_mesh(config: ml_collections.ConfigDict, process_count: int, devices=None):
+    """The run's mesh over all devices (or `devices`: a slice's compile-only ones, from
+    topology.py); ConfigError when it or the batch does not fit them."""
+    try:
+        mesh = sharding.make_mesh(config.mesh, devices)
+    except ValueError as e:
+        raise validate.ConfigError(f"{e}; choose a mesh.fsdp that divides it") from e
+    validate.check_batch(
+        config.train.batch_size,
+        sharding.data_parallel_size(mesh),
+        process_count,
+        config.train.grad_accum_steps,
+    )
+    eval_batch = eval_batch_size(config)
+    if eval_every(config) and eval_batch != config.train.batch_size:
+        try:
+            validate.check_batch(eval_batch, sharding.data_parallel_size(mesh), process_count)
+        except validate.ConfigError as e:
+            message = str(e).replace("train.batch_size", "eval.batch_size")
+            raise validate.ConfigError(message) from None
+    return mesh
+
+
+def eval_every(config) -> int:
+    """eval.every_steps (0 for configs without an eval section, or without held-out rows)."""
+    if not config.data.get("heldout_examples", 0):
+        return 0
+    return config.get("eval", {}).get("every_steps", 0)
+
+
+def eval_batch_size(config) -> int:
+    return config.get("eval", {}).get("batch_size", 0) or config.train.batch_size

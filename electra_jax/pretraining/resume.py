@@ -1,0 +1,728 @@
+"""What a run continues from, asked once before any work: `plan(config, workdir, allow)`.
+
+A workdir with checkpoints is resumed with the model it was trained with and, but for the settings
+in FREE_ON_RESUME and those allowed (train's --allow_change), the settings it was started with; the
+allowed changes are recorded in config_changes.jsonl. A workdir with checkpoints whose config.json
+is gone is refused: its settings are unknown, and resuming with the command line's would change the
+run without a word; `--allow_change=config.json` says to resume with them all the same (the
+checkpoints' shapes are still checked at the restore), and the run writes its config.json again. A
+run started before a setting existed keeps what it meant then (its checkpoints' layer layout, no
+held-out slice). A new run may start from train.init_from's weights. The workdir is claimed
+(workdir.claim) for the whole run.
+
+The prepared data must be the run's too: WORKDIR/data_record.json records what the rows of a
+run depend on (shards.key_fields: the corpus's content key, the tokenizer's fingerprint, the
+row format, ...) and the corpus's files, written when the run starts. A resume compares them
+before anything is prepared: a corpus that changed under the same data.source (a file added to
+a text: folder, one edited or removed) or another tokenizer is refused in one line saying what
+changed, unless --allow_change names it (data.source; data.tokenizer), which is recorded in
+config_changes.jsonl. A run started before the record resumes as it did, and gets one. A corpus
+gone since (a text: glob that matches no file) is stood in for by the shards the record proves to
+be its rows (`prepared_data`), with one line.
+
+A resume never rewrites the run's past (`Resume.check_step`, before any work and again for the
+checkpoint restored): an allowed change that moves a phase switch across the resumed step
+(PHASE_SWITCHES) is refused, and so is train.num_steps below it; checkpoints/ entries that orbax
+would take for steps but are not the run's (an export put there, a checkpoint renamed by hand)
+are refused by checkpointing.survey.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+
+from electra_jax import paths
+from electra_jax import workdir as workdir_lib
+from electra_jax.pretraining import metrics
+from electra_jax.store import checkpointing, jsonio
+from electra_jax.store.jsonio import write_json
+from electra_jax.validate import ConfigError, flatten
+
+# The --allow_change name that lets a run whose config.json is gone resume with the command
+# line's settings.
+MISSING_CONFIG = "config.json"
+# The --allow_change key that lets each field of the data record differ on a resume; the config
+# keys among them are refused earlier, by check_same_run, unless allowed.
+_DATA_ALLOW = {
+    "format": "data.source",
+    "source": "data.source",
+    "source_fingerprint": "data.source",
+    "tokenizer_fingerprint": "data.tokenizer",
+    "seq_length": "data.seq_length",
+    "seed": "seed",
+    "single_segment_prob": "data.single_segment_prob",
+    "short_seq_prob": "data.short_seq_prob",
+}
+
+
+@dataclasses.dataclass
+class Resume:
+    """The answer of `plan`: what the run continues from."""
+
+    workdir: str
+    # The config as it runs: the stored run's layer layout and held-out slice kept.
+    config: ml_collections.ConfigDict
+    changes: dict[str, tuple[Any, Any]]  # allowed changes since config.json: {key: (old, new)}
+    init_from: Any  # train.init_from's weights (pretrained.Pretrained) for a new run, else None
+    claim: Any  # workdir.Claim: the workdir, locked by process 0 until `release`
+    resumes: bool = False  # the workdir holds checkpoints
+    allow: tuple[str, ...] = ()  # --allow_change
+    command: str | None = None  # the command line, for workdir.COMMANDS_FILE (None: the API's)
+    # The data record to write at `record` (None: the one there stands), and its allowed
+    # changes, {field: (recorded, now)}.
+    data: dict | None = None
+    data_changes: dict = dataclasses.field(default_factory=dict)
+    # The prepared data (prepare.PreparedData) that stands in for a corpus gone since the run
+    # started, found by `check_data`; None when the corpus is there.
+    recorded: Any = None
+
+    def check_data(self, tokenizer) -> None:
+        """Before any data is prepared (process 0): ConfigError when a resumed run's corpus or
+        tokenizer is not what it started from (data_record.json) and --allow_change does not name
+        the change. `tokenizer`: the run's, as shards.ensure_tokenizer gives it."""
+        from electra_jax.data import shards, sources
+
+        cfg = self.config
+        path = os.path.join(self.workdir, workdir_lib.DATA_RECORD)
+        stored = _read_data_record(path) if self.resumes else None
+        try:
+            now = {
+                "format": 1,
+                "fields": shards.key_fields(cfg.data, tokenizer, cfg.seed),
+                "files": sources.from_config(cfg.data).files(),
+            }
+        except sources.SourceAbsent as e:
+            if stored is None:
+                raise
+            # The corpus is gone: the shards the record names stand in for it, once proven.
+            self.recorded = _recorded_shards(cfg, self.workdir, tokenizer, stored, e)
+            metrics.log(_standing_in(cfg, self.recorded))
+            self.data = None
+            return
+        self.data = now
+        if stored is None:  # a new run, or one started before the record: it gets one
+            return
+        old = stored["fields"]
+        differ = {k: (old.get(k), v) for k, v in now["fields"].items() if old.get(k) != v}
+        if not differ:
+            self.data = None
+            return
+        refused = [k for k in differ if _DATA_ALLOW.get(k, "data.source") not in self.allow]
+        if refused:
+            keys = sorted({_DATA_ALLOW.get(k, "data.source") for k in refused})
+            raise ConfigError(
+                f"resuming {self.workdir}: {_data_changes(refused, differ, stored, now, cfg)} "
+                f"since the run started ({path}), so it would go on training on other rows "
+                "without a word: restore them as they were, or pass "
+                f"--allow_change={','.join(keys)} to go on with these from the resumed step "
+                "(recorded in config_changes.jsonl), or use a new --workdir"
+            )
+        self.data_changes = differ
+
+    def record(self, resumed_at: int | None) -> None:
+        """Once the state is restored (`resumed_at`: its step; None for a new run), writes what
+        the run goes on with (process 0): config.json for a new run; for a resumed one, the
+        allowed changes (config_changes.jsonl and config.json), or a config.json that was
+        missing."""
+        config_path = os.path.join(self.workdir, "config.json")
+        is_main = jax.process_index() == 0
+        if resumed_at is None:
+            if is_main:
+                write_json(config_path, self.config.to_dict())
+        elif self.changes:
+            _record_changes(self.workdir, resumed_at, self.changes, self.config)
+        elif is_main and not paths.exists(config_path):
+            # Only with --allow_change=config.json (plan refuses a resume without it).
+            write_json(config_path, self.config.to_dict())
+            row = {"step": resumed_at, "changes": {}, "config.json": "missing, written again"}
+            _append_change(self.workdir, row)
+            metrics.log(
+                "warning: config.json was missing; wrote this run's settings (allowed by "
+                "--allow_change=config.json; the checkpoint's shapes matched them)"
+            )
+        if is_main:
+            self._record_data(resumed_at)
+            if self.command:
+                row = {"step": resumed_at or 0, "command": self.command}
+                paths.append_text(
+                    os.path.join(self.workdir, workdir_lib.COMMANDS_FILE), json.dumps(row) + "\n"
+                )
+
+    def _record_data(self, resumed_at: int | None) -> None:
+        """data_record.json for a new run, a run started before it, or an allowed change (which
+        config_changes.jsonl records too)."""
+        if self.data is None:
+            return
+        write_json(os.path.join(self.workdir, workdir_lib.DATA_RECORD), self.data)
+        if resumed_at is None or not self.data_changes:
+            return
+        shown = {k: {"from": a, "to": b} for k, (a, b) in self.data_changes.items()}
+        _append_change(self.workdir, {"step": resumed_at, "changes": {}, "data": shown})
+        metrics.log(
+            f"resuming at step {resumed_at} with changed data ({', '.join(sorted(shown))}), "
+            "as --allow_change allows"
+        )
+
+    def check_step(self, step: int) -> None:
+        """ConfigError when the run, resumed at `step`, would rewrite what it did: a step
+        switch moved across it (PHASE_SWITCHES), or train.num_steps below it (nothing could be
+        trained). Asked by `plan` of the newest checkpoint and by the restore of the one it
+        resumes from."""
+        num_steps = self.config.train.num_steps
+        if num_steps < step:
+            raise ConfigError(
+                f"train.num_steps={num_steps} is below step {step}, where the run in "
+                f"{self.workdir} is (checkpoint {step}): nothing would be trained, and a run "
+                f"is not shortened after the fact; set train.num_steps above {step} to go on, "
+                "or use a new --workdir for a shorter run"
+            )
+        for key, (old, new) in self.changes.items():
+            _check_phase_switch(key, old, new, step, self.config)
+
+    def release(self) -> None:
+        self.claim.release()
+
+
+# Settings that name the step at which a run passes, once, from one phase to the next, with the
+# objective that has them and its phases. The update of step s (s updates done) is in the second
+# phase when s >= the switch, so a run resumed at step R has passed the switch when it is below
+# R. --allow_change may move a switch that is still ahead, or one already behind (nothing
+# changes then); moved across R, it would send the run back into a phase it has left (two_stage
+# training the generator alone again, then copying it over the trained discriminator again), or
+# past a switch it never made (two_stage never copying the generator at all).
+PHASE_SWITCHES = {
+    "objective.two_stage_steps": (
+        "two_stage",
+        "the generator alone, then the discriminator started from the generator's weights",
+    ),
+    "objective.mle_warmup_steps": (
+        "adversarial",
+        "the generator's maximum-likelihood warm start, then the policy gradient",
+    ),
+}
+
+
+def _check_phase_switch(key: str, old, new, step: int, config) -> None:
+    """ConfigError when an allowed change of a PHASE_SWITCHES key moves the switch across
+    `step`, where the run resumes."""
+    if key not in PHASE_SWITCHES or config.objective.name != PHASE_SWITCHES[key][0]:
+        return
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (old, new)):
+        return  # validate.check_config has refused a switch that is not a step
+    if (old < step) == (new < step):
+        return
+    phases = PHASE_SWITCHES[key][1]
+    if old < step:
+        what = (
+            f"the run, at step {step}, passed its switch at step {old}; at {new} it would go "
+            "back into the first phase and make the switch again"
+        )
+        way = f"keep it below {step} (the switch stays behind the run)"
+    else:
+        what = (
+            f"the run, at step {step}, has not reached its switch at step {old}; at {new} the "
+            "switch would lie behind the run without having been made"
+        )
+        way = f"set it to {step} to switch at the next step, or later"
+    raise ConfigError(
+        f"--allow_change={key}: {key}={new} would rewrite the run's phases ({phases}): {what}; "
+        f"{way}, or use a new --workdir"
+    )
+
+
+def plan(
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    allow: tuple[str, ...] = (),
+    command: str | None = None,
+) -> Resume:
+    """Claims the workdir and answers what the run continues from: the config as it will run,
+    the allowed changes (config keys in `allow`), train.init_from's weights. `command`, the
+    command line, is recorded with the step it starts at (`Resume.record`).
+
+    Raises ConfigError (the workdir is another run's, or in use; a setting the resume may not
+    change; init_from unusable) or CheckpointError (only damaged checkpoints), the workdir
+    released again.
+    """
+    claim = _claim_workdir(workdir)
+    try:
+        new = flatten(config.to_dict())  # the settings asked for, {"a.b": value}, read once
+        unknown = [k for k in allow if k not in new and k != MISSING_CONFIG]
+        if unknown:
+            raise ConfigError(
+                f"--allow_change names {', '.join(unknown)}, which is not a config key"
+            )
+        resumes = _has_checkpoints(workdir)
+        path = os.path.join(workdir, "config.json")
+        # None for a run that starts over (it writes config.json), or whose config.json is
+        # gone and allowed to be (the checkpoints' shapes are still checked at the restore).
+        stored = _read_stored_config(path) if resumes else None
+        if resumes and stored is None and MISSING_CONFIG not in allow:
+            raise ConfigError(
+                f"{path} is missing, but {checkpointing.checkpoint_dir(workdir)} holds the "
+                "run's checkpoints: the settings it was started with are unknown, so it is not "
+                "resumed with this command's without a word; put config.json back (from a "
+                f"copy), or pass --allow_change={MISSING_CONFIG} to resume with this command's "
+                "settings (the checkpoints' shapes are still checked), or use a new --workdir"
+            )
+        changes = {}
+        if stored is not None:
+            old = flatten(stored)
+            kept = _checkpoint_layout(old, new)
+            if kept:
+                new.update(kept)
+                config = config.copy_and_resolve_references()
+                with config.unlocked():
+                    for key, value in kept.items():
+                        section, field = key.split(".")
+                        config[section][field] = value
+            check_same_model(old, new, path)
+            changes = check_same_run(old, new, path, tuple(allow))
+        run = Resume(workdir, config, changes, None, claim, bool(resumes), tuple(allow), command)
+        if resumes:
+            # The newest checkpoint's step: the restore checks the one it resumes from again.
+            run.check_step(checkpointing.saved_steps(workdir)[-1])
+        elif config.train.init_from:  # a resumed run goes on from its own state
+            run.init_from = load_init_from(config, workdir)
+    except BaseException:
+        claim.release()
+        raise
+    return run
+
+
+def cache_dir(config: ml_collections.ConfigDict, workdir: str) -> str:
+    """Where a run's prepared data is: data.cache_dir, by default WORKDIR/data."""
+    return config.data.cache_dir or paths.join(workdir, "data")
+
+
+def prepared_data(
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    tokenizer,
+    num_workers: int | None = None,
+    log=None,
+):
+    """The run's prepared data (shards.PreparedData): shards.prepare's (made, or reused by its
+    content key), or, when data.source matches no files any more (sources.SourceAbsent), the
+    shards that WORKDIR's data record proves complete and unchanged, with one line to `log`
+    (when given); ConfigError when it does not. For every process of a run (process 0 says so
+    in `Resume.check_data`) and for `evaluate`, which reads the held-out rows of a run's
+    shards."""
+    from electra_jax.data import shards, sources
+
+    directory = cache_dir(config, workdir)
+    try:
+        return shards.prepare(
+            config.data, tokenizer, directory, config.seed, num_workers=num_workers
+        )
+    except sources.SourceAbsent as e:
+        stored = _read_data_record(os.path.join(workdir, workdir_lib.DATA_RECORD))
+        if stored is None:
+            raise
+        prepared = _recorded_shards(config, workdir, tokenizer, stored, e)
+        if log is not None:
+            log(_standing_in(config, prepared))
+        return prepared
+
+
+def _standing_in(config, prepared) -> str:
+    """The line that says the recorded shards stand in for an absent corpus."""
+    return (
+        f"data.source '{config.data.source}' matches no files now; reading the shards prepared "
+        f"from it ({prepared.directory}, {prepared.num_examples:,} rows), which "
+        f"{workdir_lib.DATA_RECORD} proves complete and unchanged"
+    )
+
+
+def _recorded_shards(config, workdir: str, tokenizer, stored: dict, absent: Exception):
+    """The prepared data of the rows `stored` (the data record) describes
+    (shards.recorded); ConfigError naming the record and what fails when it is not proven."""
+    from electra_jax.data import DataError, shards
+
+    try:
+        return shards.recorded(
+            config.data, tokenizer, cache_dir(config, workdir), config.seed, stored["fields"]
+        )
+    except DataError as e:
+        raise ConfigError(
+            f"data.source '{config.data.source}' matches no files, and the prepared shards "
+            f"that {os.path.join(workdir, workdir_lib.DATA_RECORD)} records cannot stand in for "
+            f"it ({e}); "
+            "put the corpus back where data.source says, or point data.source at where it is "
+            "now with --allow_change=data.source"
+        ) from absent
+
+
+def _claim_workdir(workdir: str):
+    """The workdir, locked by process 0 for the run; every process agrees before going on."""
+    error, held = None, None
+    try:
+        held = workdir_lib.claim(
+            workdir,
+            workdir_lib.PRETRAIN,
+            lock=jax.process_index() == 0,
+            command="electra_jax.train",
+        )
+    except ConfigError as e:
+        error = e
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        ok = np.asarray(multihost_utils.process_allgather(np.int32(error is None)))
+        if error is None and not ok.all():
+            error = ConfigError(
+                f"--workdir {workdir} cannot be used by process(es) "
+                f"{', '.join(map(str, np.flatnonzero(ok == 0)))}; see their error line"
+            )
+    if error is not None:
+        if held is not None:
+            held.release()
+        raise error
+    return held
+
+
+def _read_stored_config(path: str) -> dict | None:
+    """WORKDIR/config.json as a dict; None when missing; ConfigError when unreadable."""
+    if not paths.exists(path):
+        return None
+    try:
+        stored = jsonio.loads(paths.read_bytes(path))
+    except (OSError, ValueError) as e:
+        reason = " ".join(str(e).split())
+        raise ConfigError(
+            f"{path} cannot be read ({reason}); restore it from a copy, or delete it to resume "
+            "with the current settings (the checkpoints' shapes are still checked)"
+        ) from None
+    if not isinstance(stored, dict) or not {"model", "generator"} <= set(stored):
+        raise ConfigError(
+            f"{path} is not the config of an electra_jax run (no model and generator sections); "
+            "restore it from a copy, or delete it to resume with the current settings"
+        )
+    return stored
+
+
+def _read_data_record(path: str) -> dict | None:
+    """data_record.json as written (a dict with a fields object); None when missing; ConfigError
+    when unreadable."""
+    if not paths.exists(path):
+        return None
+    try:
+        record = jsonio.loads(paths.read_bytes(path))
+    except (OSError, ValueError) as e:
+        record = " ".join(str(e).split())
+    if not isinstance(record, dict) or not isinstance(record.get("fields"), dict):
+        raise ConfigError(
+            f"{path} cannot be read ({record if isinstance(record, str) else 'no fields'}); "
+            "restore it from a copy, or delete it to resume without checking that the corpus "
+            "is the one the run started from (a new record is written)"
+        )
+    return record
+
+
+def _few(names: list[str]) -> str:
+    shown = ", ".join(os.path.basename(n) for n in names[:3])
+    return shown + (f" (and {len(names) - 3} more)" if len(names) > 3 else "")
+
+
+def _data_changes(keys: list[str], differ: dict, stored: dict, now: dict, cfg) -> str:
+    """What changed in the data record's `keys`, in words."""
+    parts = []
+    for key in keys:
+        old, new = differ[key]
+        if key == "source_fingerprint":
+            parts.append(_corpus_change(stored.get("files"), now.get("files"), cfg.data.source))
+        elif key == "tokenizer_fingerprint":
+            parts.append("the tokenizer is another than the one the run started with")
+        elif key == "format":
+            parts.append(f"the prepared rows' format is {new!r} in this version, {old!r} there")
+        else:
+            parts.append(f"{key} is {new!r} now, {old!r} there")
+    return "; ".join(parts)
+
+
+def _corpus_change(old: list | None, new: list | None, source: str) -> str:
+    """The files added, removed or resized under data.source, or what is known."""
+    where = f"the corpus under data.source '{source}' changed"
+    if old is None or new is None:
+        return f"{where} (its content key is not the one recorded)"
+    before, after = dict(map(tuple, old)), dict(map(tuple, new))
+    added = sorted(set(after) - set(before))
+    removed = sorted(set(before) - set(after))
+    resized = sorted(p for p in set(before) & set(after) if before[p] != after[p])
+    said = [
+        f"{what} {_few(names)}"
+        for what, names in (("files added:", added), ("removed:", removed), ("resized:", resized))
+        if names
+    ]
+    if not said:
+        said = ["its files' modification times changed (same names and sizes: edited, or copied"]
+        said[0] += " without their times)"
+    return f"{where}: {', '.join(said)}"
+
+
+def _has_checkpoints(workdir: str) -> bool:
+    """Whether the workdir holds checkpoints to resume; refuses a file where they go, and a
+    workdir whose checkpoints were all set aside as damaged (it is not started over)."""
+    directory = checkpointing.checkpoint_dir(workdir)
+    if paths.exists(directory) and not paths.isdir(directory):
+        raise ConfigError(
+            f"{directory} is a file, where the run keeps its checkpoints; move it away or use "
+            "a new --workdir"
+        )
+    # Before any step is taken for a checkpoint: an entry orbax would take for one that is not
+    # (an export put there, a checkpoint renamed by hand) is refused, nothing moved.
+    checkpointing.survey(directory)
+    if checkpointing.has_checkpoints(workdir):
+        return True
+    aside = checkpointing.set_aside(workdir)
+    if aside:
+        raise checkpointing.CheckpointError(
+            f"{directory} holds only checkpoints set aside as damaged ({', '.join(aside)}); "
+            "this run will not start over on its own: inspect them, or use a new --workdir"
+        )
+    return False
+
+
+def _checkpoint_layout(old: dict, new: dict) -> dict:
+    """The settings a resume keeps from the stored run (`old`, flat) over the asked ones (`new`,
+    flat): the stored checkpoints' layer layout (a run started before model.scan_layers existed
+    holds them unrolled), and for a run started before the held-out slice, training on every
+    row. {key: value}, {} when nothing is kept.
+
+    The layout is how the parameters are stored, not what they compute, so a resume keeps the
+    checkpoints' own rather than refusing or rewriting them.
+    """
+    kept = {}
+    layout = stored_scan_layers(old)
+    if bool(new.get("model.scan_layers", False)) != layout:
+        kept["model.scan_layers"] = layout
+        held = "stacked (scanned)" if layout else "unrolled"
+        metrics.log(
+            f"this run's checkpoints hold their layers {held}; resuming with "
+            f"model.scan_layers={layout}"
+        )
+    if "data.heldout_examples" not in old and new.get("data.heldout_examples"):
+        # Holding rows out now would change the rows it trains on: it keeps training on all.
+        kept["data.heldout_examples"] = 0
+        metrics.log(
+            "this run started before the held-out slice existed and trains on every row; "
+            "resuming with data.heldout_examples=0 (no held-out evaluation; "
+            "python -m electra_jax.evaluate reads its checkpoints on rows it has seen)"
+        )
+    return kept
+
+
+def load_init_from(config: ml_collections.ConfigDict, workdir: str):
+    """train.init_from's weights (a `pretrained.Pretrained`), its tokenizer put in the workdir.
+
+    For a run without checkpoints (a resumed run continues from its own state), and for
+    `prepare` of such a run, so that the data is tokenized with the tokenizer of the weights.
+    Weights and their tokenizer come from one source: a workdir whose tokenizer/ already holds
+    another tokenizer (one `prepare` trained, or an earlier start's) is refused, naming both;
+    the same tokenizer is left as it is.
+
+    Raises:
+      ConfigError: init_from unusable; data.tokenizer given beside it; another tokenizer in the
+        workdir. Nothing in the workdir is changed.
+    """
+    from electra_jax import pretrained
+
+    path = config.train.init_from
+    try:
+        loaded = pretrained.load_pretrained(path)
+    except pretrained.PretrainedError as e:
+        raise ConfigError(f"train.init_from: {e}") from e
+    if config.data.tokenizer:
+        raise ConfigError(
+            f"train.init_from={path} brings its own tokenizer; leave data.tokenizer empty"
+        )
+    _place_tokenizer(loaded.tokenizer, f"train.init_from={path}", workdir)
+    return loaded
+
+
+def _place_tokenizer(tok, source: str, workdir: str) -> None:
+    """Puts `tok` (the tokenizer of the weights `source` names) in WORKDIR/tokenizer, unless that
+    very tokenizer is there; ConfigError when another one is."""
+    from electra_jax.data import DataError
+    from electra_jax.data import tokenizer as tokenizer_lib
+
+    folder = os.path.join(workdir, "tokenizer")
+    if tokenizer_lib.has_saved(folder):
+        try:
+            there = tokenizer_lib.load_saved(folder)
+        except DataError as e:
+            raise ConfigError(str(e)) from None
+        if there.fingerprint != tok.fingerprint:
+            raise ConfigError(
+                f"{folder} holds a tokenizer ({tokenizer_lib.describe(there)}) other than the one "
+                f"{source} was trained with ({tokenizer_lib.describe(tok)}), and its weights work "
+                f"only with their own: use a new --workdir, or delete {folder} (and the data "
+                "prepared with it) so that the run takes init_from's (prepare given the same "
+                "train.init_from places it), or unset train.init_from"
+            )
+        return
+    if jax.process_index() == 0:
+        tok.save(folder)
+
+
+def _append_change(workdir: str, row: dict) -> None:
+    """One row of WORKDIR/config_changes.jsonl: what a resume changed, at which step."""
+    paths.append_text(
+        os.path.join(workdir, workdir_lib.CHANGES_FILE), json.dumps(row, sort_keys=True) + "\n"
+    )
+
+
+def _record_changes(workdir: str, step: int, changes: dict, config) -> None:
+    """Rewrites config.json with the settings the run goes on with and appends what changed, at
+    which step, to config_changes.jsonl (process 0 only)."""
+    if jax.process_index() != 0:
+        return
+    row = {"step": step, "changes": {k: {"from": a, "to": b} for k, (a, b) in changes.items()}}
+    _append_change(workdir, row)
+    write_json(os.path.join(workdir, "config.json"), config.to_dict())
+    shown = ", ".join(f"{k}={b!r} (was {a!r})" for k, (a, b) in changes.items())
+    metrics.log(f"resuming at step {step} with changed settings: {shown}")
+
+
+def mismatch_message(e: checkpointing.CheckpointMismatch, workdir: str) -> str:
+    """One line for a checkpoint of another model or optimizer, naming the settings involved."""
+    names = [line.split(":", 1)[0] for line in e.differences]
+    params = [n for n in names if n.startswith("params.")]
+    if any(not n.startswith("params.generator") for n in params):
+        settings = "the model (model.*, data.vocab_size, objective.name)"
+    elif params:
+        settings = "the generator (generator.*)"
+    elif any(n.startswith("opt_state") for n in names):
+        # The optimizer's tree, not its numbers: e.g. train.adam_bias_correction.
+        settings = "the optimizer (train.adam_bias_correction, train.weight_decay, ...)"
+    else:
+        settings = "the train state"
+    return (
+        f"checkpoint {e.step} in {checkpointing.checkpoint_dir(workdir)} holds another state "
+        f"than this config describes, in {settings}: {checkpointing.shown(e.differences)}; "
+        "nothing was moved aside: resume with the settings the run was started with, or use a "
+        "new --workdir"
+    )
+
+
+# The fields that fix the parameters' shapes and meaning. model.dtype is left out: it is the compute
+# type only (parameters stay float32), so resuming in bfloat16 what ran in float32 is legitimate.
+_MODEL_SECTIONS = ("model", "generator")
+_MODEL_KEYS = ("data.vocab_size", "data.seq_length", "objective.name")  # name: the MLM head
+_NOT_MODEL = ("model.dtype",)
+# What a run config written before these keys existed means by their absence: a run started
+# before model.scan_layers holds its layers unrolled; one started before the held-out slice
+# trained on every row.
+_ADDED_DEFAULTS = {
+    "model.embedding_sharing": "electra",
+    "model.scan_layers": False,
+    "data.heldout_examples": 0,
+}
+
+
+def with_added_defaults(stored: dict) -> dict:
+    """A stored run config (config.json) with the keys added since filled in as `_ADDED_DEFAULTS`
+    says the run had them; a new nested dict."""
+    out = json.loads(json.dumps(stored))
+    for key, value in _ADDED_DEFAULTS.items():
+        node = out
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node.setdefault(leaf, value)
+    return out
+
+
+def stored_scan_layers(old: dict) -> bool:
+    """The layer layout of a stored run's settings (config.json, flat): model.scan_layers."""
+    return bool(old.get("model.scan_layers", _ADDED_DEFAULTS["model.scan_layers"]))
+
+
+def _shown(keys: list[str], old: dict, new: dict) -> str:
+    """The first four differing settings, stored value against new, and how many more."""
+    shown = ", ".join(f"{k}={old.get(k)!r} there vs {new.get(k)!r} now" for k in keys[:4])
+    return shown + (f" (and {len(keys) - 4} more)" if len(keys) > 4 else "")
+
+
+def check_same_model(old: dict, new: dict, config_path: str) -> None:
+    """Raises ConfigError when a workdir's stored settings describe another model than the new.
+
+    old: the workdir's config.json, new: the settings asked for, both flat ({"a.b": value},
+    validate.flatten). Compares model.*, generator.*, data.vocab_size and data.seq_length, so
+    that a resume with other sizes fails here in one line instead of as a shape error deep
+    inside the restore.
+    """
+    # Keys added since a run was stored mean their default there.
+    old = {**_ADDED_DEFAULTS, **old}
+
+    def is_model_key(key: str) -> bool:
+        return (key.split(".", 1)[0] in _MODEL_SECTIONS or key in _MODEL_KEYS) and (
+            key not in _NOT_MODEL
+        )
+
+    keys = sorted(k for k in set(old) | set(new) if is_model_key(k))
+    differ = [k for k in keys if old.get(k) != new.get(k)]
+    if differ:
+        raise ConfigError(
+            f"{config_path} describes a different model than the one asked for: "
+            f"{_shown(differ, old, new)}; "
+            "to resume, run with the same settings; to train this model, use a new --workdir"
+        )
+
+
+# Settings a resumed run may change without saying so: how long it runs, how the same numbers are
+# computed and laid out, where files go and how often they are written. Every other setting
+# (data, schedule, optimizer, objective, seed) shapes what the run learns, so a resume that
+# changes one would no longer continue the run it resumes; it needs train's --allow_change.
+FREE_ON_RESUME = (
+    "train.num_steps",
+    "train.steps_per_call",
+    "train.remat",
+    "train.grad_accum_steps",
+    "train.nan_policy",
+    "train.debug_nan_at_step",
+    "train.init_from",  # read only by a fresh run
+    "data.cache_dir",
+    "data.tokenizer",  # a resumed run keeps its own; a different file is refused by fingerprint
+    "data.examples_per_shard",
+    "data.tfds_data_dir",
+    "mesh.",
+    "checkpoint.",
+    "log.",
+    "compile.",  # where compiled programs are cached: the same programs either way
+    "eval.",  # what is read and how often; never what is trained (data.heldout_examples is)
+)
+
+
+def _is_free(key: str) -> bool:
+    return any(key == k or (k.endswith(".") and key.startswith(k)) for k in FREE_ON_RESUME)
+
+
+def check_same_run(
+    old: dict, new: dict, config_path: str, allowed: tuple[str, ...] = ()
+) -> dict[str, tuple[Any, Any]]:
+    """Raises ConfigError when the new settings change one of the stored run's that a resume
+    must keep (see FREE_ON_RESUME), unless the key is in `allowed`.
+
+    old: the workdir's config.json, new: the settings asked for, both flat. Keys the stored
+    config lacks (added to the framework since) are not compared. Returns the allowed
+    changes, {key: (stored value, new value)}, for the caller to record.
+    """
+    differ = sorted(k for k in set(old) & set(new) if old[k] != new[k] and not _is_free(k))
+    refused = [k for k in differ if k not in allowed]
+    if refused:
+        raise ConfigError(
+            f"resuming with other settings than {config_path}: {_shown(refused, old, new)}; "
+            "run with the "
+            "stored settings to continue exactly, or pass --allow_change="
+            f"{','.join(refused)} to change them from this step on (recorded in "
+            "config_changes.jsonl), or use a new --workdir"
+        )
+    return {k: (old[k], new[k]) for k in differ}

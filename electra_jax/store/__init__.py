@@ -1,0 +1,1 @@
+"""Where a run's files live: the path layer, JSON files, checkpoints and the gs:// lock."""

@@ -1,0 +1,283 @@
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from electra_jax.data.tokenizer import CLS_ID, SEP_ID
+from electra_jax.model import networks as model_lib
+from electra_jax.model.networks import Electra, init_params, spec_from_config
+from electra_jax.pretraining import dry_run
+from tests.conftest import load_config, micro_config
+
+
+@pytest.mark.parametrize(
+    "name,expected", [("small", 13.5e6), ("base", 108.9e6), ("large", 334.1e6)]
+)
+def test_discriminator_sizes_match_the_paper(name, expected):
+    summary = dry_run.describe(load_config(name), compile=False)
+    assert abs(summary["discriminator_params"] - expected) / expected < 0.03
+
+
+def test_generator_shapes_follow_the_fraction():
+    for name, width, heads in [("small", 64, 1), ("base", 256, 4), ("large", 256, 4)]:
+        summary = dry_run.describe(load_config(name), compile=False)
+        assert summary["generator_hidden_size"] == width
+        assert summary["generator_num_heads"] == heads
+
+
+def _micro_model():
+    cfg = micro_config()
+    spec = spec_from_config(cfg.model, cfg.generator, 300)
+    model = Electra(spec)
+    return spec, model, init_params(model, jax.random.PRNGKey(0))
+
+
+def test_projection_only_where_widths_differ():
+    spec, _, params = _micro_model()
+    assert spec.embedding_size != spec.discriminator.hidden_size
+    assert "embeddings_project" in params["discriminator"]
+    assert "embeddings_project" in params["generator"]  # 16 wide vs E=32
+    cfg = load_config("base")
+    abstract = jax.eval_shape(
+        functools.partial(init_params, Electra(spec_from_config(cfg.model, cfg.generator, 100))),
+        jax.random.PRNGKey(0),
+    )
+    assert "embeddings_project" not in abstract["discriminator"]  # E = H = 768
+    assert "embeddings_project" in abstract["generator"]  # 768 -> 256
+
+
+def _batch(b=2, length=16, seed=0):
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(5, 300, (b, length)).astype(np.int32)
+    return jnp.asarray(ids), jnp.zeros((b, length), jnp.int32), jnp.ones((b, length), jnp.int32)
+
+
+def test_embeddings_are_shared_by_both_networks():
+    _, model, params = _micro_model()
+    ids, seg, mask = _batch()
+    positions = jnp.array([[1, 2], [3, 4]])
+
+    def gen_loss(p):
+        return model.apply(
+            {"params": p}, ids, seg, mask, positions, method=Electra.generator_logits
+        ).sum()
+
+    def disc_loss(p):
+        return model.apply({"params": p}, ids, seg, mask, method=Electra.discriminator_logits).sum()
+
+    # One table, and each network's loss moves it.
+    assert list(params).count("embeddings") == 1
+    for fn in (gen_loss, disc_loss):
+        g = jax.jit(jax.grad(fn))(params)["embeddings"]  # compiled: op by op takes seconds
+        for name in ("word_embeddings", "position_embeddings", "token_type_embeddings"):
+            assert float(jnp.abs(g[name]["embedding"]).sum()) > 0
+        assert float(jnp.abs(g["LayerNorm"]["scale"]).sum()) > 0
+    # The generator's output layer is tied: its gradient reaches the word table even with the
+    # encoder's input path cut (the same ids everywhere would still give input gradients, so
+    # check that changing the table changes the logits of a fixed hidden state instead).
+    bumped = jax.tree_util.tree_map(lambda x: x, params)
+    bumped["embeddings"]["word_embeddings"]["embedding"] = (
+        params["embeddings"]["word_embeddings"]["embedding"] * 2.0
+    )
+    logits = jax.jit(
+        lambda p: model.apply(
+            {"params": p}, ids, seg, mask, positions, method=Electra.generator_logits
+        )
+    )
+    a, b = logits(params), logits(bumped)
+    assert a.shape == (2, 2, 300)
+    assert not np.allclose(a, b)
+
+
+def test_padding_does_not_change_real_positions():
+    _, model, params = _micro_model()
+    ids, seg, mask = _batch()
+    mask = mask.at[:, 10:].set(0)
+    other = ids.at[:, 10:].set(7)
+    a = model.apply({"params": params}, ids, seg, mask, method=Electra.discriminator_logits)
+    b = model.apply({"params": params}, other, seg, mask, method=Electra.discriminator_logits)
+    np.testing.assert_allclose(a[:, :10], b[:, :10], atol=1e-5)
+    assert a.shape == (2, 16) and a.dtype == jnp.float32
+
+
+def test_bfloat16_compute_keeps_float32_params():
+    cfg = micro_config()
+    cfg.model.dtype = "bfloat16"
+    model = Electra(spec_from_config(cfg.model, cfg.generator, 300))
+    params = init_params(model, jax.random.PRNGKey(0))
+    assert all(x.dtype == jnp.float32 for x in jax.tree_util.tree_leaves(params))
+    ids, seg, mask = _batch()
+    logits = model.apply({"params": params}, ids, seg, mask, method=Electra.discriminator_logits)
+    assert logits.dtype == jnp.float32 and bool(jnp.all(jnp.isfinite(logits)))
+
+
+def _grads(remat: str, dtype: str = "float32"):
+    cfg = micro_config()
+    cfg.model.dtype = dtype
+    model = Electra(spec_from_config(cfg.model, cfg.generator, 300, remat=remat))
+    params = init_params(model, jax.random.PRNGKey(0))
+    ids, seg, mask = _batch()
+
+    def loss(p):
+        out = model.apply(
+            {"params": p},
+            ids,
+            seg,
+            mask,
+            False,
+            rngs={"dropout": jax.random.PRNGKey(1)},
+            method=Electra.discriminator_logits,
+        )
+        return jnp.sum(out**2)
+
+    return jax.jit(jax.value_and_grad(loss))(params)
+
+
+def test_remat_keeps_the_numbers():
+    base_loss, base_grads = _grads("none")
+    for mode in ("full", "dots"):
+        loss, grads = _grads(mode)
+        np.testing.assert_allclose(loss, base_loss, rtol=1e-6)
+        leaves = zip(
+            jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(base_grads), strict=True
+        )
+        for a, b in leaves:
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    with pytest.raises(ValueError, match="train.remat"):
+        _grads("sometimes")
+
+
+def test_fused_attention_matches_einsum_without_dropout():
+    cfg = micro_config()
+    outs = {}
+    for impl in ("einsum", "xla"):
+        cfg.model.attention = impl
+        model = Electra(spec_from_config(cfg.model, cfg.generator, 300))
+        params = init_params(model, jax.random.PRNGKey(0))
+        ids, seg, mask = _batch()
+        mask = mask.at[:, 12:].set(0)
+        outs[impl] = model.apply(
+            {"params": params}, ids, seg, mask, method=Electra.discriminator_logits
+        )
+    np.testing.assert_allclose(outs["xla"], outs["einsum"], atol=2e-5)
+    cfg.model.attention = "xla"
+    model = Electra(spec_from_config(cfg.model, cfg.generator, 300))
+    with pytest.raises(ValueError, match="attention_dropout_rate"):
+        model.apply(
+            {"params": params},
+            ids,
+            seg,
+            mask,
+            False,
+            rngs={"dropout": jax.random.PRNGKey(0)},
+            method=Electra.discriminator_logits,
+        )
+
+
+def _value_and_grads(module, params, x, weights):
+    def loss(p, inputs):
+        return jnp.sum(module.apply({"params": p}, inputs) * weights)
+
+    return module.apply({"params": params}, x), jax.grad(loss, argnums=(0, 1))(params, x)
+
+
+def test_matmul_gradient_layers_match_flax_and_autodiff():
+    """_TokenDense and _LayerNorm compute nn.Dense's and nn.LayerNorm's values and gradients
+    (theirs come from matrix-vector products instead of reductions)."""
+    import flax.linen as nn
+
+    x = jax.random.normal(jax.random.PRNGKey(0), (3, 5, 8))
+    init = nn.initializers.normal(1.0)
+    params = nn.Dense(6, kernel_init=init, bias_init=init).init(jax.random.PRNGKey(2), x)["params"]
+    norm_params = {"scale": jnp.linspace(0.5, 2.0, 8), "bias": jnp.linspace(-1.0, 1.0, 8)}
+    cases = [
+        (model_lib._TokenDense(6, jnp.float32, init), nn.Dense(6), params, 6),
+        (
+            model_lib._LayerNorm(1e-12, jnp.float32),
+            nn.LayerNorm(epsilon=1e-12),
+            norm_params,
+            8,
+        ),
+    ]
+    for ours, theirs, p, width in cases:
+        weights = jax.random.normal(jax.random.PRNGKey(width), (3, 5, width))
+        value, grads = _value_and_grads(ours, p, x, weights)
+        value_ref, grads_ref = _value_and_grads(theirs, p, x, weights)
+        np.testing.assert_allclose(value, value_ref, atol=1e-5)
+        for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(grads_ref), strict=True):
+            np.testing.assert_allclose(a, b, atol=1e-4)
+
+
+def test_the_two_dense_layers_without_an_initializer_in_the_original_start_glorot_uniform():
+    """The original's `embeddings_project` and the discriminator's 1-unit output are
+    tf.layers.dense calls with no kernel_initializer: TF's default, Glorot-uniform. Every other
+    kernel is the truncated normal of std initializer_range (cut at 2 std)."""
+    cfg = micro_config()
+    cfg.model.embedding_size = 96  # != either width, so both networks project
+    spec = spec_from_config(cfg.model, cfg.generator, 1000)
+    params = init_params(Electra(spec), jax.random.PRNGKey(0))
+    for kernel in (
+        params["generator"]["embeddings_project"]["kernel"],
+        params["discriminator"]["embeddings_project"]["kernel"],
+        params["discriminator_predictions_dense_prediction"]["kernel"],
+    ):
+        fan_in, fan_out = kernel.shape
+        limit = (6 / (fan_in + fan_out)) ** 0.5
+        assert float(jnp.max(jnp.abs(kernel))) <= limit
+        assert float(jnp.max(jnp.abs(kernel))) > 2 * spec.initializer_range  # not the normal
+    dense = params["discriminator_predictions_dense"]["kernel"]
+    assert float(jnp.max(jnp.abs(dense))) <= 2 * spec.initializer_range
+
+
+def test_embedding_sharing_modes_and_their_gradients():
+    """'gdes': the discriminator's loss gives the generator's tables no gradient (its deltas get
+    it); the deltas start at zero, so both networks start from the same embeddings. 'none': the
+    networks' tables are separate. 'electra': shared (the discriminator's gradient reaches)."""
+    from electra_jax.model.networks import discriminator_embedding_params, network_param_counts
+
+    cfg = micro_config()
+    cfg.model.num_layers = 1
+    ids = jnp.array([[CLS_ID, 7, 8, 9, 10, 11, 12, SEP_ID]] * 2, jnp.int32)
+    seg, mask = jnp.zeros_like(ids), jnp.ones_like(ids)
+    positions = jnp.array([[1, 3]] * 2, jnp.int32)
+    grads, params = {}, {}
+    for sharing in ("electra", "gdes", "none"):
+        cfg.model.embedding_sharing = sharing
+        model = Electra(spec_from_config(cfg.model, cfg.generator, 300))
+        params[sharing] = p = init_params(model, jax.random.PRNGKey(0))
+
+        def disc_loss(p, model=model):
+            return jnp.sum(
+                model.apply({"params": p}, ids, seg, mask, method="discriminator_logits")
+            )
+
+        def gen_loss(p, model=model):
+            out = model.apply({"params": p}, ids, seg, mask, positions, method="generator_logits")
+            return jnp.sum(out)
+
+        grads[sharing] = jax.jit(lambda p: (jax.grad(disc_loss)(p), jax.grad(gen_loss)(p)))(p)
+        counts = network_param_counts(p)
+        assert counts["discriminator"] == network_param_counts(params["electra"])["discriminator"]
+
+    size = lambda t: float(sum(jnp.sum(jnp.abs(x)) for x in jax.tree_util.tree_leaves(t)))
+    d, g = grads["electra"]
+    assert size(d["embeddings"]) > 0 and size(g["embeddings"]) > 0
+    d, g = grads["gdes"]
+    assert size(d["embeddings"]) == 0.0  # the generator's tables: nothing from the discriminator
+    assert size(d["embeddings_delta"]) > 0 and size(g["embeddings"]) > 0
+    assert size(g["embeddings_delta"]) == 0.0
+    gdes = params["gdes"]
+    assert size({k: v for k, v in gdes["embeddings_delta"].items() if k != "LayerNorm"}) == 0.0
+    effective = discriminator_embedding_params(gdes, "gdes")
+    assert jax.tree_util.tree_structure(effective) == jax.tree_util.tree_structure(
+        gdes["embeddings"]
+    )
+    d, g = grads["none"]
+    assert size(d["generator_embeddings"]) == 0.0 and size(g["embeddings"]) == 0.0
+    assert size(d["embeddings"]) > 0 and size(g["generator_embeddings"]) > 0
+    # The default tree has none of the new parameters.
+    assert not {"embeddings_delta", "generator_embeddings", "mlm_lm_head_bias"} & set(
+        params["electra"]
+    )
