@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from electra_jax import goodput
-from electra_jax.pretraining import metrics, runner
+from electra_jax.pretraining import metrics, runner, timing
 from electra_jax.store import checkpointing
 from tests import held
 from tests.conftest import ROOT, error_line, micro_config_file, run_command, subprocess_env
@@ -48,18 +48,18 @@ def run(command: list[str]) -> subprocess.Popen:
 
 
 def test_totals_count_from_the_first_start_and_survive_a_checkpoint():
-    totals = goodput.Totals.restored(None, started=100.0)
+    totals = timing.Totals.restored(None, started=100.0)
     totals.productive = 30.0
     assert totals.columns(160.0) == {"productive_sec": 30.0, "wall_sec": 60.0, "goodput": 0.5}
     saved = json.loads(json.dumps(totals.saved(pending=2.0)))  # as the checkpoint keeps it
     # Killed at 160 after 10 more productive seconds; resumed at 200 from that checkpoint.
-    again = goodput.Totals.restored(saved, started=200.0)
+    again = timing.Totals.restored(saved, started=200.0)
     assert again.first_start == 100.0 and again.productive == 32.0
     assert again.columns(200.0)["goodput"] == 32.0 / 100.0
 
 
 def test_the_breakdown_of_an_interval_and_the_progress_note():
-    b = goodput.Breakdown()
+    b = timing.Breakdown()
     b.add("data_wait_sec", 2.0)
     b.add("data_wait_sec", 0.5)
     b.add("checkpoint_block_sec", 1.0)
@@ -68,9 +68,9 @@ def test_the_breakdown_of_an_interval_and_the_progress_note():
     assert row == {"data_wait_sec": 2.5, "checkpoint_block_sec": 1.0, "eval_sec": 0.0}
     assert b.take() == {"data_wait_sec": 0.0, "checkpoint_block_sec": 0.0, "eval_sec": 0.0}
     # 3.5 s of 10: shown; 0.4 s of 10: not.
-    assert goodput.not_compute_note(row, 10.0) == "  not compute 35% (data 25%, checkpoint 10%)"
+    assert timing.not_compute_note(row, 10.0) == "  not compute 35% (data 25%, checkpoint 10%)"
     quiet = {"data_wait_sec": 0.4, "checkpoint_block_sec": 0.0, "eval_sec": 0.0}
-    assert goodput.not_compute_note(quiet, 10.0) == ""
+    assert timing.not_compute_note(quiet, 10.0) == ""
 
 
 def test_the_report_accounts_for_the_wall_time():

@@ -15,11 +15,11 @@ import jax
 import ml_collections
 import numpy as np
 
-from electra_jax import goodput, paths, validate
+from electra_jax import paths, validate
 from electra_jax import workdir as workdir_lib
 from electra_jax.model import layer_stack, sharding
 from electra_jax.model.networks import Electra, init_params
-from electra_jax.pretraining import compile_cache, metrics, profiling, resume
+from electra_jax.pretraining import compile_cache, metrics, profiling, resume, timing
 from electra_jax.pretraining.optimizer_step import special_tokens_of
 from electra_jax.pretraining.program import (
     StepSetup,
@@ -84,7 +84,7 @@ def train(
 def _train(run: resume.Resume, stop_after, watcher) -> dict:
     """The run, top to bottom: mesh -> data -> state -> restore -> compile -> steps."""
     config, workdir = run.config, run.workdir
-    started = goodput.now()  # the run's first start, unless a checkpoint knows an earlier one
+    started = timing.now()  # the run's first start, unless a checkpoint knows an earlier one
     compile_cache.configure(config.get("compile", {}).get("cache_dir", ""), workdir)
     mesh = _mesh(run)
     tokenizer, prepared, data_iter = _data(config, workdir, run)
@@ -96,13 +96,13 @@ def _train(run: resume.Resume, stop_after, watcher) -> dict:
         setup = setup_step(config, tokenizer.vocab_size, mesh, special, unigram)
         evaluator = _evaluator(config, setup, mesh, prepared, special)
     manager = checkpointing.make_manager(workdir, config.checkpoint)
-    breakdown = goodput.Breakdown()
+    breakdown = timing.Breakdown()
     try:
-        t = goodput.now()
+        t = timing.now()
         state, start_step = _restore(run, setup, manager, data_iter, watcher)
-        startup = {"restore_sec": goodput.now() - t}
+        startup = {"restore_sec": timing.now() - t}
         saved = checkpointing.saved_goodput(workdir, start_step) if start_step else None
-        totals = goodput.Totals.restored(saved, started)
+        totals = timing.Totals.restored(saved, started)
         profile = profiling.Profile(
             workdir,
             config.log.get("profile_steps", 0),
@@ -112,7 +112,7 @@ def _train(run: resume.Resume, stop_after, watcher) -> dict:
         calls = _Calls(config, setup, mesh, data_iter, stop_after, breakdown, profile.bounds())
         # The first interval starts here: its batches' reading and the programs' compiling are
         # its data_wait_sec and compile_sec, not compute.
-        interval_start = goodput.now()
+        interval_start = timing.now()
         with watcher.deferred():
             # Compiled before the watcher is armed: a signal during compilation (minutes for a
             # large model) then ends the run once the compiler returns, with no step to save,
@@ -357,7 +357,7 @@ class _Calls:
         mesh,
         data_iter,
         stop_after: int | None,
-        breakdown: goodput.Breakdown,
+        breakdown: timing.Breakdown,
         bounds: tuple[int, ...] = (),
     ):
         self.setup, self.mesh, self.data_iter = setup, mesh, data_iter
@@ -398,30 +398,30 @@ class _Calls:
         are the interval's data_wait_sec: a read the device's work hides costs nothing.
         """
         n = self.size(step)
-        idle_from = goodput.now() if busy is None else None
+        idle_from = timing.now() if busy is None else None
         local = []
         for _ in range(n):
             if idle_from is None and busy.is_ready():
-                idle_from = goodput.now()
+                idle_from = timing.now()
             local.append(next(self.data_iter))
         if idle_from is None and busy.is_ready():  # done during the last batch: its transfer
-            idle_from = goodput.now()
+            idle_from = timing.now()
         if n == self.per_call > 1:
             out = sharding.global_batches(local, self.mesh)
         else:
             out = [sharding.global_batch(b, self.mesh) for b in local]
         if idle_from is not None:
-            self.breakdown.add("data_wait_sec", goodput.now() - idle_from)
+            self.breakdown.add("data_wait_sec", timing.now() - idle_from)
         return out
 
     def program(self, whole: bool, state, batches):
         """The compiled whole call or single step (compiled at its first use; `batches` may be
         abstract)."""
         if whole not in self.programs:
-            t0, hits = goodput.now(), compile_cache.hits()
+            t0, hits = timing.now(), compile_cache.hits()
             fn = self.setup.multi_step_fn if whole else self.setup.step_fn
             self.programs[whole] = fn.lower(state, batches).compile()
-            seconds, loaded = goodput.now() - t0, compile_cache.hits() - hits
+            seconds, loaded = timing.now() - t0, compile_cache.hits() - hits
             self.breakdown.add("compile_sec", seconds)
             self.breakdown.cache_hits += loaded
             steps = f"{self.per_call} train steps per call" if whole else "train step"
@@ -581,8 +581,8 @@ class _Ledger:
     last_step: int | None = None
     # The waits of the interval since the last row (shared with _Calls), the run's goodput
     # totals, and what this start cost before its first interval (its first row's).
-    breakdown: goodput.Breakdown = dataclasses.field(default_factory=goodput.Breakdown)
-    totals: goodput.Totals = dataclasses.field(default_factory=lambda: goodput.Totals(0.0))
+    breakdown: timing.Breakdown = dataclasses.field(default_factory=timing.Breakdown)
+    totals: timing.Totals = dataclasses.field(default_factory=lambda: timing.Totals(0.0))
     startup: dict = dataclasses.field(default_factory=dict)
 
     @classmethod
@@ -591,7 +591,7 @@ class _Ledger:
         flops = metrics.count_flops(
             setup.spec, batch, length, setup.num_slots, config.objective.name
         )["total"]
-        now = goodput.now()
+        now = timing.now()
         return cls(
             workdir=workdir,
             manager=manager,
@@ -643,21 +643,21 @@ class _Ledger:
         row = {k: float(np.ravel(v)[-1]) for k, v in jax.device_get(step_metrics).items()}
         # Timed apart from the steps (the evaluation's own seconds are in its row), so that
         # tokens_per_sec and mfu stay the training's.
-        step_seconds = goodput.now() - self.last_time
+        step_seconds = timing.now() - self.last_time
         self.totals.productive += max(step_seconds - self.breakdown.waited(), 0.0)
         waits = self.breakdown.take()
         held_out = {}
         last = self.num_steps if self.last_step is None else self.last_step
         if state is not None and self.evaluator and self.evaluator.due(done, last):
-            t = goodput.now()
+            t = timing.now()
             held_out = self.evaluator.run(state.params)
-            waits["eval_sec"] = goodput.now() - t
+            waits["eval_sec"] = timing.now() - t
         self.step_seconds += step_seconds
         row["skipped_updates"] = self.skipped
         if self.skipped:
             metrics.log(f"warning: skipped {self.skipped} non-finite update(s) up to step {done}")
         self.skipped = 0
-        now = goodput.now()
+        now = timing.now()
         steps_done = done - self.last_logged
         # Without the compiling a first call (or a first short call) waited for.
         compiled = waits.get("compile_sec", 0.0)
@@ -676,12 +676,12 @@ class _Ledger:
         left = (self.num_steps - done) * (now - self.last_time - compiled) / steps_done
         line = metrics.progress_line(done, self.num_steps, row, left)
         # The interval's own waits: a start's compiling before it (the evaluation's) is not.
-        metrics.log(line + goodput.not_compute_note(waits, step_seconds))
+        metrics.log(line + timing.not_compute_note(waits, step_seconds))
         self.row, self.last_time, self.last_logged = row, now, done
 
     def save(self, done: int, state) -> None:
         self.check_finite()  # never save a state that a non-finite update produced
-        t = goodput.now()
+        t = timing.now()
         # The productive seconds up to step `done`: those of the rows, and of its steps since.
         pending = max(t - self.last_time - self.breakdown.waited(), 0.0)
         self.writer.flush()  # a gs:// workdir's metrics.jsonl, uploaded with each checkpoint
@@ -689,7 +689,7 @@ class _Ledger:
         checkpointing.save(
             self.manager, done, state, self.data_iter, goodput=self.totals.saved(pending)
         )
-        seconds = goodput.now() - t
+        seconds = timing.now() - t
         self.save_seconds += seconds
         self.breakdown.add("checkpoint_block_sec", seconds)
         self.last_saved = done

@@ -266,7 +266,7 @@ def saved_layout(workdir: str) -> tuple[int, dict] | None:
 
 
 def saved_goodput(workdir: str, step: int) -> dict | None:
-    """The goodput totals checkpoint `step` of WORKDIR kept (goodput.Totals.saved); None for a
+    """The goodput totals checkpoint `step` of WORKDIR kept (timing.Totals.saved); None for a
     checkpoint written before them, or without a readable position (the restore has read it)."""
     try:
         position = _read_position_file(paths.join(checkpoint_dir(workdir), str(step)))
@@ -344,7 +344,7 @@ def save(
 ) -> bool:
     """Starts an asynchronous save of `state` and the iterator's position at `step` (a run
     without an input iterator, such as fine-tuning, whose batches follow from the step, passes
-    None and saves the state alone), with the run's goodput totals (goodput.Totals.saved) beside
+    None and saves the state alone), with the run's goodput totals (timing.Totals.saved) beside
     the position.
 
     A full disk, a lost permission or an I/O error (here, or from the previous save still being
