@@ -109,7 +109,8 @@ def _train(run: resume.Resume, stop_after, watcher) -> dict:
             config.log.get("profile_num_steps", 1),
             start_step,
         )
-        calls = _Calls(config, setup, mesh, data_iter, stop_after, breakdown, profile.bounds())
+        bounds = profile.bounds()
+        calls = _CompiledCalls(config, setup, mesh, data_iter, stop_after, breakdown, bounds)
         # The first interval starts here: its batches' reading and the programs' compiling are
         # its data_wait_sec and compile_sec, not compute.
         interval_start = timing.now()
@@ -123,13 +124,19 @@ def _train(run: resume.Resume, stop_after, watcher) -> dict:
         raise
     if evaluator is not None:  # compiled before the interval: a start's cost, not a wait in it
         startup["compile_sec"] = evaluator.compile_seconds
-    ledger = _Ledger.start(config, workdir, setup, manager, data_iter, start_step)
-    ledger.evaluator = evaluator
-    ledger.last_step = calls.last_step
-    ledger.breakdown, ledger.totals, ledger.startup = breakdown, totals, startup
-    ledger.last_time = interval_start
+    recorder = _Recorder.start(
+        config,
+        workdir,
+        setup,
+        manager,
+        data_iter,
+        start_step,
+        last_step=calls.last_step,
+        evaluator=evaluator,
+        clock=(breakdown, totals, startup, interval_start),
+    )
     try:
-        return _steps(calls, ledger, state, start_step, batches, watcher, profile)
+        return _steps(calls, recorder, state, start_step, batches, watcher, profile)
     finally:
         profile.stop()
 
@@ -341,7 +348,7 @@ def _with_params(state, loaded, setup: StepSetup):
 # ------------------------------------------------------------------------------------ compile
 
 
-class _Calls:
+class _CompiledCalls:
     """How the steps are grouped into compiled calls, their batches and their programs.
 
     Steps run in whole calls of train.steps_per_call (K) on the grid of multiples of K. A call
@@ -483,7 +490,7 @@ class _Calls:
 
 
 def _steps(
-    calls: _Calls, ledger: _Ledger, state, start_step: int, batches, watcher, profile
+    calls: _CompiledCalls, recorder: _Recorder, state, start_step: int, batches, watcher, profile
 ) -> dict:
     """Runs the calls until the last step or a preemption; returns the last metrics row."""
     watcher.arm()
@@ -495,14 +502,14 @@ def _steps(
             else f"stop_after={calls.last_step}"
         )
         metrics.log(
-            f"the run in {ledger.workdir} is already at step {start_step} ({asked}): nothing "
+            f"the run in {recorder.workdir} is already at step {start_step} ({asked}): nothing "
             f"was trained; raise train.num_steps above {start_step} to go on"
         )
     preempted_at = start_step if watcher.requested(start_step) else None
     step = start_step
     while step < calls.last_step and preempted_at is None:
         with profile.call(step, calls.size(step)):
-            state, done, step_metrics = calls.run(state, step, batches, ledger.flags)
+            state, done, step_metrics = calls.run(state, step, batches, recorder.flags)
             step = done
             save_due = done % calls.save_every == 0 or done == calls.last_step
             # The next call's batches are read while the device works on this one, except
@@ -511,48 +518,49 @@ def _steps(
             position = None
             if done < calls.last_step and not save_due:
                 position = calls.data_iter.get_state()
-                batches = calls.read(done, busy=ledger.flags[-1][1])
+                batches = calls.read(done, busy=recorder.flags[-1][1])
             # At most one call in flight. Dispatch is asynchronous: unchecked, the host would
             # run ahead to the next log step's read (up to log.every_steps steps, minutes on a
             # slow device), and a SIGTERM would wait for all of them; its Python handler cannot
             # even run while the main thread blocks in that read. Waiting here costs the device
             # only the dispatch of the next call, whose batches are already on it.
-            jax.block_until_ready(ledger.flags[-1][1])
+            jax.block_until_ready(recorder.flags[-1][1])
         if calls.row_due(done):
-            ledger.log_row(done, step_metrics, state)
+            recorder.log_row(done, step_metrics, state)
         if watcher.requested(done):
             if position is not None:
                 calls.data_iter.set_state(position)
             preempted_at = done
             break
         if save_due:
-            ledger.save(done, state)
+            recorder.save(done, state)
             if done < calls.last_step:
                 batches = calls.read(done)
     if preempted_at is not None:
-        if ledger.last_logged != preempted_at:
+        if recorder.last_logged != preempted_at:
             # The row of the step the checkpoint holds, so that metrics.jsonl ends where a
             # resumed run starts (a resume keeps rows up to its checkpoint's step).
-            ledger.log_row(preempted_at, step_metrics)
-        if ledger.last_saved != preempted_at:
-            ledger.save(preempted_at, state)
-        checkpointing.wait(ledger.manager)
+            recorder.log_row(preempted_at, step_metrics)
+        if recorder.last_saved != preempted_at:
+            recorder.save(preempted_at, state)
+        checkpointing.wait(recorder.manager)
         metrics.log(
             f"preempted at step {preempted_at}; checkpoint saved; run the same command to resume"
         )
-        ledger.row = dict(ledger.row, preempted_at=preempted_at)
-    ledger.close(compiled=bool(calls.programs))
-    return ledger.row
+        recorder.row = dict(recorder.row, preempted_at=preempted_at)
+    recorder.close(compiled=bool(calls.programs))
+    return recorder.row
 
 
 # -------------------------------------------------------------------------------- log, save
 
 
 @dataclasses.dataclass
-class _Ledger:
-    """What the steps keep between calls: the non-finite flags not yet read, the timing of the
-    rows, the last saved step; and the writer, the checkpoint manager and the iterator they
-    record."""
+class _Recorder:
+    """What a run records of its steps: their metrics rows (with the held-out readings when due)
+    and checkpoints, after checking that no update in them was non-finite. Keeps between calls
+    the flags not yet read, the timing of the rows and the last saved step. Built whole by
+    `start`."""
 
     workdir: str
     manager: Any
@@ -560,9 +568,18 @@ class _Ledger:
     data_iter: Any
     skip: bool  # train.nan_policy == 'skip'
     num_steps: int
+    # The step this call to `train` ends at (num_steps, or stop_after): it gets the held-out
+    # readings too, as the run's last step does.
+    last_step: int
     tokens_per_step: int
     flops_per_step: float
     peak: float | None
+    evaluator: Any  # scoring.Evaluator, or None without held-out evaluation
+    # The waits of the interval since the last row (shared with _CompiledCalls), the run's
+    # goodput totals, and what this start cost before its first interval (its first row's).
+    breakdown: timing.Breakdown
+    totals: timing.Totals
+    startup: dict
     run_start: float
     last_time: float
     last_logged: int
@@ -573,25 +590,30 @@ class _Ledger:
     flags: list = dataclasses.field(default_factory=list)
     skipped: int = 0  # non-finite updates skipped since the previous row
     save_seconds: float = 0.0
-    evaluator: Any = None  # evaluate.Evaluator, or None without held-out evaluation
     step_seconds: float = 0.0  # the steps' seconds, evaluations left out
     row: dict = dataclasses.field(default_factory=dict)
-    # The step this call to `train` ends at (num_steps, or stop_after): it gets the held-out
-    # readings too, as the run's last step does.
-    last_step: int | None = None
-    # The waits of the interval since the last row (shared with _Calls), the run's goodput
-    # totals, and what this start cost before its first interval (its first row's).
-    breakdown: timing.Breakdown = dataclasses.field(default_factory=timing.Breakdown)
-    totals: timing.Totals = dataclasses.field(default_factory=lambda: timing.Totals(0.0))
-    startup: dict = dataclasses.field(default_factory=dict)
 
     @classmethod
-    def start(cls, config, workdir, setup: StepSetup, manager, data_iter, start_step: int):
+    def start(
+        cls,
+        config,
+        workdir,
+        setup: StepSetup,
+        manager,
+        data_iter,
+        start_step: int,
+        last_step: int,
+        evaluator,
+        clock: tuple,
+    ):
+        """The recorder of a run's steps from `start_step` to `last_step`. `clock`: the
+        interval's waits (shared with the calls), the goodput totals, the start's own costs
+        for its first row, and when the first interval began."""
         batch, length = config.train.batch_size, config.data.seq_length
         flops = metrics.count_flops(
             setup.spec, batch, length, setup.num_slots, config.objective.name
         )["total"]
-        now = timing.now()
+        breakdown, totals, startup, interval_start = clock
         return cls(
             workdir=workdir,
             manager=manager,
@@ -604,10 +626,15 @@ class _Ledger:
             tokens_per_step=batch * length,
             flops_per_step=flops,
             peak=metrics.peak_flops_per_device(jax.devices()[0].device_kind, config.log.peak_flops),
-            run_start=now,
-            last_time=now,
+            run_start=timing.now(),
+            last_time=interval_start,
             last_logged=start_step,
             last_saved=start_step if start_step > 0 else None,
+            evaluator=evaluator,
+            last_step=last_step,
+            breakdown=breakdown,
+            totals=totals,
+            startup=startup,
         )
 
     def check_finite(self) -> None:
@@ -647,7 +674,7 @@ class _Ledger:
         self.totals.productive += max(step_seconds - self.breakdown.waited(), 0.0)
         waits = self.breakdown.take()
         held_out = {}
-        last = self.num_steps if self.last_step is None else self.last_step
+        last = self.last_step
         if state is not None and self.evaluator and self.evaluator.due(done, last):
             t = timing.now()
             held_out = self.evaluator.run(state.params)
