@@ -74,13 +74,12 @@ def pretraining_readme(workdir: str, pre, name: str | None = None) -> str:
     workdir's records: what a fine-tuning records of it (corpus, steps, counted FLOPs, the
     metrics row), its held-out readings up to that step, its command lines, config.json. `name`:
     the card's title and the name its example loads (default: the workdir's folder name)."""
-    from electra_jax import evaluate
     from electra_jax import workdir as workdir_lib
     from electra_jax.finetune import saved
     from electra_jax.hf import card
-    from electra_jax.pretraining import metrics
+    from electra_jax.pretraining import metrics, scoring
 
-    heldout = [r for r in evaluate.read_rows(workdir) if r["step"] <= pre.step]
+    heldout = [r for r in scoring.read_rows(workdir) if r["step"] <= pre.step]
     commands = metrics.read_rows(paths.join(workdir, workdir_lib.COMMANDS_FILE))
     return card.pretraining_card(
         name=name or card.card_name(workdir),

@@ -19,7 +19,7 @@ from electra_jax import paths, validate
 from electra_jax import workdir as workdir_lib
 from electra_jax.model import layer_stack, sharding
 from electra_jax.model.networks import Electra, init_params
-from electra_jax.pretraining import compile_cache, metrics, profiling, resume, timing
+from electra_jax.pretraining import compile_cache, metrics, profiling, resume, scoring, timing
 from electra_jax.pretraining.optimizer_step import special_tokens_of
 from electra_jax.pretraining.program import (
     StepSetup,
@@ -178,13 +178,11 @@ def _unigram_cdf(config, prepared, special, vocab_size: int):
 
 
 def _evaluator(config, setup: StepSetup, mesh, prepared, special):
-    """The compiled held-out evaluation (evaluate.py), or None when the config asks for none."""
+    """The compiled held-out evaluation (scoring.py), or None when the config asks for none."""
     every = eval_every(config)
     if not every:
         return None
-    from electra_jax import evaluate
-
-    evaluator = evaluate.build(
+    evaluator = scoring.build(
         model=Electra(setup.spec),
         num_slots=setup.num_slots,
         objective_cfg=config.objective,

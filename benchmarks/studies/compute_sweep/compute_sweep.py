@@ -277,19 +277,19 @@ READINGS = (
 def pretraining_readings(results: dict, out: str) -> dict:
     """Per pre-trained model, its held-out rows: [{step, pretrain_flops, <READINGS it has>}],
     read from OUT/pretrain/<model>/ (metrics.jsonl and any eval.jsonl)."""
-    from electra_jax import evaluate
+    from electra_jax.pretraining import scoring
 
     found = {}
     for p in results["pretrain"]:
-        rows = evaluate.read_rows(os.path.join(out, "pretrain", p["objective"]))
+        rows = scoring.read_rows(os.path.join(out, "pretrain", p["objective"]))
         found[p["objective"]] = [
             {
                 "step": r["step"],
                 "pretrain_flops": r["step"] * p["flops_per_step"],
                 **{
-                    k: round(r[evaluate.PREFIX + k], 4)
+                    k: round(r[scoring.PREFIX + k], 4)
                     for k in READINGS
-                    if r.get(evaluate.PREFIX + k) is not None
+                    if r.get(scoring.PREFIX + k) is not None
                 },
             }
             for r in rows

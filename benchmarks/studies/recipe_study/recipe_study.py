@@ -36,8 +36,7 @@ import time
 from benchmarks import _cli
 from benchmarks.studies.compute_sweep import compute_sweep
 from benchmarks.studies.sample_efficiency import sample_efficiency
-from electra_jax import evaluate
-from electra_jax.pretraining import metrics, program, runner
+from electra_jax.pretraining import metrics, program, runner, scoring
 
 # benchmarks/studies/recipe_study/recipe_study.py: the repository is three folders up.
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -283,7 +282,7 @@ def run_one(config, workdir: str, stop_after: int = 0) -> dict:
     flops = metrics.count_flops(
         spec, config.train.batch_size, config.data.seq_length, slots, config.objective.name
     )["total"]
-    rows = evaluate.read_rows(workdir)
+    rows = scoring.read_rows(workdir)
     # A run stopped by a signal saves and returns: it is reported once it has finished.
     finished = _finished(workdir, last)
     return {"flops_per_step": flops, "rows": rows, "seconds": seconds, "finished": finished}
@@ -300,7 +299,7 @@ def fallback(values: list[float]) -> float:
 
 
 def _final(run: dict, key: str):
-    return run["rows"][-1].get(evaluate.PREFIX + key)
+    return run["rows"][-1].get(scoring.PREFIX + key)
 
 
 def table(results: dict) -> str:
@@ -321,7 +320,7 @@ def table(results: dict) -> str:
             mean = statistics.fmean(values)
             std = statistics.stdev(values) if len(values) > 1 else 0.0
             cells.append(f"{mean:.3f} +- {std:.3f}")
-        aucs = [[r.get(evaluate.PREFIX + "disc_auc") for r in run["rows"]] for run in runs]
+        aucs = [[r.get(scoring.PREFIX + "disc_auc") for r in run["rows"]] for run in runs]
         falls = [fallback(a) for a in aucs if None not in a] or [float("nan")]
         met = []
         for key, (op, bound) in TARGETS.items():
@@ -350,7 +349,7 @@ def plot(results: dict, path: str, only: list[str] | None = None) -> None:
             continue
         for ax, key in zip(axes, keys, strict=True):
             steps = [row["step"] for row in runs[0]["rows"]]
-            series = [[row.get(evaluate.PREFIX + key) for row in r["rows"]] for r in runs]
+            series = [[row.get(scoring.PREFIX + key) for row in r["rows"]] for r in runs]
             if any(None in s for s in series):
                 continue  # a reading this objective does not have (MLM: no discriminator)
             n = min(len(s) for s in series)
