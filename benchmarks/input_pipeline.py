@@ -5,7 +5,7 @@ r"""Input pipeline against the train step: loader batches/s, and step time on re
 
 Prepares the source (tokenizer and shards cached under --workdir), then
   1. reads --loader_batches batches from the Grain iterator alone: batches/s;
-  2. times --steps train steps of each kind, each fetching its batch the way loop.py does
+  2. times --steps train steps of each kind, each fetching its batch the runner's way
      (``sharding.global_batch(next(it))``, then the compiled step), alternating synthetic ids
      made ahead of time and batches from the loader step by step: the ratio of the medians is the
      input pipeline's cost to the step.

@@ -45,7 +45,7 @@ class Classifier(nn.Module):
 def init_params(model: Classifier, rng, seq_length: int = 8) -> dict:
     """Random float32 parameters of the whole network (encoder and head), as plain arrays."""
     ids = jnp.zeros((1, seq_length), jnp.int32)
-    # model.py tags its matrices with logical axis names (boxed values); drop the boxes.
+    # model/networks.py tags its matrices with logical axis names (boxed values); drop the boxes.
     return nn.meta.unbox(model.init({"params": rng}, ids, ids, jnp.ones_like(ids))["params"])
 
 

@@ -150,7 +150,7 @@ def model_card(
     return "\n".join(lines)
 
 
-# The held-out readings a pre-training card shows (evaluation.py has them all), in this order.
+# The held-out readings a pre-training card shows (eval_pass.py has them all), in this order.
 _HELDOUT_SHOWN = ("disc_auc", "disc_auc_frequent", "disc_auc_unigram", "disc_accuracy")
 
 

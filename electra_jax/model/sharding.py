@@ -3,7 +3,7 @@
 Axes: 'data' (pure data parallelism) and 'fsdp' (data parallelism whose devices also hold a
 shard of the parameters). The batch is always split over both. With `mesh.fsdp` = 1 parameters
 and optimizer state are replicated; with N > 1 every matrix is split over 'fsdp' along its
-`embed` axis (the model width, see model.py's logical axis names), and jit's partitioner gathers
+`embed` axis (the model width, see networks.py's logical axis names), and jit's partitioner gathers
 each layer's weights just before use and reduce-scatters its gradients: ZeRO-3 / FSDP, with the
 parameters, gradients and both Adam moments costing 1/N of their size per device.
 """

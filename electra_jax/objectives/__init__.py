@@ -9,5 +9,5 @@ mlm.py          BERT's masked language model
 two_stage.py    Two-Stage ELECTRA: the generator, then the discriminator from it
 adversarial.py  Adversarial ELECTRA: the generator trained by the policy gradient
 registry.py     objective name -> its `Objective`
-names.py        the names, without jax (validate.py reads them)
+catalog.py      the names, without jax (validate.py reads them)
 """

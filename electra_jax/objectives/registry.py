@@ -1,6 +1,6 @@
 """Objective name -> its `Objective` (core.py): all the train step, the held-out evaluation and
 the FLOP count ask of an objective. Adding one is a module and a line here (and its name in
-names.py, which validate.py reads without jax); docs/development.md shows it."""
+catalog.py, which validate.py reads without jax); docs/development.md shows it."""
 
 from __future__ import annotations
 

@@ -311,7 +311,7 @@ def eval_step(
     num_slots: int,
     special: SpecialTokens = DEFAULT_SPECIAL,
 ) -> dict[str, jax.Array]:
-    """The held-out scalars of `params` (evaluation.py), without dropout or update.
+    """The held-out scalars of `params` (eval_pass.py), without dropout or update.
 
     batches: 'input_ids', 'segment_ids', 'input_mask', each [E, B, L] int32 (E held-out
     batches); frequent: bool [V], the frequent pieces; unigram_cdf: float32 [V], the corpus's

@@ -1,7 +1,7 @@
 """What a run's config compiles: the mesh checked against the batch, the model, optimizer and
 schedule, the state's layout on the mesh, and the jitted train step (one step, and K per call).
 
-The loop (loop.py), the dry run (dry_run.py), the benchmarks and the tests all build their step
+The runner (runner.py), the dry run (dry_run.py), the benchmarks and the tests all build their step
 here, so that what is measured is what trains.
 """
 
