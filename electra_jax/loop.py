@@ -39,10 +39,7 @@ from electra_jax.step_setup import (
     setup_step,
 )
 from electra_jax.train_step import special_tokens_of
-
-
-class NonFiniteError(RuntimeError):
-    """The loss or gradient norm became NaN/Inf under train.nan_policy='stop'."""
+from electra_jax.validate import NonFiniteError
 
 
 def train(

@@ -13,7 +13,7 @@ import optax
 import pytest
 
 from electra_jax import checkpointing
-from electra_jax.finetune import inputs, loop, saved
+from electra_jax.finetune import initial, inputs, loop, saved, training
 from electra_jax.train_step import TrainState
 from electra_jax.validate import ConfigError
 from tests.finetune.test_loop import _config, _sst2
@@ -43,7 +43,7 @@ def _cut_before_the_first_checkpoint(config, workdir, monkeypatch):
         raise KeyboardInterrupt
 
     with monkeypatch.context() as m:
-        m.setattr(loop, "run_steps", killed)
+        m.setattr(training, "run_steps", killed)
         with pytest.raises(KeyboardInterrupt):
             loop.finetune(config, str(workdir))
     assert (workdir / saved.CONFIG_FILE).exists()
@@ -100,8 +100,10 @@ def test_init_from_is_read_at_the_step_the_run_started_from(
     config = _config(data, init_from=str(pretrained), num_epochs=1.0, **{"model.hidden_size": 64})
     workdir = tmp_path / "w"
     read = []
-    original = loop._load_pretrained
-    monkeypatch.setattr(loop, "_load_pretrained", lambda path: read.append(path) or original(path))
+    original = initial._load_pretrained
+    monkeypatch.setattr(
+        initial, "_load_pretrained", lambda path: read.append(path) or original(path)
+    )
     _cut_before_the_first_checkpoint(config, workdir, monkeypatch)
     record = _model_json(workdir)
     assert record["pretraining"]["step"] == 6
