@@ -141,6 +141,9 @@ def _finetune(
     num_rows = len(feats.train["input_ids"])
     num_steps = max(1, int(num_rows * feats.epochs / config.batch_size))
     last_step = num_steps if stop_after is None else max(0, min(num_steps, int(stop_after)))
+    if resuming:
+        how = f"{num_rows} {feats.unit} x {feats.epochs:g} epochs / batch {config.batch_size}"
+        prior_run.check_steps(prior, num_steps, how)
     model = family.network(config, task, spec)
     hyper = training.resolve_hyperparameters(config, spec.discriminator.hidden_size)
     init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(config.seed))

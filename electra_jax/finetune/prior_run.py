@@ -65,6 +65,23 @@ def plan(config, workdir: str, family: Family, task, allow: tuple[str, ...] = ()
     return PriorRun(opened, record, finished, changes, tuple(allow))
 
 
+def check_steps(prior: PriorRun, num_steps: int, how: str) -> None:
+    """ConfigError when a resumed run that holds checkpoints would take another number of steps
+    (`num_steps`, which `how` explains) than it started with (model.json): the checkpoints hold
+    every step's loss of that many, and step s reads batch s of an order drawn for them, so the
+    run could not go on as one (its task files changed under --allow_change=data_dir). Asked
+    before anything is compiled."""
+    started = (prior.record or {}).get("num_steps")
+    if not prior.opened.resumes or started is None or started == num_steps:
+        return
+    raise ConfigError(
+        f"--workdir {prior.opened.workdir}: the run started with {started} steps "
+        f"({saved.MODEL_FILE}) and its checkpoints hold them, but {how} give {num_steps} now; "
+        "a resume goes on with the steps it started with: restore the task files it started "
+        "from, or use a new --workdir"
+    )
+
+
 def _read_stored(path: str) -> dict:
     try:
         return saved.read_json(path, "restore it or use a new --workdir")

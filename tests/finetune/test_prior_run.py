@@ -7,6 +7,7 @@ import pytest
 from electra_jax import checkpointing, workdir
 from electra_jax.finetune import loop, prior_run, saved
 from electra_jax.validate import ConfigError
+from tests.finetune.test_inputs import _glue
 from tests.finetune.test_loop import _config
 
 
@@ -64,3 +65,29 @@ def test_checkpoints_that_are_not_the_runs_or_only_damaged_ones_are_refused(tmp_
         _plan(config, tmp_path / "w")
     # Refused, the workdir was released each time.
     workdir.claim(str(tmp_path / "w"), workdir.FINETUNE, command="test").release()
+
+
+def _files(workdir) -> dict:
+    """The run's files (not the lock, which each claim writes), by name: their bytes."""
+    return {p.name: p.read_bytes() for p in workdir.iterdir() if p.is_file() and p.name[0] != "."}
+
+
+def test_a_resume_that_would_take_other_steps_is_refused_before_any_work(tmp_path):
+    """Task files changed under --allow_change=data_dir to fewer rows: the checkpoints hold the
+    12 steps the run started with, so it is refused in one line (not a history shape mismatch
+    at the restore), and nothing is written."""
+    config = _glue(tmp_path)
+    workdir = tmp_path / "w"
+    assert loop.finetune(config, str(workdir), stop_after=5)["stopped_at"] == 5
+    train = tmp_path / "SST-2" / "train.tsv"
+    train.write_text("\n".join(train.read_text().splitlines()[:31]) + "\n")  # 30 rows
+    before = _files(workdir)
+    with pytest.raises(ConfigError) as e:
+        loop.finetune(config, str(workdir), allow_changes=("data_dir",))
+    assert str(e.value) == (
+        f"--workdir {workdir}: the run started with 12 steps (model.json) and its checkpoints "
+        "hold them, but 30 examples x 3 epochs / batch 16 give 5 now; a resume goes on with "
+        "the steps it started with: restore the task files it started from, or use a new "
+        "--workdir"
+    )
+    assert _files(workdir) == before and "config_changes.jsonl" not in before
