@@ -170,6 +170,26 @@ def test_a_run_from_before_the_record_resumes_and_gets_one(tmp_path):
     assert _model_json(workdir)["inputs"]["data_files"] and not _changes(workdir)
 
 
+def test_a_data_dir_moved_under_a_run_from_before_the_record_is_recorded(tmp_path):
+    """The allowed change of the setting itself is recorded whether or not model.json has its
+    inputs record (config_changes.jsonl and config.json), so the next rerun needs no flag."""
+    config = _glue(tmp_path)
+    workdir = tmp_path / "w"
+    loop.finetune(config, str(workdir), stop_after=5)
+    record = _model_json(workdir)
+    del record["inputs"]
+    (workdir / saved.MODEL_FILE).write_text(json.dumps(record))
+    moved = tmp_path / "moved"
+    shutil.copytree(config.data_dir, moved)
+    was, config.data_dir = config.data_dir, str(moved)
+    results = loop.finetune(config, str(workdir), allow_changes=("data_dir",))
+    assert _changes(workdir) == [
+        {"step": 5, "changes": {"data_dir": {"from": was, "to": str(moved)}}}
+    ]
+    assert json.loads((workdir / saved.CONFIG_FILE).read_text())["data_dir"] == str(moved)
+    assert loop.finetune(config, str(workdir)) == results
+
+
 def test_the_weights_digest_follows_the_values_not_the_container():
     a = {"x": {"kernel": np.arange(6, dtype=np.float32).reshape(2, 3)}, "b": np.zeros(2)}
     same = {"b": np.zeros(2), "x": {"kernel": np.arange(6, dtype=np.float32).reshape(2, 3)}}
