@@ -159,13 +159,19 @@ def test_other_weights_under_the_same_init_from_are_refused_unless_allowed(
     assert now != first["weights_sha256"]
 
 
-def test_a_run_from_before_the_record_resumes_and_gets_one(tmp_path):
+def _a_run_from_before_the_record(tmp_path):
+    """(config, workdir) of a run stopped at step 5 whose model.json has no inputs record."""
     config = _glue(tmp_path)
     workdir = tmp_path / "w"
     loop.finetune(config, str(workdir), stop_after=5)
     record = _model_json(workdir)
     del record["inputs"]
     (workdir / saved.MODEL_FILE).write_text(json.dumps(record))
+    return config, workdir
+
+
+def test_a_run_from_before_the_record_resumes_and_gets_one(tmp_path):
+    config, workdir = _a_run_from_before_the_record(tmp_path)
     loop.finetune(config, str(workdir))
     assert _model_json(workdir)["inputs"]["data_files"] and not _changes(workdir)
 
@@ -173,12 +179,7 @@ def test_a_run_from_before_the_record_resumes_and_gets_one(tmp_path):
 def test_a_data_dir_moved_under_a_run_from_before_the_record_is_recorded(tmp_path):
     """The allowed change of the setting itself is recorded whether or not model.json has its
     inputs record (config_changes.jsonl and config.json), so the next rerun needs no flag."""
-    config = _glue(tmp_path)
-    workdir = tmp_path / "w"
-    loop.finetune(config, str(workdir), stop_after=5)
-    record = _model_json(workdir)
-    del record["inputs"]
-    (workdir / saved.MODEL_FILE).write_text(json.dumps(record))
+    config, workdir = _a_run_from_before_the_record(tmp_path)
     moved = tmp_path / "moved"
     shutil.copytree(config.data_dir, moved)
     was, config.data_dir = config.data_dir, str(moved)
