@@ -65,6 +65,7 @@ class Rules:
     may_lose_config: bool = False
 
     def is_free(self, key: str) -> bool:
+        """Whether a rerun may change the setting `key` ("a.b") unasked."""
         return any(key == k or (k.endswith(".") and key.startswith(k)) for k in self.free)
 
 
@@ -80,9 +81,11 @@ class Rerun:
 
     @property
     def config_path(self) -> str:
+        """WORKDIR/config.json."""
         return paths.join(self.workdir, CONFIG_FILE)
 
     def release(self) -> None:
+        """Unlocks the workdir (the claim's end)."""
         self.claim.release()
 
 

@@ -636,7 +636,7 @@ PRETRAINING = rerun.Rules(
     kind=workdir_lib.PRETRAIN,
     command="electra_jax.train",
     free=FREE_ON_RESUME,
-    read_stored=lambda path: _read_stored_config(path),
+    read_stored=_read_stored_config,
     without_config=_without_config,
     may_lose_config=True,
 )
