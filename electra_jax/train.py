@@ -213,7 +213,7 @@ def main(argv) -> None:
     if not _VERBOSE.value:
         quiet_logs()
     from electra_jax.data import DataError
-    from electra_jax.validate import ConfigError, check_config
+    from electra_jax.validate import ConfigError, NonFiniteError, check_config
 
     config = command_config("config", "electra_jax.train", finetuning=False)
     if _PRINT_CONFIG.value:
@@ -264,7 +264,7 @@ def main(argv) -> None:
         if _VERBOSE.value:
             raise
         fail(str(e))
-    except runner.NonFiniteError as e:
+    except NonFiniteError as e:
         if _VERBOSE.value:
             raise
         # Not bad input (exit 2) but a diverged run: exit 1, still one line.

@@ -15,6 +15,12 @@ class ConfigError(ValueError):
     """A config value that cannot work; the message names the key and what to do."""
 
 
+class NonFiniteError(RuntimeError):
+    """A run diverged: its loss, gradient norm or outputs became NaN/Inf. Raised by both runners
+    (pre-training under train.nan_policy='stop', fine-tuning always), whose commands answer it
+    with one line and exit 1; here beside ConfigError, in the one module both import."""
+
+
 def _require(ok: bool, message: str) -> None:
     if not ok:
         raise ConfigError(message)

@@ -59,7 +59,7 @@ def main(argv) -> None:
 
     from electra_jax import workdir as workdir_lib
     from electra_jax.finetune import checks
-    from electra_jax.validate import ConfigError
+    from electra_jax.validate import ConfigError, NonFiniteError
 
     config = command_config("config", "electra_jax.finetune", finetuning=True)
     if _PRINT_CONFIG.value:
@@ -91,7 +91,7 @@ def main(argv) -> None:
         if _VERBOSE.value:
             raise
         fail(str(e))
-    except loop.NonFiniteError as e:
+    except NonFiniteError as e:
         if _VERBOSE.value:
             raise
         # Not bad input (exit 2) but a diverged run: exit 1, still one line.

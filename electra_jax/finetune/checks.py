@@ -16,17 +16,13 @@ import numpy as np
 
 from electra_jax.data import DataError
 from electra_jax.finetune import squad_data, tasks
-from electra_jax.validate import ConfigError
+from electra_jax.validate import ConfigError, NonFiniteError
 
 # config.family -> the config file its users start from.
 FAMILY_CONFIGS = {"glue": "configs/glue.py", "squad": "configs/squad.py"}
 
 LAYER_DECAY_EXPONENTS = ("electra_jax", "original")
 DTYPES = ("float32", "bfloat16")
-
-
-class NonFiniteError(RuntimeError):
-    """The training loss or gradient norm became NaN/Inf: the run diverged."""
 
 
 def require(ok: bool, message: str) -> None:

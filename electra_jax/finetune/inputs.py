@@ -22,17 +22,15 @@ from __future__ import annotations
 
 import datetime
 import hashlib
-import json
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from electra_jax import paths
+from electra_jax import paths, rerun
 from electra_jax import workdir as workdir_lib
 from electra_jax.finetune import saved
-from electra_jax.finetune.checks import ALLOWED
 from electra_jax.store import jsonio
 from electra_jax.validate import ConfigError
 
@@ -147,12 +145,6 @@ def check_weights(workdir: str, record: dict, encoder, allow: Sequence[str]) -> 
     return {**inputs, "init_from": {**pinned, "weights_sha256": digest}}
 
 
-def record_change(workdir: str, step: int, changes: dict) -> None:
-    """One row of WORKDIR/config_changes.jsonl: {'step', 'changes': {key: {'from', 'to'}}}."""
-    row = {"step": step, "changes": changes}
-    paths.append_text(paths.join(workdir, CHANGES_FILE), json.dumps(row, sort_keys=True) + "\n")
-
-
 def rewrite_record(workdir: str, record: dict, inputs: dict) -> dict:
     """model.json with `inputs` in place (written atomically); returns it."""
     record = {**record, "inputs": inputs}
@@ -161,29 +153,33 @@ def rewrite_record(workdir: str, record: dict, inputs: dict) -> dict:
 
 
 def record_resume(
-    workdir: str, record: dict, new: dict | None, step: int, config, log: Callable[[str], None]
+    workdir: str,
+    record: dict,
+    new: dict | None,
+    step: int,
+    config,
+    changes: dict,
+    log: Callable[[str], None],
 ) -> None:
     """What a resume found changed and was allowed to (`new`: model.json's new "inputs", or
-    None when the inputs are as recorded; config.data_dir or init_from themselves may have
-    moved): config_changes.jsonl gets it at `step`, model.json and config.json the new record
-    and settings. A run that predates the record gets one, and no row."""
+    None when the inputs are as recorded; `changes`: the settings that changed, {key: (from,
+    to)}, as prior_run.plan allowed them: config.data_dir or init_from themselves):
+    config_changes.jsonl gets them at `step` (rerun.record_changes), model.json and config.json
+    the new record and settings. A run that predates the record gets one, and no row for it."""
     old = record.get("inputs")
     if old is None:
         rewrite_record(workdir, record, new)
+        found = {}
+    else:
+        found = {
+            f"inputs.{key}": (old.get(key), new.get(key))
+            for key in sorted(set(old) | set(new or {}))
+            if new is not None and old.get(key) != new.get(key)
+        }
+    every = {**found, **changes}
+    if not every:
         return
-    changes = {
-        f"inputs.{key}": {"from": old.get(key), "to": new.get(key)}
-        for key in sorted(set(old) | set(new or {}))
-        if new is not None and old.get(key) != new.get(key)
-    }
-    stored = saved.read_json(paths.join(workdir, saved.CONFIG_FILE), "")
-    for key in ALLOWED:
-        if stored.get(key) != config[key]:
-            changes[key] = {"from": stored.get(key), "to": config[key]}
-    if not changes:
-        return
-    record_change(workdir, step, changes)
-    jsonio.write_json(paths.join(workdir, saved.CONFIG_FILE), config.to_dict())
-    if new is not None:
+    rerun.record_changes(workdir, step, every, config.to_dict())
+    if old is not None and new is not None:
         rewrite_record(workdir, record, new)
-    log(f"resuming at step {step} with changed inputs: {', '.join(changes)}")
+    log(f"resuming at step {step} with changed inputs: {', '.join(every)}")

@@ -27,7 +27,7 @@ import ml_collections
 import numpy as np
 
 from electra_jax import paths
-from electra_jax.finetune import features, loop, saved, squad_data, squad_eval, tasks
+from electra_jax.finetune import features, loop, results, saved, squad_data, squad_eval, tasks
 from electra_jax.finetune.glue import regression_targets
 from electra_jax.finetune.squad import featurizer, inputs
 from electra_jax.model import sharding
@@ -69,7 +69,7 @@ class Finetuned:
         )
 
     def _predict(self, arrays: dict) -> dict:
-        return loop.predict(self.predict_fn, self.params, arrays, self.config.eval_batch_size)
+        return results.predict(self.predict_fn, self.params, arrays, self.config.eval_batch_size)
 
     def evaluate(self, data_dir: str | None = None) -> dict:
         """The family's dev results (GLUE: `metrics`, `score`, ...; SQuAD: `exact_match`, `f1`,

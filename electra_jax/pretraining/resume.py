@@ -8,7 +8,10 @@ run without a word; `--allow_change=config.json` says to resume with them all th
 checkpoints' shapes are still checked at the restore), and the run writes its config.json again. A
 run started before a setting existed keeps what it meant then (its checkpoints' layer layout, no
 held-out slice). A new run may start from train.init_from's weights. The workdir is claimed
-(workdir.claim) for the whole run.
+(workdir.claim) for the whole run. The claim, the checkpoints' survey, the stored config.json
+against the new settings by a rule table (PRETRAINING: FREE_ON_RESUME) and the record of the
+allowed changes are rerun.py's, which fine-tuning's resume shares; this module adds
+pre-training's own on top.
 
 The prepared data must be the run's too: WORKDIR/data_record.json records what the rows of a
 run depend on (shards.key_fields: the corpus's content key, the tokenizer's fingerprint, the
@@ -36,18 +39,15 @@ from typing import Any
 
 import jax
 import ml_collections
-import numpy as np
 
-from electra_jax import paths
+from electra_jax import paths, rerun
 from electra_jax import workdir as workdir_lib
 from electra_jax.pretraining import metrics
+from electra_jax.rerun import MISSING_CONFIG
 from electra_jax.store import checkpointing, jsonio
 from electra_jax.store.jsonio import write_json
 from electra_jax.validate import ConfigError, flatten
 
-# The --allow_change name that lets a run whose config.json is gone resume with the command
-# line's settings.
-MISSING_CONFIG = "config.json"
 # The --allow_change key that lets each field of the data record differ on a resume; the config
 # keys among them are refused earlier, by check_same_run, unless allowed.
 _DATA_ALLOW = {
@@ -131,18 +131,21 @@ class Resume:
         the run goes on with (process 0): config.json for a new run; for a resumed one, the
         allowed changes (config_changes.jsonl and config.json), or a config.json that was
         missing."""
-        config_path = os.path.join(self.workdir, "config.json")
+        config_path = os.path.join(self.workdir, rerun.CONFIG_FILE)
         is_main = jax.process_index() == 0
         if resumed_at is None:
             if is_main:
                 write_json(config_path, self.config.to_dict())
         elif self.changes:
-            _record_changes(self.workdir, resumed_at, self.changes, self.config)
+            if is_main:
+                rerun.record_changes(self.workdir, resumed_at, self.changes, self.config.to_dict())
+                shown = ", ".join(f"{k}={b!r} (was {a!r})" for k, (a, b) in self.changes.items())
+                metrics.log(f"resuming at step {resumed_at} with changed settings: {shown}")
         elif is_main and not paths.exists(config_path):
             # Only with --allow_change=config.json (plan refuses a resume without it).
             write_json(config_path, self.config.to_dict())
             row = {"step": resumed_at, "changes": {}, "config.json": "missing, written again"}
-            _append_change(self.workdir, row)
+            rerun.append_change(self.workdir, row)
             metrics.log(
                 "warning: config.json was missing; wrote this run's settings (allowed by "
                 "--allow_change=config.json; the checkpoint's shapes matched them)"
@@ -164,7 +167,7 @@ class Resume:
         if resumed_at is None or not self.data_changes:
             return
         shown = {k: {"from": a, "to": b} for k, (a, b) in self.data_changes.items()}
-        _append_change(self.workdir, {"step": resumed_at, "changes": {}, "data": shown})
+        rerun.append_change(self.workdir, {"step": resumed_at, "changes": {}, "data": shown})
         metrics.log(
             f"resuming at step {resumed_at} with changed data ({', '.join(sorted(shown))}), "
             "as --allow_change allows"
@@ -251,27 +254,11 @@ def plan(
     change; init_from unusable) or CheckpointError (only damaged checkpoints), the workdir
     released again.
     """
-    claim = _claim_workdir(workdir)
+    new = flatten(config.to_dict())  # the settings asked for, {"a.b": value}, read once
+    opened = rerun.open_run(workdir, PRETRAINING, tuple(allow), new)
+    claim, resumes, stored = opened.claim, opened.resumes, opened.stored
+    path = opened.config_path
     try:
-        new = flatten(config.to_dict())  # the settings asked for, {"a.b": value}, read once
-        unknown = [k for k in allow if k not in new and k != MISSING_CONFIG]
-        if unknown:
-            raise ConfigError(
-                f"--allow_change names {', '.join(unknown)}, which is not a config key"
-            )
-        resumes = _has_checkpoints(workdir)
-        path = os.path.join(workdir, "config.json")
-        # None for a run that starts over (it writes config.json), or whose config.json is
-        # gone and allowed to be (the checkpoints' shapes are still checked at the restore).
-        stored = _read_stored_config(path) if resumes else None
-        if resumes and stored is None and MISSING_CONFIG not in allow:
-            raise ConfigError(
-                f"{path} is missing, but {checkpointing.checkpoint_dir(workdir)} holds the "
-                "run's checkpoints: the settings it was started with are unknown, so it is not "
-                "resumed with this command's without a word; put config.json back (from a "
-                f"copy), or pass --allow_change={MISSING_CONFIG} to resume with this command's "
-                "settings (the checkpoints' shapes are still checked), or use a new --workdir"
-            )
         changes = {}
         if stored is not None:
             old = flatten(stored)
@@ -285,7 +272,7 @@ def plan(
                         config[section][field] = value
             check_same_model(old, new, path)
             changes = check_same_run(old, new, path, tuple(allow))
-        run = Resume(workdir, config, changes, None, claim, bool(resumes), tuple(allow), command)
+        run = Resume(workdir, config, changes, None, claim, resumes, tuple(allow), command)
         if resumes:
             # The newest checkpoint's step: the restore checks the one it resumes from again.
             run.check_step(checkpointing.saved_steps(workdir)[-1])
@@ -358,34 +345,6 @@ def _recorded_shards(config, workdir: str, tokenizer, stored: dict, absent: Exce
             "put the corpus back where data.source says, or point data.source at where it is "
             "now with --allow_change=data.source"
         ) from absent
-
-
-def _claim_workdir(workdir: str):
-    """The workdir, locked by process 0 for the run; every process agrees before going on."""
-    error, held = None, None
-    try:
-        held = workdir_lib.claim(
-            workdir,
-            workdir_lib.PRETRAIN,
-            lock=jax.process_index() == 0,
-            command="electra_jax.train",
-        )
-    except ConfigError as e:
-        error = e
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
-        ok = np.asarray(multihost_utils.process_allgather(np.int32(error is None)))
-        if error is None and not ok.all():
-            error = ConfigError(
-                f"--workdir {workdir} cannot be used by process(es) "
-                f"{', '.join(map(str, np.flatnonzero(ok == 0)))}; see their error line"
-            )
-    if error is not None:
-        if held is not None:
-            held.release()
-        raise error
-    return held
 
 
 def _read_stored_config(path: str) -> dict | None:
@@ -465,29 +424,6 @@ def _corpus_change(old: list | None, new: list | None, source: str) -> str:
         said = ["its files' modification times changed (same names and sizes: edited, or copied"]
         said[0] += " without their times)"
     return f"{where}: {', '.join(said)}"
-
-
-def _has_checkpoints(workdir: str) -> bool:
-    """Whether the workdir holds checkpoints to resume; refuses a file where they go, and a
-    workdir whose checkpoints were all set aside as damaged (it is not started over)."""
-    directory = checkpointing.checkpoint_dir(workdir)
-    if paths.exists(directory) and not paths.isdir(directory):
-        raise ConfigError(
-            f"{directory} is a file, where the run keeps its checkpoints; move it away or use "
-            "a new --workdir"
-        )
-    # Before any step is taken for a checkpoint: an entry orbax would take for one that is not
-    # (an export put there, a checkpoint renamed by hand) is refused, nothing moved.
-    checkpointing.survey(directory)
-    if checkpointing.has_checkpoints(workdir):
-        return True
-    aside = checkpointing.set_aside(workdir)
-    if aside:
-        raise checkpointing.CheckpointError(
-            f"{directory} holds only checkpoints set aside as damaged ({', '.join(aside)}); "
-            "this run will not start over on its own: inspect them, or use a new --workdir"
-        )
-    return False
 
 
 def _checkpoint_layout(old: dict, new: dict) -> dict:
@@ -570,25 +506,6 @@ def _place_tokenizer(tok, source: str, workdir: str) -> None:
         return
     if jax.process_index() == 0:
         tok.save(folder)
-
-
-def _append_change(workdir: str, row: dict) -> None:
-    """One row of WORKDIR/config_changes.jsonl: what a resume changed, at which step."""
-    paths.append_text(
-        os.path.join(workdir, workdir_lib.CHANGES_FILE), json.dumps(row, sort_keys=True) + "\n"
-    )
-
-
-def _record_changes(workdir: str, step: int, changes: dict, config) -> None:
-    """Rewrites config.json with the settings the run goes on with and appends what changed, at
-    which step, to config_changes.jsonl (process 0 only)."""
-    if jax.process_index() != 0:
-        return
-    row = {"step": step, "changes": {k: {"from": a, "to": b} for k, (a, b) in changes.items()}}
-    _append_change(workdir, row)
-    write_json(os.path.join(workdir, "config.json"), config.to_dict())
-    shown = ", ".join(f"{k}={b!r} (was {a!r})" for k, (a, b) in changes.items())
-    metrics.log(f"resuming at step {step} with changed settings: {shown}")
 
 
 def mismatch_message(e: checkpointing.CheckpointMismatch, workdir: str) -> str:
@@ -701,8 +618,30 @@ FREE_ON_RESUME = (
 )
 
 
-def _is_free(key: str) -> bool:
-    return any(key == k or (k.endswith(".") and key.startswith(k)) for k in FREE_ON_RESUME)
+def _without_config(workdir: str, resumes: bool, allow: tuple[str, ...]) -> None:
+    """ConfigError when the workdir holds checkpoints but no config.json, unless --allow_change
+    names it (MISSING_CONFIG)."""
+    if resumes and MISSING_CONFIG not in allow:
+        raise ConfigError(
+            f"{os.path.join(workdir, rerun.CONFIG_FILE)} is missing, but "
+            f"{checkpointing.checkpoint_dir(workdir)} holds the run's checkpoints: the settings "
+            "it was started with are unknown, so it is not resumed with this command's without "
+            f"a word; put config.json back (from a copy), or pass --allow_change={MISSING_CONFIG} "
+            "to resume with this command's settings (the checkpoints' shapes are still checked), "
+            "or use a new --workdir"
+        )
+
+
+# Pre-training's rerun: only checkpoints say the workdir holds a run (a config.json without them
+# is a start that is written over); keys added to the framework since are not compared.
+PRETRAINING = rerun.Rules(
+    kind=workdir_lib.PRETRAIN,
+    command="electra_jax.train",
+    free=FREE_ON_RESUME,
+    read_stored=_read_stored_config,
+    without_config=_without_config,
+    may_lose_config=True,
+)
 
 
 def check_same_run(
@@ -715,8 +654,7 @@ def check_same_run(
     config lacks (added to the framework since) are not compared. Returns the allowed
     changes, {key: (stored value, new value)}, for the caller to record.
     """
-    differ = sorted(k for k in set(old) & set(new) if old[k] != new[k] and not _is_free(k))
-    refused = [k for k in differ if k not in allowed]
+    changes, refused = rerun.compare(old, new, PRETRAINING, allowed)
     if refused:
         raise ConfigError(
             f"resuming with other settings than {config_path}: {_shown(refused, old, new)}; "
@@ -725,4 +663,4 @@ def check_same_run(
             f"{','.join(refused)} to change them from this step on (recorded in "
             "config_changes.jsonl), or use a new --workdir"
         )
-    return {k: (old[k], new[k]) for k in differ}
+    return changes

@@ -31,10 +31,7 @@ from electra_jax.pretraining.program import (
     setup_step,
 )
 from electra_jax.store import checkpointing
-
-
-class NonFiniteError(RuntimeError):
-    """The loss or gradient norm became NaN/Inf under train.nan_policy='stop'."""
+from electra_jax.validate import NonFiniteError
 
 
 def train(

@@ -12,7 +12,7 @@ import numpy as np
 import optax
 import pytest
 
-from electra_jax.finetune import inputs, loop, saved
+from electra_jax.finetune import initial, inputs, loop, saved, training
 from electra_jax.pretraining.optimizer_step import TrainState
 from electra_jax.store import checkpointing
 from electra_jax.validate import ConfigError
@@ -43,7 +43,7 @@ def _cut_before_the_first_checkpoint(config, workdir, monkeypatch):
         raise KeyboardInterrupt
 
     with monkeypatch.context() as m:
-        m.setattr(loop, "run_steps", killed)
+        m.setattr(training, "run_steps", killed)
         with pytest.raises(KeyboardInterrupt):
             loop.finetune(config, str(workdir))
     assert (workdir / saved.CONFIG_FILE).exists()
@@ -100,8 +100,10 @@ def test_init_from_is_read_at_the_step_the_run_started_from(
     config = _config(data, init_from=str(pretrained), num_epochs=1.0, **{"model.hidden_size": 64})
     workdir = tmp_path / "w"
     read = []
-    original = loop._load_pretrained
-    monkeypatch.setattr(loop, "_load_pretrained", lambda path: read.append(path) or original(path))
+    original = initial._load_pretrained
+    monkeypatch.setattr(
+        initial, "_load_pretrained", lambda path: read.append(path) or original(path)
+    )
     _cut_before_the_first_checkpoint(config, workdir, monkeypatch)
     record = _model_json(workdir)
     assert record["pretraining"]["step"] == 6
@@ -157,15 +159,36 @@ def test_other_weights_under_the_same_init_from_are_refused_unless_allowed(
     assert now != first["weights_sha256"]
 
 
-def test_a_run_from_before_the_record_resumes_and_gets_one(tmp_path):
+def _a_run_from_before_the_record(tmp_path):
+    """(config, workdir) of a run stopped at step 5 whose model.json has no inputs record."""
     config = _glue(tmp_path)
     workdir = tmp_path / "w"
     loop.finetune(config, str(workdir), stop_after=5)
     record = _model_json(workdir)
     del record["inputs"]
     (workdir / saved.MODEL_FILE).write_text(json.dumps(record))
+    return config, workdir
+
+
+def test_a_run_from_before_the_record_resumes_and_gets_one(tmp_path):
+    config, workdir = _a_run_from_before_the_record(tmp_path)
     loop.finetune(config, str(workdir))
     assert _model_json(workdir)["inputs"]["data_files"] and not _changes(workdir)
+
+
+def test_a_data_dir_moved_under_a_run_from_before_the_record_is_recorded(tmp_path):
+    """The allowed change of the setting itself is recorded whether or not model.json has its
+    inputs record (config_changes.jsonl and config.json), so the next rerun needs no flag."""
+    config, workdir = _a_run_from_before_the_record(tmp_path)
+    moved = tmp_path / "moved"
+    shutil.copytree(config.data_dir, moved)
+    was, config.data_dir = config.data_dir, str(moved)
+    results = loop.finetune(config, str(workdir), allow_changes=("data_dir",))
+    assert _changes(workdir) == [
+        {"step": 5, "changes": {"data_dir": {"from": was, "to": str(moved)}}}
+    ]
+    assert json.loads((workdir / saved.CONFIG_FILE).read_text())["data_dir"] == str(moved)
+    assert loop.finetune(config, str(workdir)) == results
 
 
 def test_the_weights_digest_follows_the_values_not_the_container():

@@ -14,9 +14,9 @@ import pytest
 
 from electra_jax.data import DataError
 from electra_jax.data.tokenizer import train_tokenizer
-from electra_jax.finetune import glue, glue_heads, loop, tasks
+from electra_jax.finetune import glue, glue_heads, initial, loop, tasks, training
 from electra_jax.model.networks import Electra, ElectraSpec, EncoderSpec, init_params
-from electra_jax.validate import ConfigError
+from electra_jax.validate import ConfigError, NonFiniteError
 from tests.conftest import ROOT
 
 FILLER = [
@@ -94,18 +94,13 @@ def _config(data, **overrides):
     return config
 
 
-def test_training_set_and_batch_order():
+def test_training_set():
     task = tasks.get_task("MRPC")
     examples = [tasks.Example(f"a{i}", f"b{i}", i % 2, f"t:{i}") for i in range(10)]
     capped = glue.training_set(task, examples, 4, double_unordered=True)
     assert len(capped) == 8 and [e.text_a for e in capped[4:]] == [e.text_b for e in capped[:4]]
     assert capped[:4] == glue.training_set(task, examples, 4, double_unordered=False)
     assert len(glue.training_set(tasks.get_task("RTE"), examples, 0, True)) == 10
-    order = loop.batch_order(10, 4, 5, seed=3)  # 20 draws: two epochs, each a permutation
-    assert sorted(order.reshape(-1)[:10]) == list(range(10))
-    assert sorted(order.reshape(-1)[10:]) == list(range(10))
-    np.testing.assert_array_equal(order, loop.batch_order(10, 4, 5, seed=3))
-    assert not np.array_equal(order, loop.batch_order(10, 4, 5, seed=4))
 
 
 def test_finetune_learns_writes_results_and_repeats(tmp_path):
@@ -161,7 +156,7 @@ def test_finetune_from_pretrained_regression(tmp_path, monkeypatch):
     fake = type(
         "Pretrained", (), dict(spec=spec, params=params, tokenizer=tokenizer, source="fake")
     )
-    monkeypatch.setattr(loop, "_load_pretrained", lambda path: fake)
+    monkeypatch.setattr(initial, "_load_pretrained", lambda path: fake)
     dropped_in = []
     original = glue_heads.with_pretrained
     monkeypatch.setattr(
@@ -233,36 +228,6 @@ def test_every_numeric_field_is_checked_before_any_work():
                 loop.check_config(_config("unused", **{key: bad}))
 
 
-NEAREST = ", the nearest size to hidden "
-
-
-@pytest.mark.parametrize(
-    "hidden,learning_rate,layer_decay,expected_lr,expected_decay,paper",
-    [
-        # The paper's Table 7 by size, read from the discriminator's width.
-        (256, 0.0, 0.0, 3e-4, 0.8, "paper: ELECTRA-Small"),
-        (768, 0.0, 0.0, 1e-4, 0.8, "paper: ELECTRA-Base"),
-        (1024, 0.0, 0.0, 5e-5, 0.9, "paper: ELECTRA-Large"),
-        # Other widths take the nearest size's, by ratio, and say so.
-        (128, 0.0, 0.0, 3e-4, 0.8, "paper: ELECTRA-Small" + NEAREST + "128"),
-        (512, 0.0, 0.0, 1e-4, 0.8, "paper: ELECTRA-Base" + NEAREST + "512"),
-        # An explicit value overrides the paper's.
-        (1024, 2e-5, 0.0, 2e-5, 0.9, "paper: ELECTRA-Large"),
-        (256, 0.0, 1.0, 3e-4, 1.0, "paper: ELECTRA-Small"),
-    ],
-)
-def test_learning_rate_and_layer_decay_follow_the_model_size(
-    hidden, learning_rate, layer_decay, expected_lr, expected_decay, paper
-):
-    config = _config("unused", learning_rate=learning_rate, layer_decay=layer_decay)
-    assert loop.resolve_hyperparameters(config, hidden) == {
-        "learning_rate": expected_lr,
-        "learning_rate_source": "config" if learning_rate else paper,
-        "layer_decay": expected_decay,
-        "layer_decay_source": "config" if layer_decay else paper,
-    }
-
-
 @pytest.mark.parametrize(
     "max_train_examples,log_every_steps,expected",
     [
@@ -283,7 +248,7 @@ def test_a_diverged_run_stops_and_writes_no_results(
         max_train_examples=max_train_examples,
         log_every_steps=log_every_steps,
     )
-    with pytest.raises(loop.NonFiniteError, match=expected) as raised:
+    with pytest.raises(NonFiniteError, match=expected) as raised:
         loop.finetune(config, str(tmp_path / "w"))
     assert "\n" not in str(raised.value) and "lower config.learning_rate" in str(raised.value)
     for name in (loop.RESULTS_FILE, loop.PREDICTIONS_FILE):
@@ -308,8 +273,8 @@ def test_stsb_trains_on_scores_over_5_and_reports_them_on_0_to_5(tmp_path, monke
         jax.debug.callback(lambda p: outputs.extend(np.asarray(p).tolist()), out["prediction"])
         return out
 
-    loop_train_step, glue_predict_step = loop.train_step, glue.predict_step
-    monkeypatch.setattr(loop, "train_step", spy_train_step)
+    loop_train_step, glue_predict_step = training.train_step, glue.predict_step
+    monkeypatch.setattr(training, "train_step", spy_train_step)
     monkeypatch.setattr(glue, "predict_step", spy_predict_step)
     config = _config(data, task="STS-B", num_epochs=1.0, scale_regression_targets=scaled)
     out = loop.finetune(config, str(tmp_path / "w"))
@@ -325,28 +290,6 @@ def test_stsb_trains_on_scores_over_5_and_reports_them_on_0_to_5(tmp_path, monke
     # One prediction batch: the 8 dev rows, then padding.
     np.testing.assert_allclose(reported, width * np.array(outputs[: len(rows)]), rtol=1e-6)
     assert out["scale_regression_targets"] is scaled
-
-
-def test_a_gdes_run_is_fine_tuned_from_its_discriminators_own_embeddings(tmp_path, monkeypatch):
-    enc = EncoderSpec(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
-    spec = ElectraSpec(40, 16, 32, 2, enc, EncoderSpec(8, 1, 1, 32), embedding_sharing="gdes")
-    shapes = jax.eval_shape(functools.partial(init_params, Electra(spec)), jax.random.PRNGKey(0))
-    rng = np.random.default_rng(0)
-    params = jax.tree_util.tree_map(
-        lambda x: rng.normal(0, 0.02, x.shape).astype(np.float32), shapes
-    )
-    fake = type("Pretrained", (), dict(spec=spec, params=params, tokenizer=None, source="fake"))
-    monkeypatch.setattr(loop, "_load_pretrained", lambda path: fake)
-    config = _config(tmp_path, init_from="fake")
-    initial = loop.initial_model(config, [], str(tmp_path))
-    base, delta = params["embeddings"], params["embeddings_delta"]
-    got = initial.encoder_params["embeddings"]
-    np.testing.assert_array_equal(
-        got["word_embeddings"]["embedding"],
-        base["word_embeddings"]["embedding"] + delta["word_embeddings"]["embedding"],
-    )
-    np.testing.assert_array_equal(got["LayerNorm"]["scale"], delta["LayerNorm"]["scale"])
-    assert initial.spec.embedding_sharing == "electra" and not initial.spec.mlm_head
 
 
 def test_a_pretraining_workdir_is_refused_and_left_as_it_was(tmp_path):
