@@ -24,13 +24,13 @@ from typing import Any
 
 import jax
 
-from electra_jax import evaluation, jsonio, metrics, paths, sharding
+from electra_jax import evaluation, filenames, jsonio, metrics, paths, sharding
 from electra_jax.data import heldout as heldout_lib
 from electra_jax.data import pipeline
 from electra_jax.train_step import SpecialTokens, eval_step
 
 PREFIX = "eval/"
-EVAL_FILE = "eval.jsonl"
+EVAL_FILE = filenames.EVAL_FILE
 
 
 @dataclasses.dataclass
@@ -146,7 +146,7 @@ def read_rows(workdir: str) -> list[dict]:
     """Every held-out reading of a run, by step: those its training logged to metrics.jsonl and
     those `python -m electra_jax.evaluate` wrote to eval.jsonl (which wins for a step both
     hold: it is the later reading)."""
-    logged = metrics.read_rows(paths.join(workdir, "metrics.jsonl"))
+    logged = metrics.read_rows(paths.join(workdir, filenames.METRICS_FILE))
     by_step = {r["step"]: r for r in eval_rows(logged)}
     for r in metrics.read_rows(paths.join(workdir, EVAL_FILE)):
         by_step[r["step"]] = r
@@ -198,13 +198,13 @@ def evaluate_workdir(
         with config.unlocked():
             config.data.heldout_examples = heldout_examples
     with workdir_lib.claimed(workdir, workdir_lib.PRETRAIN, command="electra_jax.evaluate"):
-        tokenizer = load_saved(paths.join(workdir, "tokenizer"))
+        tokenizer = load_saved(paths.join(workdir, filenames.TOKENIZER_DIR))
         # The held-out rows are tokenized with it: it must be the one the checkpoints learned.
         pretrained.check_recorded_tokenizer(workdir, tokenizer)
         # A corpus gone since the run: the shards its data record proves stand in for it.
         prepared = resume.prepared_data(config, workdir, tokenizer, log=metrics.log)
         mesh = sharding.make_mesh(ml_collections.ConfigDict({"fsdp": 1}))
-        where = paths.join(workdir, "config.json")
+        where = paths.join(workdir, filenames.CONFIG_FILE)
         spec = pretrained.spec_from_run_config(config.to_dict(), tokenizer.vocab_size, where)
         model = Electra(spec)
         num_slots = num_mask_slots(config.data.seq_length, config.objective.mask_prob)

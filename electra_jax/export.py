@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import os
 
-from electra_jax import paths
+from electra_jax import filenames, paths
 from electra_jax.hf.write import check_out, write_export, write_folder
 from electra_jax.pretrained import load_workdir, read_run_config
 from electra_jax.validate import ConfigError
@@ -177,11 +177,11 @@ def export_finetuned(workdir: str, out: str, name: str | None = None) -> dict:
     )
 
     def write(folder: str) -> None:
-        write_json(os.path.join(folder, "config.json"), hf)
+        write_json(os.path.join(folder, filenames.CONFIG_FILE), hf)
         save_file(tensors, os.path.join(folder, WEIGHTS), metadata={"format": "pt"})
         # The length it was fine-tuned on: pipeline(..., truncation=True) cuts inputs as ours.
         write_tokenizer_files(tokenizer, folder, config.seq_length)
-        with open(os.path.join(folder, "README.md"), "w", encoding="utf-8") as f:
+        with open(os.path.join(folder, filenames.README_FILE), "w", encoding="utf-8") as f:
             f.write(readme)
 
     manifest = {
@@ -230,7 +230,7 @@ def main(argv) -> None:
             f"--out is required with a gs:// --workdir: the export is written to a local folder "
             f"(e.g. --out=runs/{values.workdir.rstrip('/').rsplit('/', 1)[-1]}-hf)"
         )
-    out = values.out or os.path.join(values.workdir, "hf")
+    out = values.out or os.path.join(values.workdir, filenames.EXPORT_DIR)
     try:
         manifest = export(values.workdir, out, values.push_to_hub, values.hub_private)
     except PretrainedError as e:

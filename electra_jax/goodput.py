@@ -163,14 +163,14 @@ def _hms(seconds: float) -> str:
 def main(argv: list[str] | None = None) -> int:
     """`python -m electra_jax.goodput WORKDIR`: prints the run's report; one line and exit 2
     for a workdir that has none."""
-    from electra_jax import metrics, paths
+    from electra_jax import filenames, metrics, paths
 
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1 or args[0].startswith("-"):
         print("usage: python -m electra_jax.goodput WORKDIR", file=sys.stderr)
         return 2
     workdir = args[0]
-    path = paths.join(workdir, "metrics.jsonl")
+    path = paths.join(workdir, filenames.METRICS_FILE)
     if not paths.exists(path):
         print(f"error: {path} does not exist; name the workdir of a training run", file=sys.stderr)
         return 2

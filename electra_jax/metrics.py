@@ -14,7 +14,7 @@ from typing import Any
 
 import jax
 
-from electra_jax import jsonio, paths, topology
+from electra_jax import filenames, jsonio, paths, topology
 from electra_jax.data import progress
 from electra_jax.model import ElectraSpec, EncoderSpec
 from electra_jax.objectives import registry
@@ -139,7 +139,7 @@ class MetricsWriter:
 
     def __init__(self, workdir: str, enabled: bool, resume_step: int = 0, config: Any = None):
         self.enabled = enabled
-        self.path = paths.join(workdir, "metrics.jsonl")
+        self.path = paths.join(workdir, filenames.METRICS_FILE)
         self._tb = None
         self._mirror = None
         self._remote = paths.is_remote(workdir)
@@ -150,14 +150,14 @@ class MetricsWriter:
 
             self._mirror = wandb_mirror.Mirror.start(workdir, config, log)
         kept = [r for r in read_rows(self.path) if r.get("step", 0) <= resume_step]
-        local_path, tb_dir = self.path, os.path.join(workdir, "tensorboard")
+        local_path, tb_dir = self.path, os.path.join(workdir, filenames.TENSORBOARD_DIR)
         if self._remote:
             import tempfile
 
             self._staging = tempfile.mkdtemp(prefix="electra_jax-metrics-")
-            local_path = os.path.join(self._staging, "metrics.jsonl")
-            tb_dir = os.path.join(self._staging, "tensorboard")
-            self._remote_tb = paths.join(workdir, "tensorboard")
+            local_path = os.path.join(self._staging, filenames.METRICS_FILE)
+            tb_dir = os.path.join(self._staging, filenames.TENSORBOARD_DIR)
+            self._remote_tb = paths.join(workdir, filenames.TENSORBOARD_DIR)
             self._uploaded = time.monotonic()
         jsonio.write_jsonl(local_path, kept)
         self._local_path = local_path
@@ -177,7 +177,7 @@ class MetricsWriter:
         self._file.flush()
         self._tb.flush()
         paths.upload_file(self._local_path, self.path)
-        events = os.path.join(self._staging, "tensorboard")
+        events = os.path.join(self._staging, filenames.TENSORBOARD_DIR)
         for name in os.listdir(events):
             paths.upload_file(os.path.join(events, name), paths.join(self._remote_tb, name))
         self._uploaded = time.monotonic()

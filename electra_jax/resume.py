@@ -38,14 +38,14 @@ import jax
 import ml_collections
 import numpy as np
 
-from electra_jax import checkpointing, jsonio, metrics, paths
+from electra_jax import checkpointing, filenames, jsonio, metrics, paths
 from electra_jax import workdir as workdir_lib
 from electra_jax.jsonio import write_json
 from electra_jax.validate import ConfigError, flatten
 
 # The --allow_change name that lets a run whose config.json is gone resume with the command
 # line's settings.
-MISSING_CONFIG = "config.json"
+MISSING_CONFIG = filenames.CONFIG_FILE
 # The --allow_change key that lets each field of the data record differ on a resume; the config
 # keys among them are refused earlier, by check_same_run, unless allowed.
 _DATA_ALLOW = {
@@ -129,7 +129,7 @@ class Resume:
         the run goes on with (process 0): config.json for a new run; for a resumed one, the
         allowed changes (config_changes.jsonl and config.json), or a config.json that was
         missing."""
-        config_path = os.path.join(self.workdir, "config.json")
+        config_path = os.path.join(self.workdir, filenames.CONFIG_FILE)
         is_main = jax.process_index() == 0
         if resumed_at is None:
             if is_main:
@@ -139,7 +139,11 @@ class Resume:
         elif is_main and not paths.exists(config_path):
             # Only with --allow_change=config.json (plan refuses a resume without it).
             write_json(config_path, self.config.to_dict())
-            row = {"step": resumed_at, "changes": {}, "config.json": "missing, written again"}
+            row = {
+                "step": resumed_at,
+                "changes": {},
+                filenames.CONFIG_FILE: "missing, written again",
+            }
             _append_change(self.workdir, row)
             metrics.log(
                 "warning: config.json was missing; wrote this run's settings (allowed by "
@@ -258,7 +262,7 @@ def plan(
                 f"--allow_change names {', '.join(unknown)}, which is not a config key"
             )
         resumes = _has_checkpoints(workdir)
-        path = os.path.join(workdir, "config.json")
+        path = os.path.join(workdir, filenames.CONFIG_FILE)
         # None for a run that starts over (it writes config.json), or whose config.json is
         # gone and allowed to be (the checkpoints' shapes are still checked at the restore).
         stored = _read_stored_config(path) if resumes else None
@@ -297,7 +301,7 @@ def plan(
 
 def cache_dir(config: ml_collections.ConfigDict, workdir: str) -> str:
     """Where a run's prepared data is: data.cache_dir, by default WORKDIR/data."""
-    return config.data.cache_dir or paths.join(workdir, "data")
+    return config.data.cache_dir or paths.join(workdir, filenames.DATA_DIR)
 
 
 def prepared_data(
@@ -551,7 +555,7 @@ def _place_tokenizer(tok, source: str, workdir: str) -> None:
     from electra_jax.data import DataError
     from electra_jax.data import tokenizer as tokenizer_lib
 
-    folder = os.path.join(workdir, "tokenizer")
+    folder = os.path.join(workdir, filenames.TOKENIZER_DIR)
     if tokenizer_lib.has_saved(folder):
         try:
             there = tokenizer_lib.load_saved(folder)
@@ -584,7 +588,7 @@ def _record_changes(workdir: str, step: int, changes: dict, config) -> None:
         return
     row = {"step": step, "changes": {k: {"from": a, "to": b} for k, (a, b) in changes.items()}}
     _append_change(workdir, row)
-    write_json(os.path.join(workdir, "config.json"), config.to_dict())
+    write_json(os.path.join(workdir, filenames.CONFIG_FILE), config.to_dict())
     shown = ", ".join(f"{k}={b!r} (was {a!r})" for k, (a, b) in changes.items())
     metrics.log(f"resuming at step {step} with changed settings: {shown}")
 

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 from array_record.python.array_record_module import ArrayRecordWriter
 
-from electra_jax import jsonio, paths
+from electra_jax import filenames, jsonio, paths
 from electra_jax.data import DataError, progress, sources, uri
 from electra_jax.data import tokenizer as tokenizer_lib
 from electra_jax.data.packing import SentenceEnds, iter_packed
@@ -139,7 +139,8 @@ def ensure_tokenizer(data_cfg, tokenizer_dir: str, seed: int) -> tokenizer_lib.T
         n = int(data_cfg.tokenizer_sample_sentences)
         stats = sources.SourceStats()
         docs = sources.from_config(data_cfg).documents(stats)
-        report = progress.Progress("tokenizer")
+        # The phase is named after the folder it fills (WORKDIR/tokenizer).
+        report = progress.Progress(filenames.TOKENIZER_DIR)
         sentences = _reported_sentences(docs, stats, report, _TOKENIZER_SCAN_FACTOR * n)
         tok = tokenizer_lib.train_tokenizer(
             itertools.islice(sentences, _TOKENIZER_SCAN_FACTOR * n),

@@ -23,7 +23,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from electra_jax import checkpointing, jsonio, paths, sharding
+from electra_jax import checkpointing, filenames, jsonio, paths, sharding
 from electra_jax import workdir as workdir_lib
 from electra_jax.data import DataError
 from electra_jax.finetune import checks, heads, inputs, saved
@@ -423,7 +423,7 @@ _RUN_OUTPUTS = (
     saved.WEIGHTS_FILE,
     GLUE.predictions_file,
     SQUAD.predictions_file,
-    "dev_null_odds.json",
+    filenames.NULL_SCORES_FILE,
 )
 
 

@@ -33,14 +33,18 @@ import numpy as np
 
 from electra_jax import jsonio, paths
 from electra_jax import model as model_lib
+from electra_jax.filenames import (  # noqa: F401  (read as saved.X by fine-tuning)
+    CONFIG_FILE,
+    EXPORT_MANIFEST,
+    METRICS_FILE,
+    MODEL_FILE,
+    RESULTS_FILE,
+    TOKENIZER_DIR,
+    WEIGHTS_FILE,
+)
 from electra_jax.jsonio import json_kind, one_line
 from electra_jax.weights import PretrainedError, check_finite, check_spec
 
-CONFIG_FILE = "config.json"
-MODEL_FILE = "model.json"
-WEIGHTS_FILE = "model.safetensors"
-TOKENIZER_DIR = "tokenizer"
-RESULTS_FILE = "eval_results.json"
 FORMAT, VERSION = "electra_jax.finetuned", 1
 
 
@@ -253,7 +257,7 @@ def pretraining_record(init_from: str, pre: Any) -> dict:
     record["path"] = paths.absolute(path)
     step = getattr(pre, "step", None)
     if step is None:
-        manifest = paths.join(path, "export.json")
+        manifest = paths.join(path, EXPORT_MANIFEST)
         record["kind"] = "export" if paths.isfile(manifest) else "transformers"
         if paths.isfile(manifest):
             with contextlib.suppress(PretrainedError):
@@ -282,7 +286,7 @@ def pretraining_record(init_from: str, pre: Any) -> dict:
         pass  # an older config.json: the card says what it does not know
     rows = [
         r
-        for r in metrics.read_rows(paths.join(path, "metrics.jsonl"))
+        for r in metrics.read_rows(paths.join(path, METRICS_FILE))
         if isinstance(r, dict) and isinstance(r.get("step"), int) and r["step"] <= step
     ]
     if rows:

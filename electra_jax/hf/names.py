@@ -16,13 +16,13 @@ from typing import Any
 
 import numpy as np
 
-from electra_jax import layer_stack, model
+from electra_jax import filenames, layer_stack, model
 from electra_jax.weights import PretrainedError
 
 DISCRIMINATOR, GENERATOR = "discriminator", "generator"
 NETWORKS = (DISCRIMINATOR, GENERATOR)
 ARCHITECTURES = {DISCRIMINATOR: "ElectraForPreTraining", GENERATOR: "ElectraForMaskedLM"}
-WEIGHTS = "model.safetensors"
+WEIGHTS = filenames.WEIGHTS_FILE
 WEIGHTS_INDEX = "model.safetensors.index.json"
 TORCH_WEIGHTS = "pytorch_model.bin"
 
