@@ -56,8 +56,7 @@ def configure(cache_dir: str, workdir: str) -> str | None:
     if target is None:
         jax.config.update("jax_enable_compilation_cache", False)
         return None
-    if not paths.is_remote(target):
-        os.makedirs(target, exist_ok=True)
+    paths.makedirs(target)  # jax writes a gs:// folder itself
     if jax.config.jax_compilation_cache_dir != target:
         jax.config.update("jax_compilation_cache_dir", target)
         _reset()

@@ -37,8 +37,10 @@ def export(
     if paths.is_remote(out):
         # The export's files are written with its own checks against links and foreign files,
         # which need a filesystem; a bucket gets the finished folder by a copy.
+        name = paths.absolute(workdir).rsplit("/", 1)[-1]
         raise PretrainedError(
-            f"--out {out} is a URI; give a local folder and copy it to the bucket afterwards "
+            f"--out {out} is a URI (a gs:// --workdir's default --out is in its bucket); give a "
+            f"local folder (e.g. --out=runs/{name}-hf) and copy it to the bucket afterwards "
             "(gcloud storage cp -r OUT gs://...)"
         )
     from electra_jax import workdir as workdir_lib
@@ -225,12 +227,7 @@ def main(argv) -> None:
         fail("--workdir is required: the pre-training run to export, e.g. --workdir=runs/tiny")
     if not values.verbose:
         quiet_logs()
-    if not values.out and paths.is_remote(values.workdir):
-        fail(
-            f"--out is required with a gs:// --workdir: the export is written to a local folder "
-            f"(e.g. --out=runs/{values.workdir.rstrip('/').rsplit('/', 1)[-1]}-hf)"
-        )
-    out = values.out or os.path.join(values.workdir, filenames.EXPORT_DIR)
+    out = values.out or paths.join(values.workdir, filenames.EXPORT_DIR)
     try:
         manifest = export(values.workdir, out, values.push_to_hub, values.hub_private)
     except PretrainedError as e:

@@ -36,11 +36,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import functools
 import json
 import os
 import socket
 import sys
 import time
+from collections.abc import Callable
 
 from electra_jax import jsonio, paths
 from electra_jax.filenames import (
@@ -117,16 +119,14 @@ class Claim:
 
     path: str
     kind: str
-    _fd: int | None = None
-    _remote: object | None = None  # a gcs_lock.GcsLock for a gs:// workdir
+    # What gives the lock back: closing the flock's only descriptor, or a gs:// workdir's
+    # gcs_lock.GcsLock.release; None without a lock.
+    _release: Callable[[], None] | None = None
 
     def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)  # closing the only descriptor releases the flock
-            self._fd = None
-        if self._remote is not None:
-            self._remote.release()
-            self._remote = None
+        if self._release is not None:
+            self._release()
+            self._release = None
 
     def __enter__(self) -> Claim:
         return self
@@ -234,16 +234,13 @@ _STORAGE = frozenset({CHECKPOINTS_DIR, DATA_DIR, TENSORBOARD_DIR})
 def _refuse_links(path: str, flag: str) -> None:
     """ConfigError naming the first name a run writes at the top of `path` (or its temporary,
     `<name>.tmp<pid>`) that is a symbolic link."""
-    if paths.is_remote(path):
-        return
-    for name in sorted(os.listdir(path)):
+    for name, (target, to_folder) in sorted(paths.links_in(path).items()):
         written = name in _WRITTEN or name.rpartition(".tmp")[0] in _WRITTEN
-        link = os.path.join(path, name)
-        if name in _STORAGE and os.path.isdir(link):
+        if name in _STORAGE and to_folder:
             continue
-        if written and os.path.islink(link):
+        if written:
             raise ConfigError(
-                f"{flag} {path}: {name} is a symbolic link (to {os.readlink(link)}); a run "
+                f"{flag} {path}: {name} is a symbolic link (to {target}); a run "
                 f"writes {name} and would change the file it points at, outside the workdir: "
                 f"remove the link (or move the real file there), or choose another {flag}"
             )
@@ -380,15 +377,7 @@ def inside_managed(path: str) -> tuple[str, str] | None:
     """(workdir, entry) when `path` is, or lies inside, the entry of MANAGED of a workdir of
     ours (e.g. RUN/checkpoints/99 -> (RUN, 'checkpoints')); None otherwise. Only ancestors whose
     child on the way is a managed name are looked at, so a deep path costs a few string checks."""
-    path = paths.absolute(path)
-    if paths.is_remote(path):
-        scheme, _, rest = path.partition("://")
-        parts = rest.split("/")
-        ancestors = [(f"{scheme}://" + "/".join(parts[:i]), parts[i]) for i in range(1, len(parts))]
-    else:
-        parts = path.split(os.sep)
-        ancestors = [(os.sep.join(parts[:i]) or os.sep, parts[i]) for i in range(1, len(parts))]
-    for parent, child in reversed(ancestors):
+    for parent, child in reversed(paths.ancestors(paths.absolute(path))):
         if child in MANAGED and kind_of(parent) in KINDS:
             return parent, child
     return None
@@ -424,9 +413,7 @@ def claim(
     Returns:
       a Claim; its lock is held until `release()`.
     """
-    path = os.fspath(path)
-    if paths.is_remote(path):
-        path = paths.absolute(path)  # no trailing slash: gs://b/run/ and gs://b/run are one
+    path = paths.normal(path)  # no trailing slash: gs://b/run/ and gs://b/run are one
     check_workdir(path, flag, create=False)
     refuse_managed(path, flag)
     found = kind_of(path)
@@ -455,7 +442,7 @@ def claim(
             raise ConfigError(
                 f"{flag} {path} is not writable ({e.strerror or e}); choose another {flag}"
             ) from None
-        return Claim(path, kind, _remote=remote)
+        return Claim(path, kind, remote.release)
     fd = _take_lock(path, kind, flag, command)
     try:
         _write_marker(path, kind)
@@ -464,7 +451,8 @@ def claim(
         raise ConfigError(
             f"{flag} {path} is not writable ({e.strerror}); choose another {flag}"
         ) from None
-    return Claim(path, kind, fd)
+    # Closing the only descriptor releases the flock.
+    return Claim(path, kind, functools.partial(os.close, fd))
 
 
 @contextlib.contextmanager

@@ -24,9 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
-import shutil
-import tempfile
 from typing import Any
 
 import numpy as np
@@ -119,18 +116,7 @@ def save_weights(workdir: str, params: dict) -> str:
     from safetensors.numpy import save_file
 
     path = paths.join(workdir, WEIGHTS_FILE)
-    remote = paths.is_remote(workdir)
-    fd, tmp = tempfile.mkstemp(prefix=f".{WEIGHTS_FILE}.", dir=None if remote else workdir)
-    os.close(fd)
-    try:
-        save_file(flatten(params), tmp, metadata={"format": FORMAT})
-        if remote:
-            paths.upload_file(tmp, path)
-        else:
-            os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    paths.write_via(path, lambda tmp: save_file(flatten(params), tmp, metadata={"format": FORMAT}))
     return path
 
 
@@ -138,7 +124,7 @@ def load_weights(workdir: str, expected: dict) -> dict:
     """WORKDIR/model.safetensors as a nested tree of float32 numpy arrays, checked against the
     shapes of `expected` (a tree of arrays or ShapeDtypeStructs)."""
     from safetensors import SafetensorError
-    from safetensors.numpy import load, load_file
+    from safetensors.numpy import load_file
 
     path = paths.join(workdir, WEIGHTS_FILE)
     if not paths.isfile(path):
@@ -148,7 +134,8 @@ def load_weights(workdir: str, expected: dict) -> dict:
         )
     try:
         # A bucket's file in one download (safetensors reads only local files itself).
-        tensors = load(paths.read_bytes(path)) if paths.is_remote(path) else load_file(path)
+        with paths.local_copy(path) as local:
+            tensors = load_file(local)
     except (OSError, SafetensorError) as e:
         raise PretrainedError(
             f"{path} cannot be read ({one_line(e, 200)}); rerun the fine-tuning to write it again"
@@ -192,19 +179,7 @@ def save_tokenizer(tokenizer: Any, workdir: str) -> None:
                 return
         except Exception:  # a damaged or foreign folder: replaced by the files below
             pass
-    remote = paths.is_remote(workdir)
-    tmp = tempfile.mkdtemp(prefix=f".{TOKENIZER_DIR}.tmp-", dir=None if remote else workdir)
-    try:
-        tokenizer.save(tmp)
-        if remote:
-            paths.upload_dir(tmp, folder, last=MODEL_FILENAME)
-        elif os.path.isdir(folder):
-            for name in sorted(os.listdir(tmp)):
-                os.replace(os.path.join(tmp, name), os.path.join(folder, name))
-        else:
-            os.rename(tmp, folder)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    paths.replace_files(folder, tokenizer.save, last=MODEL_FILENAME)
 
 
 def load_tokenizer(workdir: str, fingerprint: str | None = None):
