@@ -40,7 +40,7 @@ def folder(cache_dir: str, workdir: str) -> str | None:
     if cache_dir == OFF:
         return None
     if cache_dir:
-        return cache_dir
+        return paths.normal(cache_dir)  # GS://b/c is gs://b/c, the form jax's etils reads
     env = os.environ.get("JAX_COMPILATION_CACHE_DIR")
     return env or paths.join(paths.absolute(workdir), DEFAULT_FOLDER)
 

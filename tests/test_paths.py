@@ -66,6 +66,7 @@ def test_a_missing_filesystem_package_is_named_with_its_install_command():
 def test_only_gs_is_written_directly():
     assert paths.unwritable("runs/x") == "" and paths.unwritable("gs://b/x") == ""
     assert paths.unwritable("GS://b/x") == ""
+    assert paths.unwritable("gs:///x") == "names no bucket; use gs://BUCKET/PATH"
     why = paths.unwritable("S3://b/x")
     assert why.startswith("is a s3:// URI, which electra_jax does not write directly; give gs://")
     assert "does not read or write directly" in paths.unwritable("az://c/x", read=True)
