@@ -13,10 +13,10 @@ import os
 
 import jax
 
-from electra_jax import paths
+from electra_jax import filenames, paths
 
 OFF = "off"
-DEFAULT_FOLDER = "compile_cache"
+DEFAULT_FOLDER = filenames.COMPILE_CACHE_DIR
 _HIT = "/jax/compilation_cache/cache_hits"
 _hits = 0
 _listening = False

@@ -46,6 +46,9 @@ EVAL_FILE = "eval.jsonl"
 # folder of W&B's own files.
 COMMANDS_FILE = "commands.jsonl"
 WANDB_FILE, WANDB_DIR = "wandb.json", "wandb"
+# jax's persistent compilation cache (compile.cache_dir's default) and log.profile_steps' trace.
+COMPILE_CACHE_DIR = "compile_cache"
+PROFILE_DIR = "profile"
 # `export`'s default OUT inside a workdir, and what the export's reference check logs there.
 EXPORT_DIR = "hf"
 HF_REFERENCE_METRICS_FILE = "hf_reference_metrics.jsonl"

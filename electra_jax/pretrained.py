@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from electra_jax import filenames, jsonio, model, paths
+from electra_jax.hf.names import DISCRIMINATOR
 from electra_jax.hf.read import HF_PREFIX, read_hf
 from electra_jax.jsonio import json_kind, one_line
 from electra_jax.weights import (  # noqa: F401  (PretrainedError and Pretrained: public here too)
@@ -106,7 +107,7 @@ def folder_kind(path: str) -> str | None:
         return "fine-tuning"
     if paths.isdir(paths.join(path, filenames.CHECKPOINTS_DIR)):
         return "workdir"
-    if paths.isfile(paths.join(path, "discriminator", filenames.CONFIG_FILE)):
+    if paths.isfile(paths.join(path, DISCRIMINATOR, filenames.CONFIG_FILE)):
         return "hf"
     config_path = paths.join(path, filenames.CONFIG_FILE)
     if paths.isfile(config_path):

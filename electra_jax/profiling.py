@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import contextlib
 
-from electra_jax import metrics, paths
+from electra_jax import filenames, metrics, paths
 
-FOLDER = "profile"
+FOLDER = filenames.PROFILE_DIR
 
 
 class Profile:
