@@ -16,7 +16,7 @@ import json
 
 import jax
 
-from electra_jax import paths
+from electra_jax import filenames, paths
 from electra_jax.model import sharding
 from electra_jax.pretraining import metrics
 from electra_jax.pretraining.scoring import EVAL_FILE, PREFIX, build
@@ -68,13 +68,13 @@ def evaluate_workdir(
         with config.unlocked():
             config.data.heldout_examples = heldout_examples
     with workdir_lib.claimed(workdir, workdir_lib.PRETRAIN, command="electra_jax.evaluate"):
-        tokenizer = load_saved(paths.join(workdir, "tokenizer"))
+        tokenizer = load_saved(paths.join(workdir, filenames.TOKENIZER_DIR))
         # The held-out rows are tokenized with it: it must be the one the checkpoints learned.
         pretrained.check_recorded_tokenizer(workdir, tokenizer)
         # A corpus gone since the run: the shards its data record proves stand in for it.
         prepared = resume.prepared_data(config, workdir, tokenizer, log=metrics.log)
         mesh = sharding.make_mesh(ml_collections.ConfigDict({"fsdp": 1}))
-        where = paths.join(workdir, "config.json")
+        where = paths.join(workdir, filenames.CONFIG_FILE)
         spec = pretrained.spec_from_run_config(config.to_dict(), tokenizer.vocab_size, where)
         model = Electra(spec)
         num_slots = num_mask_slots(config.data.seq_length, config.objective.mask_prob)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import os
 
-from electra_jax import paths
+from electra_jax import filenames, paths
 from electra_jax.hf.write import check_out, write_export, write_folder
 from electra_jax.model.weights import PretrainedError
 from electra_jax.pretrained import load_workdir, read_run_config
@@ -37,8 +37,10 @@ def export(
     if paths.is_remote(out):
         # The export's files are written with its own checks against links and foreign files,
         # which need a filesystem; a bucket gets the finished folder by a copy.
+        name = paths.absolute(workdir).rsplit("/", 1)[-1]
         raise PretrainedError(
-            f"--out {out} is a URI; give a local folder and copy it to the bucket afterwards "
+            f"--out {out} is a URI (a gs:// --workdir's default --out is in its bucket); give a "
+            f"local folder (e.g. --out=runs/{name}-hf) and copy it to the bucket afterwards "
             "(gcloud storage cp -r OUT gs://...)"
         )
     from electra_jax import workdir as workdir_lib
@@ -179,11 +181,11 @@ def export_finetuned(workdir: str, out: str, name: str | None = None) -> dict:
     )
 
     def write(folder: str) -> None:
-        write_json(os.path.join(folder, "config.json"), hf)
+        write_json(os.path.join(folder, filenames.CONFIG_FILE), hf)
         save_file(tensors, os.path.join(folder, WEIGHTS), metadata={"format": "pt"})
         # The length it was fine-tuned on: pipeline(..., truncation=True) cuts inputs as ours.
         write_tokenizer_files(tokenizer, folder, config.seq_length)
-        with open(os.path.join(folder, "README.md"), "w", encoding="utf-8") as f:
+        with open(os.path.join(folder, filenames.README_FILE), "w", encoding="utf-8") as f:
             f.write(readme)
 
     manifest = {
@@ -227,12 +229,7 @@ def main(argv) -> None:
         fail("--workdir is required: the pre-training run to export, e.g. --workdir=runs/tiny")
     if not values.verbose:
         quiet_logs()
-    if not values.out and paths.is_remote(values.workdir):
-        fail(
-            f"--out is required with a gs:// --workdir: the export is written to a local folder "
-            f"(e.g. --out=runs/{values.workdir.rstrip('/').rsplit('/', 1)[-1]}-hf)"
-        )
-    out = values.out or os.path.join(values.workdir, "hf")
+    out = values.out or paths.join(values.workdir, filenames.EXPORT_DIR)
     try:
         manifest = export(values.workdir, out, values.push_to_hub, values.hub_private)
     except PretrainedError as e:

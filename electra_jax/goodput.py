@@ -54,7 +54,7 @@ def _hms(seconds: float) -> str:
 def main(argv: list[str] | None = None) -> int:
     """`python -m electra_jax.goodput WORKDIR`: prints the run's report; one line and exit 2
     for a workdir that has none."""
-    from electra_jax import paths
+    from electra_jax import filenames, paths
     from electra_jax.pretraining import metrics
 
     args = sys.argv[1:] if argv is None else argv
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m electra_jax.goodput WORKDIR", file=sys.stderr)
         return 2
     workdir = args[0]
-    path = paths.join(workdir, "metrics.jsonl")
+    path = paths.join(workdir, filenames.METRICS_FILE)
     if not paths.exists(path):
         print(f"error: {path} does not exist; name the workdir of a training run", file=sys.stderr)
         return 2

@@ -18,23 +18,44 @@ writes it again (for small files only: config_changes.jsonl). Listings of a remo
 fresh each time (gcsfs caches them, and tensorstore's writes of a checkpoint do not pass through
 that cache).
 
-A leaf: it imports nothing of ours.
+It is the only module that asks whether a path is remote: `scheme` is the one parser (a scheme
+is case-insensitive, RFC 3986: GS://b/x is gs://b/x, and is handed on as that, since etils, gcsfs
+and tensorstore know only the lower-case form), and the functions below hold the choice between
+the local and the remote code path (globs, file keys, files a library writes or reads by name,
+the checks of a place to write), so that their callers have one.
+
+A leaf: it imports nothing of ours (a caller passes the exception its command reports, e.g.
+data's DataError, as `error`).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
+import fnmatch
 import hashlib
 import os
 import re
 import shutil
-from collections.abc import Iterator
+import tempfile
+from collections.abc import Callable, Iterator
 from typing import IO
 
+# A path with a scheme (gs://bucket/x) is remote; anything else is a local path, read and
+# written with os calls.
 _SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
+# The schemes etils.epath reads, and the package its fsspec backend needs for each. For gs://,
+# epath uses TensorFlow's gfile instead when tensorflow is installed.
+REMOTE_PACKAGES = {"gs": "gcsfs", "s3": "s3fs", "az": "adlfs", "hf": "huggingface_hub"}
+# The schemes written directly: GCS (orbax and tensorstore write it; a run's lock uses its
+# generation preconditions, gcs_lock.py). Other stores are read only.
+WRITABLE_SCHEMES = ("gs",)
 
 # Bytes per read or write when a file is copied to or from a bucket.
 COPY_CHUNK_BYTES = 16 << 20
+# Concurrent stat calls on objects (file_keys): one round trip each, so a corpus of thousands
+# of objects is keyed in seconds rather than minutes.
+STAT_THREADS = 32
 
 
 class LinkRefused(OSError):
@@ -95,7 +116,8 @@ def no_follow_opener(path, flags):
 
 
 def scheme(path: str) -> str | None:
-    """'gs' for gs://..., None for a local path."""
+    """The scheme of a URI in lower case ('gs' for gs://b/x and for GS://b/x: a scheme is
+    case-insensitive, RFC 3986 section 3.1); None for a local path."""
     match = _SCHEME.match(os.fspath(path))
     return match.group(1).lower() if match else None
 
@@ -104,10 +126,93 @@ def is_remote(path: str) -> bool:
     return scheme(path) is not None
 
 
+def normal(path: str) -> str:
+    """A URI with its scheme in lower case, as etils, gcsfs and tensorstore take it only, and no
+    trailing slash (GS://b/x/ -> gs://b/x: one workdir, one lock); a local path as it is."""
+    path = os.fspath(path)
+    found = scheme(path)
+    if not found:
+        return path
+    return f"{found}://{path[len(found) + 3 :].rstrip('/')}"
+
+
 def _epath(path: str):
     from etils import epath
 
-    return epath.Path(path)
+    return epath.Path(normal(path))
+
+
+def remote_path(path: str, what: str, error: type[Exception] = ValueError):
+    """An ``etils.epath.Path`` for a URI.
+
+    Args:
+      path: e.g. ``gs://bucket/dir/file``.
+      what: the config field it came from, for messages (e.g. ``data.tokenizer``).
+      error: the exception the caller's command reports in one line (data's DataError).
+
+    Raises:
+      error: a scheme etils.epath does not read, or etils itself missing.
+    """
+    _check_readable(path, what, error)
+    try:
+        from etils import epath
+    except ImportError:
+        raise error(
+            f"{what}: reading {path} needs etils.epath: pip install 'etils[epath]'"
+        ) from None
+    return epath.Path(normal(path))
+
+
+def _check_readable(path: str, what: str, error: type[Exception]) -> None:
+    found = scheme(path)
+    if found is not None and found not in REMOTE_PACKAGES:
+        schemes = ", ".join(f"{s}://" for s in REMOTE_PACKAGES)
+        raise error(
+            f"{what}: {path} has scheme {found}://, which cannot be read; use a local or "
+            f"mounted path, or one of {schemes}"
+        )
+
+
+@contextlib.contextmanager
+def remote_errors(path: str, what: str, error: type[Exception] = ValueError):
+    """Reading or writing `path` for `what` (a config field): a scheme etils.epath does not read,
+    and a missing filesystem package, become one `error` line naming the package. A local path
+    passes through.
+
+    etils.epath reaches gs:// through fsspec, which imports gcsfs (s3fs, ...) at the first call
+    and raises ImportError when it is not installed.
+    """
+    _check_readable(path, what, error)
+    try:
+        yield
+    except ImportError as e:
+        package = REMOTE_PACKAGES.get(scheme(path) or "", "")
+        if not package:
+            raise
+        alternative = " (or tensorflow)" if package == "gcsfs" else ""
+        raise error(
+            f"{what}: reading {path} needs {package}{alternative}, which is not installed "
+            f"({e}): pip install {package}"
+        ) from None
+
+
+def unwritable(path: str, read: bool = False) -> str:
+    """Why electra_jax cannot write to `path` itself (a URI of a store other than gs://, which
+    os.makedirs would quietly make a local ./s3:/... tree of), as the end of a sentence naming
+    it (`read`: one it would also read, where a reader must be refused too); '' for a local path
+    or a gs:// one."""
+    found = scheme(path)
+    if found is None:
+        return ""
+    if found in WRITABLE_SCHEMES:
+        bucket = path[len(found) + 3 :].split("/", 1)[0]
+        return "" if bucket else f"names no bucket; use {found}://BUCKET/PATH"
+    return (
+        f"is a {found}:// URI, which electra_jax does not {'read or ' if read else ''}write "
+        "directly; give "
+        "gs://BUCKET/PATH (written directly), or mount the store as a filesystem every host "
+        "sees (NFS, a FUSE mount) and give that path"
+    )
 
 
 def _fresh(path: str) -> None:
@@ -125,8 +230,9 @@ def _fresh(path: str) -> None:
 
 
 def absolute(path: str) -> str:
-    """os.path.abspath for a local path; a URI as it is (abspath would make ./gs:/...)."""
-    return path.rstrip("/") if is_remote(path) else os.path.abspath(path)
+    """os.path.abspath for a local path; a URI without a trailing slash, its scheme in lower case
+    (abspath would make ./gs:/...)."""
+    return normal(path) if is_remote(path) else os.path.abspath(path)
 
 
 def join(path: str, *names: str) -> str:
@@ -166,12 +272,47 @@ def listdir(path: str) -> list[str]:
 
 
 def makedirs(path: str) -> None:
-    """os.makedirs(exist_ok=True); on an object store a folder exists once it holds an object,
-    so this only checks that the bucket can be reached."""
+    """os.makedirs(exist_ok=True); nothing on an object store, where a folder is a prefix that
+    exists once it holds an object (and gcsfs's makedirs would create a missing bucket)."""
     if not is_remote(path):
         os.makedirs(path, exist_ok=True)
-        return
-    _epath(path).mkdir(parents=True, exist_ok=True)
+
+
+def access_advice(path: str) -> str:
+    """What to check when writing `path` failed, ending in ', or ' (before 'choose another
+    ...'): a bucket's name and this machine's access to it; '' for a local path, whose
+    OSError says it all."""
+    if not is_remote(path):
+        return ""
+    return (
+        "check the bucket name and this machine's access to it (gcloud auth "
+        "application-default login), or "
+    )
+
+
+def ancestors(path: str) -> list[tuple[str, str]]:
+    """(folder, the name in it on the way to `path`) for each folder above the absolute `path`,
+    from the top: /a/b/c -> [('/', 'a'), ('/a', 'b'), ('/a/b', 'c')]; gs://b/x/y ->
+    [('gs://b', 'x'), ('gs://b/x', 'y')] (the bucket is the top)."""
+    found = scheme(path)
+    if found:
+        parts = path[len(found) + 3 :].split("/")
+        return [(f"{found}://" + "/".join(parts[:i]), parts[i]) for i in range(1, len(parts))]
+    parts = path.split(os.sep)
+    return [(os.sep.join(parts[:i]) or os.sep, parts[i]) for i in range(1, len(parts))]
+
+
+def links_in(folder: str) -> dict[str, tuple[str, bool]]:
+    """The entries of a local folder that are symbolic links: name -> (what it points at,
+    whether it leads to a folder); {} in a bucket, where nothing is a link."""
+    if is_remote(folder):
+        return {}
+    found = {}
+    for name in os.listdir(folder):
+        link = os.path.join(folder, name)
+        if os.path.islink(link):
+            found[name] = (os.readlink(link), os.path.isdir(link))
+    return found
 
 
 @contextlib.contextmanager
@@ -295,3 +436,353 @@ def upload_dir(local_dir: str, remote_dir: str, last: str | None = None) -> None
         names.append(last)
     for name in names:
         upload_file(os.path.join(local_dir, name), join(remote_dir, name))
+
+
+def local_size(path: str) -> int | None:
+    """The size of a local file (0 when it cannot be stat'ed); None for a URI, whose size would
+    cost a round trip per object."""
+    if is_remote(path):
+        return None
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
+
+
+def total_size(files: list[str]) -> int | None:
+    """The bytes of local files together (one stat each, 0 for one that cannot be stat'ed);
+    None when one is a URI: a remote store's sizes would cost a round trip per object."""
+    sizes = [local_size(f) for f in files]
+    return None if None in sizes else sum(sizes)
+
+
+def file_keys(files: list[str], what: str, error: type[Exception] = ValueError) -> list[list]:
+    """[path, size, mtime] of each file, in order (a content key that changes when a file is
+    added, removed or rewritten): a local file's absolute path, size and mtime in ns (os.stat);
+    an object's URI, size and mtime in whole seconds as etils.epath stats it (GCS: its update
+    time; 0 where the store reports none), STAT_THREADS at a time.
+
+    Raises:
+      OSError: a local file that cannot be stat'ed.
+      error: an object that cannot be stat'ed, or its filesystem package missing (`what`, the
+        config field, names it).
+    """
+
+    def key(path: str) -> list:
+        if not is_remote(path):
+            st = os.stat(path)
+            return [os.path.abspath(path), st.st_size, st.st_mtime_ns]
+        try:
+            with remote_errors(path, what, error):
+                st = remote_path(path, what, error).stat()
+        except OSError as e:
+            raise error(f"{what}: cannot stat {path} ({e})") from None
+        return [path, st.length, st.mtime]
+
+    if not any(is_remote(f) for f in files):
+        return [key(f) for f in files]
+    with concurrent.futures.ThreadPoolExecutor(min(STAT_THREADS, len(files))) as pool:
+        return list(pool.map(key, files))
+
+
+def write_via(path: str, write: Callable[[str], None]) -> None:
+    """Puts at `path` the file `write(tmp)` writes by name (a library that writes only local
+    files, as safetensors' save_file): `tmp` is a hidden file beside `path`, renamed over it
+    when written (atomic); for a URI a local temporary file, then one upload."""
+    remote = is_remote(path)
+    folder = None if remote else os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=folder)
+    os.close(fd)
+    try:
+        write(tmp)
+        if remote:
+            upload_file(tmp, path)
+        else:
+            os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+@contextlib.contextmanager
+def local_copy(path: str) -> Iterator[str]:
+    """A local file with the bytes of `path`, for a library that reads only local files by name
+    (safetensors' load_file): `path` itself when it is local; for a URI a temporary copy (one
+    download), removed afterwards."""
+    if not is_remote(path):
+        yield path
+        return
+    fd, tmp = tempfile.mkstemp(prefix="electra_jax-", suffix=f"-{os.path.basename(path)}")
+    try:
+        with os.fdopen(fd, "wb") as dst, _epath(path).open("rb") as src:
+            shutil.copyfileobj(src, dst, COPY_CHUNK_BYTES)
+        yield tmp
+    finally:
+        os.remove(tmp)
+
+
+def replace_files(folder: str, write: Callable[[str], None], last: str | None = None) -> None:
+    """Puts in `folder` the files `write(tmp)` writes into an empty folder `tmp` (a tokenizer's
+    save), so that no reader sees a partial set: locally `tmp` is a hidden folder beside
+    `folder`, renamed to it when `folder` is missing, else its files moved in one by one with
+    os.replace, `last` after the others (its presence then means the set is complete); for a URI
+    `tmp` is a local temporary folder whose files are uploaded, `last` after the others."""
+    remote = is_remote(folder)
+    parent = None
+    if not remote:
+        folder = os.path.abspath(folder)
+        parent = os.path.dirname(folder)
+        os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(folder)}.tmp-", dir=parent)
+    try:
+        write(tmp)
+        if remote:
+            upload_dir(tmp, folder, last=last)
+            return
+        try:
+            os.rename(tmp, folder)
+            return
+        except OSError:
+            if not os.path.isdir(folder):
+                raise
+        names = sorted(os.listdir(tmp), key=lambda name: (name == last, name))
+        for name in names:
+            os.replace(os.path.join(tmp, name), os.path.join(folder, name))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+class LocalFolder:
+    """A local folder standing in for the folder `target`, for files a library writes by name
+    (TensorBoard's event files, jax's profile): `target` itself when it is local; for a URI a
+    temporary folder whose files `upload()` copies under `target` and `close()` removes.
+
+    Attributes:
+      path: the local folder to write in.
+    """
+
+    def __init__(self, target: str, prefix: str = "electra_jax-"):
+        self.target = target
+        self._remote = is_remote(target)
+        self.path = tempfile.mkdtemp(prefix=prefix) if self._remote else target
+
+    def upload(self, *names: str) -> None:
+        """Copies the files `names` (a folder: every file under it; none named: all) to their
+        places under `target`; nothing for a local target, whose files are in place."""
+        if not self._remote:
+            return
+        for name in names or ("",):
+            top = os.path.join(self.path, name) if name else self.path
+            found = [top] if os.path.isfile(top) else []
+            for root, _, files in os.walk(top):
+                found += [os.path.join(root, f) for f in sorted(files)]
+            for local in found:
+                rel = os.path.relpath(local, self.path).replace(os.sep, "/")
+                upload_file(local, join(self.target, rel))
+
+    def close(self) -> None:
+        """Removes the temporary folder of a URI target (upload first)."""
+        if self._remote:
+            shutil.rmtree(self.path, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------- glob
+
+
+def glob(
+    pattern: str, what: str, error: type[Exception] = ValueError
+) -> tuple[list[str], list[str]]:
+    """The files a glob matches, sorted, as glob.glob(recursive=True) matches them (``**``
+    spans folders; wildcards skip names that start with a dot), and the listing errors met.
+
+    A local glob (``~`` expanded) walks the tree with os calls, each real file once
+    (_local_glob); a URI's (gs://bucket/wiki/**/*.txt) is one walk of the bucket below the
+    first wildcard, through etils.epath (_remote_glob).
+
+    Args:
+      pattern: the glob.
+      what: the config field it came from, for messages (e.g. ``data.source 'text:...'``).
+      error: the exception the caller's command reports in one line (data's DataError).
+
+    Returns:
+      (matched paths, listing errors: a bucket's, as text; none locally, where an unreadable
+      folder is skipped as glob.glob skips it).
+
+    Raises:
+      error: a wildcard in a bucket's name, a scheme etils.epath does not read, or its
+        filesystem package missing.
+    """
+    if not is_remote(pattern):
+        return _local_glob(os.path.expanduser(pattern)), []
+    return _remote_files(pattern, what, error)
+
+
+def _local_glob(pattern: str) -> list[str]:
+    """The files a local glob matches, sorted, each real file once.
+
+    Matching is glob.glob's with ``recursive=True`` (``**`` spans directories; wildcards skip
+    names that start with a dot), but the walk is bounded whatever links the tree holds: links to
+    files are followed, and so are links to directories, except that a real directory is listed
+    at most once per position in the pattern, so a link back to a parent (a loop) ends there
+    instead of recursing forever. Directory links are followed after the real tree is walked, so
+    files keep their own paths where they have one.
+
+    A file reached by several paths (a link to it, a linked directory, a hard link) is read once,
+    under the first of those paths, preferring one without links, in sorted order.
+    """
+    if not _MAGIC_RE.search(pattern):
+        return [pattern] if os.path.isfile(pattern) else []
+    if pattern.endswith(os.sep):
+        return []  # glob matches only directories then, which hold no text themselves.
+    parts = pattern.split(os.sep)
+    first = next(i for i, p in enumerate(parts) if _MAGIC_RE.search(p))
+    top = os.sep.join(parts[:first]) or (os.sep if pattern.startswith(os.sep) else "")
+    rest = [p for p in parts[first:] if p]
+    # Directories to list: (path, whether a link led there, pattern states). Real directories
+    # are taken first (a stack, in sorted order); linked ones wait in `linked` until then.
+    start = _glob_closure(rest, {0})
+    stack = [(top, False, frozenset(start))]
+    linked: list[tuple[str, bool, frozenset[int]]] = []
+    listed: set[tuple[int, int, frozenset[int]]] = set()
+    found: dict[tuple[int, int], tuple[bool, str]] = {}
+    while stack or linked:
+        if not stack:
+            linked.sort(key=lambda item: item[0])
+            stack = linked[::-1]
+            linked = []
+        directory, via_link, states = stack.pop()
+        try:
+            st = os.stat(directory or os.curdir)
+            key = (st.st_dev, st.st_ino, states)
+            if key in listed:
+                continue
+            listed.add(key)
+            with os.scandir(directory or os.curdir) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError:
+            continue  # Unreadable or vanished: glob skips it too.
+        subdirs = []
+        for entry in entries:
+            after = _glob_step(rest, states, entry.name)
+            if not after:
+                continue
+            path = os.path.join(directory, entry.name) if directory else entry.name
+            try:
+                is_link = entry.is_symlink()
+                is_dir = entry.is_dir()  # Follows links, as glob does.
+                if not is_dir and len(rest) in after and entry.is_file():
+                    fst = entry.stat()
+                    candidate = (via_link or is_link, path)
+                    file_key = (fst.st_dev, fst.st_ino)
+                    if file_key not in found or candidate < found[file_key]:
+                        found[file_key] = candidate
+            except OSError:
+                continue  # A dangling link, or a file removed while listing.
+            if is_dir and any(i < len(rest) for i in after):
+                item = (path, via_link or is_link, frozenset(after))
+                (linked if is_link else subdirs).append(item)
+        stack.extend(reversed(subdirs))
+    return sorted(path for _, path in found.values())
+
+
+_MAGIC_RE = re.compile(r"[*?[]")
+
+
+def _hidden(name: str) -> bool:
+    return name.startswith(".")
+
+
+def _match_component(name: str, pattern: str) -> bool:
+    # As glob.glob: a wildcard never matches a leading dot unless the pattern has one.
+    if _hidden(name) and not _hidden(pattern):
+        return False
+    return fnmatch.fnmatchcase(name, pattern)
+
+
+def _glob_closure(pattern: list[str], states: set[int]) -> set[int]:
+    # `**` matches zero directories too: a state at `**` is also a state past it.
+    out = set()
+    for i in states:
+        out.add(i)
+        while i < len(pattern) and pattern[i] == "**":
+            i += 1
+            out.add(i)
+    return out
+
+
+def _glob_step(pattern: list[str], states: set[int], name: str) -> set[int]:
+    """Pattern positions reachable after one more path component, ``name``.
+
+    Positions index ``pattern`` (its components); ``len(pattern)`` means fully matched.
+    """
+    after = set()
+    for i in states:
+        if i == len(pattern):
+            continue
+        if pattern[i] == "**":
+            if not _hidden(name):  # glob.glob's ** skips hidden files and directories
+                after.add(i)
+        elif _match_component(name, pattern[i]):
+            after.add(i + 1)
+    return _glob_closure(pattern, after)
+
+
+def _remote_glob(
+    top: str, pattern: list[str], what: str, error: type[Exception]
+) -> tuple[list[str], list[str]]:
+    """Files under ``top`` whose relative path matches ``pattern`` (components), as glob.glob
+    with recursive=True would match them.
+
+    One directory walk: epath's own glob refuses ``**`` and a listing per directory is what
+    ``**`` costs anyway. Directories no match can lie under are not entered.
+
+    Returns:
+      (matched URIs, listing errors met).
+    """
+    errors: list[str] = []
+    matched: list[str] = []
+    first_root = None
+    start = _glob_closure(pattern, {0})
+    for root, dirs, files in remote_path(top, what, error).walk(on_error=errors.append):
+        # fsspec's walk yields roots without the scheme ("bucket/dir"), TensorFlow's with it:
+        # paths relative to the first root are the same either way.
+        root = os.fspath(root).rstrip("/")
+        first_root = root if first_root is None else first_root
+        rel = [p for p in root[len(first_root) :].split("/") if p]
+        states = start
+        for part in rel:
+            states = _glob_step(pattern, states, part)
+        # In place, so the walk does not descend into directories no match can be under.
+        dirs[:] = [
+            d
+            for d in dirs
+            if any(i < len(pattern) for i in _glob_step(pattern, states, d.rstrip("/")))
+        ]
+        for name in files:
+            if name and len(pattern) in _glob_step(pattern, states, name):
+                matched.append("/".join([top, *rel, name]))
+    return matched, [str(e) for e in errors]
+
+
+def _remote_files(pattern: str, what: str, error: type[Exception]) -> tuple[list[str], list[str]]:
+    """The objects a gs:// (s3://, ...) glob matches, sorted, and the listing errors met."""
+    prefix = f"{scheme(pattern)}://"
+    parts = [p for p in pattern[len(prefix) :].split("/") if p]
+    magic = [i for i, p in enumerate(parts) if _MAGIC_RE.search(p)]
+    if magic and magic[0] == 0:
+        raise error(
+            f"{what}: the bucket name cannot hold wildcards; glob below it, e.g. "
+            f"{prefix}BUCKET/**/*.txt"
+        )
+    errors: list[str] = []
+    with remote_errors(pattern, what, error):
+        if not parts:
+            found = []
+        elif not magic:
+            uri = prefix + "/".join(parts)
+            path = remote_path(uri, what, error)
+            found = [uri] if path.exists() and not path.is_dir() else []
+        else:
+            top = prefix + "/".join(parts[: magic[0]])
+            found, errors = _remote_glob(top, parts[magic[0] :], what, error)
+    return sorted(found), errors

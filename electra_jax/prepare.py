@@ -25,6 +25,7 @@ import time
 from absl import app, flags
 from ml_collections import config_flags
 
+from electra_jax import filenames
 from electra_jax.cli import (
     PRINT_CONFIG_HELP,
     cannot_write,
@@ -83,10 +84,10 @@ def run(config, workdir: str, num_workers: int | None) -> dict:
         if not checkpointing.has_checkpoints(workdir):
             resume.load_init_from(config, workdir)
     tokenizer = shards.ensure_tokenizer(
-        config.data, os.path.join(workdir, "tokenizer"), config.seed
+        config.data, os.path.join(workdir, filenames.TOKENIZER_DIR), config.seed
     )
     t_tok = time.time()
-    cache_dir = config.data.cache_dir or os.path.join(workdir, "data")
+    cache_dir = config.data.cache_dir or os.path.join(workdir, filenames.DATA_DIR)
     key16 = shards.content_key(config.data, tokenizer, config.seed)[:16]
     reused = os.path.isfile(os.path.join(os.path.abspath(cache_dir), key16, shards.MANIFEST))
     prepared = shards.prepare(

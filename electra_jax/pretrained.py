@@ -31,7 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from electra_jax import paths
+from electra_jax import filenames, paths
+from electra_jax.hf.names import DISCRIMINATOR
 from electra_jax.hf.read import HF_PREFIX, read_hf
 from electra_jax.model import networks
 from electra_jax.model.weights import (  # noqa: F401  (PretrainedError and Pretrained: public here too)
@@ -106,11 +107,11 @@ def folder_kind(path: str) -> str | None:
 
     if workdir_lib.kind_of(path) == workdir_lib.FINETUNE:
         return "fine-tuning"
-    if paths.isdir(paths.join(path, "checkpoints")):
+    if paths.isdir(paths.join(path, filenames.CHECKPOINTS_DIR)):
         return "workdir"
-    if paths.isfile(paths.join(path, "discriminator", "config.json")):
+    if paths.isfile(paths.join(path, DISCRIMINATOR, filenames.CONFIG_FILE)):
         return "hf"
-    config_path = paths.join(path, "config.json")
+    config_path = paths.join(path, filenames.CONFIG_FILE)
     if paths.isfile(config_path):
         try:
             config = jsonio.loads(paths.read_bytes(config_path))
@@ -126,7 +127,7 @@ def folder_kind(path: str) -> str | None:
 
 def read_run_config(workdir: str) -> dict:
     """WORKDIR/config.json, the resolved config the run was started with."""
-    path = paths.join(workdir, "config.json")
+    path = paths.join(workdir, filenames.CONFIG_FILE)
     try:
         config = jsonio.loads(paths.read_bytes(path))
     except FileNotFoundError:
@@ -294,11 +295,13 @@ def load_workdir(workdir: str, step: int | None = None) -> Pretrained:
 
     config = read_run_config(workdir)
     try:
-        tokenizer = load_saved(os.path.join(workdir, "tokenizer"))
+        tokenizer = load_saved(os.path.join(workdir, filenames.TOKENIZER_DIR))
     except DataError as e:
         raise PretrainedError(f"{workdir}: {one_line(e, 1000)}") from None
     check_recorded_tokenizer(workdir, tokenizer)
-    spec = spec_from_run_config(config, tokenizer.vocab_size, os.path.join(workdir, "config.json"))
+    spec = spec_from_run_config(
+        config, tokenizer.vocab_size, os.path.join(workdir, filenames.CONFIG_FILE)
+    )
     params, step = restore_params(workdir, spec, step)
     return Pretrained(spec, params, tokenizer, f"{workdir} (checkpoint {step})", step)
 
@@ -436,8 +439,8 @@ def _as_batch(
         "input_ids",
         input_ids,
         vocab_size,
-        "token ids must be in [0, {stop}) (the model's vocab_size); tokenize with this model's "
-        "tokenizer",
+        "token ids must be in [0, {stop}) (the model's vocab_size); tokenize with this "
+        "model's tokenizer",
     )
     _check_range(
         "segment_ids",

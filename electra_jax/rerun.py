@@ -26,17 +26,15 @@ from typing import Any
 import jax
 import numpy as np
 
-from electra_jax import paths
+from electra_jax import filenames, paths
 from electra_jax import workdir as workdir_lib
 from electra_jax.store import checkpointing
 from electra_jax.store.jsonio import write_json
 from electra_jax.validate import ConfigError
 
-# The settings a run was started with, written when it starts.
-CONFIG_FILE = "config.json"
 # The --allow_change name that lets a run whose config.json is gone resume with the command
 # line's settings (where the command's rules allow it at all: Rules.may_lose_config).
-MISSING_CONFIG = CONFIG_FILE
+MISSING_CONFIG = filenames.CONFIG_FILE
 # What a setting on one side only of a comparison is on the other.
 ABSENT = "(absent)"
 
@@ -83,7 +81,7 @@ class Rerun:
     @property
     def config_path(self) -> str:
         """WORKDIR/config.json."""
-        return paths.join(self.workdir, CONFIG_FILE)
+        return paths.join(self.workdir, filenames.CONFIG_FILE)
 
     def release(self) -> None:
         """Unlocks the workdir (the claim's end)."""
@@ -104,7 +102,7 @@ def open_run(workdir: str, rules: Rules, allow: tuple[str, ...], new: dict) -> R
                 f"--allow_change names {', '.join(unknown)}, which is not a config key"
             )
         resumes = has_checkpoints(workdir)
-        path = paths.join(workdir, CONFIG_FILE)
+        path = paths.join(workdir, filenames.CONFIG_FILE)
         stored = None
         if resumes or rules.stored_without_checkpoints:
             stored = rules.read_stored(path) if paths.exists(path) else None
@@ -195,4 +193,4 @@ def record_changes(workdir: str, step: int, changes: dict, config: dict) -> None
     if jax.process_index() != 0:
         return
     append_change(workdir, change_row(step, changes))
-    write_json(paths.join(workdir, CONFIG_FILE), config)
+    write_json(paths.join(workdir, filenames.CONFIG_FILE), config)

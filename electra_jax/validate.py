@@ -7,7 +7,7 @@ import os
 import struct
 from typing import Any
 
-from electra_jax.data.uri import uri_scheme
+from electra_jax import paths
 from electra_jax.objectives.catalog import OBJECTIVES
 
 
@@ -26,19 +26,6 @@ def _require(ok: bool, message: str) -> None:
         raise ConfigError(message)
 
 
-def mount_hint(path: str) -> str:
-    """What to do instead of a URI electra_jax cannot write (any but gs://)."""
-    return (
-        "give gs://BUCKET/PATH (written directly), or mount the store as a filesystem every host "
-        "sees (NFS, a FUSE mount) and give that path"
-    )
-
-
-# Workdirs and caches written directly: GCS (orbax and tensorstore write it; the run's lock uses
-# its generation preconditions, gcs_lock.py).
-WRITABLE_SCHEMES = ("gs",)
-
-
 def check_workdir(workdir: str, flag: str = "--workdir", create: bool = True) -> None:
     """ConfigError naming `workdir` when it cannot be one: a URI other than gs://, a file, a
     path that is not UTF-8; with `create`, also one that cannot be created or written.
@@ -53,56 +40,26 @@ def check_workdir(workdir: str, flag: str = "--workdir", create: bool = True) ->
         raise ConfigError(
             f"{flag} {shown} is not valid UTF-8; use a path of UTF-8 characters"
         ) from None
-    scheme = uri_scheme(workdir)
-    if scheme and scheme not in WRITABLE_SCHEMES:
-        raise ConfigError(
-            f"{flag} {workdir} is a {scheme}:// URI, which electra_jax does not write directly; "
-            f"{mount_hint(workdir)}"
-        )
-    if scheme:
-        _check_remote_workdir(workdir, flag, create)
-        return
-    if os.path.exists(workdir) and not os.path.isdir(workdir):
-        raise ConfigError(f"{flag} {workdir} is a file, not a folder; choose another {flag}")
-    if not create:
-        return
+    _require(not paths.unwritable(workdir), f"{flag} {workdir} {paths.unwritable(workdir)}")
+    # In a bucket: a path, not an object; with `create`, a probe object is written and removed
+    # (a missing bucket or package, or no access, is one line).
     try:
-        os.makedirs(workdir, exist_ok=True)
-        probe = os.path.join(workdir, f".write_test{os.getpid()}")
-        with open(probe, "w") as f:
-            f.write("ok")
-        os.remove(probe)
-    except OSError as e:
-        raise ConfigError(
-            f"{flag} {workdir} is not writable ({e.strerror}); choose another {flag}"
-        ) from e
-
-
-def _check_remote_workdir(workdir: str, flag: str, create: bool) -> None:
-    """gs://BUCKET/PATH: a bucket and a path, not an object; with `create`, a probe object is
-    written and removed (a missing bucket or package, or no access, is one line)."""
-    from electra_jax import paths
-    from electra_jax.data.uri import remote_errors
-
-    bucket = workdir.split("://", 1)[1].split("/", 1)[0]
-    _require(bool(bucket), f"{flag} {workdir} names no bucket; use gs://BUCKET/PATH")
-    try:
-        with remote_errors(workdir, flag):
-            if paths.isfile(workdir):
+        with paths.remote_errors(workdir, flag):
+            if paths.exists(workdir) and not paths.isdir(workdir):
                 raise ConfigError(
-                    f"{flag} {workdir} is an object, not a folder; choose another {flag}"
+                    f"{flag} {workdir} is a file, not a folder; choose another {flag}"
                 )
             if create:
+                paths.makedirs(workdir)
                 probe = paths.join(workdir, f".write_test{os.getpid()}")
                 paths.write_atomic(probe, "ok")
                 paths.remove(probe)
     except ConfigError:
         raise
-    except Exception as e:  # DataError (a missing package), OSError, gcsfs's HTTP errors
-        reason = " ".join(str(e).split())[:200]
+    except Exception as e:  # OSError; in a bucket a missing package, gcsfs's HTTP errors
+        reason = getattr(e, "strerror", None) or " ".join(str(e).split())[:200]
         raise ConfigError(
-            f"{flag} {workdir} cannot be written ({reason}); check the bucket name and this "
-            f"machine's access to it (gcloud auth application-default login), or choose "
+            f"{flag} {workdir} is not writable ({reason}); {paths.access_advice(workdir)}choose "
             f"another {flag}"
         ) from None
 
@@ -215,12 +172,8 @@ def check_config(config: Any) -> None:
         ("train.init_from", t.get("init_from", "")),
         ("compile.cache_dir", _get(config, "compile.cache_dir") or ""),
     ):
-        scheme = uri_scheme(str(value))
-        if scheme and scheme not in WRITABLE_SCHEMES:
-            raise ConfigError(
-                f"{key}={value} is a {scheme}:// URI, which electra_jax does not read or write "
-                f"directly; {mount_hint(str(value))}"
-            )
+        why = paths.unwritable(str(value), read=True)
+        _require(not why, f"{key}={value} {why}")
     _require(config.checkpoint.every_steps > 0, "checkpoint.every_steps must be >= 1")
     _require(config.checkpoint.keep > 0, "checkpoint.keep must be >= 1")
     _check_keep_every(config.checkpoint)

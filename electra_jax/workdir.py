@@ -36,46 +36,61 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import functools
 import json
 import os
 import socket
 import sys
 import time
+from collections.abc import Callable
 
 from electra_jax import paths
+from electra_jax.filenames import (
+    CHANGES_FILE,
+    CHECKPOINTS_DIR,
+    COMMANDS_FILE,
+    CONFIG_FILE,
+    DATA_DIR,
+    DATA_RECORD,
+    EVAL_FILE,
+    EXPORT_DIR,
+    EXPORT_MANIFEST,
+    GLUE_PREDICTIONS_FILE,
+    HF_REFERENCE_METRICS_FILE,
+    LOCK,
+    MARKER,
+    METRICS_FILE,
+    MODEL_FILE,
+    NULL_SCORES_FILE,
+    RESULTS_FILE,
+    SQUAD_PREDICTIONS_FILE,
+    TENSORBOARD_DIR,
+    TOKENIZER_DIR,
+    WANDB_DIR,
+    WANDB_FILE,
+    WEIGHTS_FILE,
+)
 from electra_jax.store import jsonio
 from electra_jax.store.jsonio import write_json
 from electra_jax.validate import ConfigError, check_workdir
 
-MARKER = ".electra_jax"
-LOCK = ".lock"
 PRETRAIN, FINETUNE = "pre-training", "fine-tuning"
 KINDS = (PRETRAIN, FINETUNE)
-
-# What a resume was allowed to find changed, at which step (pre-training and fine-tuning alike).
-CHANGES_FILE = "config_changes.jsonl"
-# What a pre-training run read: its corpus, tokenizer and prepared shards (resume.py writes it).
-DATA_RECORD = "data_record.json"
-# The command line of each start of a pre-training run, at its step: the export's model card
-# names the one that started it. W&B's run of a workdir (log.wandb_project): its id, and the
-# folder of W&B's own files.
-COMMANDS_FILE = "commands.jsonl"
-WANDB_FILE, WANDB_DIR = "wandb.json", "wandb"
 
 # What our commands write into a workdir, for folders made before the marker existed.
 _PRETRAIN_ENTRIES = frozenset(
     {
-        "config.json",
-        "checkpoints",
-        "tokenizer",
-        "data",
-        "metrics.jsonl",
-        "tensorboard",
-        "hf",
-        "hf_reference_metrics.jsonl",
+        CONFIG_FILE,
+        CHECKPOINTS_DIR,
+        TOKENIZER_DIR,
+        DATA_DIR,
+        METRICS_FILE,
+        TENSORBOARD_DIR,
+        EXPORT_DIR,
+        HF_REFERENCE_METRICS_FILE,
         CHANGES_FILE,
         DATA_RECORD,
-        "eval.jsonl",
+        EVAL_FILE,
         COMMANDS_FILE,
         WANDB_FILE,
         WANDB_DIR,
@@ -83,16 +98,16 @@ _PRETRAIN_ENTRIES = frozenset(
 )
 _FINETUNE_ENTRIES = frozenset(
     {
-        "config.json",
-        "tokenizer",
-        "eval_results.json",
-        "dev_predictions.jsonl",
-        "dev_predictions.json",
-        "dev_null_odds.json",
-        "model.json",
-        "model.safetensors",
-        "checkpoints",
-        "hf",
+        CONFIG_FILE,
+        TOKENIZER_DIR,
+        RESULTS_FILE,
+        GLUE_PREDICTIONS_FILE,
+        SQUAD_PREDICTIONS_FILE,
+        NULL_SCORES_FILE,
+        MODEL_FILE,
+        WEIGHTS_FILE,
+        CHECKPOINTS_DIR,
+        EXPORT_DIR,
         CHANGES_FILE,
     }
 )
@@ -105,16 +120,14 @@ class Claim:
 
     path: str
     kind: str
-    _fd: int | None = None
-    _remote: object | None = None  # a gcs_lock.GcsLock for a gs:// workdir
+    # What gives the lock back: closing the flock's only descriptor, or a gs:// workdir's
+    # gcs_lock.GcsLock.release; None without a lock.
+    _release: Callable[[], None] | None = None
 
     def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)  # closing the only descriptor releases the flock
-            self._fd = None
-        if self._remote is not None:
-            self._remote.release()
-            self._remote = None
+        if self._release is not None:
+            self._release()
+            self._release = None
 
     def __enter__(self) -> Claim:
         return self
@@ -163,12 +176,12 @@ def _is_our_finetuning_config(config) -> bool:
 
 def _is_prepare_output(path: str, visible: set[str]) -> bool:
     """What `prepare` wrote before the marker: tokenizer/ (with a tokenizer's file) and data/."""
-    if not visible <= {"tokenizer", "data"} or "tokenizer" not in visible:
+    if not visible <= {TOKENIZER_DIR, DATA_DIR} or TOKENIZER_DIR not in visible:
         return False
     from electra_jax.data.tokenizer import MODEL_FILENAME
     from electra_jax.data.wordpiece import VOCAB_FILENAME
 
-    folder = paths.join(path, "tokenizer")
+    folder = paths.join(path, TOKENIZER_DIR)
     return paths.isdir(folder) and bool(
         {MODEL_FILENAME, VOCAB_FILENAME} & set(paths.listdir(folder))
     )
@@ -199,7 +212,7 @@ def kind_of(path: str) -> str | None:
         return marker["kind"]
     # A folder from before the marker (or whose marker was damaged): ours only by a config.json
     # of ours and nothing beside it that our commands do not write (see the module's docstring).
-    config = _read_json(paths.join(path, "config.json"))
+    config = _read_json(paths.join(path, CONFIG_FILE))
     if _is_our_pretraining_config(config):  # a user's notes beside an old run are kept
         return PRETRAIN
     visible = {n for n in names if not n.startswith(".")}
@@ -207,7 +220,7 @@ def kind_of(path: str) -> str | None:
         return None
     if _is_our_finetuning_config(config) and visible <= _FINETUNE_ENTRIES:
         return FINETUNE
-    if "config.json" not in visible and _is_prepare_output(path, visible):
+    if CONFIG_FILE not in visible and _is_prepare_output(path, visible):
         return PRETRAIN
     return None
 
@@ -216,22 +229,19 @@ def kind_of(path: str) -> str | None:
 _WRITTEN = _PRETRAIN_ENTRIES | _FINETUNE_ENTRIES | {MARKER, LOCK}
 # ...but these folders, which hold only what the run itself writes there, may be links to a
 # folder elsewhere: where a user keeps a run's bulk (a scratch disk), not a file of theirs.
-_STORAGE = frozenset({"checkpoints", "data", "tensorboard"})
+_STORAGE = frozenset({CHECKPOINTS_DIR, DATA_DIR, TENSORBOARD_DIR})
 
 
 def _refuse_links(path: str, flag: str) -> None:
     """ConfigError naming the first name a run writes at the top of `path` (or its temporary,
     `<name>.tmp<pid>`) that is a symbolic link."""
-    if paths.is_remote(path):
-        return
-    for name in sorted(os.listdir(path)):
+    for name, (target, to_folder) in sorted(paths.links_in(path).items()):
         written = name in _WRITTEN or name.rpartition(".tmp")[0] in _WRITTEN
-        link = os.path.join(path, name)
-        if name in _STORAGE and os.path.isdir(link):
+        if name in _STORAGE and to_folder:
             continue
-        if written and os.path.islink(link):
+        if written:
             raise ConfigError(
-                f"{flag} {path}: {name} is a symbolic link (to {os.readlink(link)}); a run "
+                f"{flag} {path}: {name} is a symbolic link (to {target}); a run "
                 f"writes {name} and would change the file it points at, outside the workdir: "
                 f"remove the link (or move the real file there), or choose another {flag}"
             )
@@ -239,29 +249,29 @@ def _refuse_links(path: str, flag: str) -> None:
 
 def _what_it_is(path: str) -> str:
     """A few words on a folder that is not ours, for the refusal."""
-    config = _read_json(paths.join(path, "config.json"))
+    config = _read_json(paths.join(path, CONFIG_FILE))
     if isinstance(config, dict) and "model_type" in config:
         return "a Hugging Face model folder (its config.json has model_type)"
-    if paths.isfile(paths.join(path, "export.json")):
+    if paths.isfile(paths.join(path, EXPORT_MANIFEST)):
         return "an electra_jax export"
     if paths.isfile(paths.join(path, MARKER)):
         return f"a folder whose {MARKER} marker is damaged and whose files are not a run's"
     names = sorted(paths.listdir(path))
-    if "config.json" in names and not (
+    if CONFIG_FILE in names and not (
         _is_our_pretraining_config(config) or _is_our_finetuning_config(config)
     ):
         return (
             f"not an electra_jax workdir: it has no {MARKER} marker, and its config.json is "
             "not a run's (another program's?)"
         )
-    if "config.json" not in names and "checkpoints" in names:
+    if CONFIG_FILE not in names and CHECKPOINTS_DIR in names:
         return (
             f"not an electra_jax workdir: it holds checkpoints/ but neither the {MARKER} marker "
             "nor a config.json (if it is a run of ours, put its config.json back)"
         )
     ours = _PRETRAIN_ENTRIES | _FINETUNE_ENTRIES
     foreign = [n for n in names if n not in ours and n != LOCK and not _our_hidden(n)]
-    if foreign and "config.json" in names:
+    if foreign and CONFIG_FILE in names:
         return (
             f"not an electra_jax workdir: it has no {MARKER} marker, and it holds files no "
             f"electra_jax command writes ({', '.join(foreign[:3])})"
@@ -361,22 +371,14 @@ def _take_remote_lock(path: str, kind: str, flag: str, command: str):
 # remove what it finds there (a damaged checkpoint, stale prepared data). Another command's
 # output inside one would be taken for the run's own; `hf/` (the export's default place) is not
 # one of them.
-MANAGED = frozenset({"checkpoints", "data", "tokenizer", "tensorboard", MARKER, LOCK})
+MANAGED = frozenset({CHECKPOINTS_DIR, DATA_DIR, TOKENIZER_DIR, TENSORBOARD_DIR, MARKER, LOCK})
 
 
 def inside_managed(path: str) -> tuple[str, str] | None:
     """(workdir, entry) when `path` is, or lies inside, the entry of MANAGED of a workdir of
     ours (e.g. RUN/checkpoints/99 -> (RUN, 'checkpoints')); None otherwise. Only ancestors whose
     child on the way is a managed name are looked at, so a deep path costs a few string checks."""
-    path = paths.absolute(path)
-    if paths.is_remote(path):
-        scheme, _, rest = path.partition("://")
-        parts = rest.split("/")
-        ancestors = [(f"{scheme}://" + "/".join(parts[:i]), parts[i]) for i in range(1, len(parts))]
-    else:
-        parts = path.split(os.sep)
-        ancestors = [(os.sep.join(parts[:i]) or os.sep, parts[i]) for i in range(1, len(parts))]
-    for parent, child in reversed(ancestors):
+    for parent, child in reversed(paths.ancestors(paths.absolute(path))):
         if child in MANAGED and kind_of(parent) in KINDS:
             return parent, child
     return None
@@ -412,9 +414,7 @@ def claim(
     Returns:
       a Claim; its lock is held until `release()`.
     """
-    path = os.fspath(path)
-    if paths.is_remote(path):
-        path = paths.absolute(path)  # no trailing slash: gs://b/run/ and gs://b/run are one
+    path = paths.normal(path)  # no trailing slash: gs://b/run/ and gs://b/run are one
     check_workdir(path, flag, create=False)
     refuse_managed(path, flag)
     found = kind_of(path)
@@ -443,7 +443,7 @@ def claim(
             raise ConfigError(
                 f"{flag} {path} is not writable ({e.strerror or e}); choose another {flag}"
             ) from None
-        return Claim(path, kind, _remote=remote)
+        return Claim(path, kind, remote.release)
     fd = _take_lock(path, kind, flag, command)
     try:
         _write_marker(path, kind)
@@ -452,7 +452,8 @@ def claim(
         raise ConfigError(
             f"{flag} {path} is not writable ({e.strerror}); choose another {flag}"
         ) from None
-    return Claim(path, kind, fd)
+    # Closing the only descriptor releases the flock.
+    return Claim(path, kind, functools.partial(os.close, fd))
 
 
 @contextlib.contextmanager

@@ -39,7 +39,7 @@ class Progress:
     """The lines of one phase of preparation, each starting with the phase's name.
 
     Args:
-      phase: e.g. ``"tokenizer"`` or ``"packing"``.
+      phase: e.g. ``tokenizer`` or ``packing`` (the tokenizer's training, the shards').
       interval: least seconds between two lines of ``maybe`` (None: ``INTERVAL_SECONDS`` as it
         is when the phase starts, so that a test can lower it).
       clock: monotonic seconds (a test passes a fake one).

@@ -26,8 +26,8 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 from array_record.python.array_record_module import ArrayRecordWriter
 
-from electra_jax import paths
-from electra_jax.data import DataError, progress, sources, uri
+from electra_jax import filenames, paths
+from electra_jax.data import DataError, progress, sources
 from electra_jax.data import tokenizer as tokenizer_lib
 from electra_jax.data.packing import SentenceEnds, iter_packed
 from electra_jax.store import jsonio
@@ -90,12 +90,9 @@ def _require_local(directory: str, field: str) -> None:
     """DataError for a remote directory we cannot write into: gs:// is written directly (the
     shards are built in a local temporary folder, then uploaded with the manifest last, whose
     presence means complete, as the rename does locally); other URIs are refused."""
-    scheme = uri.uri_scheme(directory)
-    if scheme and scheme != "gs":
-        raise DataError(
-            f"{field} {directory} is a {scheme}:// URI, which electra_jax does not write; give "
-            "gs://BUCKET/PATH or a local path (a mount of the store: NFS, a FUSE mount)"
-        )
+    why = paths.unwritable(directory)
+    if why:
+        raise DataError(f"{field} {directory} {why}")
 
 
 def ensure_tokenizer(data_cfg, tokenizer_dir: str, seed: int) -> tokenizer_lib.Tokenizer:
@@ -140,7 +137,8 @@ def ensure_tokenizer(data_cfg, tokenizer_dir: str, seed: int) -> tokenizer_lib.T
         n = int(data_cfg.tokenizer_sample_sentences)
         stats = sources.SourceStats()
         docs = sources.from_config(data_cfg).documents(stats)
-        report = progress.Progress("tokenizer")
+        # The phase is named after the folder it fills (WORKDIR/tokenizer).
+        report = progress.Progress(filenames.TOKENIZER_DIR)
         sentences = _reported_sentences(docs, stats, report, _TOKENIZER_SCAN_FACTOR * n)
         tok = tokenizer_lib.train_tokenizer(
             itertools.islice(sentences, _TOKENIZER_SCAN_FACTOR * n),

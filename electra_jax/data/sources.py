@@ -12,7 +12,7 @@ Sources:
                   magic bytes) are decompressed on the fly; invalid UTF-8 bytes become U+FFFD and
                   are counted; binary and unreadable files are skipped with a warning. Links
                   are followed, but a link loop ends the walk there, and a file reached by
-                  several paths is read once (see ``_local_glob``). The glob
+                  several paths is read once (see ``paths.glob``). The glob
                   may be remote (``gs://bucket/wiki/**/*.txt``; also ``s3://``, ``az://``,
                   ``hf://``): it is then listed, stat'ed and read through ``etils.epath``, with
                   the same matching rules as a local glob.
@@ -42,10 +42,8 @@ from __future__ import annotations
 import ast
 import codecs
 import collections
-import concurrent.futures
 import contextlib
 import dataclasses
-import fnmatch
 import gzip
 import hashlib
 import importlib.util
@@ -59,8 +57,8 @@ import warnings
 import zlib
 from collections.abc import Iterable, Iterator
 
+from electra_jax import paths as path_layer  # `paths` names lists of files here
 from electra_jax.data import DataError
-from electra_jax.data.uri import remote_errors, remote_path, uri_scheme
 from electra_jax.store import jsonio
 from electra_jax.store.jsonio import bom_encoding, json_kind, one_line
 
@@ -296,83 +294,16 @@ class SourceAbsent(DataError):
 
 def _matched_files(source: str, pattern: str) -> list[str]:
     """The files a file source's glob matches, sorted (`source`: data.source, for messages)."""
-    if uri_scheme(pattern):
-        return _remote_files(source, pattern)
-    paths = _local_glob(os.path.expanduser(pattern))
+    what = f"data.source '{source}'"
+    paths, errors = path_layer.glob(pattern, what, DataError)
     if not paths:
-        raise SourceAbsent(
-            f"data.source '{source}' matches no files; check the glob (use ** for "
-            "subdirectories) and that the files exist"
+        why = f" (listing failed: {errors[0]})" if errors else ""
+        # Listed without an error, the files are gone; a failed listing says nothing of them.
+        raise (DataError if errors else SourceAbsent)(
+            f"{what} matches no files{why}; check the glob (use ** for subdirectories), that "
+            "the files exist and that this machine can read them"
         )
     return paths
-
-
-def _local_glob(pattern: str) -> list[str]:
-    """The files a local glob matches, sorted, each real file once.
-
-    Matching is glob.glob's with ``recursive=True`` (``**`` spans directories; wildcards skip
-    names that start with a dot), but the walk is bounded whatever links the tree holds: links to
-    files are followed, and so are links to directories, except that a real directory is listed
-    at most once per position in the pattern, so a link back to a parent (a loop) ends there
-    instead of recursing forever. Directory links are followed after the real tree is walked, so
-    files keep their own paths where they have one.
-
-    A file reached by several paths (a link to it, a linked directory, a hard link) is read once,
-    under the first of those paths, preferring one without links, in sorted order.
-    """
-    if not _MAGIC_RE.search(pattern):
-        return [pattern] if os.path.isfile(pattern) else []
-    if pattern.endswith(os.sep):
-        return []  # glob matches only directories then, which hold no text themselves.
-    parts = pattern.split(os.sep)
-    first = next(i for i, p in enumerate(parts) if _MAGIC_RE.search(p))
-    top = os.sep.join(parts[:first]) or (os.sep if pattern.startswith(os.sep) else "")
-    rest = [p for p in parts[first:] if p]
-    # Directories to list: (path, whether a link led there, pattern states). Real directories
-    # are taken first (a stack, in sorted order); linked ones wait in `linked` until then.
-    start = _glob_closure(rest, {0})
-    stack = [(top, False, frozenset(start))]
-    linked: list[tuple[str, bool, frozenset[int]]] = []
-    listed: set[tuple[int, int, frozenset[int]]] = set()
-    found: dict[tuple[int, int], tuple[bool, str]] = {}
-    while stack or linked:
-        if not stack:
-            linked.sort(key=lambda item: item[0])
-            stack = linked[::-1]
-            linked = []
-        directory, via_link, states = stack.pop()
-        try:
-            st = os.stat(directory or os.curdir)
-            key = (st.st_dev, st.st_ino, states)
-            if key in listed:
-                continue
-            listed.add(key)
-            with os.scandir(directory or os.curdir) as it:
-                entries = sorted(it, key=lambda e: e.name)
-        except OSError:
-            continue  # Unreadable or vanished: glob skips it too.
-        subdirs = []
-        for entry in entries:
-            after = _glob_step(rest, states, entry.name)
-            if not after:
-                continue
-            path = os.path.join(directory, entry.name) if directory else entry.name
-            try:
-                is_link = entry.is_symlink()
-                is_dir = entry.is_dir()  # Follows links, as glob does.
-                if not is_dir and len(rest) in after and entry.is_file():
-                    fst = entry.stat()
-                    candidate = (via_link or is_link, path)
-                    file_key = (fst.st_dev, fst.st_ino)
-                    if file_key not in found or candidate < found[file_key]:
-                        found[file_key] = candidate
-            except OSError:
-                continue  # A dangling link, or a file removed while listing.
-            if is_dir and any(i < len(rest) for i in after):
-                item = (path, via_link or is_link, frozenset(after))
-                (linked if is_link else subdirs).append(item)
-        stack.extend(reversed(subdirs))
-    return sorted(path for _, path in found.values())
 
 
 _sniffed_invalid = [0]
@@ -409,12 +340,8 @@ def _open_binary(path: str, gzip_ok: bool = True):
     # an ExitStack closes either, and the local file alike.
     closer = contextlib.ExitStack()
     try:
-        if uri_scheme(path):
-            with remote_errors(path, "data.source"):
-                f = closer.enter_context(remote_path(path, "data.source").open("rb"))
-                magic = f.read(2)
-        else:
-            f = closer.enter_context(open(path, "rb"))  # noqa: SIM115 (the caller closes it)
+        with path_layer.remote_errors(path, "data.source", DataError):
+            f = closer.enter_context(path_layer.open_file(path, "rb"))
             magic = f.read(2)
         f.seek(0)
     except BaseException:
@@ -452,18 +379,11 @@ def _file_lines(f, first: bytes, max_line_chars: int) -> Iterator[str]:
         yield pending
 
 
-def _local_size(path: str) -> int | None:
-    try:
-        return os.stat(path).st_size
-    except OSError:
-        return None
-
-
 @contextlib.contextmanager
 def _file_read(path: str, stats: SourceStats):
     """What reading one file adds to `stats`, however the reading ends: its bytes replaced, and
     its size to the bytes done (the progress lines')."""
-    size = 0 if uri_scheme(path) else _local_size(path) or 0
+    size = path_layer.local_size(path) or 0
     before = _replaced[0]
     try:
         yield
@@ -671,8 +591,7 @@ def _file_source(source: Source, stats: SourceStats):
     """The documents of a file source (text, parquet or jsonl): its files listed at the call."""
     paths = _matched_files(source.name, source.pattern)
     stats.files_total = len(paths)
-    if not uri_scheme(source.pattern):  # a remote store's sizes would cost a round trip per file
-        stats.bytes_total = sum(_local_size(p) or 0 for p in paths)
+    stats.bytes_total = path_layer.total_size(paths)
     if source.kind == "text":
         documents = _text_documents(paths, stats, source.options)
     else:
@@ -689,134 +608,6 @@ def _file_source(source: Source, stats: SourceStats):
             raise _nothing_usable(source.name, paths, stats)
 
     return generate()
-
-
-# ---- remote files (gs://, s3://, ...) ---------------------------------------------------------
-
-_MAGIC_RE = re.compile(r"[*?[]")
-# Concurrent stat calls when fingerprinting remote files: one round trip each, so a corpus of
-# thousands of objects is keyed in seconds rather than minutes.
-_STAT_THREADS = 32
-
-
-def _hidden(name: str) -> bool:
-    return name.startswith(".")
-
-
-def _match_component(name: str, pattern: str) -> bool:
-    # As glob.glob: a wildcard never matches a leading dot unless the pattern has one.
-    if _hidden(name) and not _hidden(pattern):
-        return False
-    return fnmatch.fnmatchcase(name, pattern)
-
-
-def _glob_closure(pattern: list[str], states: set[int]) -> set[int]:
-    # `**` matches zero directories too: a state at `**` is also a state past it.
-    out = set()
-    for i in states:
-        out.add(i)
-        while i < len(pattern) and pattern[i] == "**":
-            i += 1
-            out.add(i)
-    return out
-
-
-def _glob_step(pattern: list[str], states: set[int], name: str) -> set[int]:
-    """Pattern positions reachable after one more path component, ``name``.
-
-    Positions index ``pattern`` (its components); ``len(pattern)`` means fully matched.
-    """
-    after = set()
-    for i in states:
-        if i == len(pattern):
-            continue
-        if pattern[i] == "**":
-            if not _hidden(name):  # glob.glob's ** skips hidden files and directories
-                after.add(i)
-        elif _match_component(name, pattern[i]):
-            after.add(i + 1)
-    return _glob_closure(pattern, after)
-
-
-def _remote_glob(top: str, pattern: list[str], what: str) -> tuple[list[str], list[str]]:
-    """Files under ``top`` whose relative path matches ``pattern`` (components), as glob.glob
-    with recursive=True would match them.
-
-    One directory walk: epath's own glob refuses ``**`` and a listing per directory is what
-    ``**`` costs anyway. Directories no match can lie under are not entered.
-
-    Returns:
-      (matched URIs, listing errors met).
-    """
-    errors: list[str] = []
-    matched: list[str] = []
-    first_root = None
-    start = _glob_closure(pattern, {0})
-    for root, dirs, files in remote_path(top, what).walk(on_error=errors.append):
-        # fsspec's walk yields roots without the scheme ("bucket/dir"), TensorFlow's with it:
-        # paths relative to the first root are the same either way.
-        root = os.fspath(root).rstrip("/")
-        first_root = root if first_root is None else first_root
-        rel = [p for p in root[len(first_root) :].split("/") if p]
-        states = start
-        for part in rel:
-            states = _glob_step(pattern, states, part)
-        # In place, so the walk does not descend into directories no match can be under.
-        dirs[:] = [
-            d
-            for d in dirs
-            if any(i < len(pattern) for i in _glob_step(pattern, states, d.rstrip("/")))
-        ]
-        for name in files:
-            if name and len(pattern) in _glob_step(pattern, states, name):
-                matched.append("/".join([top, *rel, name]))
-    return matched, [str(e) for e in errors]
-
-
-def _remote_files(source: str, pattern: str) -> list[str]:
-    what = f"data.source '{source}'"
-    prefix = f"{uri_scheme(pattern)}://"
-    parts = [p for p in pattern[len(prefix) :].split("/") if p]
-    magic = [i for i, p in enumerate(parts) if _MAGIC_RE.search(p)]
-    if magic and magic[0] == 0:
-        raise DataError(
-            f"{what}: the bucket name cannot hold wildcards; glob below it, e.g. "
-            f"{prefix}BUCKET/**/*.txt"
-        )
-    errors: list[str] = []
-    with remote_errors(pattern, what):
-        if not parts:
-            paths = []
-        elif not magic:
-            uri = prefix + "/".join(parts)
-            path = remote_path(uri, what)
-            paths = [uri] if path.exists() and not path.is_dir() else []
-        else:
-            top = prefix + "/".join(parts[: magic[0]])
-            paths, errors = _remote_glob(top, parts[magic[0] :], what)
-    if not paths:
-        why = f" (listing failed: {errors[0]})" if errors else ""
-        # Listed without an error, the files are gone; a failed listing says nothing of them.
-        raise (DataError if errors else SourceAbsent)(
-            f"{what} matches no files{why}; check the glob (use ** for subdirectories), that "
-            "the objects exist and that this machine can read them"
-        )
-    return sorted(paths)
-
-
-def _remote_file_keys(source: str, paths: list[str]) -> list[list]:
-    """[uri, size, mtime] of each remote file, in order (the content key's file list)."""
-
-    def key(path: str) -> list:
-        try:
-            with remote_errors(path, f"data.source '{source}'"):
-                st = remote_path(path, f"data.source '{source}'").stat()
-        except OSError as e:
-            raise DataError(f"data.source '{source}': cannot stat {path} ({e})") from None
-        return [path, st.length, st.mtime]
-
-    with concurrent.futures.ThreadPoolExecutor(min(_STAT_THREADS, len(paths))) as pool:
-        return list(pool.map(key, paths))
 
 
 # ---- TFDS ------------------------------------------------------------------------------------
@@ -1011,10 +802,10 @@ class Source:
         Raises:
           DataError: a glob that matches no file.
         """
-        if self.kind not in FILE_KINDS or uri_scheme(self.pattern):
+        if self.kind not in FILE_KINDS or path_layer.scheme(self.pattern):
             return None
         paths = _matched_files(self.name, self.pattern)
-        return [[os.path.abspath(p), _local_size(p) or 0] for p in paths]
+        return [[os.path.abspath(p), path_layer.local_size(p) or 0] for p in paths]
 
     def fingerprint(self) -> str:
         """A content key of the corpus: equal keys mean the same documents (hex sha256).
@@ -1035,13 +826,7 @@ class Source:
             key: object = [_BUILTIN_VERSION, sys.version, sysconfig.get_paths()["stdlib"]]
         elif kind in FILE_KINDS:
             paths = _matched_files(self.name, self.pattern)
-            if uri_scheme(self.pattern):
-                files = _remote_file_keys(self.name, paths)
-            else:
-                files = []
-                for path in paths:
-                    st = os.stat(path)
-                    files.append([os.path.abspath(path), st.st_size, st.st_mtime_ns])
+            files = path_layer.file_keys(paths, f"data.source '{self.name}'", DataError)
             key = [_TEXT_VERSION, files, options.max_line_chars, options.max_document_chars]
             if kind != "text":  # a text source's key is as it was before the other kinds
                 key = [_RECORDS_VERSION[kind], self.field, *key]

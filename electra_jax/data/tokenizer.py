@@ -17,11 +17,9 @@ import math
 import os
 import pickle
 import re
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
 
@@ -29,7 +27,7 @@ import numpy as np
 import sentencepiece as spm
 
 from electra_jax import paths
-from electra_jax.data import SPECIAL_PIECES, DataError, uri, wordpiece
+from electra_jax.data import SPECIAL_PIECES, DataError, wordpiece
 
 PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = 0, 1, 2, 3, 4
 MODEL_FILENAME = "spm.model"
@@ -73,15 +71,15 @@ class Tokenizer:
           DataError: the file does not exist, is not a SentencePiece model, or lacks the special
             pieces at ids 0-4; a remote path whose filesystem package is not installed.
         """
-        if uri.uri_scheme(path):
-            model_path, proto = _read_remote_model(path)
-        else:
-            model_path = os.path.join(path, MODEL_FILENAME) if os.path.isdir(path) else path
-            try:
-                with open(model_path, "rb") as f:
-                    proto = f.read()
-            except OSError as e:
-                raise _unreadable(model_path, e.strerror) from None
+        model_path = path
+        try:
+            with paths.remote_errors(path, "data.tokenizer", DataError):
+                if paths.isdir(path):
+                    model_path = paths.join(path, MODEL_FILENAME)
+                # A model is a few MB at most: read whole.
+                proto = paths.read_bytes(model_path)
+        except OSError as e:
+            raise _unreadable(model_path, e.strerror or e) from None
         try:
             return cls(proto, model_path)
         except RuntimeError as e:  # SentencePiece's own parse error.
@@ -173,22 +171,6 @@ def _unreadable(model_path: str, reason: object) -> DataError:
     )
 
 
-def _read_remote_model(path: str) -> tuple[str, bytes]:
-    """(model URI, its bytes) for a remote ``.model`` file or a directory holding ``spm.model``."""
-    what = "data.tokenizer"
-    model_path = path
-    try:
-        with uri.remote_errors(path, what):
-            model = uri.remote_path(path, what)
-            if model.is_dir():
-                model = model / MODEL_FILENAME
-            model_path = os.fspath(model)
-            # A model is a few MB at most: read whole.
-            return model_path, model.read_bytes()
-    except OSError as e:
-        raise _unreadable(model_path, e.strerror or e) from None
-
-
 def _reservoir_sample(sentences: Iterable[str], k: int, rng: np.random.Generator) -> list[str]:
     """A uniform sample of k sentences (all of them if there are fewer), kept in stream order.
 
@@ -241,47 +223,24 @@ def _vocab_text(proto: bytes) -> str:
 
 
 def _write_files_atomically(out_dir: str, files: dict[str, bytes]) -> None:
-    """Writes files into out_dir so that a reader never sees a partial set.
+    """Writes files into out_dir so that a reader never sees a partial set (paths.replace_files:
+    a missing out_dir appears by one rename, an existing one, e.g. a workdir's tokenizer/ dir,
+    gets the files one by one; in a bucket each is one upload): the last of ``files`` is moved
+    in last, and callers put ``spm.model`` last, so its presence means the set is complete."""
 
-    The files are written into a temporary directory next to out_dir first. A missing out_dir is
-    then created by one rename. An existing one (e.g. a workdir's tokenizer/ dir) gets the files
-    moved in one by one with os.replace, in the given order: callers put ``spm.model`` last, so its
-    presence means the set is complete.
-    """
-    if paths.is_remote(out_dir):
-        # No rename in a bucket: each file is one upload (never seen partial), spm.model last.
-        try:
-            for name, data in files.items():
-                paths.write_atomic(paths.join(out_dir, name), data)
-        except OSError as e:
-            raise write_error(f"the tokenizer into {out_dir}", out_dir, e) from None
-        return
-    out_dir = os.path.abspath(out_dir)
-    parent = os.path.dirname(out_dir)
-    tmp = None
-    try:
-        os.makedirs(parent, exist_ok=True)
-        tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.tmp-", dir=parent)
+    def write(tmp: str) -> None:
         for name, data in files.items():
             with open(os.path.join(tmp, name), "wb") as f:
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
-        try:
-            os.rename(tmp, out_dir)
-            return
-        except OSError:
-            if not os.path.isdir(out_dir):
-                raise
-        for name in files:
-            os.replace(os.path.join(tmp, name), os.path.join(out_dir, name))
+
+    try:
+        paths.replace_files(out_dir, write, last=list(files)[-1])
     except OSError as e:
         if e.errno is None:
             raise
         raise write_error(f"the tokenizer into {out_dir}", out_dir, e) from None
-    finally:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 # Errors that mean "this disk is full" and "this place is not writable".
@@ -506,15 +465,13 @@ def load_saved(tokenizer_dir: str):
     ):
         return wordpiece.WordPieceTokenizer.load(tokenizer_dir)
     model_path = os.path.join(tokenizer_dir, MODEL_FILENAME)
-    if uri.uri_scheme(tokenizer_dir):
-        return Tokenizer.load(model_path)
     recover = (
         "the run's checkpoints depend on it: restore it from a copy, or, if the run has no "
         f"checkpoints yet, delete {tokenizer_dir} so that the next run trains a new one"
     )
     try:
-        with open(model_path, "rb") as f:
-            proto = f.read()
+        with paths.remote_errors(model_path, "data.tokenizer", DataError):
+            proto = paths.read_bytes(model_path)
     except OSError as e:
         raise DataError(
             f"the run's tokenizer {model_path} cannot be read ({e.strerror or e}); {recover}"
@@ -538,8 +495,7 @@ def _vocab_mismatch(tok: Tokenizer, vocab_path: str) -> str:
     there is no such file to compare with): a model cut short can still parse, with fewer
     pieces."""
     try:
-        with open(vocab_path, encoding="utf-8", newline="") as f:
-            text = f.read()
+        text = paths.read_text(vocab_path)
     except (OSError, UnicodeDecodeError):
         return ""
     if text == _vocab_text(tok.model_proto):

@@ -12,7 +12,7 @@ import hashlib
 import json
 from collections.abc import Sequence
 
-from electra_jax import paths
+from electra_jax import filenames, paths
 from electra_jax.data import SPECIAL_PIECES, DataError
 from electra_jax.store import jsonio
 
@@ -96,7 +96,7 @@ class WordPieceTokenizer:
             raise DataError(f"{path} cannot be read ({e})") from None
         except UnicodeDecodeError as e:
             raise DataError(f"{path} cannot be read ({jsonio.text_problem(e)})") from None
-        config_path = paths.join(folder, "tokenizer_config.json")
+        config_path = paths.join(folder, filenames.HF_TOKENIZER_CONFIG_FILE)
         options = jsonio.read_json_object(
             config_path, "a tokenizer_config.json is an object of options", DataError, default={}
         )
@@ -181,7 +181,7 @@ class WordPieceTokenizer:
         run's tokenizer (`tokenizer.has_saved`), is never seen half written."""
         paths.makedirs(out_dir)
         config = {"tokenizer_class": "BertTokenizer", **self.bert_options}
-        jsonio.write_json(paths.join(out_dir, "tokenizer_config.json"), config)
+        jsonio.write_json(paths.join(out_dir, filenames.HF_TOKENIZER_CONFIG_FILE), config)
         paths.write_atomic(
             paths.join(out_dir, VOCAB_FILENAME), "".join(f"{p}\n" for p in self._vocab)
         )

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from electra_jax import paths, rerun
+from electra_jax import filenames, paths, rerun
 from electra_jax import workdir as workdir_lib
 from electra_jax.finetune import saved
 from electra_jax.finetune.family import Family
@@ -111,7 +111,7 @@ _RUN_OUTPUTS = (
     saved.WEIGHTS_FILE,
     GLUE.predictions_file,
     SQUAD.predictions_file,
-    "dev_null_odds.json",
+    filenames.NULL_SCORES_FILE,
 )
 
 

@@ -24,24 +24,25 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
-import shutil
-import tempfile
 from typing import Any
 
 import numpy as np
 
 from electra_jax import paths
+from electra_jax.filenames import (  # noqa: F401  (read as saved.X by fine-tuning)
+    CONFIG_FILE,
+    EXPORT_MANIFEST,
+    METRICS_FILE,
+    MODEL_FILE,
+    RESULTS_FILE,
+    TOKENIZER_DIR,
+    WEIGHTS_FILE,
+)
 from electra_jax.model import networks as model_lib
 from electra_jax.model.weights import PretrainedError, check_finite, check_spec
 from electra_jax.store import jsonio
 from electra_jax.store.jsonio import json_kind, one_line
 
-CONFIG_FILE = "config.json"
-MODEL_FILE = "model.json"
-WEIGHTS_FILE = "model.safetensors"
-TOKENIZER_DIR = "tokenizer"
-RESULTS_FILE = "eval_results.json"
 FORMAT, VERSION = "electra_jax.finetuned", 1
 
 
@@ -116,18 +117,7 @@ def save_weights(workdir: str, params: dict) -> str:
     from safetensors.numpy import save_file
 
     path = paths.join(workdir, WEIGHTS_FILE)
-    remote = paths.is_remote(workdir)
-    fd, tmp = tempfile.mkstemp(prefix=f".{WEIGHTS_FILE}.", dir=None if remote else workdir)
-    os.close(fd)
-    try:
-        save_file(flatten(params), tmp, metadata={"format": FORMAT})
-        if remote:
-            paths.upload_file(tmp, path)
-        else:
-            os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    paths.write_via(path, lambda tmp: save_file(flatten(params), tmp, metadata={"format": FORMAT}))
     return path
 
 
@@ -135,7 +125,7 @@ def load_weights(workdir: str, expected: dict) -> dict:
     """WORKDIR/model.safetensors as a nested tree of float32 numpy arrays, checked against the
     shapes of `expected` (a tree of arrays or ShapeDtypeStructs)."""
     from safetensors import SafetensorError
-    from safetensors.numpy import load, load_file
+    from safetensors.numpy import load_file
 
     path = paths.join(workdir, WEIGHTS_FILE)
     if not paths.isfile(path):
@@ -145,7 +135,8 @@ def load_weights(workdir: str, expected: dict) -> dict:
         )
     try:
         # A bucket's file in one download (safetensors reads only local files itself).
-        tensors = load(paths.read_bytes(path)) if paths.is_remote(path) else load_file(path)
+        with paths.local_copy(path) as local:
+            tensors = load_file(local)
     except (OSError, SafetensorError) as e:
         raise PretrainedError(
             f"{path} cannot be read ({one_line(e, 200)}); rerun the fine-tuning to write it again"
@@ -189,19 +180,7 @@ def save_tokenizer(tokenizer: Any, workdir: str) -> None:
                 return
         except Exception:  # a damaged or foreign folder: replaced by the files below
             pass
-    remote = paths.is_remote(workdir)
-    tmp = tempfile.mkdtemp(prefix=f".{TOKENIZER_DIR}.tmp-", dir=None if remote else workdir)
-    try:
-        tokenizer.save(tmp)
-        if remote:
-            paths.upload_dir(tmp, folder, last=MODEL_FILENAME)
-        elif os.path.isdir(folder):
-            for name in sorted(os.listdir(tmp)):
-                os.replace(os.path.join(tmp, name), os.path.join(folder, name))
-        else:
-            os.rename(tmp, folder)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    paths.replace_files(folder, tokenizer.save, last=MODEL_FILENAME)
 
 
 def load_tokenizer(workdir: str, fingerprint: str | None = None):
@@ -255,7 +234,7 @@ def pretraining_record(init_from: str, pre: Any) -> dict:
     record["path"] = paths.absolute(path)
     step = getattr(pre, "step", None)
     if step is None:
-        manifest = paths.join(path, "export.json")
+        manifest = paths.join(path, EXPORT_MANIFEST)
         record["kind"] = "export" if paths.isfile(manifest) else "transformers"
         if paths.isfile(manifest):
             with contextlib.suppress(PretrainedError):
@@ -284,7 +263,7 @@ def pretraining_record(init_from: str, pre: Any) -> dict:
         pass  # an older config.json: the card says what it does not know
     rows = [
         r
-        for r in metrics.read_rows(paths.join(path, "metrics.jsonl"))
+        for r in metrics.read_rows(paths.join(path, METRICS_FILE))
         if isinstance(r, dict) and isinstance(r.get("step"), int) and r["step"] <= step
     ]
     if rows:

@@ -16,13 +16,14 @@ from typing import Any
 
 import numpy as np
 
+from electra_jax import filenames
 from electra_jax.model import layer_stack, networks
 from electra_jax.model.weights import PretrainedError
 
 DISCRIMINATOR, GENERATOR = "discriminator", "generator"
 NETWORKS = (DISCRIMINATOR, GENERATOR)
 ARCHITECTURES = {DISCRIMINATOR: "ElectraForPreTraining", GENERATOR: "ElectraForMaskedLM"}
-WEIGHTS = "model.safetensors"
+WEIGHTS = filenames.WEIGHTS_FILE
 WEIGHTS_INDEX = "model.safetensors.index.json"
 TORCH_WEIGHTS = "pytorch_model.bin"
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from electra_jax import filenames
 from electra_jax.hf.electra_config import DEFAULT_GENERATOR_FRACTION, spec_from_hf
 from electra_jax.hf.names import (
     DISCRIMINATOR,
@@ -43,7 +44,7 @@ HF_PREFIX = "hf:"
 
 def read_hf_config(folder: str) -> dict:
     config = jsonio.read_json_object(
-        os.path.join(folder, "config.json"),
+        os.path.join(folder, filenames.CONFIG_FILE),
         "a transformers config.json is an object",
         PretrainedError,
     )
@@ -206,7 +207,7 @@ def read_hf(directory: str) -> Pretrained:
     }
     if os.path.isdir(where[DISCRIMINATOR]):
         has_generator = os.path.isdir(where[GENERATOR])
-    elif os.path.isfile(os.path.join(directory, "config.json")):
+    elif os.path.isfile(os.path.join(directory, filenames.CONFIG_FILE)):
         where[DISCRIMINATOR], has_generator = directory, False
     else:
         raise PretrainedError(

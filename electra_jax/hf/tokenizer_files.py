@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from electra_jax import filenames
 from electra_jax.data import SPECIAL_PIECES, DataError
 from electra_jax.data.tokenizer import MODEL_FILENAME, Tokenizer
 from electra_jax.data.wordpiece import VOCAB_FILENAME, WordPieceTokenizer
@@ -106,7 +107,7 @@ def write_tokenizer_files(tokenizer: Any, folder: str, max_length: int) -> None:
     """The files `transformers.AutoTokenizer.from_pretrained(folder)` loads, plus our own."""
     specials = _special_tokens_map(tokenizer)
     if isinstance(tokenizer, Tokenizer):
-        with open(os.path.join(folder, "tokenizer.json"), "w", encoding="utf-8") as f:
+        with open(os.path.join(folder, filenames.HF_TOKENIZER_FILE), "w", encoding="utf-8") as f:
             f.write(sentencepiece_tokenizer_json(tokenizer))
         with open(os.path.join(folder, MODEL_FILENAME), "wb") as f:
             f.write(tokenizer.model_proto)
@@ -122,8 +123,8 @@ def write_tokenizer_files(tokenizer: Any, folder: str, max_length: int) -> None:
     else:
         raise PretrainedError(f"cannot export a tokenizer of type {type(tokenizer).__name__}")
     config.update(specials, model_max_length=max_length, model_input_names=MODEL_INPUT_NAMES)
-    jsonio.write_json(os.path.join(folder, "tokenizer_config.json"), config)
-    jsonio.write_json(os.path.join(folder, "special_tokens_map.json"), specials)
+    jsonio.write_json(os.path.join(folder, filenames.HF_TOKENIZER_CONFIG_FILE), config)
+    jsonio.write_json(os.path.join(folder, filenames.HF_SPECIAL_TOKENS_FILE), specials)
 
 
 def read_hf_tokenizer(folder: str) -> Any:

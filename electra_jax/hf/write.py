@@ -26,7 +26,7 @@ from typing import Any
 
 from safetensors import SafetensorError
 
-from electra_jax import paths
+from electra_jax import filenames, paths
 from electra_jax.data.tokenizer import MODEL_FILENAME
 from electra_jax.data.wordpiece import VOCAB_FILENAME
 from electra_jax.hf.electra_config import hf_config
@@ -37,7 +37,7 @@ from electra_jax.model.weights import Pretrained, PretrainedError
 from electra_jax.store import jsonio
 from electra_jax.store.jsonio import json_kind, one_line, write_advice, write_json
 
-MANIFEST = "export.json"
+MANIFEST = filenames.EXPORT_MANIFEST
 # Version 3: export.json records each file's sha256.
 FORMAT, VERSION = "electra_jax.export", 3
 # While one export replaces another, the union of both file lists waits here (hidden) in place of
@@ -47,11 +47,11 @@ PARTIAL_MANIFEST = ".export.json.partial"
 # Hidden folders in OUT where an export is written before each file is renamed into place.
 TMP_PREFIX = ".electra_jax-export-"
 _FILE_NAMES = (
-    "config.json",
+    filenames.CONFIG_FILE,
     WEIGHTS,
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
+    filenames.HF_TOKENIZER_FILE,
+    filenames.HF_TOKENIZER_CONFIG_FILE,
+    filenames.HF_SPECIAL_TOKENS_FILE,
     MODEL_FILENAME,
     VOCAB_FILENAME,
 )
@@ -60,7 +60,7 @@ V1_FILES = tuple(f"{network}/{name}" for network in NETWORKS for name in _FILE_N
 # Every path an export of any version writes: a pre-training's per network, a fine-tuning's at
 # the top with its README.md. Nothing else in OUT is replaced or deleted, whatever a manifest
 # lists.
-LAYOUT = frozenset({*V1_FILES, *_FILE_NAMES, "README.md"})
+LAYOUT = frozenset({*V1_FILES, *_FILE_NAMES, filenames.README_FILE})
 
 
 def _relative_file(rel: Any) -> bool:
@@ -208,7 +208,9 @@ def _write_networks(pretrained: Pretrained, folder: str) -> None:
     for network in NETWORKS:
         sub = os.path.join(folder, network)
         os.makedirs(sub)
-        write_json(os.path.join(sub, "config.json"), hf_config(spec, network, tokenizer.pad_id))
+        write_json(
+            os.path.join(sub, filenames.CONFIG_FILE), hf_config(spec, network, tokenizer.pad_id)
+        )
         # "pt" is what transformers expects in the metadata of a PyTorch-loadable file.
         save_file(tensors[network], os.path.join(sub, WEIGHTS), metadata={"format": "pt"})
         write_tokenizer_files(tokenizer, sub, spec.max_position_embeddings)
@@ -285,7 +287,7 @@ def write_export(pretrained: Pretrained, out: str, readme: str | None = None) ->
     def write(folder: str) -> None:
         _write_networks(pretrained, folder)
         if readme is not None:
-            with open(os.path.join(folder, "README.md"), "w", encoding="utf-8") as f:
+            with open(os.path.join(folder, filenames.README_FILE), "w", encoding="utf-8") as f:
                 f.write(readme)
 
     return write_folder(out, manifest, write)

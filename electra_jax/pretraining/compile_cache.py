@@ -13,10 +13,10 @@ import os
 
 import jax
 
-from electra_jax import paths
+from electra_jax import filenames, paths
 
 OFF = "off"
-DEFAULT_FOLDER = "compile_cache"
+DEFAULT_FOLDER = filenames.COMPILE_CACHE_DIR
 _HIT = "/jax/compilation_cache/cache_hits"
 _hits = 0
 _listening = False
@@ -40,7 +40,7 @@ def folder(cache_dir: str, workdir: str) -> str | None:
     if cache_dir == OFF:
         return None
     if cache_dir:
-        return cache_dir
+        return paths.normal(cache_dir)  # GS://b/c is gs://b/c, the form jax's etils reads
     env = os.environ.get("JAX_COMPILATION_CACHE_DIR")
     return env or paths.join(paths.absolute(workdir), DEFAULT_FOLDER)
 
@@ -56,8 +56,7 @@ def configure(cache_dir: str, workdir: str) -> str | None:
     if target is None:
         jax.config.update("jax_enable_compilation_cache", False)
         return None
-    if not paths.is_remote(target):
-        os.makedirs(target, exist_ok=True)
+    paths.makedirs(target)  # jax writes a gs:// folder itself
     if jax.config.jax_compilation_cache_dir != target:
         jax.config.update("jax_compilation_cache_dir", target)
         _reset()

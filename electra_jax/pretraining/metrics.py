@@ -14,7 +14,7 @@ from typing import Any
 
 import jax
 
-from electra_jax import paths
+from electra_jax import filenames, paths
 from electra_jax.data import progress
 from electra_jax.model.networks import ElectraSpec, EncoderSpec
 from electra_jax.objectives import registry
@@ -141,10 +141,9 @@ class MetricsWriter:
 
     def __init__(self, workdir: str, enabled: bool, resume_step: int = 0, config: Any = None):
         self.enabled = enabled
-        self.path = paths.join(workdir, "metrics.jsonl")
+        self.path = paths.join(workdir, filenames.METRICS_FILE)
         self._tb = None
         self._mirror = None
-        self._remote = paths.is_remote(workdir)
         if not enabled:
             return
         if config is not None and config.log.get("wandb_project"):
@@ -152,19 +151,13 @@ class MetricsWriter:
 
             self._mirror = wandb_mirror.Mirror.start(workdir, config, log)
         kept = [r for r in read_rows(self.path) if r.get("step", 0) <= resume_step]
-        local_path, tb_dir = self.path, os.path.join(workdir, "tensorboard")
-        if self._remote:
-            import tempfile
-
-            self._staging = tempfile.mkdtemp(prefix="electra_jax-metrics-")
-            local_path = os.path.join(self._staging, "metrics.jsonl")
-            tb_dir = os.path.join(self._staging, "tensorboard")
-            self._remote_tb = paths.join(workdir, "tensorboard")
-            self._uploaded = time.monotonic()
+        # The workdir itself, or for a gs:// one a temporary folder on this host (uploaded).
+        self._local = paths.LocalFolder(workdir, prefix="electra_jax-metrics-")
+        local_path = os.path.join(self._local.path, filenames.METRICS_FILE)
+        tb_dir = os.path.join(self._local.path, filenames.TENSORBOARD_DIR)
+        self._uploaded = time.monotonic()
         jsonio.write_jsonl(local_path, kept)
-        self._local_path = local_path
-        if self._remote:
-            paths.upload_file(local_path, self.path)
+        self._local.upload(filenames.METRICS_FILE)
         # Never through a link (paths.LinkRefused): the file it points at is not the run's.
         self._file = open(local_path, "a", opener=paths.no_follow_opener)  # noqa: SIM115
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
@@ -173,15 +166,13 @@ class MetricsWriter:
 
     def flush(self) -> None:
         """A gs:// workdir: uploads metrics.jsonl and the event file as they are now (the loop
-        calls this before each checkpoint). Locally every row is on disk already: nothing."""
-        if not (self.enabled and self._remote):
+        calls this before each checkpoint). Locally every row is on disk
+        already: nothing is copied."""
+        if not self.enabled:
             return
         self._file.flush()
         self._tb.flush()
-        paths.upload_file(self._local_path, self.path)
-        events = os.path.join(self._staging, "tensorboard")
-        for name in os.listdir(events):
-            paths.upload_file(os.path.join(events, name), paths.join(self._remote_tb, name))
+        self._local.upload(filenames.METRICS_FILE, filenames.TENSORBOARD_DIR)
         self._uploaded = time.monotonic()
 
     def write(self, step: int, scalars: dict[str, Any]) -> None:
@@ -194,7 +185,7 @@ class MetricsWriter:
         self._write_tensorboard(step, row)
         if self._mirror is not None:
             self._mirror.log(row)
-        if self._remote and time.monotonic() - self._uploaded > REMOTE_UPLOAD_SECONDS:
+        if time.monotonic() - self._uploaded > REMOTE_UPLOAD_SECONDS:
             self.flush()
 
     def _write_tensorboard(self, step: int, row: dict) -> None:
@@ -218,10 +209,7 @@ class MetricsWriter:
             self._tb.close()
             if self._mirror is not None:
                 self._mirror.close()
-            if self._remote:
-                import shutil
-
-                shutil.rmtree(self._staging, ignore_errors=True)
+            self._local.close()
 
 
 def progress_line(step: int, num_steps: int, row: dict, seconds_left: float | None) -> str:

@@ -15,13 +15,11 @@ on this host and uploaded when it ends. Nothing happens, and nothing is imported
 from __future__ import annotations
 
 import contextlib
-import os
-import tempfile
 
-from electra_jax import paths
+from electra_jax import filenames, paths
 from electra_jax.pretraining import metrics
 
-FOLDER = "profile"
+FOLDER = filenames.PROFILE_DIR
 
 
 class Profile:
@@ -72,9 +70,9 @@ class Profile:
     def _start(self) -> None:
         import jax
 
-        remote = paths.is_remote(self.target)
-        self._local = tempfile.mkdtemp(prefix="electra_jax-profile-") if remote else self.target
-        jax.profiler.start_trace(self._local, create_perfetto_trace=True)
+        # The target itself, or for a gs:// one a temporary folder on this host (uploaded).
+        self._local = paths.LocalFolder(self.target, prefix="electra_jax-profile-")
+        jax.profiler.start_trace(self._local.path, create_perfetto_trace=True)
         self.active = True
         metrics.log(f"tracing steps {self.first}-{self.last}")
 
@@ -86,12 +84,8 @@ class Profile:
 
         jax.profiler.stop_trace()
         self.active, self.wanted = False, False
-        if self._local != self.target:
-            for root, _, files in os.walk(self._local):
-                for name in files:
-                    local = os.path.join(root, name)
-                    rel = os.path.relpath(local, self._local).replace(os.sep, "/")
-                    paths.upload_file(local, paths.join(self.target, rel))
+        self._local.upload()
+        self._local.close()
         metrics.log(
             f"wrote a trace of steps {self.first}-{self._traced} to {self.target} (tensorboard "
             "--logdir there, or its perfetto_trace.json.gz in ui.perfetto.dev)"

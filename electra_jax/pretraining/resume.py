@@ -40,7 +40,7 @@ from typing import Any
 import jax
 import ml_collections
 
-from electra_jax import paths, rerun
+from electra_jax import filenames, paths, rerun
 from electra_jax import workdir as workdir_lib
 from electra_jax.pretraining import metrics
 from electra_jax.rerun import MISSING_CONFIG
@@ -131,7 +131,7 @@ class Resume:
         the run goes on with (process 0): config.json for a new run; for a resumed one, the
         allowed changes (config_changes.jsonl and config.json), or a config.json that was
         missing."""
-        config_path = os.path.join(self.workdir, rerun.CONFIG_FILE)
+        config_path = os.path.join(self.workdir, filenames.CONFIG_FILE)
         is_main = jax.process_index() == 0
         if resumed_at is None:
             if is_main:
@@ -144,7 +144,11 @@ class Resume:
         elif is_main and not paths.exists(config_path):
             # Only with --allow_change=config.json (plan refuses a resume without it).
             write_json(config_path, self.config.to_dict())
-            row = {"step": resumed_at, "changes": {}, "config.json": "missing, written again"}
+            row = {
+                "step": resumed_at,
+                "changes": {},
+                filenames.CONFIG_FILE: "missing, written again",
+            }
             rerun.append_change(self.workdir, row)
             metrics.log(
                 "warning: config.json was missing; wrote this run's settings (allowed by "
@@ -286,7 +290,7 @@ def plan(
 
 def cache_dir(config: ml_collections.ConfigDict, workdir: str) -> str:
     """Where a run's prepared data is: data.cache_dir, by default WORKDIR/data."""
-    return config.data.cache_dir or paths.join(workdir, "data")
+    return config.data.cache_dir or paths.join(workdir, filenames.DATA_DIR)
 
 
 def prepared_data(
@@ -489,7 +493,7 @@ def _place_tokenizer(tok, source: str, workdir: str) -> None:
     from electra_jax.data import DataError
     from electra_jax.data import tokenizer as tokenizer_lib
 
-    folder = os.path.join(workdir, "tokenizer")
+    folder = os.path.join(workdir, filenames.TOKENIZER_DIR)
     if tokenizer_lib.has_saved(folder):
         try:
             there = tokenizer_lib.load_saved(folder)
@@ -623,7 +627,7 @@ def _without_config(workdir: str, resumes: bool, allow: tuple[str, ...]) -> None
     names it (MISSING_CONFIG)."""
     if resumes and MISSING_CONFIG not in allow:
         raise ConfigError(
-            f"{os.path.join(workdir, rerun.CONFIG_FILE)} is missing, but "
+            f"{os.path.join(workdir, filenames.CONFIG_FILE)} is missing, but "
             f"{checkpointing.checkpoint_dir(workdir)} holds the run's checkpoints: the settings "
             "it was started with are unknown, so it is not resumed with this command's without "
             f"a word; put config.json back (from a copy), or pass --allow_change={MISSING_CONFIG} "

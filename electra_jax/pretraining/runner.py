@@ -15,7 +15,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from electra_jax import paths, validate
+from electra_jax import filenames, paths, validate
 from electra_jax import workdir as workdir_lib
 from electra_jax.model import layer_stack, sharding
 from electra_jax.model.networks import Electra, init_params
@@ -218,7 +218,7 @@ def _data(config, workdir: str, run: resume.Resume | None = None):
     if not is_main:
         _barrier("electra_jax_prepared")
     tokenizer = shards.ensure_tokenizer(
-        config.data, os.path.join(workdir, "tokenizer"), config.seed
+        config.data, os.path.join(workdir, filenames.TOKENIZER_DIR), config.seed
     )
     if is_main and run is not None:
         run.check_data(tokenizer)
@@ -284,8 +284,8 @@ def _restore(run: resume.Resume, setup, manager, data_iter, watcher):
 
 
 # What the run writes in its workdir as a file, and as a folder (metrics.py, resume.py).
-_OUTPUT_FILES = ("metrics.jsonl", workdir_lib.CHANGES_FILE, workdir_lib.COMMANDS_FILE)
-_OUTPUT_FOLDERS = ("tensorboard",)
+_OUTPUT_FILES = (filenames.METRICS_FILE, workdir_lib.CHANGES_FILE, workdir_lib.COMMANDS_FILE)
+_OUTPUT_FOLDERS = (filenames.TENSORBOARD_DIR,)
 
 
 def _check_outputs(workdir: str) -> None:

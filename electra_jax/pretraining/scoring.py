@@ -19,7 +19,7 @@ from typing import Any
 
 import jax
 
-from electra_jax import paths
+from electra_jax import filenames, paths
 from electra_jax.data import heldout as heldout_lib
 from electra_jax.data import pipeline
 from electra_jax.model import sharding
@@ -27,7 +27,7 @@ from electra_jax.pretraining import eval_pass, metrics
 from electra_jax.pretraining.optimizer_step import SpecialTokens, eval_step
 
 PREFIX = "eval/"
-EVAL_FILE = "eval.jsonl"
+EVAL_FILE = filenames.EVAL_FILE
 
 
 @dataclasses.dataclass
@@ -143,7 +143,7 @@ def read_rows(workdir: str) -> list[dict]:
     """Every held-out reading of a run, by step: those its training logged to metrics.jsonl and
     those `python -m electra_jax.evaluate` wrote to eval.jsonl (which wins for a step both
     hold: it is the later reading)."""
-    logged = metrics.read_rows(paths.join(workdir, "metrics.jsonl"))
+    logged = metrics.read_rows(paths.join(workdir, filenames.METRICS_FILE))
     by_step = {r["step"]: r for r in eval_rows(logged)}
     for r in metrics.read_rows(paths.join(workdir, EVAL_FILE)):
         by_step[r["step"]] = r

@@ -49,7 +49,7 @@ import grain
 import jax
 import orbax.checkpoint as ocp
 
-from electra_jax import paths
+from electra_jax import filenames, paths
 from electra_jax.store.jsonio import write_advice
 
 CORRUPT_SUFFIX = ".corrupt"
@@ -110,7 +110,7 @@ def make_manager(workdir: str, checkpoint_cfg: Any) -> ocp.CheckpointManager:
 
 def checkpoint_dir(workdir: str) -> str:
     """WORKDIR/checkpoints, absolute (a gs:// workdir as it is: orbax writes there directly)."""
-    return paths.join(paths.absolute(workdir), "checkpoints")
+    return paths.join(paths.absolute(workdir), filenames.CHECKPOINTS_DIR)
 
 
 def saved_steps(workdir: str) -> list[int]:

@@ -71,6 +71,7 @@ def test_the_cache_folder_follows_the_setting(tmp_path, monkeypatch):
     workdir = str(tmp_path / "w")
     assert compile_cache.folder("", workdir) == os.path.join(workdir, "compile_cache")
     assert compile_cache.folder("gs://b/cache", workdir) == "gs://b/cache"
+    assert compile_cache.folder("GS://b/cache/", workdir) == "gs://b/cache"  # as etils reads it
     assert compile_cache.folder("off", workdir) is None
     monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", "/shared/jax_cache")
     assert compile_cache.folder("", workdir) == "/shared/jax_cache"

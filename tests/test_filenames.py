@@ -1,0 +1,30 @@
+"""Tests of electra_jax.filenames: each name is spelled there and nowhere else in the package."""
+
+import pathlib
+
+from electra_jax import filenames
+
+PACKAGE = pathlib.Path(filenames.__file__).parent
+
+
+def _names() -> dict[str, str]:
+    return {k: v for k, v in vars(filenames).items() if k.isupper() and isinstance(v, str)}
+
+
+def test_no_two_names_are_one_file():
+    names = _names()
+    assert len(set(names.values())) == len(names), names
+
+
+def test_no_other_module_spells_a_file_name():
+    """A quoted name elsewhere would be a second home: a rename here would miss it. Short
+    folder names that are also words of configs ("data", "hf", "wandb") are left out."""
+    spelled = {v for v in _names().values() if "." in v or len(v) > 5}
+    assert {"config.json", "tokenizer", "tensorboard", "checkpoints"} <= spelled
+    found = []
+    for module in sorted(PACKAGE.rglob("*.py")):
+        if module.name == "filenames.py" and module.parent == PACKAGE:
+            continue
+        text = module.read_text(encoding="utf-8")
+        found += [f"{module.relative_to(PACKAGE)}: {v}" for v in spelled if f'"{v}"' in text]
+    assert not found, found
