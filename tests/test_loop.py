@@ -11,7 +11,7 @@ import pytest
 
 from electra_jax import layer_stack, loop, metrics, train_step
 from electra_jax.objectives import core
-from tests.conftest import micro_config
+from tests.conftest import built_once, micro_config
 
 FIELDS = {
     "step",
@@ -33,15 +33,19 @@ _SHARED: dict = {}
 
 
 def prepare_shared_data(tmp_path_factory) -> tuple[str, str]:
-    """(tokenizer path, cache dir) of the micro config, made once per session for all modules."""
+    """(tokenizer path, cache dir) of the micro config, made once per test run for all modules
+    and workers (a one-step run trains the tokenizer and prepares the shards)."""
     if "paths" not in _SHARED:
-        root = tmp_path_factory.mktemp("data")
-        cfg = micro_config()
-        cfg.data.cache_dir = str(root / "cache")
-        cfg.train.num_steps = 1
-        loop.train(cfg, str(root / "first"))
-        _SHARED["paths"] = (str(root / "first" / "tokenizer" / "spm.model"), cfg.data.cache_dir)
+        root = built_once(tmp_path_factory, "micro-data", _train_one_step)
+        _SHARED["paths"] = (str(root / "first" / "tokenizer" / "spm.model"), str(root / "cache"))
     return _SHARED["paths"]
+
+
+def _train_one_step(root) -> None:
+    cfg = micro_config()
+    cfg.data.cache_dir = str(root / "cache")
+    cfg.train.num_steps = 1
+    loop.train(cfg, str(root / "first"))
 
 
 @pytest.fixture(scope="module")
