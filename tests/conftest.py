@@ -1,5 +1,6 @@
 """Shared fixtures: tiny configs and specs that compile in seconds on 2 CPU cores."""
 
+import collections
 import fcntl
 import os
 import pathlib
@@ -84,11 +85,13 @@ def slow_first(items: list) -> list:
     """`items` with those marked slow moved to the front, those of modules with fewer slow tests
     first; each module's tests keep their order, and so do the tests not marked slow."""
     slow = [i for i in items if i.get_closest_marker("slow")]
-    per_module: dict[str, int] = {}
-    for item in slow:
-        per_module[item.nodeid.split("::")[0]] = per_module.get(item.nodeid.split("::")[0], 0) + 1
-    slow.sort(key=lambda i: per_module[i.nodeid.split("::")[0]])  # stable: order kept within
+    per_module = collections.Counter(_module(i) for i in slow)
+    slow.sort(key=lambda i: per_module[_module(i)])  # a stable sort: each module's order kept
     return slow + [i for i in items if not i.get_closest_marker("slow")]
+
+
+def _module(item) -> str:
+    return item.nodeid.split("::")[0]
 
 
 def built_once(tmp_path_factory, name: str, build: Callable[[pathlib.Path], None]):
