@@ -45,7 +45,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from benchmarks import _cli  # noqa: E402
-from electra_jax.paths import sha256_of_file  # noqa: E402
+from electra_jax.store.paths import sha256_of_file  # noqa: E402
 
 FORMAT = "electra_jax-gpu-data-v1"
 MANIFEST = "gpu_data.json"

@@ -112,7 +112,7 @@ def cannot_write(error: OSError, then: str) -> str:
     lost mount, a folder where a file goes): which file, the system's reason, what to do about
     that reason (jsonio.write_advice), then `then`; a write refused because the file is a link
     (paths.LinkRefused) says so, and nothing of free space."""
-    from electra_jax.paths import LinkRefused
+    from electra_jax.store.paths import LinkRefused
 
     if isinstance(error, LinkRefused):
         return f"{error}; {then}"

@@ -16,12 +16,11 @@ import json
 
 import jax
 
-from electra_jax import filenames, paths
 from electra_jax.model import sharding
 from electra_jax.pretraining import metrics
 from electra_jax.pretraining.scoring import EVAL_FILE, PREFIX, build
 from electra_jax.pretraining.scoring import read_rows as read_rows  # the documented API
-from electra_jax.store import jsonio
+from electra_jax.store import filenames, jsonio, paths
 
 
 def evaluate_workdir(
@@ -38,12 +37,12 @@ def evaluate_workdir(
     import orbax.checkpoint as ocp
 
     from electra_jax import pretrained
-    from electra_jax import workdir as workdir_lib
     from electra_jax.data.tokenizer import load_saved
     from electra_jax.model.networks import Electra
     from electra_jax.objectives.core import num_mask_slots
     from electra_jax.pretraining import resume
     from electra_jax.pretraining.optimizer_step import special_tokens_of
+    from electra_jax.run import workdir as workdir_lib
     from electra_jax.store import checkpointing
 
     kind = pretrained.folder_kind(workdir)

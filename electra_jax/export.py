@@ -21,10 +21,10 @@ from __future__ import annotations
 import functools
 import os
 
-from electra_jax import filenames, paths
 from electra_jax.hf.write import check_out, write_export, write_folder
 from electra_jax.model.weights import PretrainedError
 from electra_jax.pretrained import load_workdir, read_run_config
+from electra_jax.store import filenames, paths
 from electra_jax.validate import ConfigError
 
 
@@ -43,7 +43,7 @@ def export(
             f"local folder (e.g. --out=runs/{name}-hf) and copy it to the bucket afterwards "
             "(gcloud storage cp -r OUT gs://...)"
         )
-    from electra_jax import workdir as workdir_lib
+    from electra_jax.run import workdir as workdir_lib
 
     try:  # never into a folder a run manages: its next resume would take the export for its own
         workdir_lib.refuse_managed(out, "--out")
@@ -76,10 +76,10 @@ def pretraining_readme(workdir: str, pre, name: str | None = None) -> str:
     workdir's records: what a fine-tuning records of it (corpus, steps, counted FLOPs, the
     metrics row), its held-out readings up to that step, its command lines, config.json. `name`:
     the card's title and the name its example loads (default: the workdir's folder name)."""
-    from electra_jax import workdir as workdir_lib
     from electra_jax.finetune import saved
     from electra_jax.hf import card
     from electra_jax.pretraining import metrics, scoring
+    from electra_jax.run import workdir as workdir_lib
 
     heldout = [r for r in scoring.read_rows(workdir) if r["step"] <= pre.step]
     commands = metrics.read_rows(paths.join(workdir, workdir_lib.COMMANDS_FILE))

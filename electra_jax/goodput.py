@@ -54,8 +54,8 @@ def _hms(seconds: float) -> str:
 def main(argv: list[str] | None = None) -> int:
     """`python -m electra_jax.goodput WORKDIR`: prints the run's report; one line and exit 2
     for a workdir that has none."""
-    from electra_jax import filenames, paths
     from electra_jax.pretraining import metrics
+    from electra_jax.store import filenames, paths
 
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1 or args[0].startswith("-"):

@@ -25,7 +25,6 @@ import time
 from absl import app, flags
 from ml_collections import config_flags
 
-from electra_jax import filenames
 from electra_jax.cli import (
     PRINT_CONFIG_HELP,
     cannot_write,
@@ -35,6 +34,7 @@ from electra_jax.cli import (
     print_config,
     quiet_logs,
 )
+from electra_jax.store import filenames
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "A get_config() file such as configs/tiny.py.", lock_config=True
@@ -125,8 +125,8 @@ def main(argv) -> None:
     if _NUM_WORKERS.value < 0:
         fail(f"--num_workers={_NUM_WORKERS.value} must be 0 (chosen for this host) or more")
     from electra_jax import validate
-    from electra_jax import workdir as workdir_lib
     from electra_jax.data import DataError
+    from electra_jax.run import workdir as workdir_lib
 
     try:
         validate.check_config(config)

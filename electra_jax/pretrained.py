@@ -31,7 +31,6 @@ from typing import Any
 
 import numpy as np
 
-from electra_jax import filenames, paths
 from electra_jax.hf.names import DISCRIMINATOR
 from electra_jax.hf.read import HF_PREFIX, read_hf
 from electra_jax.model import networks
@@ -44,7 +43,7 @@ from electra_jax.model.weights import (  # noqa: F401  (PretrainedError and Pret
     check_size,
     check_spec,
 )
-from electra_jax.store import jsonio
+from electra_jax.store import filenames, jsonio, paths
 from electra_jax.store.jsonio import json_kind, one_line
 
 
@@ -103,7 +102,7 @@ def split_step(path: str) -> tuple[str, int | None]:
 def folder_kind(path: str) -> str | None:
     """'workdir', 'hf' (an export or a transformers folder), 'fine-tuning' or None, from the
     files present."""
-    from electra_jax import workdir as workdir_lib
+    from electra_jax.run import workdir as workdir_lib
 
     if workdir_lib.kind_of(path) == workdir_lib.FINETUNE:
         return "fine-tuning"
@@ -585,7 +584,7 @@ def check_recorded_tokenizer(workdir: str, tokenizer) -> None:
     another tokenizer than WORKDIR/tokenizer holds: the checkpoints were trained with that one,
     and another of the same size would load and tokenize without a word. A workdir without a
     readable record (one from before it) is taken as it is."""
-    from electra_jax.workdir import DATA_RECORD
+    from electra_jax.run.workdir import DATA_RECORD
 
     path = paths.join(workdir, DATA_RECORD)
     try:

@@ -238,7 +238,7 @@ def main(argv) -> None:
             # And a workdir the run's claim would refuse (a file, a folder that is not ours or is
             # of the other kind, a link out): the claim's checks, nothing written. The run then
             # claims it for good (resume.plan), a lock another run holds included.
-            from electra_jax import workdir as workdir_lib
+            from electra_jax.run import workdir as workdir_lib
 
             workdir_lib.claim(_WORKDIR.value, workdir_lib.PRETRAIN, lock=False)
     from electra_jax.pretraining import dry_run, runner

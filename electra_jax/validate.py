@@ -7,8 +7,8 @@ import os
 import struct
 from typing import Any
 
-from electra_jax import paths
 from electra_jax.objectives.catalog import OBJECTIVES
+from electra_jax.store import paths
 
 
 class ConfigError(ValueError):

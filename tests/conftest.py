@@ -1,9 +1,12 @@
 """Shared fixtures: tiny configs and specs that compile in seconds on 2 CPU cores."""
 
+import collections
+import fcntl
 import os
 import pathlib
 import runpy
 import tempfile
+from collections.abc import Callable
 
 # One persistent compilation cache for the whole suite, its workers and the commands it starts
 # (subprocess_env passes these on): the tests compile the same few micro programs over and over,
@@ -65,6 +68,50 @@ def pytest_configure(config):
     in_own = os.environ["JAX_COMPILATION_CACHE_DIR"] == _SUITE_CACHE
     if in_own and not hasattr(config, "workerinput"):
         drop_cut_cache_entries(_SUITE_CACHE)
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own grouping of tests by fixture
+def pytest_collection_modifyitems(items):
+    # With --dist=worksteal (pyproject.toml) each worker starts on half of this list and one that
+    # runs out takes the second half of what the other has left, so the two meet inside the
+    # list; the run ends well when they meet on short tests. Hence the end-to-end runs (marked
+    # slow, 10-60 s each) first, so that they start early, and among them the modules with a
+    # table of many short cases (the hostile inputs) last. A module's other tests keep their
+    # order, so its fixtures are made once.
+    items[:] = slow_first(items)
+
+
+def slow_first(items: list) -> list:
+    """`items` with those marked slow moved to the front, those of modules with fewer slow tests
+    first; each module's tests keep their order, and so do the tests not marked slow."""
+    slow = [i for i in items if i.get_closest_marker("slow")]
+    per_module = collections.Counter(_module(i) for i in slow)
+    slow.sort(key=lambda i: per_module[_module(i)])  # a stable sort: each module's order kept
+    return slow + [i for i in items if not i.get_closest_marker("slow")]
+
+
+def _module(item) -> str:
+    return item.nodeid.split("::")[0]
+
+
+def built_once(tmp_path_factory, name: str, build: Callable[[pathlib.Path], None]):
+    """The folder `name`, made by `build(folder)` once per test run and shared by its xdist
+    workers: whichever asks first builds it while the others wait on a file lock, and all read
+    it (never write it) afterwards. A build that failed is not tried again: the next to ask
+    raises, pointing at the first one's error."""
+    base = tmp_path_factory.getbasetemp()
+    # Under xdist each worker's basetemp is a folder of the run's own; their parent is shared.
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    built = shared / name
+    with open(shared / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the other worker waits here while one builds
+        if not (built / "READY").exists():
+            if built.exists():
+                raise RuntimeError(f"building {built} failed in another test (see its error)")
+            built.mkdir()
+            build(built)
+            (built / "READY").touch()
+    return built
 
 
 def load_config(name: str):

@@ -161,6 +161,7 @@ def test_features_are_mean_pooled_states_of_real_tokens(tmp_path):
     assert os.path.isdir(tmp_path / "tok")
 
 
+@pytest.mark.slow
 def test_a_report_while_pretraining_reads_what_is_saved(tmp_path, monkeypatch, capsys):
     """--report_only before the sweep's results exist: the runs' plan, the probe at each saved
     checkpoint (and random init), the held-out readings, no fine-tuning."""
@@ -258,6 +259,7 @@ def test_stop_flops_below_the_first_budget_is_one_line(capsys):
     assert err[-1].startswith("error: --stop_flops=1e+09 lies below the first budget")
 
 
+@pytest.mark.slow
 def test_a_stopped_sweep_continues_the_same_runs(tmp_path, monkeypatch):
     """--stop_flops pre-trains the budgets up to it; the same command without it continues the
     same runs to the whole budget (their settings equal, so the resume accepts them)."""

@@ -1,8 +1,11 @@
-"""The suite's own helpers: what keeps its shared compilation cache whole."""
+"""The suite's own helpers: what keeps its shared compilation cache whole, what its workers
+share, and the order they take the tests in."""
 
 import zlib
 
-from tests.conftest import drop_cut_cache_entries, run_python
+import pytest
+
+from tests.conftest import built_once, drop_cut_cache_entries, run_python, slow_first
 
 
 def test_entries_cut_short_are_dropped_and_whole_ones_kept(tmp_path):
@@ -49,3 +52,55 @@ def test_a_command_under_a_file_size_limit_reads_the_cache_and_writes_nothing_to
     assert any(n.endswith("-cache") for n in written), written
     assert _probe(cache, limit=123_456) == ["123456", "hit"]  # read under the limit
     assert sorted(p.name for p in cache.iterdir()) == written
+
+
+class _Factory:
+    """tmp_path_factory's one method built_once asks, at a folder of the test's own."""
+
+    def __init__(self, base):
+        self.base = base
+
+    def getbasetemp(self):
+        return self.base
+
+
+def test_built_once_builds_one_folder_for_every_worker_and_never_after_a_failure(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
+    calls = []
+
+    def build(folder):
+        calls.append(folder)
+        (folder / "made").write_text("once")
+
+    workers = [_Factory(tmp_path / "gw0"), _Factory(tmp_path / "gw1")]
+    got = [built_once(w, "shared", build) for w in workers]
+    assert got == [tmp_path / "shared"] * 2 and calls == [tmp_path / "shared"]
+    assert (tmp_path / "shared" / "made").read_text() == "once"
+
+    def fail(folder):
+        calls.append(folder)
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        built_once(workers[0], "broken", fail)
+    with pytest.raises(RuntimeError, match="broken failed in another test"):
+        built_once(workers[1], "broken", fail)
+    assert calls[1:] == [tmp_path / "broken"]  # the second asked, and was not built again
+
+
+class _Item:
+    def __init__(self, nodeid, slow=False):
+        self.nodeid, self.slow = nodeid, slow
+
+    def get_closest_marker(self, name):
+        return self.slow if name == "slow" else None
+
+
+def test_slow_tests_go_first_those_of_modules_with_few_of_them_before_the_tables():
+    names = ["a.py::f", "t.py::c[1]", "t.py::c[2]", "b.py::e", "a.py::g", "c.py::h"]
+    slow = {"t.py::c[1]", "t.py::c[2]", "b.py::e", "c.py::h"}
+    items = [_Item(n, n in slow) for n in names]
+    order = [i.nodeid for i in slow_first(items)]
+    assert order == ["b.py::e", "c.py::h", "t.py::c[1]", "t.py::c[2]", "a.py::f", "a.py::g"]

@@ -133,7 +133,7 @@ def test_a_fine_tuning_workdir_or_an_export_is_named_as_such(tmp_path):
     fine, it is only not what evaluate takes."""
     import json
 
-    from electra_jax import workdir as workdir_lib
+    from electra_jax.run import workdir as workdir_lib
     from tests.conftest import error_line, run_command
 
     finetuned = tmp_path / "sst2"

@@ -218,6 +218,7 @@ def _one_error_line(result) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 def test_bad_exports_are_one_line_exit_2_and_write_nothing(tmp_path_factory, tmp_path):
     data = _sst2(tmp_path / "SST-2", n_train=40, n_dev=8)
     config = _config(data, **{"checkpoint.every_steps": 2})

@@ -9,8 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from electra_jax import paths
 from electra_jax.pretraining import metrics
+from electra_jax.store import paths
 from tests import held
 from tests.conftest import ROOT, run_command, subprocess_env
 from tests.finetune.test_loop import _sst2

@@ -6,6 +6,7 @@ steps redone are counted once), and the arithmetic is checked with numbers given
 """
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -137,15 +138,34 @@ def test_every_row_has_its_breakdown_and_a_resume_goes_on_counting(shared_data, 
     assert saved["productive_sec"] >= rows[-1]["productive_sec"]
 
 
+def _entries(cache) -> set[str]:
+    """The compilation cache's entries (jax names each `<program>-<key>-cache`)."""
+    return {n for n in os.listdir(cache) if n.endswith("-cache")} if cache.exists() else set()
+
+
 @pytest.mark.slow
-def test_a_kill_and_resume_counts_the_steps_redone_and_the_restart_as_lost(shared_data, tmp_path):
+def test_a_kill_and_resume_counts_the_restart_as_lost_and_loads_the_step_from_the_cache(
+    shared_data, tmp_path
+):
+    """Goodput across a SIGKILL, and compile.cache_dir (tests/pretraining/test_compile_cache.py):
+    one run killed and resumed serves both, as the restart they are about is the same. The cache
+    is told by jax's cache hits (the first row's compile_cache_hits) and its entries, not by
+    timing."""
     config = micro_config_file(tmp_path / "config.py", shared_data)
-    settings = {"train.num_steps": 8, "train.steps_per_call": 1, "checkpoint.every_steps": 2}
+    cache = tmp_path / "cache"
+    settings = {
+        "train.num_steps": 8,
+        "train.steps_per_call": 1,
+        "checkpoint.every_steps": 2,
+        "compile.cache_dir": str(cache),
+    }
     workdir, hold_dir = tmp_path / "w", tmp_path / "hold"
     hold_dir.mkdir()
     first = run(train_command(config, workdir, settings, hold_dir, "step=5"))
     held.wait_held(hold_dir, first)  # row 5 written; checkpoint 4 (or 2, if 4 was in flight)
     before = {r["step"]: r for r in metrics.read_rows(str(workdir / "metrics.jsonl"))}
+    compiled = _entries(cache)
+    assert compiled  # the step, written by the first start
     first.send_signal(signal.SIGKILL)
     first.wait(timeout=60)
     resumed_from = checkpointing.saved_steps(str(workdir))[-1]
@@ -159,6 +179,13 @@ def test_a_kill_and_resume_counts_the_steps_redone_and_the_restart_as_lost(share
     assert sorted(rows) == list(range(1, 9))
     after = rows[resumed_from + 1]  # the first row of the second start
     assert after["restore_sec"] > 0 and after["compile_sec"] > 0
+
+    # The restart loaded the step from the cache and had nothing new to write there.
+    assert "compiled the train step in" in err and "(from the compilation cache)" in err, err
+    starts = [r for r in rows.values() if "restore_sec" in r]
+    assert starts == [rows[1], after]
+    assert "compile_cache_hits" not in rows[1] and after["compile_cache_hits"] >= 1
+    assert _entries(cache) == compiled
 
     # Lost seconds (wall - productive) grow across the kill by at least the productive seconds
     # of the steps redone (counted once, from the checkpoint's total) and the restart's
@@ -179,3 +206,13 @@ def test_a_kill_and_resume_counts_the_steps_redone_and_the_restart_as_lost(share
     assert report.returncode == 0, report.stderr
     assert f"step 8, goodput {100 * rows[8]['goodput']:.1f}%" in report.stdout
     assert "2 starts in the rows kept" in report.stdout
+
+    # Another model: its step is not in the cache; it is compiled and written there.
+    other = {**settings, "model.intermediate_size": 96, "train.num_steps": 2}
+    out = run(train_command(config, tmp_path / "other", other))
+    _, err = out.communicate(timeout=600)
+    assert out.returncode == 0, err[-3000:]
+    assert "(from the compilation cache)" not in err
+    (row, *_) = metrics.read_rows(str(tmp_path / "other" / "metrics.jsonl"))
+    assert "compile_cache_hits" not in row
+    assert _entries(cache) > compiled

@@ -4,30 +4,17 @@ One test per case, so that the suite's workers share the table instead of one wo
 of it at the end of its queue; the trained micro run every case starts from is built once per test
 run, by whichever worker needs it first, and read by all."""
 
-import fcntl
-import os
-
 import pytest
 
 from tests import hostile_inputs
+from tests.conftest import built_once
 
 CASES = hostile_inputs.cases()
 
 
 @pytest.fixture(scope="session")
 def hostile_context(tmp_path_factory):
-    base = tmp_path_factory.getbasetemp()
-    # Under xdist each worker's basetemp is a folder of the run's own; their parent is shared.
-    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-    built = shared / "hostile-built"
-    with open(shared / "hostile-built.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # the other worker waits here while one builds
-        if not (built / "READY").exists():
-            if built.exists():
-                raise RuntimeError(f"building {built} failed in another worker (see its error)")
-            built.mkdir()
-            hostile_inputs.make_context(built)
-            (built / "READY").touch()
+    built = built_once(tmp_path_factory, "hostile-built", hostile_inputs.make_context)
     yield hostile_inputs.context_at(built, scratch=tmp_path_factory.mktemp("hostile"))
     hostile_inputs.release_holders()
 

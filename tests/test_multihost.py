@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from electra_jax.pretraining import metrics, runner
-from tests.conftest import ROOT, error_line, subprocess_env
+from tests.conftest import ROOT, built_once, error_line, subprocess_env
 from tests.pretraining.test_runner import prepare_shared_data
 from tests.test_preemption import _config_file
 
@@ -51,16 +51,19 @@ def _losses(workdir):
 
 @pytest.fixture(scope="module")
 def runs(shared_data, tmp_path_factory):
-    """Two uninterrupted runs of the same 6 steps (checkpoints 3 and 6), made once for the
-    module's resumes: 2 processes x 4 devices (launch/local_multiprocess.sh), and one process
-    with one device (in this process). {"config": the config file, "two": workdir, "one":
-    workdir}."""
-    root = tmp_path_factory.mktemp("layouts")
+    """Two uninterrupted runs of the same 6 steps (checkpoints 3 and 6), made once per test run
+    for the module's resumes, whichever worker runs them: 2 processes x 4 devices
+    (launch/local_multiprocess.sh), and one process with one device (in the process that builds
+    them). {"config": the config file, "two": workdir, "one": workdir}."""
+    root = built_once(tmp_path_factory, "multihost-layouts", lambda r: _two_layouts(r, shared_data))
+    return {"config": str(root / "config.py"), "two": root / "two", "one": root / "one"}
+
+
+def _two_layouts(root, shared_data) -> None:
     config_path = _config_file(root, shared_data, num_steps=6, every=3)
     out = _launch(config_path, root / "two", 2, 4)
     assert out.returncode == 0, out.stderr[-3000:]
     runner.train(_file_config(config_path), str(root / "one"))
-    return {"config": config_path, "two": root / "two", "one": root / "one"}
 
 
 def _file_config(config_path):

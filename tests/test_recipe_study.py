@@ -8,6 +8,7 @@ from benchmarks.studies.recipe_study import recipe_study
 from tests.conftest import SHARED
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     not (SHARED / "data" / "corpus").is_dir(), reason="needs the shared corpus and GLUE files"
 )

@@ -96,6 +96,7 @@ def _write_inputs(root):
     return str(corpus / "*.txt"), str(root / "glue")
 
 
+@pytest.mark.slow
 def test_micro_preset_end_to_end_and_a_rerun_skips_finished_work(tmp_path, monkeypatch):
     corpus, glue_dir = _write_inputs(tmp_path)
     out = str(tmp_path / "out")

@@ -57,9 +57,9 @@ import warnings
 import zlib
 from collections.abc import Iterable, Iterator
 
-from electra_jax import paths as path_layer  # `paths` names lists of files here
 from electra_jax.data import DataError
 from electra_jax.store import jsonio
+from electra_jax.store import paths as path_layer  # `paths` names lists of files here
 from electra_jax.store.jsonio import bom_encoding, json_kind, one_line
 
 # Bumped whenever the way ``builtin`` text is extracted changes, so cached prepared data keyed on

@@ -12,9 +12,8 @@ import hashlib
 import json
 from collections.abc import Sequence
 
-from electra_jax import filenames, paths
 from electra_jax.data import SPECIAL_PIECES, DataError
-from electra_jax.store import jsonio
+from electra_jax.store import filenames, jsonio, paths
 
 VOCAB_FILENAME = "vocab.txt"
 

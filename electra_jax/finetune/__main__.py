@@ -57,8 +57,8 @@ def main(argv) -> None:
         quiet_logs()
     import shlex
 
-    from electra_jax import workdir as workdir_lib
     from electra_jax.finetune import checks
+    from electra_jax.run import workdir as workdir_lib
     from electra_jax.validate import ConfigError, NonFiniteError
 
     config = command_config("config", "electra_jax.finetune", finetuning=True)

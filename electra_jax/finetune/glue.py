@@ -14,11 +14,11 @@ import json
 import jax.numpy as jnp
 import numpy as np
 
-from electra_jax import filenames
 from electra_jax.data import DataError
 from electra_jax.finetune import features, glue_heads, tasks
 from electra_jax.finetune import glue_metrics as glue_metrics
 from electra_jax.finetune.family import Data, Family, Features, fixed_subset
+from electra_jax.store import filenames
 
 PREDICTIONS_FILE = filenames.GLUE_PREDICTIONS_FILE
 

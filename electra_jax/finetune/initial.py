@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from electra_jax import paths
 from electra_jax.data import DataError
 from electra_jax.finetune import glue_heads, saved
 from electra_jax.model.networks import (
@@ -22,6 +21,7 @@ from electra_jax.model.networks import (
     generator_spec,
 )
 from electra_jax.model.weights import PretrainedError
+from electra_jax.store import paths
 from electra_jax.validate import ConfigError
 
 

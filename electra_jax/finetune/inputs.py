@@ -28,10 +28,10 @@ from typing import Any
 
 import numpy as np
 
-from electra_jax import paths, rerun
-from electra_jax import workdir as workdir_lib
 from electra_jax.finetune import saved
-from electra_jax.store import jsonio
+from electra_jax.run import rerun
+from electra_jax.run import workdir as workdir_lib
+from electra_jax.store import jsonio, paths
 from electra_jax.validate import ConfigError
 
 CHANGES_FILE = workdir_lib.CHANGES_FILE

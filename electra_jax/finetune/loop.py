@@ -20,7 +20,6 @@ import jax
 import ml_collections
 import numpy as np
 
-from electra_jax import paths
 from electra_jax.finetune import (
     checks,
     glue_heads,
@@ -36,7 +35,7 @@ from electra_jax.finetune.glue import GLUE
 from electra_jax.finetune.squad import SQUAD
 from electra_jax.model import sharding
 from electra_jax.pretraining.metrics import log
-from electra_jax.store import checkpointing, jsonio
+from electra_jax.store import checkpointing, jsonio, paths
 from electra_jax.validate import ConfigError
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (GLUE, SQUAD)}

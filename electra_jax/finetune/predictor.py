@@ -26,13 +26,13 @@ import jax
 import ml_collections
 import numpy as np
 
-from electra_jax import paths
 from electra_jax.finetune import features, loop, results, saved, squad_data, squad_eval, tasks
 from electra_jax.finetune.glue import regression_targets
 from electra_jax.finetune.squad import featurizer, inputs
 from electra_jax.model import sharding
 from electra_jax.model.weights import PretrainedError
 from electra_jax.pretrained import length_argument, text_argument, texts_argument
+from electra_jax.store import paths
 
 
 class Classified(NamedTuple):
@@ -184,7 +184,7 @@ class QuestionAnswerer(Finetuned):
 
 def is_finetuned(path: str) -> bool:
     """Whether `path` is a fine-tuning workdir (its marker says so, or it has model.json)."""
-    from electra_jax import workdir as workdir_lib
+    from electra_jax.run import workdir as workdir_lib
 
     path = os.fspath(path)
     if not paths.isdir(path):

@@ -16,14 +16,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from electra_jax import filenames, paths, rerun
-from electra_jax import workdir as workdir_lib
 from electra_jax.finetune import saved
 from electra_jax.finetune.family import Family
 from electra_jax.finetune.glue import GLUE
 from electra_jax.finetune.squad import SQUAD
 from electra_jax.model.weights import PretrainedError
-from electra_jax.store import checkpointing
+from electra_jax.run import rerun
+from electra_jax.run import workdir as workdir_lib
+from electra_jax.store import checkpointing, filenames, paths
 from electra_jax.validate import ConfigError, flatten
 
 # The settings a fine-tuning's rerun may change without --allow_change: they change no number

@@ -10,10 +10,9 @@ import time
 import jax
 import numpy as np
 
-from electra_jax import paths
 from electra_jax.finetune import checks, saved
 from electra_jax.pretraining.metrics import log
-from electra_jax.store import jsonio
+from electra_jax.store import jsonio, paths
 
 
 def predict(predict_fn, params, arrays: dict, batch_size: int) -> dict:

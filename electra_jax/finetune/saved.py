@@ -28,8 +28,10 @@ from typing import Any
 
 import numpy as np
 
-from electra_jax import paths
-from electra_jax.filenames import (  # noqa: F401  (read as saved.X by fine-tuning)
+from electra_jax.model import networks as model_lib
+from electra_jax.model.weights import PretrainedError, check_finite, check_spec
+from electra_jax.store import jsonio, paths
+from electra_jax.store.filenames import (  # noqa: F401  (read as saved.X by fine-tuning)
     CONFIG_FILE,
     EXPORT_MANIFEST,
     METRICS_FILE,
@@ -38,9 +40,6 @@ from electra_jax.filenames import (  # noqa: F401  (read as saved.X by fine-tuni
     TOKENIZER_DIR,
     WEIGHTS_FILE,
 )
-from electra_jax.model import networks as model_lib
-from electra_jax.model.weights import PretrainedError, check_finite, check_spec
-from electra_jax.store import jsonio
 from electra_jax.store.jsonio import json_kind, one_line
 
 FORMAT, VERSION = "electra_jax.finetuned", 1

@@ -12,10 +12,10 @@ import functools
 import json
 import os
 
-from electra_jax import filenames
 from electra_jax.data import DataError
 from electra_jax.finetune import squad_data, squad_eval, squad_heads
 from electra_jax.finetune.family import Data, Family, Features, fixed_subset
+from electra_jax.store import filenames
 
 PREDICTIONS_FILE = filenames.SQUAD_PREDICTIONS_FILE
 NULL_SCORES_FILE = filenames.NULL_SCORES_FILE  # 2.0: the official script's --na-prob-file input

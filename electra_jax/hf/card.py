@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 
-from electra_jax import paths
+from electra_jax.store import paths
 
 
 def _yaml(fields: dict) -> str:

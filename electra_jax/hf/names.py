@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from electra_jax import filenames
 from electra_jax.model import layer_stack, networks
 from electra_jax.model.weights import PretrainedError
+from electra_jax.store import filenames
 
 DISCRIMINATOR, GENERATOR = "discriminator", "generator"
 NETWORKS = (DISCRIMINATOR, GENERATOR)

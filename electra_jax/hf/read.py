@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 
-from electra_jax import filenames
 from electra_jax.hf.electra_config import DEFAULT_GENERATOR_FRACTION, spec_from_hf
 from electra_jax.hf.names import (
     DISCRIMINATOR,
@@ -35,7 +34,7 @@ from electra_jax.model.weights import (
     check_finite,
     check_params,
 )
-from electra_jax.store import jsonio
+from electra_jax.store import filenames, jsonio
 from electra_jax.store.jsonio import json_kind, one_line
 
 # load_pretrained's prefix for a transformers folder, also written into the source it reports.

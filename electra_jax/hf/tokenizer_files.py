@@ -12,12 +12,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from electra_jax import filenames
 from electra_jax.data import SPECIAL_PIECES, DataError
 from electra_jax.data.tokenizer import MODEL_FILENAME, Tokenizer
 from electra_jax.data.wordpiece import VOCAB_FILENAME, WordPieceTokenizer
 from electra_jax.model.weights import PretrainedError
-from electra_jax.store import jsonio
+from electra_jax.store import filenames, jsonio
 
 MODEL_INPUT_NAMES = ["input_ids", "token_type_ids", "attention_mask"]
 

@@ -26,7 +26,6 @@ from typing import Any
 
 from safetensors import SafetensorError
 
-from electra_jax import filenames, paths
 from electra_jax.data.tokenizer import MODEL_FILENAME
 from electra_jax.data.wordpiece import VOCAB_FILENAME
 from electra_jax.hf.electra_config import hf_config
@@ -34,7 +33,7 @@ from electra_jax.hf.names import DISCRIMINATOR, GENERATOR, NETWORKS, WEIGHTS, pa
 from electra_jax.hf.tokenizer_files import write_tokenizer_files
 from electra_jax.model import networks
 from electra_jax.model.weights import Pretrained, PretrainedError
-from electra_jax.store import jsonio
+from electra_jax.store import filenames, jsonio, paths
 from electra_jax.store.jsonio import json_kind, one_line, write_advice, write_json
 
 MANIFEST = filenames.EXPORT_MANIFEST

@@ -13,7 +13,7 @@ import os
 
 import jax
 
-from electra_jax import filenames, paths
+from electra_jax.store import filenames, paths
 
 OFF = "off"
 DEFAULT_FOLDER = filenames.COMPILE_CACHE_DIR

@@ -14,14 +14,13 @@ from typing import Any
 
 import jax
 
-from electra_jax import filenames, paths
 from electra_jax.data import progress
 from electra_jax.model.networks import ElectraSpec, EncoderSpec
 from electra_jax.objectives import registry
 from electra_jax.objectives.catalog import DEFAULT
 from electra_jax.objectives.core import FlopParts
 from electra_jax.pretraining import topology
-from electra_jax.store import jsonio
+from electra_jax.store import filenames, jsonio, paths
 
 # Dense bfloat16 peak FLOP/s per GPU (vendor figures), matched against jax's device_kind. TPUs'
 # are in topology.GENERATIONS (per chip, with HBM and their sources), one device each.

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import contextlib
 
-from electra_jax import filenames, paths
 from electra_jax.pretraining import metrics
+from electra_jax.store import filenames, paths
 
 FOLDER = filenames.PROFILE_DIR
 

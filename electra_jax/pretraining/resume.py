@@ -40,11 +40,11 @@ from typing import Any
 import jax
 import ml_collections
 
-from electra_jax import filenames, paths, rerun
-from electra_jax import workdir as workdir_lib
 from electra_jax.pretraining import metrics
-from electra_jax.rerun import MISSING_CONFIG
-from electra_jax.store import checkpointing, jsonio
+from electra_jax.run import rerun
+from electra_jax.run import workdir as workdir_lib
+from electra_jax.run.rerun import MISSING_CONFIG
+from electra_jax.store import checkpointing, filenames, jsonio, paths
 from electra_jax.store.jsonio import write_json
 from electra_jax.validate import ConfigError, flatten
 

@@ -15,8 +15,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from electra_jax import filenames, paths, validate
-from electra_jax import workdir as workdir_lib
+from electra_jax import validate
 from electra_jax.model import layer_stack, sharding
 from electra_jax.model.networks import Electra, init_params
 from electra_jax.pretraining import compile_cache, metrics, profiling, resume, scoring, timing
@@ -30,7 +29,8 @@ from electra_jax.pretraining.program import (
     init_on_mesh,
     setup_step,
 )
-from electra_jax.store import checkpointing
+from electra_jax.run import workdir as workdir_lib
+from electra_jax.store import checkpointing, filenames, paths
 from electra_jax.validate import NonFiniteError
 
 

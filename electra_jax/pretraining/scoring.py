@@ -19,12 +19,12 @@ from typing import Any
 
 import jax
 
-from electra_jax import filenames, paths
 from electra_jax.data import heldout as heldout_lib
 from electra_jax.data import pipeline
 from electra_jax.model import sharding
 from electra_jax.pretraining import eval_pass, metrics
 from electra_jax.pretraining.optimizer_step import SpecialTokens, eval_step
+from electra_jax.store import filenames, paths
 
 PREFIX = "eval/"
 EVAL_FILE = filenames.EVAL_FILE

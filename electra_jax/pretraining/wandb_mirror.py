@@ -26,9 +26,8 @@ import os
 import secrets
 from typing import Any
 
-from electra_jax import paths
-from electra_jax import workdir as workdir_lib
-from electra_jax.store import jsonio
+from electra_jax.run import workdir as workdir_lib
+from electra_jax.store import jsonio, paths
 
 
 class Mirror:

@@ -49,7 +49,7 @@ import grain
 import jax
 import orbax.checkpoint as ocp
 
-from electra_jax import filenames, paths
+from electra_jax.store import filenames, paths
 from electra_jax.store.jsonio import write_advice
 
 CORRUPT_SUFFIX = ".corrupt"

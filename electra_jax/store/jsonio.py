@@ -12,7 +12,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from electra_jax import paths
+from electra_jax.store import paths
 
 
 def one_line(text: object, limit: int = 300) -> str:

@@ -14,8 +14,8 @@ import tracemalloc
 
 import pytest
 
-from electra_jax import paths
 from electra_jax.data import DataError, sources
+from electra_jax.store import paths
 
 
 @pytest.fixture(scope="module")

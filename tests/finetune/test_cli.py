@@ -68,7 +68,7 @@ def _one_error_line(out) -> str:
 def test_bad_settings_and_a_workdir_it_cannot_take_are_refused_before_jax(tmp_path, settings, says):
     """The settings (checks.check_config) and the workdir's claim are answered before jax,
     flax and orbax are imported: in a blink, one line, exit code 2, nothing written."""
-    from electra_jax import workdir as workdir_lib
+    from electra_jax.run import workdir as workdir_lib
 
     workdir = tmp_path / "w"
     with workdir_lib.claimed(str(workdir), workdir_lib.PRETRAIN, command="electra_jax.train"):

@@ -293,7 +293,7 @@ def test_stsb_trains_on_scores_over_5_and_reports_them_on_0_to_5(tmp_path, monke
 
 
 def test_a_pretraining_workdir_is_refused_and_left_as_it_was(tmp_path):
-    from electra_jax import workdir
+    from electra_jax.run import workdir
 
     data = _sst2(tmp_path / "SST-2", 20, 10)
     run = tmp_path / "pretraining-run"

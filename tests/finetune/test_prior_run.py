@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from electra_jax import workdir
 from electra_jax.finetune import loop, prior_run, saved
+from electra_jax.run import workdir
 from electra_jax.store import checkpointing
 from electra_jax.validate import ConfigError
 from tests.finetune.test_inputs import _glue

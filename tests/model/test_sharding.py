@@ -38,6 +38,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_fsdp_on_eight_devices_matches_one_device():
     out = subprocess.run(
         [sys.executable, "-c", _EIGHT_DEVICES],

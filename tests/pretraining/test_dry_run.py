@@ -36,6 +36,7 @@ def test_describe_reports_the_dry_run_fields():
     assert dry_run.compile_report(config, config.data.vocab_size)["xla_flops_per_step"] is None
 
 
+@pytest.mark.slow
 @needs_libtpu
 @pytest.mark.usefixtures("libtpu_env")
 @pytest.mark.parametrize("slices", [1, 2])

@@ -6,9 +6,9 @@ import pathlib
 
 import pytest
 
-from electra_jax import workdir
 from electra_jax.data import DataError
 from electra_jax.pretraining import resume, runner
+from electra_jax.run import workdir
 from electra_jax.store import checkpointing
 from electra_jax.store.checkpointing import CheckpointError
 from electra_jax.validate import ConfigError, flatten

@@ -12,7 +12,7 @@ import pytest
 from electra_jax.model import layer_stack
 from electra_jax.objectives import core
 from electra_jax.pretraining import metrics, optimizer_step, runner
-from tests.conftest import micro_config
+from tests.conftest import built_once, micro_config
 
 FIELDS = {
     "step",
@@ -34,15 +34,19 @@ _SHARED: dict = {}
 
 
 def prepare_shared_data(tmp_path_factory) -> tuple[str, str]:
-    """(tokenizer path, cache dir) of the micro config, made once per session for all modules."""
+    """(tokenizer path, cache dir) of the micro config, made once per test run for all modules
+    and workers (a one-step run trains the tokenizer and prepares the shards)."""
     if "paths" not in _SHARED:
-        root = tmp_path_factory.mktemp("data")
-        cfg = micro_config()
-        cfg.data.cache_dir = str(root / "cache")
-        cfg.train.num_steps = 1
-        runner.train(cfg, str(root / "first"))
-        _SHARED["paths"] = (str(root / "first" / "tokenizer" / "spm.model"), cfg.data.cache_dir)
+        root = built_once(tmp_path_factory, "micro-data", _train_one_step)
+        _SHARED["paths"] = (str(root / "first" / "tokenizer" / "spm.model"), str(root / "cache"))
     return _SHARED["paths"]
+
+
+def _train_one_step(root) -> None:
+    cfg = micro_config()
+    cfg.data.cache_dir = str(root / "cache")
+    cfg.train.num_steps = 1
+    runner.train(cfg, str(root / "first"))
 
 
 @pytest.fixture(scope="module")
@@ -345,7 +349,7 @@ def test_steps_per_call_must_be_positive(micro, tmp_path):
 
 
 def test_a_workdir_held_by_another_run_is_refused_before_any_work(shared_data, tmp_path):
-    from electra_jax import workdir as workdir_lib
+    from electra_jax.run import workdir as workdir_lib
 
     path = tmp_path / "w"
     with workdir_lib.claimed(str(path), workdir_lib.PRETRAIN, command="electra_jax.train"):

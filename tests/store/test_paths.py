@@ -1,5 +1,5 @@
-"""Tests of electra_jax.paths: which paths are remote (one scheme parser, case-insensitive), an
-epath for one, one line for a missing filesystem or an unwritable store, and the functions that
+"""Tests of electra_jax.store.paths: which paths are remote (one scheme parser, case-insensitive),
+an epath for one, one line for a missing filesystem or an unwritable store, and the functions that
 hold the choice between a local and a remote code path (locally here; in a bucket against the
 GCS server of tests/gcs_emulator.py)."""
 
@@ -9,8 +9,9 @@ import pathlib
 
 import pytest
 
-from electra_jax import paths
+import electra_jax
 from electra_jax.data import DataError
+from electra_jax.store import paths
 
 
 def test_a_scheme_makes_a_path_remote_in_either_case():
@@ -200,7 +201,7 @@ def test_only_five_choices_between_local_and_remote_are_left_outside_the_path_la
     """Everything else asks paths.py's functions, which hold the choice (docs/development.md
     names the five: the lock's kind, prepared data built locally and uploaded, an export's local
     OUT, W&B's own folder, a remote glob's unknown sizes)."""
-    package = pathlib.Path(paths.__file__).parent
+    package = pathlib.Path(electra_jax.__file__).parent
     asked = []
     for module in sorted(package.rglob("*.py")):
         if module == pathlib.Path(paths.__file__):
@@ -213,5 +214,5 @@ def test_only_five_choices_between_local_and_remote_are_left_outside_the_path_la
         "data/sources.py",
         "export.py",
         "pretraining/wandb_mirror.py",
-        "workdir.py",
+        "run/workdir.py",
     ]

@@ -26,9 +26,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from electra_jax import filenames, paths
-from electra_jax import workdir as workdir_lib
-from electra_jax.store import checkpointing
+from electra_jax.run import workdir as workdir_lib
+from electra_jax.store import checkpointing, filenames, paths
 from electra_jax.store.jsonio import write_json
 from electra_jax.validate import ConfigError
 

@@ -1,10 +1,12 @@
-"""Tests of electra_jax.filenames: each name is spelled there and nowhere else in the package."""
+"""Tests of electra_jax.store.filenames: each name is spelled there and nowhere else in the
+package."""
 
 import pathlib
 
-from electra_jax import filenames
+import electra_jax
+from electra_jax.store import filenames
 
-PACKAGE = pathlib.Path(filenames.__file__).parent
+PACKAGE = pathlib.Path(electra_jax.__file__).parent
 
 
 def _names() -> dict[str, str]:
@@ -23,7 +25,7 @@ def test_no_other_module_spells_a_file_name():
     assert {"config.json", "tokenizer", "tensorboard", "checkpoints"} <= spelled
     found = []
     for module in sorted(PACKAGE.rglob("*.py")):
-        if module.name == "filenames.py" and module.parent == PACKAGE:
+        if module == pathlib.Path(filenames.__file__):
             continue
         text = module.read_text(encoding="utf-8")
         found += [f"{module.relative_to(PACKAGE)}: {v}" for v in spelled if f'"{v}"' in text]

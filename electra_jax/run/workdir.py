@@ -44,8 +44,8 @@ import sys
 import time
 from collections.abc import Callable
 
-from electra_jax import paths
-from electra_jax.filenames import (
+from electra_jax.store import jsonio, paths
+from electra_jax.store.filenames import (
     CHANGES_FILE,
     CHECKPOINTS_DIR,
     COMMANDS_FILE,
@@ -70,7 +70,6 @@ from electra_jax.filenames import (
     WANDB_FILE,
     WEIGHTS_FILE,
 )
-from electra_jax.store import jsonio
 from electra_jax.store.jsonio import write_json
 from electra_jax.validate import ConfigError, check_workdir
 

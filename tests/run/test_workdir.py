@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from electra_jax import paths, workdir
+from electra_jax.run import workdir
+from electra_jax.store import paths
 from electra_jax.validate import ConfigError
 from tests.conftest import ROOT, subprocess_env
 

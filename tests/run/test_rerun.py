@@ -6,7 +6,7 @@ import pathlib
 
 import pytest
 
-from electra_jax import rerun, workdir
+from electra_jax.run import rerun, workdir
 from electra_jax.store import checkpointing
 from electra_jax.validate import ConfigError
 
