@@ -1,7 +1,7 @@
 """The one fine-tuning runner: finetune(config, workdir), in sections, for every task family.
 
 workdir (prior_run.py) -> data -> model (initial.py) -> features -> state (restore) -> steps
-(training.py: log, checkpoints) -> evaluate and write (results.py). `config.family` picks the
+(fit.py: log, checkpoints) -> evaluate and write (results.py). `config.family` picks the
 family (glue.py, squad.py: what is read, the head, the loss and the scorer, behind
 family.Family); everything else is written once, for both. The host reads and tokenizes the task
 once; each step then runs forward, loss and the AdamW update (with layer-wise learning rates) in
@@ -20,16 +20,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from electra_jax.finetune import (
-    checks,
-    glue_heads,
-    initial,
-    inputs,
-    prior_run,
-    results,
-    saved,
-    training,
-)
+from electra_jax.finetune import checks, fit, glue_heads, initial, inputs, prior_run, results, saved
 from electra_jax.finetune.family import Family
 from electra_jax.finetune.glue import GLUE
 from electra_jax.finetune.squad import SQUAD
@@ -155,10 +146,10 @@ def _finetune(
         how = f"{num_rows} {feats.unit} x {feats.epochs:g} epochs / batch {config.batch_size}"
         prior_run.check_steps(prior, num_steps, how)
     model = family.network(config, task, spec)
-    hyper = training.resolve_hyperparameters(config, spec.discriminator.hidden_size)
+    hyper = fit.resolve_hyperparameters(config, spec.discriminator.hidden_size)
     init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(config.seed))
     params = _initial_params(config, family, model, init, init_rng)
-    tx, schedule, state = training.optimizer_and_state(
+    tx, schedule, state = fit.optimizer_and_state(
         config,
         params,
         spec,
@@ -168,7 +159,7 @@ def _finetune(
         dropout_rng,
         mesh,
     )
-    step_fn, predict_fn = training.compiled_steps(family, config, task, model, tx, schedule, mesh)
+    step_fn, predict_fn = fit.compiled_steps(family, config, task, model, tx, schedule, mesh)
     if not resuming:
         _write_start(config, workdir, family, task, init, command, num_steps, files, tfds)
 
@@ -193,7 +184,7 @@ def _finetune(
         num_steps=num_steps,
         hyper=hyper,
         init_source=init.source,
-        train_loss=training.window_loss(history, num_steps, config.log_every_steps),
+        train_loss=fit.window_loss(history, num_steps, config.log_every_steps),
         started=started,
     )
 
@@ -266,7 +257,7 @@ def _train(config, workdir, mesh, state, step_fn, feats, hyper, steps, resumed):
         resumed(first)
 
         num_rows = len(feats.train["input_ids"])
-        order = training.batch_order(num_rows, config.batch_size, num_steps, config.seed)
+        order = fit.batch_order(num_rows, config.batch_size, num_steps, config.seed)
         sources = {hyper["learning_rate_source"], hyper["layer_decay_source"]} - {"config"}
         log(
             f"fine-tuning {num_steps} steps ({feats.epochs:g} epochs of {num_rows} {feats.unit}, "
@@ -280,7 +271,7 @@ def _train(config, workdir, mesh, state, step_fn, feats, hyper, steps, resumed):
         def save(done, state):
             checkpointing.save(manager, done, {"train": state, "history": history.copy()})
 
-        state, done, stopped = training.run_steps(
+        state, done, stopped = fit.run_steps(
             step_fn,
             state,
             take,

@@ -51,7 +51,7 @@ def evaluate_and_write(
     """Scores the trained `params` on the dev set(s) (family.evaluate with `predict_fn`, the
     compiled prediction step), writes the weights, the family's prediction files and
     eval_results.json, and returns the results. `data` and `feats`: the task as read and
-    featurized; `hyper`: training.resolve_hyperparameters'; `started`: the run's time.time().
+    featurized; `hyper`: fit.resolve_hyperparameters'; `started`: the run's time.time().
 
     Raises NonFiniteError (nothing written) when the model's dev outputs are not finite."""
     check = functools.partial(

@@ -12,7 +12,7 @@ import numpy as np
 import optax
 import pytest
 
-from electra_jax.finetune import initial, inputs, loop, saved, training
+from electra_jax.finetune import fit, initial, inputs, loop, saved
 from electra_jax.pretraining.optimizer_step import TrainState
 from electra_jax.store import checkpointing
 from electra_jax.validate import ConfigError
@@ -43,7 +43,7 @@ def _cut_before_the_first_checkpoint(config, workdir, monkeypatch):
         raise KeyboardInterrupt
 
     with monkeypatch.context() as m:
-        m.setattr(training, "run_steps", killed)
+        m.setattr(fit, "run_steps", killed)
         with pytest.raises(KeyboardInterrupt):
             loop.finetune(config, str(workdir))
     assert (workdir / saved.CONFIG_FILE).exists()

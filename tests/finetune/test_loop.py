@@ -14,7 +14,7 @@ import pytest
 
 from electra_jax.data import DataError
 from electra_jax.data.tokenizer import train_tokenizer
-from electra_jax.finetune import glue, glue_heads, initial, loop, tasks, training
+from electra_jax.finetune import fit, glue, glue_heads, initial, loop, tasks
 from electra_jax.model.networks import Electra, ElectraSpec, EncoderSpec, init_params
 from electra_jax.validate import ConfigError, NonFiniteError
 from tests.conftest import ROOT
@@ -273,8 +273,8 @@ def test_stsb_trains_on_scores_over_5_and_reports_them_on_0_to_5(tmp_path, monke
         jax.debug.callback(lambda p: outputs.extend(np.asarray(p).tolist()), out["prediction"])
         return out
 
-    loop_train_step, glue_predict_step = training.train_step, glue.predict_step
-    monkeypatch.setattr(training, "train_step", spy_train_step)
+    loop_train_step, glue_predict_step = fit.train_step, glue.predict_step
+    monkeypatch.setattr(fit, "train_step", spy_train_step)
     monkeypatch.setattr(glue, "predict_step", spy_predict_step)
     config = _config(data, task="STS-B", num_epochs=1.0, scale_regression_targets=scaled)
     out = loop.finetune(config, str(tmp_path / "w"))

@@ -1,18 +1,18 @@
-"""finetune/training.py: the learning rate and layer decay by model size, the batch order."""
+"""finetune/fit.py: the learning rate and layer decay by model size, the batch order."""
 
 import numpy as np
 import pytest
 
-from electra_jax.finetune import training
+from electra_jax.finetune import fit
 from tests.finetune.test_loop import _config
 
 
 def test_the_batch_order_is_epoch_after_epoch_of_permutations_by_the_seed():
-    order = training.batch_order(10, 4, 5, seed=3)  # 20 draws: two epochs, each a permutation
+    order = fit.batch_order(10, 4, 5, seed=3)  # 20 draws: two epochs, each a permutation
     assert sorted(order.reshape(-1)[:10]) == list(range(10))
     assert sorted(order.reshape(-1)[10:]) == list(range(10))
-    np.testing.assert_array_equal(order, training.batch_order(10, 4, 5, seed=3))
-    assert not np.array_equal(order, training.batch_order(10, 4, 5, seed=4))
+    np.testing.assert_array_equal(order, fit.batch_order(10, 4, 5, seed=3))
+    assert not np.array_equal(order, fit.batch_order(10, 4, 5, seed=4))
 
 
 NEAREST = ", the nearest size to hidden "
@@ -37,7 +37,7 @@ def test_learning_rate_and_layer_decay_follow_the_model_size(
     hidden, learning_rate, layer_decay, expected_lr, expected_decay, paper
 ):
     config = _config("unused", learning_rate=learning_rate, layer_decay=layer_decay)
-    assert training.resolve_hyperparameters(config, hidden) == {
+    assert fit.resolve_hyperparameters(config, hidden) == {
         "learning_rate": expected_lr,
         "learning_rate_source": "config" if learning_rate else paper,
         "layer_decay": expected_decay,
