@@ -22,9 +22,9 @@ import functools
 import os
 
 from electra_jax import paths
+from electra_jax.config.schema import ConfigError
 from electra_jax.hf.write import check_out, write_export, write_folder
 from electra_jax.pretrained import load_workdir, read_run_config
-from electra_jax.validate import ConfigError
 from electra_jax.weights import PretrainedError
 
 

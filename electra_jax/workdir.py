@@ -43,8 +43,9 @@ import sys
 import time
 
 from electra_jax import jsonio, paths
+from electra_jax.config.schema import ConfigError
 from electra_jax.jsonio import write_json
-from electra_jax.validate import ConfigError, check_workdir
+from electra_jax.validate import check_workdir
 
 MARKER = ".electra_jax"
 LOCK = ".lock"

@@ -108,7 +108,7 @@ def test_a_lock_object_that_is_not_our_record_is_named_with_the_way_out(gcs, con
     """Neither "in use by a run (pid ? on host ?)" nor "cannot be written": what is wrong with
     the object, and what to do; the object is left as it is."""
     from electra_jax import workdir
-    from electra_jax.validate import ConfigError
+    from electra_jax.config.schema import ConfigError
 
     uri = f"{gcs}/run/.lock"
     _blob(uri).upload_from_string(content)

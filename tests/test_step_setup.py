@@ -3,7 +3,7 @@
 import pytest
 
 from electra_jax import step_setup
-from electra_jax.validate import ConfigError
+from electra_jax.config.schema import ConfigError
 from tests.conftest import micro_config
 
 

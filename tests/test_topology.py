@@ -5,7 +5,7 @@ import math
 import pytest
 
 from electra_jax import topology
-from electra_jax.validate import ConfigError
+from electra_jax.config.schema import ConfigError
 from tests.conftest import run_python
 
 needs_libtpu = pytest.mark.skipif(

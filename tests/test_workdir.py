@@ -11,7 +11,7 @@ import time
 import pytest
 
 from electra_jax import paths, workdir
-from electra_jax.validate import ConfigError
+from electra_jax.config.schema import ConfigError
 from tests.conftest import ROOT, subprocess_env
 
 _FINETUNING = {"task": "SST-2", "model": {}, "learning_rate": 0, "batch_size": 32, "seq_length": 8}

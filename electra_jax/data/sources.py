@@ -163,8 +163,8 @@ class SourceOptions:
     def from_config(cls, data_cfg) -> SourceOptions:
         """From the ``data`` config section; keys it lacks keep their defaults."""
         return cls(
-            tfds_text_field=str(data_cfg.get("tfds_text_field", "text")),
-            tfds_data_dir=str(data_cfg.get("tfds_data_dir", "")),
+            tfds_text_field=str(data_cfg.tfds_text_field),
+            tfds_data_dir=str(data_cfg.tfds_data_dir),
         )
 
 

@@ -58,8 +58,8 @@ def main(argv) -> None:
     import shlex
 
     from electra_jax import workdir as workdir_lib
+    from electra_jax.config.schema import ConfigError
     from electra_jax.finetune import checks
-    from electra_jax.validate import ConfigError
 
     config = command_config("config", "electra_jax.finetune", finetuning=True)
     if _PRINT_CONFIG.value:

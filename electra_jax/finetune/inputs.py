@@ -31,9 +31,9 @@ import numpy as np
 
 from electra_jax import jsonio, paths
 from electra_jax import workdir as workdir_lib
+from electra_jax.config.schema import ConfigError
 from electra_jax.finetune import saved
 from electra_jax.finetune.checks import ALLOWED
-from electra_jax.validate import ConfigError
 
 CHANGES_FILE = workdir_lib.CHANGES_FILE
 

@@ -25,6 +25,8 @@ import optax
 
 from electra_jax import checkpointing, jsonio, paths, sharding
 from electra_jax import workdir as workdir_lib
+from electra_jax.config import finetune_keys
+from electra_jax.config.schema import ConfigError
 from electra_jax.data import DataError
 from electra_jax.finetune import checks, heads, inputs, saved
 from electra_jax.finetune.family import ORDER_STREAM, Family
@@ -39,15 +41,14 @@ from electra_jax.model import (
 )
 from electra_jax.optim import layerwise_lr_multipliers, make_finetune_optimizer
 from electra_jax.train_step import TrainState
-from electra_jax.validate import ConfigError
 from electra_jax.weights import PretrainedError
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (GLUE, SQUAD)}
 RESULTS_FILE = saved.RESULTS_FILE
 PREDICTIONS_FILE = GLUE.predictions_file
 NonFiniteError = checks.NonFiniteError
-# Fields a resumed run may change: they change no number of the run.
-RESUMABLE_CHANGES = ("checkpoint.every_steps", "checkpoint.keep", "log_every_steps")
+# Fields a resumed run may change: they change no number of the run (Key.resume FREE).
+RESUMABLE_CHANGES = finetune_keys.free_on_resume()
 
 # The ELECTRA paper's fine-tuning learning rate and layer-wise decay by model size (its Table 7),
 # keyed by the discriminator's hidden size. (The released code's default learning rate is 1e-4
@@ -372,6 +373,7 @@ def finetune(
         results are written.
     """
     started = time.time()
+    config = finetune_keys.complete(config)  # keys it lacks at their defaults
     family, task = check_config(config)
     checks.check_allowed(allow_changes)
     # Locked for the run; a pre-training workdir (or any folder not ours) is refused, since

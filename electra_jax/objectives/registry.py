@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from electra_jax.objectives import ablations, adversarial, electra, electra_mlm, mlm, two_stage
 from electra_jax.objectives.core import Objective
-from electra_jax.objectives.names import DEFAULT, OBJECTIVES
+from electra_jax.objectives.names import OBJECTIVES
 
 REGISTRY: dict[str, Objective] = {
     o.name: o
@@ -31,8 +31,8 @@ def get(name: str) -> Objective:
 
 
 def of_config(objective_cfg) -> Objective:
-    """The objective an objective section (a ConfigDict or a config.json's dict) names."""
-    return get(objective_cfg.get("name", DEFAULT))
+    """The objective an objective section (a ConfigDict, completed: schema.complete) names."""
+    return get(objective_cfg.name)
 
 
 def model_heads(objective_cfg) -> dict[str, bool]:
@@ -40,6 +40,6 @@ def model_heads(objective_cfg) -> dict[str, bool]:
     policy_baseline."""
     objective = of_config(objective_cfg)
     return {
-        "mlm_head": objective.needs_mlm_head(objective_cfg.get("disc_mlm_weight", 0.0)),
+        "mlm_head": objective.needs_mlm_head(objective_cfg.disc_mlm_weight),
         "policy_baseline": objective.policy_baseline,
     }

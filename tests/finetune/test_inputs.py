@@ -13,9 +13,9 @@ import optax
 import pytest
 
 from electra_jax import checkpointing
+from electra_jax.config.schema import ConfigError
 from electra_jax.finetune import inputs, loop, saved
 from electra_jax.train_step import TrainState
-from electra_jax.validate import ConfigError
 from tests.finetune.test_loop import _config, _sst2
 from tests.micro import micro_config
 

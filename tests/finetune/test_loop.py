@@ -12,11 +12,11 @@ import jax
 import numpy as np
 import pytest
 
+from electra_jax.config.schema import ConfigError
 from electra_jax.data import DataError
 from electra_jax.data.tokenizer import train_tokenizer
 from electra_jax.finetune import glue, heads, loop, tasks
 from electra_jax.model import Electra, ElectraSpec, EncoderSpec, init_params
-from electra_jax.validate import ConfigError
 from tests.conftest import ROOT
 
 FILLER = [
