@@ -23,8 +23,6 @@ _LOSS_WEIGHT = (
     "the loss terms are summed in float32 and clipped by one global gradient norm: a weight "
     "beyond 1e6 drowns the other terms below float32's resolution"
 )
-# jax's keys and Grain's shuffle take 32 bits: 2**32 would repeat seed 0's run, -1 2**32-1's.
-_SEED = "jax's keys and Grain's shuffle take 32 bits"
 
 # The sections' own docs, shown above their keys by --print_config.
 SECTIONS = {
@@ -43,8 +41,8 @@ KEYS = table(
         "seed",
         0,
         "one seed for initialisation, data order and every step's randomness",
+        # jax's keys and Grain's shuffle take 32 bits: 2**32 would repeat seed 0's run.
         rule="[0, 2**32)",
-        why=_SEED,
     ),
     Key(
         "data.source",
