@@ -12,6 +12,7 @@ import runpy
 import sys
 
 from electra_jax import cli
+from electra_jax.config import pretrain_keys, schema
 
 
 class Parser(argparse.ArgumentParser):
@@ -136,7 +137,7 @@ def settings(flag: str, items: list[str]) -> list[str]:
     return each_once(flag, items, key=lambda item: item.partition("=")[0].strip())
 
 
-DTYPES = ("float32", "bfloat16")  # validate.check_config's model.dtype
+DTYPES = schema.by_name(pretrain_keys.KEYS)["model.dtype"].rule  # the choices of model.dtype
 
 
 def set_field(flag: str, config, item: str, sections: bool) -> None:
@@ -221,9 +222,9 @@ def run(main, *args) -> None:
 def failures(where: str, also: tuple = ()):
     """The block's bad-input errors (the package's ConfigError, DataError and PretrainedError,
     and the classes in `also`) as one line starting with `where`; a traceback with --verbose."""
+    from electra_jax.config.schema import ConfigError
     from electra_jax.data import DataError
     from electra_jax.model.weights import PretrainedError
-    from electra_jax.validate import ConfigError
 
     try:
         yield

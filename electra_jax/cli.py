@@ -122,16 +122,17 @@ def cannot_write(error: OSError, then: str) -> str:
 
 
 PRINT_CONFIG_HELP = (
-    "Print every key of the config (overrides applied) with its value and the comment its "
-    "config file gives it, and exit: the keys --config.KEY=VALUE can set."
+    "Print every key of the config (overrides applied) with its value and its doc (the "
+    "schema's, or the config file's comment on its line), and exit: the keys "
+    "--config.KEY=VALUE can set."
 )
 
 
 def print_config(config, filename: str) -> None:
-    """What `--print_config` prints (config_help.describe), on stdout."""
-    from electra_jax import config_help
+    """What `--print_config` prints (config.describe.describe), on stdout."""
+    from electra_jax.config import describe
 
-    print(config_help.describe(config, filename))
+    print(describe.describe(config, filename))
 
 
 def _flag_value(argv: list[str], name: str) -> str | None:
@@ -231,8 +232,10 @@ def check_family(config, filename: str, command: str, finetuning: bool) -> None:
 
 def command_config(flag_name: str, command: str, finetuning: bool):
     """The ConfigDict of the config flag `flag_name`, loaded now (the flag loads its file
-    lazily: fail here, not in the middle of a run) and of the family `command` takes; one line
-    and exit 2 otherwise (loaded_config, check_family)."""
+    lazily: fail here, not in the middle of a run) and of the family `command` takes, with
+    every key the schema declares that the file lacks at its default (config/schema.complete),
+    so that every read is a plain attribute; one line and exit 2 otherwise (loaded_config,
+    check_family)."""
     filename = flags.FLAGS[flag_name].config_filename
     try:
         config = flags.FLAGS[flag_name].value
@@ -240,7 +243,17 @@ def command_config(flag_name: str, command: str, finetuning: bool):
         fail(f"config file {filename} cannot be read; check --config")
     config = loaded_config(config, filename)
     check_family(config, filename, command, finetuning=finetuning)
-    return config
+    return complete(config, finetuning)
+
+
+def complete(config, finetuning: bool):
+    """`config` with the keys of its command's schema it lacks at their defaults (a fine-tuning
+    config: its family's, but those the family's config must hold itself)."""
+    from electra_jax.config import finetune_keys, pretrain_keys, schema
+
+    if finetuning:
+        return finetune_keys.complete(config)
+    return schema.complete(config, pretrain_keys.KEYS)
 
 
 def _config_keys(config, prefix: str = "") -> list[str]:

@@ -16,6 +16,8 @@ import json
 
 import jax
 
+from electra_jax.config import pretrain_keys, schema
+from electra_jax.config.schema import ConfigError
 from electra_jax.model import sharding
 from electra_jax.pretraining import metrics
 from electra_jax.pretraining.scoring import EVAL_FILE, PREFIX, build
@@ -57,8 +59,8 @@ def evaluate_workdir(
             "electra_jax.evaluate takes a pre-training workdir, such as the one exported"
         )
     stored = pretrained.read_run_config(workdir)
-    config = ml_collections.ConfigDict(resume.with_added_defaults(stored))
-    trained_on = not config.data.get("heldout_examples", 0)
+    config = ml_collections.ConfigDict(schema.upgrade(stored, pretrain_keys.KEYS))
+    trained_on = not config.data.heldout_examples
     if trained_on:
         metrics.log(
             f"warning: {workdir} was trained on every row (its config.json predates "
@@ -79,7 +81,7 @@ def evaluate_workdir(
         num_slots = num_mask_slots(config.data.seq_length, config.objective.mask_prob)
         abstract = jax.eval_shape(lambda: _init_params(model))
         params_sharding = jax.tree_util.tree_map(lambda _: sharding.replicated(mesh), abstract)
-        batch_size = config.get("eval", {}).get("batch_size", 0) or config.train.batch_size
+        batch_size = config.eval.batch_size or config.train.batch_size
         evaluator = build(
             model=model,
             num_slots=num_slots,
@@ -161,7 +163,6 @@ def _define_flags():
 def main(argv) -> None:
     from absl import flags
 
-    from electra_jax import validate
     from electra_jax.cli import each_once, fail, quiet_logs
     from electra_jax.data import DataError
     from electra_jax.model.weights import PretrainedError
@@ -186,7 +187,7 @@ def main(argv) -> None:
         fail(f"--heldout_examples={values.heldout_examples} must be >= 1")
     try:
         rows = evaluate_workdir(values.workdir, steps, values.heldout_examples)
-    except (PretrainedError, validate.ConfigError, DataError, ValueError) as e:
+    except (PretrainedError, ConfigError, DataError, ValueError) as e:
         if values.verbose:
             raise
         fail(" ".join(str(e).split()))

@@ -21,11 +21,11 @@ from __future__ import annotations
 import functools
 import os
 
+from electra_jax.config.schema import ConfigError
 from electra_jax.hf.write import check_out, write_export, write_folder
 from electra_jax.model.weights import PretrainedError
 from electra_jax.pretrained import load_workdir, read_run_config
 from electra_jax.store import filenames, paths
-from electra_jax.validate import ConfigError
 
 
 def export(

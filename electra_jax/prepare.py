@@ -34,6 +34,7 @@ from electra_jax.cli import (
     print_config,
     quiet_logs,
 )
+from electra_jax.config.schema import ConfigError
 from electra_jax.store import filenames
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -136,7 +137,7 @@ def main(argv) -> None:
             _WORKDIR.value, workdir_lib.PRETRAIN, command="electra_jax.prepare"
         ):
             summary = run(config, _WORKDIR.value, _NUM_WORKERS.value or None)
-    except (DataError, validate.ConfigError) as e:
+    except (DataError, ConfigError) as e:
         if _VERBOSE.value:
             raise
         fail(str(e))

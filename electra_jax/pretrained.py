@@ -174,17 +174,25 @@ def spec_from_run_config(config: dict, vocab_size: int, where: str) -> networks.
     """The model's spec from a run's config.json (as saved by loop.train)."""
     import ml_collections
 
+    from electra_jax.config import pretrain_keys, schema
+
     for field in _RUN_SIZES:  # before generator_spec computes with them
         if field in config["model"]:
             check_size(config["model"][field], f"model.{field}", field, where)
     try:
         from electra_jax.objectives import registry
 
+        # Every config.json has the sizes: one missing is damage (a KeyError), not age. Keys
+        # added since mean what schema.Key.absent says (unrolled layers, one shared embedding).
+        for section, fields in (("model", _RUN_SIZES), ("generator", ("hidden_fraction",))):
+            for field in fields:
+                config[section][field]  # noqa: B018
+        config = schema.upgrade(config, pretrain_keys.KEYS)
         spec = networks.spec_from_config(
             ml_collections.ConfigDict(config["model"]),
             ml_collections.ConfigDict(config["generator"]),
             vocab_size,
-            **registry.model_heads(config.get("objective", {})),
+            **registry.model_heads(ml_collections.ConfigDict(config["objective"])),
         )
     except (KeyError, AttributeError, TypeError, ValueError, OverflowError) as e:
         raise PretrainedError(

@@ -212,8 +212,9 @@ def main(argv) -> None:
         fail("--config is required, e.g. --config=configs/tiny.py")
     if not _VERBOSE.value:
         quiet_logs()
+    from electra_jax.config.schema import ConfigError
     from electra_jax.data import DataError
-    from electra_jax.validate import ConfigError, NonFiniteError, check_config
+    from electra_jax.validate import NonFiniteError, check_config
 
     config = command_config("config", "electra_jax.train", finetuning=False)
     if _PRINT_CONFIG.value:

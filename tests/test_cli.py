@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 from electra_jax import cli
-from tests.conftest import ROOT, error_line, run_command, run_python, subprocess_env
+from tests.conftest import ROOT, error_line, load_config, run_command, run_python, subprocess_env
 
 # A command as the package's are written: a config flag, parse_flags as absl's parser.
 APP = textwrap.dedent(
@@ -306,3 +306,18 @@ def test_a_config_argument_get_config_does_not_take_is_one_line(tmp_path):
         f"error: config file {tmp_path / 'config.py'}:big: get_config() cannot be called as "
         "--config asks (TypeError: get_config() takes 0 positional arguments but 1 was given)"
     )
+
+
+def test_a_config_lacking_keys_gets_the_schemas_defaults_and_a_family_keeps_its_own():
+    config = load_config("tiny")
+    with config.unlocked():
+        del config.train["steps_per_call"]
+        del config["compile"]
+    done = cli.complete(config, finetuning=False)
+    assert done.train.steps_per_call == 4 and done.compile.cache_dir == ""
+    assert done.train.num_steps == config.train.num_steps  # what the file sets is kept
+    glue = load_config("glue")
+    with glue.unlocked():
+        del glue["task"], glue["seed"]
+    done = cli.complete(glue, finetuning=True)
+    assert done.seed == 0 and "task" not in done  # the family's own: its check says so

@@ -57,6 +57,7 @@ import warnings
 import zlib
 from collections.abc import Iterable, Iterator
 
+from electra_jax.config import pretrain_keys, schema
 from electra_jax.data import DataError
 from electra_jax.store import jsonio
 from electra_jax.store import paths as path_layer  # `paths` names lists of files here
@@ -148,22 +149,24 @@ class SourceStats:
         return self._bytes_done + position
 
 
+_DATA_KEYS = schema.by_name(pretrain_keys.KEYS)
+
+
 @dataclasses.dataclass(frozen=True)
 class SourceOptions:
     """Reading options beyond the source string (config keys ``data.tfds_*``)."""
 
-    tfds_text_field: str = "text"
-    tfds_data_dir: str = ""
+    tfds_text_field: str = _DATA_KEYS["data.tfds_text_field"].default
+    tfds_data_dir: str = _DATA_KEYS["data.tfds_data_dir"].default
     max_line_chars: int = MAX_LINE_CHARS
     max_document_chars: int = MAX_DOCUMENT_CHARS
 
     @classmethod
     def from_config(cls, data_cfg) -> SourceOptions:
-        """From the ``data`` config section; keys it lacks keep their defaults."""
-        return cls(
-            tfds_text_field=str(data_cfg.get("tfds_text_field", "text")),
-            tfds_data_dir=str(data_cfg.get("tfds_data_dir", "")),
-        )
+        """From the ``data`` config section (a caller may give a section of its own making:
+        keys it lacks keep the schema's defaults)."""
+        names = ("tfds_text_field", "tfds_data_dir")
+        return cls(**{name: str(data_cfg[name]) for name in names if name in data_cfg})
 
 
 _warned: set[str] = set()

@@ -57,9 +57,10 @@ def main(argv) -> None:
         quiet_logs()
     import shlex
 
+    from electra_jax.config.schema import ConfigError
     from electra_jax.finetune import checks
     from electra_jax.run import workdir as workdir_lib
-    from electra_jax.validate import ConfigError, NonFiniteError
+    from electra_jax.validate import NonFiniteError
 
     config = command_config("config", "electra_jax.finetune", finetuning=True)
     if _PRINT_CONFIG.value:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from electra_jax.config.schema import ConfigError
 from electra_jax.data import DataError
 from electra_jax.finetune import glue_heads, saved
 from electra_jax.model.networks import (
@@ -22,7 +23,6 @@ from electra_jax.model.networks import (
 )
 from electra_jax.model.weights import PretrainedError
 from electra_jax.store import paths
-from electra_jax.validate import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,11 +28,11 @@ from typing import Any
 
 import numpy as np
 
+from electra_jax.config.schema import ConfigError
 from electra_jax.finetune import saved
 from electra_jax.run import rerun
 from electra_jax.run import workdir as workdir_lib
 from electra_jax.store import jsonio, paths
-from electra_jax.validate import ConfigError
 
 CHANGES_FILE = workdir_lib.CHANGES_FILE
 

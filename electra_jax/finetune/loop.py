@@ -20,14 +20,24 @@ import jax
 import ml_collections
 import numpy as np
 
-from electra_jax.finetune import checks, fit, glue_heads, initial, inputs, prior_run, results, saved
+from electra_jax.config import finetune_keys
+from electra_jax.config.schema import ConfigError
+from electra_jax.finetune import (
+    checks,
+    fit,
+    glue_heads,
+    initial,
+    inputs,
+    prior_run,
+    results,
+    saved,
+)
 from electra_jax.finetune.family import Family
 from electra_jax.finetune.glue import GLUE
 from electra_jax.finetune.squad import SQUAD
 from electra_jax.model import sharding
 from electra_jax.pretraining.metrics import log
 from electra_jax.store import checkpointing, jsonio, paths
-from electra_jax.validate import ConfigError
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (GLUE, SQUAD)}
 RESULTS_FILE = saved.RESULTS_FILE
@@ -71,6 +81,7 @@ def finetune(
         results are written.
     """
     started = time.time()
+    config = finetune_keys.complete(config)  # keys it lacks at their defaults
     family, task = check_config(config)
     checks.check_allowed(allow_changes)
     mesh = local_mesh(config)  # one process: before the claim, which every process would join

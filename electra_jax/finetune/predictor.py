@@ -197,7 +197,7 @@ def is_finetuned(path: str) -> bool:
 def read_run(workdir: str) -> tuple[ml_collections.ConfigDict, dict, Any, Any]:
     """(config, model.json, family, task) of a fine-tuning workdir; PretrainedError naming the
     file when one is missing, damaged, or of a family or task this version does not know."""
-    from electra_jax.validate import ConfigError
+    from electra_jax.config.schema import ConfigError
 
     record = saved.read_model(workdir)
     config_path = paths.join(workdir, saved.CONFIG_FILE)

@@ -16,6 +16,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from electra_jax.config import finetune_keys
+from electra_jax.config.schema import ConfigError, flatten
 from electra_jax.finetune import saved
 from electra_jax.finetune.family import Family
 from electra_jax.finetune.glue import GLUE
@@ -24,12 +26,11 @@ from electra_jax.model.weights import PretrainedError
 from electra_jax.run import rerun
 from electra_jax.run import workdir as workdir_lib
 from electra_jax.store import checkpointing, filenames, paths
-from electra_jax.validate import ConfigError, flatten
 
-# The settings a fine-tuning's rerun may change without --allow_change: they change no number
-# of the run, only how often it logs and checkpoints and how many checkpoints it keeps. The one
-# place fine-tuning's resume rule is said (rerun.Rules.free of FINETUNING below).
-FREE_ON_RESUME = ("checkpoint.every_steps", "checkpoint.keep", "log_every_steps")
+# The settings a fine-tuning's rerun may change without --allow_change (Key.resume FREE in
+# config/finetune_keys.py): they change no number of the run, only how often it logs and
+# checkpoints and how many checkpoints it keeps.
+FREE_ON_RESUME = finetune_keys.free_on_resume()
 
 
 @dataclasses.dataclass

@@ -221,8 +221,8 @@ def pretraining_record(init_from: str, pre: Any) -> dict:
     length, its counted training FLOPs up to that step (metrics.count_flops, as the run's MFU
     uses) and the metrics.jsonl row of that step; for an export, its export.json."""
     from electra_jax import pretrained
+    from electra_jax.config import pretrain_keys, schema
     from electra_jax.hf.read import HF_PREFIX
-    from electra_jax.objectives.catalog import DEFAULT
     from electra_jax.objectives.core import num_mask_slots
     from electra_jax.pretraining import metrics
 
@@ -243,8 +243,9 @@ def pretraining_record(init_from: str, pre: Any) -> dict:
     record["step"] = int(step)
     try:
         config = read_json(paths.join(path, CONFIG_FILE), "")
-        data, train, obj = config["data"], config["train"], config.get("objective", {})
-        name, mask_prob = obj.get("name", DEFAULT), obj.get("mask_prob", 0.15)
+        data, train = config["data"], config["train"]  # sizes: never filled in (KeyError)
+        obj = schema.upgrade(config, pretrain_keys.KEYS)["objective"]  # older: what they meant
+        name, mask_prob = obj["name"], obj["mask_prob"]
         seq_length, batch_size = int(data["seq_length"]), int(train["batch_size"])
         flops = metrics.count_flops(
             pre.spec, batch_size, seq_length, num_mask_slots(seq_length, mask_prob), name

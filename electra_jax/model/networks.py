@@ -122,7 +122,7 @@ def spec_from_config(
         type_vocab_size=model_cfg.type_vocab_size,
         discriminator=disc,
         generator=generator_spec(
-            disc, generator_cfg.hidden_fraction, generator_cfg.get("layers_fraction", 1.0)
+            disc, generator_cfg.hidden_fraction, generator_cfg.layers_fraction
         ),
         dropout_rate=model_cfg.dropout_rate,
         attention_dropout_rate=model_cfg.attention_dropout_rate,
@@ -130,13 +130,11 @@ def spec_from_config(
         layer_norm_eps=model_cfg.layer_norm_eps,
         dtype=model_cfg.dtype,
         remat=remat,
-        attention=model_cfg.get("attention", "einsum"),
-        embedding_sharing=model_cfg.get("embedding_sharing", "electra"),
+        attention=model_cfg.attention,
+        embedding_sharing=model_cfg.embedding_sharing,
         mlm_head=mlm_head,
         policy_baseline=policy_baseline,
-        # A run config without the key was written before layers were scanned: its
-        # checkpoints hold unrolled layers.
-        scan_layers=bool(model_cfg.get("scan_layers", False)),
+        scan_layers=bool(model_cfg.scan_layers),
     )
 
 

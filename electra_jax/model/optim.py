@@ -108,7 +108,7 @@ def make_optimizer(train_cfg: Any) -> tuple[optax.GradientTransformation, optax.
         optax.add_decayed_weights(train_cfg.weight_decay, mask=decay_mask),
         optax.scale_by_learning_rate(schedule),
     ]
-    scale = train_cfg.get("generator_lr_scale", 1.0)
+    scale = train_cfg.generator_lr_scale
     if scale != 1.0:  # left out at 1, so that the optimizer state's tree stays the paper's
         parts.append(scale_generator_updates(scale))
     return optax.chain(*parts), schedule

@@ -113,7 +113,7 @@ def adversarial_flops(p: FlopParts) -> tuple[int, int]:
 def _begin_step(objective_cfg, step, params, weights: dict) -> StepPlan:
     """The generator's maximum-likelihood warm start, then the policy gradient: the weight
     `adversarial` (0, then 1), logged as policy_gradient."""
-    warm = objective_cfg.get("mle_warmup_steps", 0)
+    warm = objective_cfg.mle_warmup_steps
     adversarial = (step >= warm).astype(jnp.float32)
     plan = plain_step(objective_cfg, step, params, {**weights, "adversarial": adversarial})
     return plan._replace(metrics={"policy_gradient": adversarial})  # 0 during the warm start

@@ -1,6 +1,8 @@
 """The pre-training objectives' names, without jax: validate.py checks objective.name with them
 in moments, before jax is imported. registry.py maps each to its module's `Objective`."""
 
+from electra_jax.config import pretrain_keys, schema
+
 OBJECTIVES = (
     "electra",
     "mlm",
@@ -11,4 +13,5 @@ OBJECTIVES = (
     "adversarial",
     "electra_mlm",
 )
-DEFAULT = "electra"  # what a config without objective.name trains
+# What a config without objective.name trains: the schema's default.
+DEFAULT = schema.by_name(pretrain_keys.KEYS)["objective.name"].default

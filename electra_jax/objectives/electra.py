@@ -140,8 +140,8 @@ def _sums(batch, corruption, nets: Networks, keys, *, temperature, sampler):
 def _begin_step(objective_cfg, step, params, weights: dict) -> StepPlan:
     """The discriminator's MLM weight, faded to 0 over objective.disc_mlm_steps when set."""
     plan = plain_step(objective_cfg, step, params, weights)
-    if objective_cfg.get("disc_mlm_weight", 0.0) > 0:
-        w, fade = objective_cfg.disc_mlm_weight, objective_cfg.get("disc_mlm_steps", 0)
+    if objective_cfg.disc_mlm_weight > 0:
+        w, fade = objective_cfg.disc_mlm_weight, objective_cfg.disc_mlm_steps
         weights = {**weights, "disc_mlm_weight": schedule_value(0.0, w, fade, step) if fade else w}
         plan = plan._replace(weights=weights)
     return plan

@@ -4,8 +4,9 @@ catalog.py, which validate.py reads without jax); docs/development.md shows it."
 
 from __future__ import annotations
 
+from electra_jax.config import pretrain_keys, schema
 from electra_jax.objectives import ablations, adversarial, electra, electra_mlm, mlm, two_stage
-from electra_jax.objectives.catalog import DEFAULT, OBJECTIVES
+from electra_jax.objectives.catalog import OBJECTIVES
 from electra_jax.objectives.core import Objective
 
 REGISTRY: dict[str, Objective] = {
@@ -30,16 +31,23 @@ def get(name: str) -> Objective:
     return REGISTRY[name]
 
 
+def _section(objective_cfg) -> dict:
+    """An objective section (a ConfigDict or a config.json's dict) with the keys it lacks as the
+    schema says a config without them meant (schema.upgrade: 'electra', no MLM term)."""
+    return schema.upgrade({"objective": dict(objective_cfg)}, pretrain_keys.KEYS)["objective"]
+
+
 def of_config(objective_cfg) -> Objective:
     """The objective an objective section (a ConfigDict or a config.json's dict) names."""
-    return get(objective_cfg.get("name", DEFAULT))
+    return get(_section(objective_cfg)["name"])
 
 
 def model_heads(objective_cfg) -> dict[str, bool]:
     """The heads the model needs for an objective section: spec_from_config's mlm_head and
     policy_baseline."""
-    objective = of_config(objective_cfg)
+    section = _section(objective_cfg)
+    objective = get(section["name"])
     return {
-        "mlm_head": objective.needs_mlm_head(objective_cfg.get("disc_mlm_weight", 0.0)),
+        "mlm_head": objective.needs_mlm_head(section["disc_mlm_weight"]),
         "policy_baseline": objective.policy_baseline,
     }

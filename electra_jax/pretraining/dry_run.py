@@ -14,13 +14,13 @@ import jax
 import ml_collections
 import numpy as np
 
+from electra_jax.config.schema import ConfigError
 from electra_jax.model import sharding
 from electra_jax.model.networks import network_param_counts
 from electra_jax.pretraining import metrics, topology
 from electra_jax.pretraining.optimizer_step import init_state
 from electra_jax.pretraining.program import build, checked_mesh, setup_step
 from electra_jax.store import checkpointing
-from electra_jax.validate import ConfigError
 
 
 def describe(
@@ -150,7 +150,7 @@ def compile_report(config: ml_collections.ConfigDict, vocab_size: int) -> dict:
     compiled, seconds = _compile(*_abstract_inputs(config, vocab_size, mesh))
     cost = _costs(compiled)
     xla_flops = float(cost.get("flops", 0.0)) * mesh.size if cost else None
-    if config.train.grad_accum_steps > 1 or config.model.get("scan_layers", False):
+    if config.train.grad_accum_steps > 1 or config.model.scan_layers:
         xla_flops = None  # XLA counts a loop's body once, not once per micro-batch or layer
     return {
         "devices": mesh.size,
@@ -257,7 +257,7 @@ def tpu_report(
     devices = topology.compile_only_devices(target)
     hosts = len({d.process_index for d in devices})
     mesh = checked_mesh(config, process_count=hosts, devices=devices)
-    steps = config.train.get("steps_per_call", 1)
+    steps = config.train.steps_per_call
     try:
         with _without_persistent_cache():
             compiled, seconds = _compile(*_abstract_inputs(config, vocab_size, mesh, steps))

@@ -145,7 +145,7 @@ class MetricsWriter:
         self._mirror = None
         if not enabled:
             return
-        if config is not None and config.log.get("wandb_project"):
+        if config is not None and config.log.wandb_project:
             from electra_jax.pretraining import wandb_mirror
 
             self._mirror = wandb_mirror.Mirror.start(workdir, config, log)

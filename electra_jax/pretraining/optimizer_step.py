@@ -165,8 +165,8 @@ def train_step(
     # it was, when it is off.
     temperature = schedule_value(
         objective_cfg.temperature,
-        objective_cfg.get("temperature_start", 0.0),
-        objective_cfg.get("temperature_steps", 0),
+        objective_cfg.temperature_start,
+        objective_cfg.temperature_steps,
         state.step,
     )
     rng = jax.random.fold_in(state.rng, state.step)
@@ -183,12 +183,12 @@ def train_step(
     )
     # The recipe's unigram floor: a share of the slots, constant or fading to 0 over
     # unigram_share_steps. Off (0, the paper's) it leaves the step and its keys untouched.
-    unigram_share = objective_cfg.get("unigram_share", 0.0)
-    if objective_cfg.get("unigram_share_steps", 0):
+    unigram_share = objective_cfg.unigram_share
+    if objective_cfg.unigram_share_steps:
         unigram_share = schedule_value(
             0.0, unigram_share, objective_cfg.unigram_share_steps, state.step
         )
-    if objective_cfg.get("unigram_share", 0.0) > 0:
+    if objective_cfg.unigram_share > 0:
         if unigram_cdf is None:
             raise ValueError("objective.unigram_share > 0 needs the corpus's unigram_cdf")
         corruption = with_unigram_floor(

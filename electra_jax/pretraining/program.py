@@ -17,6 +17,7 @@ import ml_collections
 import numpy as np
 
 from electra_jax import validate
+from electra_jax.config.schema import ConfigError
 from electra_jax.model import sharding
 from electra_jax.model.networks import Electra, ElectraSpec, param_logical_axes, spec_from_config
 from electra_jax.model.optim import make_optimizer
@@ -55,7 +56,7 @@ def rtd_prior_bias(config) -> float:
     samples are almost never the original), so that the head starts calibrated and the
     discriminator's first updates need not shift every token's state to lower its logit; else 0,
     as the original."""
-    if not config.train.get("rtd_prior_init", False):
+    if not config.train.rtd_prior_init:
         return 0.0
     p = config.objective.mask_prob
     return float(np.log(p / (1.0 - p)))
@@ -86,7 +87,7 @@ def setup_step(
     """The model, state layout and compiled-on-first-use train step a config describes
     (`special`: the tokenizer's [PAD], [CLS], [SEP], [MASK] ids; `unigram_cdf`: float32 [V],
     the corpus's cumulative unigram distribution, which objective.unigram_share > 0 needs)."""
-    if unigram_cdf is None and config.objective.get("unigram_share", 0.0) > 0:
+    if unigram_cdf is None and config.objective.unigram_share > 0:
         raise ValueError("objective.unigram_share > 0: give setup_step the corpus's unigram_cdf")
     spec, model, tx, schedule, num_slots = build(config, vocab_size, mesh)
     make_state = functools.partial(
@@ -107,9 +108,7 @@ def setup_step(
         grad_accum_steps=config.train.grad_accum_steps,
         special=special,
         unigram_cdf=(
-            np.asarray(unigram_cdf, np.float32)
-            if config.objective.get("unigram_share", 0.0) > 0
-            else None
+            np.asarray(unigram_cdf, np.float32) if config.objective.unigram_share > 0 else None
         ),
     )
 
@@ -123,7 +122,7 @@ def setup_step(
 
     step_fn = jitted(one_step, sharding.batch_sharding(mesh))
     multi_step_fn = None
-    if config.train.get("steps_per_call", 1) > 1:
+    if config.train.steps_per_call > 1:
         multi_step_fn = jitted(
             functools.partial(multi_step, step_fn=one_step), sharding.stacked_batch_sharding(mesh)
         )
@@ -141,7 +140,7 @@ def checked_mesh(config: ml_collections.ConfigDict, process_count: int, devices=
     try:
         mesh = sharding.make_mesh(config.mesh, devices)
     except ValueError as e:
-        raise validate.ConfigError(f"{e}; choose a mesh.fsdp that divides it") from e
+        raise ConfigError(f"{e}; choose a mesh.fsdp that divides it") from e
     validate.check_batch(
         config.train.batch_size,
         sharding.data_parallel_size(mesh),
@@ -152,18 +151,18 @@ def checked_mesh(config: ml_collections.ConfigDict, process_count: int, devices=
     if eval_every(config) and eval_batch != config.train.batch_size:
         try:
             validate.check_batch(eval_batch, sharding.data_parallel_size(mesh), process_count)
-        except validate.ConfigError as e:
+        except ConfigError as e:
             message = str(e).replace("train.batch_size", "eval.batch_size")
-            raise validate.ConfigError(message) from None
+            raise ConfigError(message) from None
     return mesh
 
 
 def eval_every(config) -> int:
     """eval.every_steps (0 for configs without an eval section, or without held-out rows)."""
-    if not config.data.get("heldout_examples", 0):
+    if not config.data.heldout_examples:
         return 0
-    return config.get("eval", {}).get("every_steps", 0)
+    return config.eval.every_steps
 
 
 def eval_batch_size(config) -> int:
-    return config.get("eval", {}).get("batch_size", 0) or config.train.batch_size
+    return config.eval.batch_size or config.train.batch_size

@@ -1,17 +1,17 @@
 """What a run continues from, asked once before any work: `plan(config, workdir, allow)`.
 
 A workdir with checkpoints is resumed with the model it was trained with and, but for the settings
-in FREE_ON_RESUME and those allowed (train's --allow_change), the settings it was started with; the
-allowed changes are recorded in config_changes.jsonl. A workdir with checkpoints whose config.json
-is gone is refused: its settings are unknown, and resuming with the command line's would change the
-run without a word; `--allow_change=config.json` says to resume with them all the same (the
-checkpoints' shapes are still checked at the restore), and the run writes its config.json again. A
-run started before a setting existed keeps what it meant then (its checkpoints' layer layout, no
-held-out slice). A new run may start from train.init_from's weights. The workdir is claimed
-(workdir.claim) for the whole run. The claim, the checkpoints' survey, the stored config.json
-against the new settings by a rule table (PRETRAINING: FREE_ON_RESUME) and the record of the
-allowed changes are rerun.py's, which fine-tuning's resume shares; this module adds
-pre-training's own on top.
+a resume may change freely (Key.resume in config/pretrain_keys.py) and those allowed (train's
+--allow_change), the settings it was started with; the allowed changes are recorded in
+config_changes.jsonl. A workdir with checkpoints whose config.json is gone is refused: its settings
+are unknown, and resuming with the command line's would change the run without a word;
+`--allow_change=config.json` says to resume with them all the same (the checkpoints' shapes are
+still checked at the restore), and the run writes its config.json again. A run started before a
+setting existed keeps what it meant then (Key.absent: its checkpoints' layer layout, no held-out
+slice). A new run may start from train.init_from's weights. The workdir is claimed (workdir.claim)
+for the whole run. The claim, the checkpoints' survey, the stored config.json against the new
+settings by a rule table (PRETRAINING) and the record of the allowed changes are rerun.py's,
+which fine-tuning's resume shares; this module adds pre-training's own on top.
 
 The prepared data must be the run's too: WORKDIR/data_record.json records what the rows of a
 run depend on (shards.key_fields: the corpus's content key, the tokenizer's fingerprint, the
@@ -40,13 +40,14 @@ from typing import Any
 import jax
 import ml_collections
 
+from electra_jax.config import pretrain_keys, schema
+from electra_jax.config.schema import ConfigError, flatten
 from electra_jax.pretraining import metrics
 from electra_jax.run import rerun
 from electra_jax.run import workdir as workdir_lib
 from electra_jax.run.rerun import MISSING_CONFIG
 from electra_jax.store import checkpointing, filenames, jsonio, paths
 from electra_jax.store.jsonio import write_json
-from electra_jax.validate import ConfigError, flatten
 
 # The --allow_change key that lets each field of the data record differ on a resume; the config
 # keys among them are refused earlier, by check_same_run, unless allowed.
@@ -533,37 +534,11 @@ def mismatch_message(e: checkpointing.CheckpointMismatch, workdir: str) -> str:
     )
 
 
-# The fields that fix the parameters' shapes and meaning. model.dtype is left out: it is the compute
-# type only (parameters stay float32), so resuming in bfloat16 what ran in float32 is legitimate.
-_MODEL_SECTIONS = ("model", "generator")
-_MODEL_KEYS = ("data.vocab_size", "data.seq_length", "objective.name")  # name: the MLM head
-_NOT_MODEL = ("model.dtype",)
-# What a run config written before these keys existed means by their absence: a run started
-# before model.scan_layers holds its layers unrolled; one started before the held-out slice
-# trained on every row.
-_ADDED_DEFAULTS = {
-    "model.embedding_sharing": "electra",
-    "model.scan_layers": False,
-    "data.heldout_examples": 0,
-}
-
-
-def with_added_defaults(stored: dict) -> dict:
-    """A stored run config (config.json) with the keys added since filled in as `_ADDED_DEFAULTS`
-    says the run had them; a new nested dict."""
-    out = json.loads(json.dumps(stored))
-    for key, value in _ADDED_DEFAULTS.items():
-        node = out
-        *parents, leaf = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node.setdefault(leaf, value)
-    return out
-
-
 def stored_scan_layers(old: dict) -> bool:
-    """The layer layout of a stored run's settings (config.json, flat): model.scan_layers."""
-    return bool(old.get("model.scan_layers", _ADDED_DEFAULTS["model.scan_layers"]))
+    """The layer layout of a stored run's settings (config.json, flat): model.scan_layers, or
+    what its absence means (schema.Key.absent: unrolled)."""
+    key = schema.by_name(pretrain_keys.KEYS)["model.scan_layers"]
+    return bool(old.get(key.name, key.when_absent))
 
 
 def _shown(keys: list[str], old: dict, new: dict) -> str:
@@ -576,17 +551,17 @@ def check_same_model(old: dict, new: dict, config_path: str) -> None:
     """Raises ConfigError when a workdir's stored settings describe another model than the new.
 
     old: the workdir's config.json, new: the settings asked for, both flat ({"a.b": value},
-    validate.flatten). Compares model.*, generator.*, data.vocab_size and data.seq_length, so
-    that a resume with other sizes fails here in one line instead of as a shape error deep
-    inside the restore.
+    schema.flatten). Compares the keys that fix the parameters (Key.resume MODEL: model.* but
+    model.dtype, the compute type only; generator.*; data.vocab_size, data.seq_length,
+    objective.name), so that a resume with other sizes fails here in one line instead of as a
+    shape error deep inside the restore.
     """
-    # Keys added since a run was stored mean their default there.
-    old = {**_ADDED_DEFAULTS, **old}
+    # Keys added since a run was stored mean there what their Key.absent declares; another key
+    # missing there counts as different (None there), as a damaged config.json may lack it.
+    old = flatten(schema.upgrade(_nested(old), pretrain_keys.KEYS, declared_only=True))
 
     def is_model_key(key: str) -> bool:
-        return (key.split(".", 1)[0] in _MODEL_SECTIONS or key in _MODEL_KEYS) and (
-            key not in _NOT_MODEL
-        )
+        return schema.resume_rule(key, pretrain_keys.KEYS) == schema.MODEL
 
     keys = sorted(k for k in set(old) | set(new) if is_model_key(k))
     differ = [k for k in keys if old.get(k) != new.get(k)]
@@ -598,28 +573,13 @@ def check_same_model(old: dict, new: dict, config_path: str) -> None:
         )
 
 
-# Settings a resumed run may change without saying so: how long it runs, how the same numbers are
-# computed and laid out, where files go and how often they are written. Every other setting
-# (data, schedule, optimizer, objective, seed) shapes what the run learns, so a resume that
-# changes one would no longer continue the run it resumes; it needs train's --allow_change.
-FREE_ON_RESUME = (
-    "train.num_steps",
-    "train.steps_per_call",
-    "train.remat",
-    "train.grad_accum_steps",
-    "train.nan_policy",
-    "train.debug_nan_at_step",
-    "train.init_from",  # read only by a fresh run
-    "data.cache_dir",
-    "data.tokenizer",  # a resumed run keeps its own; a different file is refused by fingerprint
-    "data.examples_per_shard",
-    "data.tfds_data_dir",
-    "mesh.",
-    "checkpoint.",
-    "log.",
-    "compile.",  # where compiled programs are cached: the same programs either way
-    "eval.",  # what is read and how often; never what is trained (data.heldout_examples is)
-)
+def _nested(flat: dict) -> dict:
+    """{"a": {"b": value}} for {"a.b": value}."""
+    out: dict = {}
+    for key, value in flat.items():
+        section, _, field = key.rpartition(".")
+        (out.setdefault(section, {}) if section else out)[field] = value
+    return out
 
 
 def _without_config(workdir: str, resumes: bool, allow: tuple[str, ...]) -> None:
@@ -635,6 +595,11 @@ def _without_config(workdir: str, resumes: bool, allow: tuple[str, ...]) -> None
             "or use a new --workdir"
         )
 
+
+# Settings a resumed run may change without saying so (Key.resume FREE): how long it runs, how
+# the same numbers are computed and laid out, where files go and how often they are written.
+# Every other setting shapes what the run learns: a resume changing one needs --allow_change.
+FREE_ON_RESUME = schema.free_on_resume(pretrain_keys.KEYS)
 
 # Pre-training's rerun: only checkpoints say the workdir holds a run (a config.json without them
 # is a start that is written over); keys added to the framework since are not compared.
@@ -652,7 +617,7 @@ def check_same_run(
     old: dict, new: dict, config_path: str, allowed: tuple[str, ...] = ()
 ) -> dict[str, tuple[Any, Any]]:
     """Raises ConfigError when the new settings change one of the stored run's that a resume
-    must keep (see FREE_ON_RESUME), unless the key is in `allowed`.
+    must keep (all but Key.resume FREE ones), unless the key is in `allowed`.
 
     old: the workdir's config.json, new: the settings asked for, both flat. Keys the stored
     config lacks (added to the framework since) are not compared. Returns the allowed

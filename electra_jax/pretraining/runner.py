@@ -16,6 +16,8 @@ import ml_collections
 import numpy as np
 
 from electra_jax import validate
+from electra_jax.config import pretrain_keys, schema
+from electra_jax.config.schema import ConfigError
 from electra_jax.model import layer_stack, sharding
 from electra_jax.model.networks import Electra, init_params
 from electra_jax.pretraining import compile_cache, metrics, profiling, resume, scoring, timing
@@ -54,11 +56,12 @@ def train(
     non-finite is saved) and is skipped under 'skip'.
 
     The workdir is locked for the whole call (workdir.claim): a second run on it gets a
-    ConfigError naming this one. A resume must keep the stored settings but for those in
-    resume.FREE_ON_RESUME and `allow_changes` (config keys), which are recorded in
-    config_changes.jsonl. `command`, the command line, is recorded in commands.jsonl for the
-    export's model card.
+    ConfigError naming this one. A resume must keep the stored settings but for those a resume
+    may change freely (schema.Key.resume) and `allow_changes` (config keys), which are recorded
+    in config_changes.jsonl. `command`, the command line, is recorded in commands.jsonl for the
+    export's model card. Keys `config` lacks take their defaults (schema.complete).
     """
+    config = schema.complete(config, pretrain_keys.KEYS)
     validate.check_config(config)
     run = resume.plan(config, workdir, tuple(allow_changes), command)
     try:
@@ -82,7 +85,7 @@ def _train(run: resume.Resume, stop_after, watcher) -> dict:
     """The run, top to bottom: mesh -> data -> state -> restore -> compile -> steps."""
     config, workdir = run.config, run.workdir
     started = timing.now()  # the run's first start, unless a checkpoint knows an earlier one
-    compile_cache.configure(config.get("compile", {}).get("cache_dir", ""), workdir)
+    compile_cache.configure(config.compile.cache_dir, workdir)
     mesh = _mesh(run)
     tokenizer, prepared, data_iter = _data(config, workdir, run)
     # From here to the first compiled call, jax and orbax work in `watcher.deferred()` blocks: a
@@ -102,8 +105,8 @@ def _train(run: resume.Resume, stop_after, watcher) -> dict:
         totals = timing.Totals.restored(saved, started)
         profile = profiling.Profile(
             workdir,
-            config.log.get("profile_steps", 0),
-            config.log.get("profile_num_steps", 1),
+            config.log.profile_steps,
+            config.log.profile_num_steps,
             start_step,
         )
         bounds = profile.bounds()
@@ -144,7 +147,7 @@ def _mesh(run: resume.Resume):
     train.batch_size is not this command's to change."""
     try:
         return checked_mesh(run.config, jax.process_count())
-    except validate.ConfigError as e:
+    except ConfigError as e:
         saved = checkpointing.saved_layout(run.workdir) if run.resumes else None
         if saved is None:
             raise
@@ -156,7 +159,7 @@ def _mesh(run: resume.Resume):
                 f"{run.config.train.batch_size}: run it on processes and devices that divide it"
             )
         now = checkpointing.layout_text(checkpointing.current_layout())
-        raise validate.ConfigError(
+        raise ConfigError(
             f"checkpoint {step} in {run.workdir} was written by "
             f"{checkpointing.layout_text(layout)} and cannot go on exactly on this run's "
             f"{now}: {reason}"
@@ -166,11 +169,11 @@ def _mesh(run: resume.Resume):
 def _unigram_cdf(config, prepared, special, vocab_size: int):
     """The corpus's unigram distribution for objective.unigram_share > 0 (counted on the
     training rows the held-out evaluation counts its pieces on), else None."""
-    if not config.objective.get("unigram_share", 0.0) > 0:
+    if not config.objective.unigram_share > 0:
         return None
     from electra_jax.data import heldout, pipeline
 
-    sample = pipeline.training_sample(prepared, config.data.get("heldout_examples", 0))
+    sample = pipeline.training_sample(prepared, config.data.heldout_examples)
     return heldout.unigram_cdf(sample["input_ids"], vocab_size, tuple(special))
 
 
@@ -236,7 +239,7 @@ def _data(config, workdir: str, run: resume.Resume | None = None):
         config.seed,
         process_index=jax.process_index(),
         process_count=jax.process_count(),
-        heldout_examples=config.data.get("heldout_examples", 0),
+        heldout_examples=config.data.heldout_examples,
     )
     return tokenizer, prepared, data_iter
 
@@ -264,7 +267,7 @@ def _restore(run: resume.Resume, setup, manager, data_iter, watcher):
                 log=metrics.log,
             )
     except checkpointing.CheckpointMismatch as e:
-        raise validate.ConfigError(resume.mismatch_message(e, run.workdir)) from None
+        raise ConfigError(resume.mismatch_message(e, run.workdir)) from None
     start_from = run.init_from
     if state is None:
         with watcher.deferred():
@@ -295,7 +298,7 @@ def _check_outputs(workdir: str) -> None:
         path = paths.join(workdir, name)
         if paths.exists(path) and paths.isdir(path) != folder:
             what, wants = ("a file", "a folder") if folder else ("a folder", "a file")
-            raise validate.ConfigError(
+            raise ConfigError(
                 f"{path} is {what}, where the run writes {wants} of that name; move it away "
                 "(or choose another --workdir)"
             )
@@ -308,7 +311,7 @@ def _in_layout(loaded, abstract_params, scan_layers: bool):
     want = jax.tree_util.tree_map(lambda x: tuple(x.shape), abstract_params)
     have = jax.tree_util.tree_map(lambda x: tuple(x.shape), loaded_params)
     if want != have:
-        raise validate.ConfigError(
+        raise ConfigError(
             f"train.init_from={loaded.source} holds a model of other shapes than the config's "
             f"(discriminator {loaded.spec.discriminator}, generator {loaded.spec.generator}, "
             f"vocab {loaded.spec.vocab_size}); set model.* and generator.* to match"
@@ -323,7 +326,7 @@ def _check_init_from(loaded, config) -> None:
     pieces, rows = loaded.tokenizer.vocab_size, loaded.spec.vocab_size
     if pieces != rows:
         # Named as such: the shape check below would blame model.* for it.
-        raise validate.ConfigError(
+        raise ConfigError(
             f"train.init_from={loaded.source}: its tokenizer has {pieces:,} pieces but its "
             f"embeddings {rows:,} rows, and pre-training needs one row per piece (the generator "
             "predicts every piece): start from weights made for that tokenizer"
@@ -367,7 +370,7 @@ class _CompiledCalls:
         self.bounds = bounds  # steps calls also end at (a profile's first - 1 and last)
         self.num_steps = config.train.num_steps
         self.last_step = self.num_steps if stop_after is None else min(self.num_steps, stop_after)
-        self.per_call = config.train.get("steps_per_call", 1)
+        self.per_call = config.train.steps_per_call
         self.log_every, self.save_every = config.log.every_steps, config.checkpoint.every_steps
         self.eval_every = eval_every(config)  # a row at each evaluation, too
         self.programs: dict[bool, Any] = {}  # whole call of K (True) or one step (False)

@@ -41,7 +41,7 @@ class Mirror:
         """The W&B run of `workdir` (`config`: the run's ConfigDict), created on the first start
         and resumed on every later one; None without `log.wandb_project`, or when W&B cannot
         start (said through `warn`, one line)."""
-        project = str(config.log.get("wandb_project", "") or "")
+        project = str(config.log.wandb_project or "")
         if not project:
             return None
         try:

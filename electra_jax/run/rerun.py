@@ -26,10 +26,10 @@ from typing import Any
 import jax
 import numpy as np
 
+from electra_jax.config.schema import ConfigError
 from electra_jax.run import workdir as workdir_lib
 from electra_jax.store import checkpointing, filenames, paths
 from electra_jax.store.jsonio import write_json
-from electra_jax.validate import ConfigError
 
 # The --allow_change name that lets a run whose config.json is gone resume with the command
 # line's settings (where the command's rules allow it at all: Rules.may_lose_config).

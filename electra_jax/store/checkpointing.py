@@ -80,7 +80,8 @@ def preservation_policy(checkpoint_cfg: Any):
     from orbax.checkpoint import checkpoint_managers as policies
 
     newest = policies.LatestN(n=checkpoint_cfg.keep)
-    every = int(checkpoint_cfg.get("keep_every_steps", 0) or 0)
+    # Pre-training's section has keep_every_steps; fine-tuning's (configs/glue.py) has none.
+    every = int(checkpoint_cfg.keep_every_steps) if "keep_every_steps" in checkpoint_cfg else 0
     if every <= 0:
         return newest
     return policies.AnyPreservationPolicy([newest, policies.EveryNSteps(interval_steps=every)])

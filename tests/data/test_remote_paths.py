@@ -19,6 +19,7 @@ from etils.epath import gpath
 from fsspec import AbstractFileSystem
 
 from electra_jax import validate
+from electra_jax.config.schema import ConfigError
 from electra_jax.data import DataError, sources
 from electra_jax.data import shards as prepare_lib
 from electra_jax.data.tokenizer import Tokenizer, train_tokenizer
@@ -310,7 +311,7 @@ def test_workdirs_and_caches_on_stores_other_than_gcs_are_refused_before_any_wri
     # gs:// is written directly (tests/test_gcs_workdir.py); another store has no generation
     # preconditions for the lock, so it is refused, and nothing local is made for it.
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(validate.ConfigError) as e:
+    with pytest.raises(ConfigError) as e:
         validate.check_workdir("s3://bkt/runs/small")
     message = str(e.value)
     assert message.startswith("--workdir s3://bkt/runs/small is a s3:// URI, which electra_jax")
@@ -322,7 +323,7 @@ def test_workdirs_and_caches_on_stores_other_than_gcs_are_refused_before_any_wri
     ):
         config = micro_config()
         config[section][field] = "s3://bkt/x"
-        with pytest.raises(validate.ConfigError, match=rf"^{key}=s3://bkt/x is a s3:// URI"):
+        with pytest.raises(ConfigError, match=rf"^{key}=s3://bkt/x is a s3:// URI"):
             validate.check_config(config)
         config[section][field] = "gs://bkt/x"
         validate.check_config(config)

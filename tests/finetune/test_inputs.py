@@ -12,10 +12,10 @@ import numpy as np
 import optax
 import pytest
 
+from electra_jax.config.schema import ConfigError
 from electra_jax.finetune import fit, initial, inputs, loop, saved
 from electra_jax.pretraining.optimizer_step import TrainState
 from electra_jax.store import checkpointing
-from electra_jax.validate import ConfigError
 from tests.finetune.test_loop import _config, _sst2
 from tests.micro import micro_config
 

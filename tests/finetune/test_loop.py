@@ -12,11 +12,12 @@ import jax
 import numpy as np
 import pytest
 
+from electra_jax.config.schema import ConfigError
 from electra_jax.data import DataError
 from electra_jax.data.tokenizer import train_tokenizer
 from electra_jax.finetune import fit, glue, glue_heads, initial, loop, tasks
 from electra_jax.model.networks import Electra, ElectraSpec, EncoderSpec, init_params
-from electra_jax.validate import ConfigError, NonFiniteError
+from electra_jax.validate import NonFiniteError
 from tests.conftest import ROOT
 
 FILLER = [

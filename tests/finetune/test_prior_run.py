@@ -4,10 +4,10 @@ import json
 
 import pytest
 
+from electra_jax.config.schema import ConfigError
 from electra_jax.finetune import loop, prior_run, saved
 from electra_jax.run import workdir
 from electra_jax.store import checkpointing
-from electra_jax.validate import ConfigError
 from tests.finetune.test_inputs import _glue
 from tests.finetune.test_loop import _config
 

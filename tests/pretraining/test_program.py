@@ -2,8 +2,8 @@
 
 import pytest
 
+from electra_jax.config.schema import ConfigError
 from electra_jax.pretraining import program
-from electra_jax.validate import ConfigError
 from tests.conftest import micro_config
 
 

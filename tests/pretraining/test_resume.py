@@ -6,12 +6,13 @@ import pathlib
 
 import pytest
 
+from electra_jax.config import pretrain_keys, schema
+from electra_jax.config.schema import ConfigError, flatten
 from electra_jax.data import DataError
 from electra_jax.pretraining import resume, runner
 from electra_jax.run import workdir
 from electra_jax.store import checkpointing
 from electra_jax.store.checkpointing import CheckpointError
-from electra_jax.validate import ConfigError, flatten
 from tests.conftest import micro_config
 from tests.pretraining.test_runner import config_with, prepare_shared_data
 
@@ -109,7 +110,7 @@ def test_stored_layer_layout_defaults_to_unrolled():
     assert resume.stored_scan_layers(flatten(stored)) is False  # written before the option
     stored["model"]["scan_layers"] = True
     assert resume.stored_scan_layers(flatten(stored)) is True
-    filled = resume.with_added_defaults(stored)
+    filled = schema.upgrade(stored, pretrain_keys.KEYS)
     assert filled["data"]["heldout_examples"] == 0 and filled["model"]["scan_layers"] is True
     assert "data" not in stored  # a new dict
 

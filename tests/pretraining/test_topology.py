@@ -4,8 +4,8 @@ import math
 
 import pytest
 
+from electra_jax.config.schema import ConfigError
 from electra_jax.pretraining import topology
-from electra_jax.validate import ConfigError
 from tests.conftest import run_python
 
 needs_libtpu = pytest.mark.skipif(

@@ -9,8 +9,8 @@ import struct
 import pytest
 
 from electra_jax import validate
+from electra_jax.config.schema import ConfigError, flatten
 from electra_jax.pretraining import metrics
-from electra_jax.validate import flatten
 from tests.conftest import micro_config
 
 NEEDS_WANDB = "W&B mirroring needs wandb (pip install -e '.[wandb]')"
@@ -152,7 +152,7 @@ def test_a_project_without_wandb_installed_is_refused_before_the_run(monkeypatch
     )
     config = micro_config()
     config.log.wandb_project = "electra"
-    with pytest.raises(validate.ConfigError, match=r"needs wandb: pip install -e '\.\[wandb\]'"):
+    with pytest.raises(ConfigError, match=r"needs wandb: pip install -e '\.\[wandb\]'"):
         validate.check_config(config)
     config.log.wandb_project = ""
     validate.check_config(config)

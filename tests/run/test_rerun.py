@@ -6,9 +6,9 @@ import pathlib
 
 import pytest
 
+from electra_jax.config.schema import ConfigError
 from electra_jax.run import rerun, workdir
 from electra_jax.store import checkpointing
-from electra_jax.validate import ConfigError
 
 
 def _rules(**overrides) -> rerun.Rules:

@@ -10,9 +10,9 @@ import time
 
 import pytest
 
+from electra_jax.config.schema import ConfigError
 from electra_jax.run import workdir
 from electra_jax.store import paths
-from electra_jax.validate import ConfigError
 from tests.conftest import ROOT, subprocess_env
 
 _FINETUNING = {"task": "SST-2", "model": {}, "learning_rate": 0, "batch_size": 32, "seq_length": 8}
@@ -41,7 +41,7 @@ def test_the_lock_dies_with_its_process(tmp_path):
     path = str(tmp_path / "run")
     code = (
         "import sys\n"
-        "from electra_jax import workdir\n"
+        "from electra_jax.run import workdir\n"
         f"workdir.claim({path!r}, workdir.PRETRAIN, command='holder')\n"
         "print('held', flush=True)\n"
         "sys.stdin.read()\n"  # held until killed (or this test's end closes the pipe), not a time

@@ -1,10 +1,12 @@
-"""`--print_config`: every key of a config, its value and the comment its config file gives it.
+"""`--print_config`: every key of a config, its value and its doc, in the schema's order.
 
-The comments are read from the config file's source, so that the file stays the one place a
-setting is explained: a key's comment is the one on its assignment's line (`config.a.b = 1  #
-...`), or else the block of comment lines right above it. A config that starts from another
-(configs/tiny.py runs small.py, named as a string ending in .py beside it) gets the base file's
-comments for the keys it does not comment itself. Imports nothing of ours and no jax.
+A key's doc is its schema declaration's (pretrain_keys.py, or finetune_keys.py for the config's
+family), unless the config file comments the line that sets it: a config that overrides a
+default may say why (configs/tiny.py: "32 wide, 1 head"). A key's comment in a file is the one on
+its assignment's line (`config.a.b = 1  # ...`), or else the block of comment lines right above
+it; a config that starts from another (configs/tiny.py runs small.py, named as a string ending
+in .py beside it) gets the base file's comments for the keys it does not comment itself. Imports
+nothing of electra_jax but the schema, and no jax.
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ import io
 import os
 import tokenize
 from typing import Any
+
+from electra_jax.config import finetune_keys, pretrain_keys
+from electra_jax.config.schema import flatten
 
 
 def _comment_lines(source: str) -> tuple[dict[int, str], set[int]]:
@@ -93,34 +98,37 @@ def file_comments(path: str, _seen: frozenset[str] = frozenset()) -> dict[str, s
     return out
 
 
-def _flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
-    out = {}
-    for k, v in tree.items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
+def _docs(config: Any) -> tuple[list[str], dict[str, str]]:
+    """(the keys in the schema's order, {key or section: doc}) of the config's table: a
+    fine-tuning family's when the config names one, else pre-training's."""
+    if "family" in config:
+        keys = finetune_keys.TABLES.get(config.family, ())
+        sections = finetune_keys.SECTIONS if keys else {}
+    else:
+        keys, sections = pretrain_keys.KEYS, pretrain_keys.SECTIONS
+    return [k.name for k in keys], {**sections, **{k.name: k.doc for k in keys}}
 
 
 def describe(config: Any, config_file: str) -> str:
-    """Every key of `config` (a ConfigDict, overrides applied) as `key = value  # comment`, one
-    a line, in the config's order; the first line names the file."""
+    """Every key of `config` (a ConfigDict, overrides applied) as `key = value  # doc`, one a
+    line, in the schema's order (keys it does not declare last, by name), each section's doc
+    above its first key; the first line names the file."""
     path = config_file.partition(":")[0]  # config_flags' FILE:ARG
-    comments = file_comments(path)
+    order, docs = _docs(config)
+    docs.update({key: text for key, text in file_comments(path).items() if text})
     lines = [
         f"# {config_file}: every key (override with --config.KEY=VALUE), its value, its comment"
     ]
     section = ""
-    values = _flatten(config.to_dict())
-    order = {key: i for i, key in enumerate(comments)}
-    for key in sorted(values, key=lambda k: (order.get(k, len(order)), k)):
+    values = flatten(config.to_dict())
+    rank = {key: i for i, key in enumerate(order)}
+    for key in sorted(values, key=lambda k: (rank.get(k, len(rank)), k)):
         value = values[key]
         here = key.rpartition(".")[0]
         if here != section:
             section = here
-            if comments.get(section):  # config.model = ConfigDict()  # the discriminator
-                lines.append(f"# {section}: {comments[section]}")
-        comment = comments.get(key)
-        lines.append(f"{key} = {value!r}" + (f"  # {comment}" if comment else ""))
+            if docs.get(section):
+                lines.append(f"# {section}: {docs[section]}")
+        doc = docs.get(key)
+        lines.append(f"{key} = {value!r}" + (f"  # {doc}" if doc else ""))
     return "\n".join(lines)

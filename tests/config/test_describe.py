@@ -1,11 +1,13 @@
-"""--print_config: every key, its value and its file's comment (train, prepare, finetune)."""
+"""--print_config: every key, its value and its doc (the schema's, or its file's comment), for
+train, prepare and finetune."""
 
 import subprocess
 import sys
 
 import pytest
 
-from electra_jax import config_help, validate
+from electra_jax.config import describe
+from electra_jax.config.schema import flatten
 from tests.conftest import ROOT, load_config, subprocess_env
 
 
@@ -33,7 +35,7 @@ def test_comments_come_from_the_file_and_the_config_it_starts_from(tmp_path):
         "    config.train.steps = 3  # a short demo\n"
         "    return config\n"
     )
-    comments = config_help.file_comments(str(child))
+    comments = describe.file_comments(str(child))
     assert comments == {
         "train": "the schedule",
         "train.steps": "a short demo",
@@ -42,13 +44,29 @@ def test_comments_come_from_the_file_and_the_config_it_starts_from(tmp_path):
     }
 
 
+@pytest.mark.parametrize(
+    "name,family",
+    [(n, False) for n in ("tiny", "small", "base", "large", "gpu_quality")]
+    + [("glue", True), ("squad", True)],
+)
+def test_every_shipped_config_prints_as_recorded(name, family, monkeypatch):
+    """tests/data/print_config/NAME.txt holds what `--print_config` printed for each config when
+    the keys' docs moved from configs/*.py's comments into the schema: the same keys, values,
+    order and docs (keys that had no comment gained their schema doc)."""
+    monkeypatch.chdir(ROOT)
+    config = load_config(name)
+    expected = (ROOT / "tests" / "data" / "print_config" / f"{name}.txt").read_text()
+    assert describe.describe(config, f"configs/{name}.py") + "\n" == expected
+    assert ("family" in config) == family
+
+
 def test_every_key_of_a_paper_config_is_printed_in_its_files_order():
     config = load_config("tiny")
-    text = config_help.describe(config, str(ROOT / "configs" / "tiny.py"))
+    text = describe.describe(config, str(ROOT / "configs" / "tiny.py"))
     lines = text.splitlines()
     keys = [line.split(" = ")[0] for line in lines if not line.startswith("#")]
-    assert sorted(keys) == sorted(validate.flatten(config.to_dict()))
-    assert keys[:2] == ["seed", "data.source"]  # small.py's order, not the alphabet's
+    assert sorted(keys) == sorted(flatten(config.to_dict()))
+    assert keys[:2] == ["seed", "data.source"]  # the schema's order, not the alphabet's
     assert "data.vocab_size = 4096  # SentencePiece pieces" in text  # tiny's value, small's words
     assert "checkpoint.keep_every_steps = 0  # Also keep every checkpoint" in text
     assert "# model: the discriminator" in lines
