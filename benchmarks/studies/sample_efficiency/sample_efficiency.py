@@ -391,7 +391,7 @@ def finetune(config, workdir: str) -> dict:
     done = finished(workdir)
     if done is not None:
         return done
-    from electra_jax.finetune import runner as finetune_loop
+    from electra_jax.finetune import loop as finetune_loop
 
     result = finetune_loop.finetune(config, workdir)
     if "stopped_at" in result:
