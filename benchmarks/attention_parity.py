@@ -18,13 +18,11 @@ import json
 import os
 import sys
 
-import jax
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import _cli  # noqa: E402
-from electra_jax.model import networks as model_lib  # noqa: E402
 
 
 def main() -> None:
@@ -45,6 +43,11 @@ def main() -> None:
     config = _cli.config("--config", args.config)
     config.model.dtype = args.dtype
     config.model.attention_dropout_rate = 0.0
+    # Here, not at the top: a refusal of a bad flag above is not kept waiting for jax and flax.
+    import jax
+
+    from electra_jax.model import networks as model_lib
+
     base = model_lib.spec_from_config(config.model, config.generator, args.vocab)
     base = dataclasses.replace(base, max_position_embeddings=max(args.seq, 8))
     rng = np.random.default_rng(0)

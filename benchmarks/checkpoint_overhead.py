@@ -19,18 +19,11 @@ import sys
 import tempfile
 import time
 
-import jax
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import grain  # noqa: E402
-
 from benchmarks import _cli  # noqa: E402
-from electra_jax.data.tokenizer import CLS_ID, SEP_ID  # noqa: E402
-from electra_jax.model import sharding
-from electra_jax.pretraining import program
-from electra_jax.store import checkpointing  # noqa: E402
 
 
 def main() -> None:
@@ -44,6 +37,15 @@ def main() -> None:
     args = ap.parse_args()
 
     config = _cli.config("--config", args.config)
+    # Here, not at the top: a refusal of a bad flag above is not kept waiting for jax.
+    import grain
+    import jax
+
+    from electra_jax.data.tokenizer import CLS_ID, SEP_ID
+    from electra_jax.model import sharding
+    from electra_jax.pretraining import program
+    from electra_jax.store import checkpointing
+
     batch_size, seq = config.train.batch_size, config.data.seq_length
     mesh = sharding.make_mesh(config.mesh)
     setup = program.setup_step(config, config.data.vocab_size, mesh)

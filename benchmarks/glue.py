@@ -27,9 +27,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import _cli  # noqa: E402
-from electra_jax import pretrained  # noqa: E402
-from electra_jax.finetune import checks, loop, tasks  # noqa: E402
-from electra_jax.store import checkpointing, jsonio
+from electra_jax.finetune import tasks  # noqa: E402
+from electra_jax.store import jsonio
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_TASKS = "SST-2,MRPC,STS-B,CoLA,RTE"
@@ -65,6 +64,8 @@ def with_init(config, init: str, workdir: str, pretrain_config: dict):
     if init == "pretrained":
         config.init_from = workdir
     else:  # the same network and tokenizer, untrained
+        from electra_jax import pretrained
+
         config.tokenizer = os.path.join(pretrained.split_step(workdir)[0], "tokenizer")
         for key in _SHAPE_FIELDS:
             config.model[key] = pretrain_config["model"][key]
@@ -149,17 +150,24 @@ def main() -> None:
         help="override a configs/glue.py field in every run, e.g. --set learning_rate=2e-4",
     )
     args = ap.parse_args()
+    # Here, not at the top: a refusal of a bad flag above is not kept waiting for jax and flax
+    # (split_step's module imports them; electra_jax.store.checkpointing imports orbax too).
+    from electra_jax import pretrained
+    from electra_jax.finetune import checks, loop
 
     workdir, step = pretrained.split_step(args.workdir)
     _cli.directory("--workdir", workdir, "a pre-training workdir (electra_jax.train's)")
     record = os.path.join(workdir, "config.json")
     if not os.path.isfile(record):
         ap.error(f"--workdir {workdir} has no config.json; give a pre-training workdir")
-    if step is not None and step not in (steps := checkpointing.saved_steps(workdir)):
-        ap.error(
-            f"--workdir {args.workdir}: {checkpointing.checkpoint_dir(workdir)} has no checkpoint "
-            f"of step {step}; it has {', '.join(map(str, steps)) or 'none'}"
-        )
+    if step is not None:
+        from electra_jax.store import checkpointing
+
+        if step not in (steps := checkpointing.saved_steps(workdir)):
+            ap.error(
+                f"--workdir {args.workdir}: {checkpointing.checkpoint_dir(workdir)} has no "
+                f"checkpoint of step {step}; it has {', '.join(map(str, steps)) or 'none'}"
+            )
     _cli.directory("--data_dir", args.data_dir, "GLUE's root: one folder of TSVs per task")
     with _cli.failures(record, also=(OSError, ValueError)), open(record) as f:
         pretrain_config = json.load(f)

@@ -21,24 +21,19 @@ import statistics
 import sys
 import time
 
-import jax
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import _cli  # noqa: E402
-from electra_jax.data import (
-    pipeline,  # noqa: E402
-    shards,
-)
-from electra_jax.model import sharding  # noqa: E402
-from electra_jax.pretraining import program
-from electra_jax.pretraining.optimizer_step import special_tokens_of  # noqa: E402
+from electra_jax.data import shards  # noqa: E402
 
 
 def _time_interleaved(compiled, state, fetchers, warmup: int, steps: int):
     """Median seconds per step for each fetcher, alternating them step by step (A, B, A, B, ...)
     so that a shared machine's drifting load weighs on both alike: [len(fetchers)] floats."""
+    import jax
+
     times = [[] for _ in fetchers]
     for i in range(warmup + steps):
         for k, fetch in enumerate(fetchers):
@@ -71,6 +66,13 @@ def main() -> None:
             config.data, os.path.join(args.workdir, "tokenizer"), config.seed
         )
         prep = shards.prepare(config.data, tok, os.path.join(args.workdir, "data"), config.seed)
+    # Here, not at the top: a refusal of a bad flag or input above is not kept waiting for jax.
+    import jax
+
+    from electra_jax.data import pipeline
+    from electra_jax.model import sharding
+    from electra_jax.pretraining import program
+    from electra_jax.pretraining.optimizer_step import special_tokens_of
 
     # 1. The loader alone.
     it = pipeline.make_iterator(prep, args.batch, config.seed)

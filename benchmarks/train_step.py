@@ -19,16 +19,11 @@ import statistics
 import sys
 import time
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import _cli  # noqa: E402
-from electra_jax.data.tokenizer import CLS_ID, SEP_ID  # noqa: E402
-from electra_jax.model import sharding
-from electra_jax.pretraining import metrics, program  # noqa: E402
 
 
 def main() -> None:
@@ -54,6 +49,14 @@ def main() -> None:
         config.model.dtype = args.dtype
     for item in _cli.settings("--set", args.set):
         _cli.set_field("--set", config, item, sections=True)
+    # Here, not at the top: a refusal of a bad flag or setting above is not kept waiting for jax.
+    import jax
+    import jax.numpy as jnp
+
+    from electra_jax.data.tokenizer import CLS_ID, SEP_ID
+    from electra_jax.model import sharding
+    from electra_jax.pretraining import metrics, program
+
     mesh = sharding.make_mesh(config.mesh)
     setup = program.setup_step(config, config.data.vocab_size, mesh)
     spec, slots, step = setup.spec, setup.num_slots, setup.step_fn

@@ -14,15 +14,20 @@ from __future__ import annotations
 
 import json
 
-import jax
-
 from electra_jax.config import pretrain_keys, schema
 from electra_jax.config.schema import ConfigError
-from electra_jax.model import sharding
-from electra_jax.pretraining import metrics
-from electra_jax.pretraining.scoring import EVAL_FILE, PREFIX, build
-from electra_jax.pretraining.scoring import read_rows as read_rows  # the documented API
 from electra_jax.store import filenames, jsonio, paths
+
+# jax and the modules below import it in the functions that use them, not here: a refusal of a
+# bad flag by `python -m electra_jax.evaluate` need not wait seconds for them.
+
+
+def read_rows(workdir: str) -> list[dict]:
+    """pretraining/scoring.py's `read_rows`: a run's held-out readings by step, those its
+    training logged and those this command wrote."""
+    from electra_jax.pretraining import scoring
+
+    return scoring.read_rows(workdir)
 
 
 def evaluate_workdir(
@@ -35,15 +40,18 @@ def evaluate_workdir(
     every row), how many of its rows to read, marked `eval/trained_on: 1`.
     Raises PretrainedError (a workdir that is not a run's, a missing step) or ConfigError.
     """
+    import jax
     import ml_collections
     import orbax.checkpoint as ocp
 
     from electra_jax import pretrained
     from electra_jax.data.tokenizer import load_saved
+    from electra_jax.model import sharding
     from electra_jax.model.networks import Electra
     from electra_jax.objectives.core import num_mask_slots
-    from electra_jax.pretraining import resume
+    from electra_jax.pretraining import metrics, resume
     from electra_jax.pretraining.optimizer_step import special_tokens_of
+    from electra_jax.pretraining.scoring import EVAL_FILE, PREFIX, build
     from electra_jax.run import workdir as workdir_lib
     from electra_jax.store import checkpointing
 
@@ -118,6 +126,8 @@ def evaluate_workdir(
 
 
 def _init_params(model):
+    import jax
+
     from electra_jax.model.networks import init_params
 
     return init_params(model, jax.random.PRNGKey(0))
@@ -126,6 +136,8 @@ def _init_params(model):
 def progress(step: int, row: dict) -> str:
     """One line of held-out readings: AUC (frequent pieces, unigram replacements), loss
     against the prior, cosine."""
+    from electra_jax.pretraining.scoring import PREFIX
+
     get = lambda k: row.get(PREFIX + k)
     parts = [f"held-out at step {step}:"]
     if get("disc_auc") is not None:
@@ -165,7 +177,6 @@ def main(argv) -> None:
 
     from electra_jax.cli import each_once, fail, quiet_logs
     from electra_jax.data import DataError
-    from electra_jax.model.weights import PretrainedError
 
     values = flags.FLAGS
     if not values.verbose:
@@ -185,6 +196,8 @@ def main(argv) -> None:
         each_once("--steps", values.steps, key=int)  # 3 and 03 are one checkpoint
     if values.heldout_examples < 1:
         fail(f"--heldout_examples={values.heldout_examples} must be >= 1")
+    from electra_jax.model.weights import PretrainedError  # flax: after the checks above
+
     try:
         rows = evaluate_workdir(values.workdir, steps, values.heldout_examples)
     except (PretrainedError, ConfigError, DataError, ValueError) as e:

@@ -22,9 +22,6 @@ import functools
 import os
 
 from electra_jax.config.schema import ConfigError
-from electra_jax.hf.write import check_out, write_export, write_folder
-from electra_jax.model.weights import PretrainedError
-from electra_jax.pretrained import load_workdir, read_run_config
 from electra_jax.store import filenames, paths
 
 
@@ -34,6 +31,11 @@ def export(
     """A workdir's newest checkpoint (or a fine-tuning's saved model) -> OUT, then to the Hub
     repository `push_to_hub` when given (created `hub_private` if missing); returns the
     manifest (with "hub_url" after an upload)."""
+    # Here and in the functions below, not at the top: these import jax and flax (seconds),
+    # which `python -m electra_jax.export`'s refusal of a bad flag need not wait for.
+    from electra_jax.hf.write import check_out, write_export
+    from electra_jax.pretrained import PretrainedError, load_workdir
+
     if paths.is_remote(out):
         # The export's files are written with its own checks against links and foreign files,
         # which need a filesystem; a bucket gets the finished folder by a copy.
@@ -78,6 +80,7 @@ def pretraining_readme(workdir: str, pre, name: str | None = None) -> str:
     the card's title and the name its example loads (default: the workdir's folder name)."""
     from electra_jax.finetune import saved
     from electra_jax.hf import card
+    from electra_jax.pretrained import read_run_config
     from electra_jax.pretraining import metrics, scoring
     from electra_jax.run import workdir as workdir_lib
 
@@ -110,6 +113,8 @@ def export_finetuned(workdir: str, out: str, name: str | None = None) -> dict:
     from electra_jax.hf.electra_config import hf_config
     from electra_jax.hf.names import DISCRIMINATOR, WEIGHTS, encoder_to_hf
     from electra_jax.hf.tokenizer_files import write_tokenizer_files
+    from electra_jax.hf.write import write_folder
+    from electra_jax.pretrained import PretrainedError
     from electra_jax.store.jsonio import write_json
 
     config, record, family, task = predictor.read_run(workdir)
@@ -230,6 +235,8 @@ def main(argv) -> None:
     if not values.verbose:
         quiet_logs()
     out = values.out or paths.join(values.workdir, filenames.EXPORT_DIR)
+    from electra_jax.pretrained import PretrainedError
+
     try:
         manifest = export(values.workdir, out, values.push_to_hub, values.hub_private)
     except PretrainedError as e:

@@ -54,7 +54,6 @@ def _hms(seconds: float) -> str:
 def main(argv: list[str] | None = None) -> int:
     """`python -m electra_jax.goodput WORKDIR`: prints the run's report; one line and exit 2
     for a workdir that has none."""
-    from electra_jax.pretraining import metrics
     from electra_jax.store import filenames, paths
 
     args = sys.argv[1:] if argv is None else argv
@@ -66,6 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     if not paths.exists(path):
         print(f"error: {path} does not exist; name the workdir of a training run", file=sys.stderr)
         return 2
+    # Here, below the checks: metrics imports jax (seconds), which a refusal need not wait for.
+    from electra_jax.pretraining import metrics
+
     rows = metrics.read_rows(path)
     try:
         print(report(rows, workdir))

@@ -144,7 +144,7 @@ def test_micro_preset_end_to_end_and_a_rerun_skips_finished_work(tmp_path, monke
     def fail(*args, **kwargs):
         raise AssertionError("a finished run was started again")
 
-    from electra_jax.finetune import runner as finetune_loop
+    from electra_jax.finetune import loop as finetune_loop
     from electra_jax.pretraining import runner
 
     monkeypatch.setattr(runner, "train", fail)
@@ -283,7 +283,7 @@ def test_a_signal_stops_the_pretraining_at_its_checkpoint_not_the_next_budget(
 def test_a_signal_stops_the_benchmark_at_the_fine_tuning_it_interrupted(tmp_path, monkeypatch):
     """finetune returns {'stopped_at'} after SIGTERM (it saved): the benchmark ends there with
     one line, instead of reading the missing score (a KeyError); a finished run is read back."""
-    from electra_jax.finetune import runner as finetune_loop
+    from electra_jax.finetune import loop as finetune_loop
 
     monkeypatch.setattr(
         finetune_loop, "finetune", lambda config, workdir: {"stopped_at": 40, "steps": 250}

@@ -49,7 +49,9 @@ import time
 
 from benchmarks import _cli, probe
 from benchmarks.studies.sample_efficiency import sample_efficiency
-from electra_jax.store import checkpointing
+
+# electra_jax's pretraining and checkpointing modules import jax (seconds): the functions that
+# use them import them, so that a refusal of a bad flag is not kept waiting.
 
 ROOT = sample_efficiency.ROOT
 RANDOM = sample_efficiency.RANDOM
@@ -119,6 +121,7 @@ def probes(results: dict, preset: dict, out: str, glue_dir: str, log) -> list[di
     step, task, accuracy}; each kept in OUT/probe/<model>-<step>.json and read back on a rerun.
     Budgets whose checkpoint is not saved yet (a sweep still pre-training) are left out."""
     import electra_jax
+    from electra_jax.store import checkpointing
 
     spec = preset["probe"]
     folder = os.path.join(out, "probe")

@@ -29,7 +29,9 @@ import os
 import statistics
 
 from benchmarks import _cli
-from electra_jax.pretraining import metrics
+
+# electra_jax.pretraining.metrics imports jax (seconds): the function that uses it imports it,
+# so that a refusal of a bad flag is not kept waiting.
 
 METRICS = ("gen_loss", "disc_loss", "disc_recall", "gen_accuracy")
 SIDES = {"electra_jax": "metrics.jsonl", "reference": "hf_reference_metrics.jsonl"}
@@ -55,6 +57,8 @@ def smooth(values: list[float], window: int) -> list[float]:
 
 def curves(workdirs: list[str], smooth_rows: int) -> dict:
     """{side: {metric: {step: [value per workdir]}}} over the steps every workdir logged."""
+    from electra_jax.pretraining import metrics
+
     out: dict = {}
     for side, name in SIDES.items():
         per_run = []

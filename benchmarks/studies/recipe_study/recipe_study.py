@@ -36,7 +36,9 @@ import time
 from benchmarks import _cli
 from benchmarks.studies.compute_sweep import compute_sweep
 from benchmarks.studies.sample_efficiency import sample_efficiency
-from electra_jax.pretraining import metrics, program, runner, scoring
+
+# electra_jax's pretraining and checkpointing modules import jax (seconds): the functions that
+# use them import them, so that a refusal of a bad flag is not kept waiting.
 
 # benchmarks/studies/recipe_study/recipe_study.py: the repository is three folders up.
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -262,6 +264,8 @@ def apply(config, overrides: dict) -> None:
 
 
 def _finished(workdir: str, num_steps: int) -> bool:
+    from electra_jax.pretraining import metrics
+
     rows = metrics.read_rows(os.path.join(workdir, "metrics.jsonl"))
     return bool(rows) and rows[-1]["step"] >= num_steps
 
@@ -269,6 +273,8 @@ def _finished(workdir: str, num_steps: int) -> bool:
 def run_one(config, workdir: str, stop_after: int = 0) -> dict:
     """Trains (or finds finished) one run, to `stop_after` when given (the schedule stays the
     whole run's); returns its held-out rows and counted FLOPs."""
+    from electra_jax.pretraining import metrics, program, runner, scoring
+
     last = stop_after or config.train.num_steps
     if not _finished(workdir, last):
         t0 = time.time()
@@ -299,10 +305,14 @@ def fallback(values: list[float]) -> float:
 
 
 def _final(run: dict, key: str):
+    from electra_jax.pretraining import scoring
+
     return run["rows"][-1].get(scoring.PREFIX + key)
 
 
 def table(results: dict) -> str:
+    from electra_jax.pretraining import scoring
+
     lines = [
         "| setting | seeds | " + " | ".join(SHOWN) + " | AUC fall | targets met |",
         "|---" * (len(SHOWN) + 4) + "|",
@@ -337,6 +347,8 @@ def table(results: dict) -> str:
 def plot(results: dict, path: str, only: list[str] | None = None) -> None:
     """The four readings against counted FLOPs, a line per setting (those in `only` if given)."""
     import matplotlib
+
+    from electra_jax.pretraining import scoring
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

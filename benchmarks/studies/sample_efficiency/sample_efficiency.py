@@ -56,8 +56,9 @@ import time
 from benchmarks import _cli, glue
 from electra_jax.finetune import tasks as glue_tasks
 from electra_jax.objectives.catalog import OBJECTIVES as ALL_OBJECTIVES
-from electra_jax.pretraining import metrics, program, runner
-from electra_jax.store import checkpointing
+
+# electra_jax's pretraining and checkpointing modules import jax (seconds): the functions that
+# use them import them, so that a refusal of a bad flag is not kept waiting.
 
 # benchmarks/studies/sample_efficiency/sample_efficiency.py: the repository is three folders up.
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -289,6 +290,8 @@ def plan(config, preset: dict) -> dict:
     its `budget_flops`, or of its `budget_steps` where it gives those: equal steps instead of
     equal compute); sets config's num_steps, warm-up and checkpoint cadence (a checkpoint at
     each budget step, all kept)."""
+    from electra_jax.pretraining import metrics, program
+
     name = config.objective.name
     spec, _, _, _, num_slots = program.build(config, config.data.vocab_size)
     per_step = metrics.count_flops(
@@ -356,6 +359,9 @@ def pretrain(config, workdir: str, steps: list[int], log=print, allow_changes=()
     skips steps already saved. Returns the seconds spent on this workdir over all calls (kept
     in WORKDIR/pretrain_seconds.json, so a resumed benchmark still reports the whole).
     `allow_changes`: config keys a resumed run may find changed (runner.train's)."""
+    from electra_jax.pretraining import runner
+    from electra_jax.store import checkpointing
+
     path = os.path.join(workdir, "pretrain_seconds.json")
     spent = seconds_spent(workdir)
     for step in steps:
@@ -385,7 +391,7 @@ def finetune(config, workdir: str) -> dict:
     done = finished(workdir)
     if done is not None:
         return done
-    from electra_jax.finetune import runner as finetune_loop
+    from electra_jax.finetune import loop as finetune_loop
 
     result = finetune_loop.finetune(config, workdir)
     if "stopped_at" in result:
