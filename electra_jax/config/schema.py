@@ -22,7 +22,8 @@ class ConfigError(ValueError):
     """A config value that cannot work; the message names the key and what to do."""
 
 
-# What a resume may do with a key (pre-training: resume.plan; fine-tuning: finetune/loop.py).
+# What a resume may do with a key (pre-training: pretraining/resume.py; fine-tuning:
+# finetune/prior_run.py; both through run/rerun.py).
 FREE = "free"  # changed silently: how long the run goes, where and how often files are written
 ALLOW = "allow"  # changed only when --allow_change names it, and recorded in config_changes.jsonl
 MODEL = "model"  # fixes the parameters' shapes or meaning: never (a new --workdir)
