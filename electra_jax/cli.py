@@ -59,7 +59,13 @@ def quiet_logs() -> None:
 
 def fail(message: str) -> None:
     """One `error:` line on stderr and exit code 2 (bad input, not a crash)."""
+    import warnings
+
     print(f"error: {message}", file=sys.stderr)
+    # A failed checkpoint save can leave one of orbax's coroutines unawaited; on a loaded machine
+    # the interpreter's shutdown then collects it after the error line and warns ("coroutine ...
+    # was never awaited", "Enable tracemalloc ..."): noise under the line that says what to do.
+    warnings.filterwarnings("ignore", r"coroutine .* was never awaited", RuntimeWarning)
     sys.exit(2)
 
 

@@ -326,7 +326,7 @@ def _held(ctx: Context):
     """The trained run's copy, held by a process that claimed it (as a running train does)."""
     w = ctx.copy("held")
     code = (
-        "import sys\nfrom electra_jax import workdir\n"
+        "import sys\nfrom electra_jax.run import workdir\n"
         f"workdir.claim({str(w)!r}, workdir.PRETRAIN, command='electra_jax.train')\n"
         # Held until killed (or until this process ends and its pipe closes): a time limit
         # would let the lock go while a slow case still runs.

@@ -321,3 +321,18 @@ def test_a_config_lacking_keys_gets_the_schemas_defaults_and_a_family_keeps_its_
         del glue["task"], glue["seed"]
     done = cli.complete(glue, finetuning=True)
     assert done.seed == 0 and "task" not in done  # the family's own: its check says so
+
+
+def test_fail_is_the_last_line_even_with_a_coroutine_left_unawaited():
+    """A failed save can leave one of orbax's coroutines unawaited; the interpreter's shutdown
+    would warn about it under the error line (seen on a loaded machine)."""
+    code = (
+        "from electra_jax import cli\n"
+        "async def save(): pass\n"
+        "pending = save()\n"
+        "cli.fail('a checkpoint could not be written')\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=subprocess_env(), capture_output=True, text=True
+    )
+    assert (out.returncode, out.stderr) == (2, "error: a checkpoint could not be written\n")
