@@ -32,10 +32,19 @@ def _free_port() -> str:
         return str(s.getsockname()[1])
 
 
+def _env(devices: int) -> dict:
+    """subprocess_env, with every process keeping its compiled programs in the suite's
+    compilation cache (tests/every_process_caches)."""
+    env = subprocess_env(devices=devices)
+    hook = str(ROOT / "tests" / "every_process_caches")
+    env["PYTHONPATH"] = hook + os.pathsep + env["PYTHONPATH"]
+    return env
+
+
 def _launch(config_path, workdir, processes, devices):
     """`processes` x `devices` simulated CPU devices training on `workdir`: the finished
     process (two or more through launch/local_multiprocess.sh, one as `python -m`)."""
-    env = dict(subprocess_env(devices=devices), PORT=_free_port())
+    env = dict(_env(devices), PORT=_free_port())
     flags = [f"--config={config_path}", f"--workdir={workdir}"]
     if processes == 1:
         argv = [sys.executable, "-m", "electra_jax.train", *flags]
@@ -207,7 +216,7 @@ def _start_two(config_path, workdir, *flags):
                 *flags,
             ],
             cwd=ROOT,
-            env=subprocess_env(devices=4),
+            env=_env(4),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
