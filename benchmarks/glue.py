@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import _cli  # noqa: E402
 from electra_jax.finetune import tasks  # noqa: E402
-from electra_jax.store import jsonio
+from electra_jax.store import checkpoint_steps, jsonio
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_TASKS = "SST-2,MRPC,STS-B,CoLA,RTE"
@@ -64,9 +64,7 @@ def with_init(config, init: str, workdir: str, pretrain_config: dict):
     if init == "pretrained":
         config.init_from = workdir
     else:  # the same network and tokenizer, untrained
-        from electra_jax import pretrained
-
-        config.tokenizer = os.path.join(pretrained.split_step(workdir)[0], "tokenizer")
+        config.tokenizer = os.path.join(checkpoint_steps.split_step(workdir)[0], "tokenizer")
         for key in _SHAPE_FIELDS:
             config.model[key] = pretrain_config["model"][key]
     return config
@@ -150,24 +148,18 @@ def main() -> None:
         help="override a configs/glue.py field in every run, e.g. --set learning_rate=2e-4",
     )
     args = ap.parse_args()
-    # Here, not at the top: a refusal of a bad flag above is not kept waiting for jax and flax
-    # (split_step's module imports them; electra_jax.store.checkpointing imports orbax too).
-    from electra_jax import pretrained
-    from electra_jax.finetune import checks, loop
+    from electra_jax.finetune import checks
 
-    workdir, step = pretrained.split_step(args.workdir)
+    workdir, step = checkpoint_steps.split_step(args.workdir)
     _cli.directory("--workdir", workdir, "a pre-training workdir (electra_jax.train's)")
     record = os.path.join(workdir, "config.json")
     if not os.path.isfile(record):
         ap.error(f"--workdir {workdir} has no config.json; give a pre-training workdir")
-    if step is not None:
-        from electra_jax.store import checkpointing
-
-        if step not in (steps := checkpointing.saved_steps(workdir)):
-            ap.error(
-                f"--workdir {args.workdir}: {checkpointing.checkpoint_dir(workdir)} has no "
-                f"checkpoint of step {step}; it has {', '.join(map(str, steps)) or 'none'}"
-            )
+    if step is not None and step not in (steps := checkpoint_steps.saved_steps(workdir)):
+        ap.error(
+            f"--workdir {args.workdir}: {checkpoint_steps.checkpoint_dir(workdir)} has no "
+            f"checkpoint of step {step}; it has {', '.join(map(str, steps)) or 'none'}"
+        )
     _cli.directory("--data_dir", args.data_dir, "GLUE's root: one folder of TSVs per task")
     with _cli.failures(record, also=(OSError, ValueError)), open(record) as f:
         pretrain_config = json.load(f)
@@ -193,6 +185,9 @@ def main() -> None:
     for task in task_names:
         with _cli.failures("--data_dir"):
             tasks.check_tsv_files(tasks.get_task(task), args.data_dir)
+    # Here, after every check: a refusal is not kept waiting for jax, flax and orbax.
+    from electra_jax.finetune import loop
+
     results = []
     for task in task_names:
         for seed in range(args.seeds):

@@ -16,7 +16,7 @@ import json
 
 from electra_jax.config import pretrain_keys, schema
 from electra_jax.config.schema import ConfigError
-from electra_jax.store import filenames, jsonio, paths
+from electra_jax.store import checkpoint_steps, filenames, jsonio, paths
 
 # jax and the modules below import it in the functions that use them, not here: a refusal of a
 # bad flag by `python -m electra_jax.evaluate` need not wait seconds for them.
@@ -53,7 +53,6 @@ def evaluate_workdir(
     from electra_jax.pretraining.optimizer_step import special_tokens_of
     from electra_jax.pretraining.scoring import EVAL_FILE, PREFIX, build
     from electra_jax.run import workdir as workdir_lib
-    from electra_jax.store import checkpointing
 
     kind = pretrained.folder_kind(workdir)
     if kind == "fine-tuning":
@@ -105,7 +104,7 @@ def evaluate_workdir(
         )
         if steps is None:
             manager = ocp.CheckpointManager(
-                checkpointing.checkpoint_dir(workdir),
+                checkpoint_steps.checkpoint_dir(workdir),
                 options=ocp.CheckpointManagerOptions(read_only=True, create=False),
             )
             steps = sorted(manager.all_steps())

@@ -35,7 +35,7 @@ from electra_jax.cli import (
     quiet_logs,
 )
 from electra_jax.config.schema import ConfigError
-from electra_jax.store import filenames
+from electra_jax.store import checkpoint_steps, filenames
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "A get_config() file such as configs/tiny.py.", lock_config=True
@@ -77,12 +77,11 @@ def run(config, workdir: str, num_workers: int | None) -> dict:
     t0 = time.time()
     if config.train.init_from:
         from electra_jax.pretraining import resume
-        from electra_jax.store import checkpointing
 
         # A new run will start from these weights: its data is tokenized with their tokenizer,
         # placed in the workdir as train places it (another one there is refused). A run with
         # checkpoints keeps its own, as train ignores init_from then.
-        if not checkpointing.has_checkpoints(workdir):
+        if not checkpoint_steps.has_checkpoints(workdir):
             resume.load_init_from(config, workdir)
     tokenizer = shards.ensure_tokenizer(
         config.data, os.path.join(workdir, filenames.TOKENIZER_DIR), config.seed

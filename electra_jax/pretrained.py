@@ -43,7 +43,8 @@ from electra_jax.model.weights import (  # noqa: F401  (PretrainedError and Pret
     check_size,
     check_spec,
 )
-from electra_jax.store import filenames, jsonio, paths
+from electra_jax.store import checkpoint_steps, filenames, jsonio, paths
+from electra_jax.store.checkpoint_steps import split_step
 from electra_jax.store.jsonio import json_kind, one_line
 
 
@@ -87,16 +88,6 @@ def load_pretrained(path: str) -> Pretrained:
         f"{path} is neither a workdir (config.json and checkpoints/) nor an export "
         "(discriminator/ and generator/ with config.json); give one of those or hf:DIR"
     )
-
-
-def split_step(path: str) -> tuple[str, int | None]:
-    """'WORKDIR@STEP' -> (WORKDIR, STEP); any other path (one that exists as named included,
-    so a folder whose name has an '@' still loads) -> (path, None)."""
-    head, sep, tail = path.rpartition("@")
-    # isascii: '²' and '٣' are digits to str.isdigit() but not to int().
-    if not sep or not head or not (tail.isascii() and tail.isdigit()) or paths.exists(path):
-        return path, None
-    return head, int(tail)
 
 
 def folder_kind(path: str) -> str | None:
@@ -232,10 +223,8 @@ def restore_params(
     import jax
     import orbax.checkpoint as ocp
 
-    from electra_jax.store import checkpointing
-
-    directory = checkpointing.checkpoint_dir(workdir)
-    if not checkpointing.has_checkpoints(workdir):
+    directory = checkpoint_steps.checkpoint_dir(workdir)
+    if not checkpoint_steps.has_checkpoints(workdir):
         raise PretrainedError(
             f"{directory} holds no checkpoint yet; train first (python -m electra_jax.train "
             f"--workdir={workdir} ...) or point at another workdir"

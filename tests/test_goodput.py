@@ -15,7 +15,7 @@ import pytest
 
 from electra_jax import goodput
 from electra_jax.pretraining import metrics, runner, timing
-from electra_jax.store import checkpointing
+from electra_jax.store import checkpoint_steps, checkpointing
 from tests import held
 from tests.conftest import ROOT, error_line, micro_config_file, run_command, subprocess_env
 from tests.pretraining.test_runner import config_with, prepare_shared_data
@@ -168,7 +168,7 @@ def test_a_kill_and_resume_counts_the_restart_as_lost_and_loads_the_step_from_th
     assert compiled  # the step, written by the first start
     first.send_signal(signal.SIGKILL)
     first.wait(timeout=60)
-    resumed_from = checkpointing.saved_steps(str(workdir))[-1]
+    resumed_from = checkpoint_steps.saved_steps(str(workdir))[-1]
     saved = checkpointing.saved_goodput(str(workdir), resumed_from)
     assert sorted(before) == [1, 2, 3, 4, 5] and resumed_from in (2, 4)
 

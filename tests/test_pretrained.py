@@ -161,16 +161,6 @@ def test_a_chosen_checkpoint_step_loads(run, tmp_path):
     )
     with pytest.raises(pretrained.PretrainedError, match="no checkpoint of step 4; it has 3, 6"):
         pretrained.load_pretrained(f"{run['path']}@4")
-    # A folder whose own name ends in '@<digits>' is that folder, not a step of another.
-    assert pretrained.split_step(str(tmp_path)) == (str(tmp_path), None)
-    odd = tmp_path / "run@7"
-    odd.mkdir()
-    assert pretrained.split_step(str(odd)) == (str(odd), None)
-    assert pretrained.split_step("runs/x@12") == ("runs/x", 12)
-    assert pretrained.split_step("hf:dir") == ("hf:dir", None)
-    # Digits to str.isdigit() that int() refuses: a path, not a step (nothing raises).
-    assert pretrained.split_step("runs/x@²") == ("runs/x@²", None)
-    assert pretrained.split_step("runs/x@١٢") == ("runs/x@١٢", None)
 
 
 def test_bad_paths_are_one_line_errors(run, exported, tmp_path):

@@ -37,7 +37,7 @@ from electra_jax.finetune.glue import GLUE
 from electra_jax.finetune.squad import SQUAD
 from electra_jax.model import sharding
 from electra_jax.pretraining.metrics import log
-from electra_jax.store import checkpointing, jsonio, paths
+from electra_jax.store import checkpoint_steps, checkpointing, jsonio, paths
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (GLUE, SQUAD)}
 RESULTS_FILE = saved.RESULTS_FILE
@@ -249,7 +249,7 @@ def _train(config, workdir, mesh, state, step_fn, feats, hyper, steps, resumed):
     history = np.zeros((num_steps, 2), np.float32)  # every step's (loss, grad norm)
     first = 0
     try:
-        if checkpointing.has_checkpoints(workdir):
+        if checkpoint_steps.has_checkpoints(workdir):
             abstract = {
                 "train": jax.tree_util.tree_map(
                     lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state

@@ -25,7 +25,7 @@ from electra_jax.finetune.squad import SQUAD
 from electra_jax.model.weights import PretrainedError
 from electra_jax.run import rerun
 from electra_jax.run import workdir as workdir_lib
-from electra_jax.store import checkpointing, filenames, paths
+from electra_jax.store import checkpoint_steps, filenames, paths
 
 # The settings a fine-tuning's rerun may change without --allow_change (Key.resume FREE in
 # config/finetune_keys.py): they change no number of the run, only how often it logs and
@@ -142,7 +142,7 @@ def _refuse_a_run_missing(workdir: str, missing: str) -> None:
     checkpoints) but not `missing`, one of the records written when it starts: what it ran is
     then unknown, and starting over would write over it (or die on its checkpoints)."""
     found = [n for n in _RUN_OUTPUTS if paths.exists(paths.join(workdir, n))]
-    if checkpointing.has_checkpoints(workdir):
+    if checkpoint_steps.has_checkpoints(workdir):
         found.append("checkpoints/")
     if found:
         raise ConfigError(

@@ -30,7 +30,7 @@ import numpy as np
 
 from electra_jax.model import networks as model_lib
 from electra_jax.model.weights import PretrainedError, check_finite, check_spec
-from electra_jax.store import jsonio, paths
+from electra_jax.store import checkpoint_steps, jsonio, paths
 from electra_jax.store.filenames import (  # noqa: F401  (read as saved.X by fine-tuning)
     CONFIG_FILE,
     EXPORT_MANIFEST,
@@ -220,14 +220,13 @@ def pretraining_record(init_from: str, pre: Any) -> dict:
     source; for a pre-training workdir also its corpus, objective, step, batch and sequence
     length, its counted training FLOPs up to that step (metrics.count_flops, as the run's MFU
     uses) and the metrics.jsonl row of that step; for an export, its export.json."""
-    from electra_jax import pretrained
     from electra_jax.config import pretrain_keys, schema
     from electra_jax.hf.read import HF_PREFIX
     from electra_jax.objectives.core import num_mask_slots
     from electra_jax.pretraining import metrics
 
     record: dict = {"source": pre.source, "init_from": init_from}
-    path, _ = pretrained.split_step(init_from)
+    path, _ = checkpoint_steps.split_step(init_from)
     if path.startswith(HF_PREFIX):
         path = path[len(HF_PREFIX) :]
     record["path"] = paths.absolute(path)

@@ -46,7 +46,7 @@ from electra_jax.pretraining import metrics
 from electra_jax.run import rerun
 from electra_jax.run import workdir as workdir_lib
 from electra_jax.run.rerun import MISSING_CONFIG
-from electra_jax.store import checkpointing, filenames, jsonio, paths
+from electra_jax.store import checkpoint_steps, checkpointing, filenames, jsonio, paths
 from electra_jax.store.jsonio import write_json
 
 # The --allow_change key that lets each field of the data record differ on a resume; the config
@@ -280,7 +280,7 @@ def plan(
         run = Resume(workdir, config, changes, None, claim, resumes, tuple(allow), command)
         if resumes:
             # The newest checkpoint's step: the restore checks the one it resumes from again.
-            run.check_step(checkpointing.saved_steps(workdir)[-1])
+            run.check_step(checkpoint_steps.saved_steps(workdir)[-1])
         elif config.train.init_from:  # a resumed run goes on from its own state
             run.init_from = load_init_from(config, workdir)
     except BaseException:
@@ -527,7 +527,7 @@ def mismatch_message(e: checkpointing.CheckpointMismatch, workdir: str) -> str:
     else:
         settings = "the train state"
     return (
-        f"checkpoint {e.step} in {checkpointing.checkpoint_dir(workdir)} holds another state "
+        f"checkpoint {e.step} in {checkpoint_steps.checkpoint_dir(workdir)} holds another state "
         f"than this config describes, in {settings}: {checkpointing.shown(e.differences)}; "
         "nothing was moved aside: resume with the settings the run was started with, or use a "
         "new --workdir"
@@ -588,7 +588,7 @@ def _without_config(workdir: str, resumes: bool, allow: tuple[str, ...]) -> None
     if resumes and MISSING_CONFIG not in allow:
         raise ConfigError(
             f"{os.path.join(workdir, filenames.CONFIG_FILE)} is missing, but "
-            f"{checkpointing.checkpoint_dir(workdir)} holds the run's checkpoints: the settings "
+            f"{checkpoint_steps.checkpoint_dir(workdir)} holds the run's checkpoints: the settings "
             "it was started with are unknown, so it is not resumed with this command's without "
             f"a word; put config.json back (from a copy), or pass --allow_change={MISSING_CONFIG} "
             "to resume with this command's settings (the checkpoints' shapes are still checked), "

@@ -32,7 +32,7 @@ from electra_jax.pretraining.program import (
     setup_step,
 )
 from electra_jax.run import workdir as workdir_lib
-from electra_jax.store import checkpointing, filenames, paths
+from electra_jax.store import checkpoint_steps, checkpointing, filenames, paths
 from electra_jax.validate import NonFiniteError
 
 
@@ -649,7 +649,7 @@ class _Recorder:
         self.skipped += len(bad)
         if bad and not self.skip:
             good = (
-                f"{checkpointing.checkpoint_dir(self.workdir)}/{self.last_saved}"
+                f"{checkpoint_steps.checkpoint_dir(self.workdir)}/{self.last_saved}"
                 if self.last_saved is not None
                 else "none (a rerun starts from step 0)"
             )

@@ -28,7 +28,7 @@ import numpy as np
 
 from electra_jax.config.schema import ConfigError
 from electra_jax.run import workdir as workdir_lib
-from electra_jax.store import checkpointing, filenames, paths
+from electra_jax.store import checkpoint_steps, checkpointing, filenames, paths
 from electra_jax.store.jsonio import write_json
 
 # The --allow_change name that lets a run whose config.json is gone resume with the command
@@ -154,7 +154,7 @@ def claim_workdir(workdir: str, kind: str, command: str):
 def has_checkpoints(workdir: str) -> bool:
     """Whether the workdir holds checkpoints to resume; refuses a file where they go, and a
     workdir whose checkpoints were all set aside as damaged (it is not started over)."""
-    directory = checkpointing.checkpoint_dir(workdir)
+    directory = checkpoint_steps.checkpoint_dir(workdir)
     if paths.exists(directory) and not paths.isdir(directory):
         raise ConfigError(
             f"{directory} is a file, where the run keeps its checkpoints; move it away or use "
@@ -163,7 +163,7 @@ def has_checkpoints(workdir: str) -> bool:
     # Before any step is taken for a checkpoint: an entry orbax would take for one that is not
     # (an export put there, a checkpoint renamed by hand) is refused, nothing moved.
     checkpointing.survey(directory)
-    if checkpointing.has_checkpoints(workdir):
+    if checkpoint_steps.has_checkpoints(workdir):
         return True
     aside = checkpointing.set_aside(workdir)
     if aside:

@@ -49,7 +49,8 @@ import grain
 import jax
 import orbax.checkpoint as ocp
 
-from electra_jax.store import filenames, paths
+from electra_jax.store import paths
+from electra_jax.store.checkpoint_steps import STEP_NAME, checkpoint_dir, saved_steps
 from electra_jax.store.jsonio import write_advice
 
 CORRUPT_SUFFIX = ".corrupt"
@@ -109,30 +110,7 @@ def make_manager(workdir: str, checkpoint_cfg: Any) -> ocp.CheckpointManager:
     )
 
 
-def checkpoint_dir(workdir: str) -> str:
-    """WORKDIR/checkpoints, absolute (a gs:// workdir as it is: orbax writes there directly)."""
-    return paths.join(paths.absolute(workdir), filenames.CHECKPOINTS_DIR)
-
-
-def saved_steps(workdir: str) -> list[int]:
-    """The finished steps under WORKDIR/checkpoints, ascending (without opening a manager: a
-    step's folder is renamed to its number only once written; set-aside ones are not steps)."""
-    directory = checkpoint_dir(workdir)
-    if not paths.isdir(directory):
-        return []
-    return sorted(int(n) for n in paths.listdir(directory) if _STEP_NAME.fullmatch(n))
-
-
-def has_checkpoints(workdir: str) -> bool:
-    """Whether WORKDIR/checkpoints holds any finished step (without opening a manager)."""
-    return bool(saved_steps(workdir))
-
-
-# A step's folder as this run names it: ASCII digits, no leading zero. orbax takes for a step
-# any name of decimal digits without a leading zero (Unicode ones too: its regex's \d), and
-# treats that folder as its own: restores it, deletes it once older than checkpoint.keep, and
-# refuses to save that step again (StepAlreadyExistsError).
-_STEP_NAME = re.compile(r"0|[1-9][0-9]*")
+# What orbax takes for a step (checkpoint_steps.STEP_NAME is what this run writes).
 _ORBAX_STEP_NAME = re.compile(r"0|[1-9]\d*")
 # What each checkpoint folder this run writes holds (orbax's metadata, its commit marker, and
 # the items): a folder holding none of them is not one of ours.
@@ -176,7 +154,7 @@ def _check_step_folder(directory: str, name: str) -> None:
     folder, step = paths.join(directory, name), int(name)
     if not paths.isdir(folder):
         _refuse_foreign(directory, name, "is a file, not a checkpoint folder")
-    if not _STEP_NAME.fullmatch(name):
+    if not STEP_NAME.fullmatch(name):
         _refuse_foreign(directory, name, "is named in digits that this run never writes")
     try:
         entries = sorted(paths.listdir(folder))

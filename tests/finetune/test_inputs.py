@@ -15,7 +15,7 @@ import pytest
 from electra_jax.config.schema import ConfigError
 from electra_jax.finetune import fit, initial, inputs, loop, saved
 from electra_jax.pretraining.optimizer_step import TrainState
-from electra_jax.store import checkpointing
+from electra_jax.store import checkpoint_steps, checkpointing
 from tests.finetune.test_loop import _config, _sst2
 from tests.micro import micro_config
 
@@ -47,7 +47,7 @@ def _cut_before_the_first_checkpoint(config, workdir, monkeypatch):
         with pytest.raises(KeyboardInterrupt):
             loop.finetune(config, str(workdir))
     assert (workdir / saved.CONFIG_FILE).exists()
-    assert not checkpointing.has_checkpoints(str(workdir))
+    assert not checkpoint_steps.has_checkpoints(str(workdir))
 
 
 def test_flipped_labels_under_the_same_data_dir_are_refused_unless_allowed(tmp_path):

@@ -14,7 +14,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from electra_jax.store import checkpointing
+from electra_jax.store import checkpoint_steps, checkpointing
 
 
 def _cfg(keep=5, keep_every_steps=0):
@@ -187,10 +187,10 @@ def test_an_unfinished_save_is_not_a_step(tmp_path):
     state, _, lines = _restore(str(tmp_path))
     assert int(state["step"]) == 2 and lines == []
     assert not tmp.exists()  # cleaned when the next run opened the manager
-    assert not checkpointing.has_checkpoints(str(tmp_path / "elsewhere"))
-    assert checkpointing.has_checkpoints(str(tmp_path))
-    assert checkpointing.saved_steps(str(tmp_path)) == [2]
-    assert checkpointing.saved_steps(str(tmp_path / "elsewhere")) == []
+    assert not checkpoint_steps.has_checkpoints(str(tmp_path / "elsewhere"))
+    assert checkpoint_steps.has_checkpoints(str(tmp_path))
+    assert checkpoint_steps.saved_steps(str(tmp_path)) == [2]
+    assert checkpoint_steps.saved_steps(str(tmp_path / "elsewhere")) == []
 
 
 def test_empty_workdir_restores_nothing(tmp_path):
@@ -287,10 +287,12 @@ def test_keep_every_steps_keeps_the_multiples_beside_the_newest(tmp_path):
     cfg = _cfg(keep=2, keep_every_steps=4)
     _write(workdir, [2, 4, 6], cfg)
     _write(workdir, [8, 10, 12], cfg)
-    steps = sorted(int(n) for n in os.listdir(checkpointing.checkpoint_dir(workdir)) if n.isdigit())
+    steps = sorted(
+        int(n) for n in os.listdir(checkpoint_steps.checkpoint_dir(workdir)) if n.isdigit()
+    )
     assert steps == [4, 8, 10, 12]
     _write(str(tmp_path / "plain"), [2, 4, 6, 8], _cfg(keep=2))
-    plain = os.listdir(checkpointing.checkpoint_dir(str(tmp_path / "plain")))
+    plain = os.listdir(checkpoint_steps.checkpoint_dir(str(tmp_path / "plain")))
     assert sorted(int(n) for n in plain if n.isdigit()) == [6, 8]
 
 
@@ -376,7 +378,7 @@ def _write_legacy(workdir, steps, states=({"next_index": None},)):
         items["data"] = grain.checkpoint.CheckpointSave(_iterator())
         manager.save(step, args=checkpointing.ocp.args.Composite(**items), force=True)
         manager.wait_until_finished()
-        data = os.path.join(checkpointing.checkpoint_dir(workdir), str(step), "data")
+        data = os.path.join(checkpoint_steps.checkpoint_dir(workdir), str(step), "data")
         os.remove(os.path.join(data, "process_0-of-1.json"))
         for i, state in enumerate(states):
             state = {k: step if v is None else v for k, v in state.items()}
@@ -541,7 +543,7 @@ def test_folders_that_are_not_steps_are_left_alone_with_one_line(tmp_path):
     _write(str(tmp_path), [6, 7], _cfg(keep=1))
     assert sorted(os.listdir(checkpoints)) == ["002", "5_copy", "7", "backup"]
     assert {n: _tree(checkpoints / n) for n in theirs} == theirs
-    assert checkpointing.saved_steps(str(tmp_path)) == [7]
+    assert checkpoint_steps.saved_steps(str(tmp_path)) == [7]
 
 
 def _export_there(checkpoints):
@@ -631,7 +633,7 @@ def test_step_names_are_ascii_digits_as_orbax_writes_them(tmp_path):
     for name in ("\u00b2", "007", "\u0669", "3", "4.corrupt", "\u00b2.corrupt"):
         (checkpoints / name).mkdir(parents=True)
     # '²' passes str.isdigit() and fails int(); '007' and '٩' are no names orbax gives a step.
-    assert checkpointing.saved_steps(str(tmp_path)) == [3]
+    assert checkpoint_steps.saved_steps(str(tmp_path)) == [3]
     assert checkpointing.set_aside(str(tmp_path)) == ["4.corrupt"]
     others = ["007", "\u00b2", "\u00b2.corrupt", "\u0669"]
     assert checkpointing.survey(str(checkpoints)) == others

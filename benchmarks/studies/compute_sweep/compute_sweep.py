@@ -49,6 +49,7 @@ import time
 
 from benchmarks import _cli, probe
 from benchmarks.studies.sample_efficiency import sample_efficiency
+from electra_jax.store import checkpoint_steps
 
 # electra_jax's pretraining and checkpointing modules import jax (seconds): the functions that
 # use them import them, so that a refusal of a bad flag is not kept waiting.
@@ -121,7 +122,6 @@ def probes(results: dict, preset: dict, out: str, glue_dir: str, log) -> list[di
     step, task, accuracy}; each kept in OUT/probe/<model>-<step>.json and read back on a rerun.
     Budgets whose checkpoint is not saved yet (a sweep still pre-training) are left out."""
     import electra_jax
-    from electra_jax.store import checkpointing
 
     spec = preset["probe"]
     folder = os.path.join(out, "probe")
@@ -129,7 +129,7 @@ def probes(results: dict, preset: dict, out: str, glue_dir: str, log) -> list[di
     rows = []
     starts = []
     for p in results["pretrain"]:
-        saved = checkpointing.saved_steps(os.path.join(out, "pretrain", p["objective"]))
+        saved = checkpoint_steps.saved_steps(os.path.join(out, "pretrain", p["objective"]))
         starts += [(p["objective"], s) for s in p["steps"] if s in saved]
     first = None
     for name, step in [*starts, (RANDOM, 0)]:

@@ -56,6 +56,7 @@ import time
 from benchmarks import _cli, glue
 from electra_jax.finetune import tasks as glue_tasks
 from electra_jax.objectives.catalog import OBJECTIVES as ALL_OBJECTIVES
+from electra_jax.store import checkpoint_steps
 
 # electra_jax's pretraining and checkpointing modules import jax (seconds): the functions that
 # use them import them, so that a refusal of a bad flag is not kept waiting.
@@ -360,12 +361,11 @@ def pretrain(config, workdir: str, steps: list[int], log=print, allow_changes=()
     in WORKDIR/pretrain_seconds.json, so a resumed benchmark still reports the whole).
     `allow_changes`: config keys a resumed run may find changed (runner.train's)."""
     from electra_jax.pretraining import runner
-    from electra_jax.store import checkpointing
 
     path = os.path.join(workdir, "pretrain_seconds.json")
     spent = seconds_spent(workdir)
     for step in steps:
-        saved = checkpointing.saved_steps(workdir)
+        saved = checkpoint_steps.saved_steps(workdir)
         if step in saved or max(saved, default=0) > step:
             continue
         log(f"pre-training {config.objective.name} to step {step} of {steps[-1]}")
