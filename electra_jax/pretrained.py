@@ -44,7 +44,6 @@ from electra_jax.model.weights import (  # noqa: F401  (PretrainedError and Pret
     check_spec,
 )
 from electra_jax.store import checkpoint_steps, filenames, jsonio, paths
-from electra_jax.store.checkpoint_steps import split_step
 from electra_jax.store.jsonio import json_kind, one_line
 
 
@@ -55,7 +54,7 @@ def load_pretrained(path: str) -> Pretrained:
       PretrainedError: the path is missing, is none of these, or holds damaged files.
     """
     path = os.fspath(path)
-    path, step = split_step(path)
+    path, step = checkpoint_steps.split_step(path)
     if step is not None:
         # Only a pre-training workdir has checkpoints to pick; anything else is named as what
         # it is, not sent to the workdir reader, which would ask to restore a config.json.
