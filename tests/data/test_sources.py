@@ -40,6 +40,19 @@ def test_builtin_is_large_and_well_formed(builtin_docs):
     assert len(builtin_docs) > 500  # ~180 topics and ~600 modules, one document each
 
 
+def test_builtin_is_parsed_once_per_process_and_each_read_gets_its_own_lists(
+    builtin_docs, monkeypatch
+):
+    # Preparing a run reads its corpus twice (the tokenizer's sample, then the shards): the
+    # second read, and every later run in the process, must not parse the standard library again.
+    parsed = []
+    monkeypatch.setattr(sources, "_docstring_documents", lambda p: parsed.append(p) or iter(()))
+    again = list(sources.iter_documents("builtin"))
+    assert not parsed and _digest(again) == _digest(builtin_docs)
+    again[0].append("a sentence a caller added")  # a caller's edit is not the next caller's
+    assert _digest(sources.iter_documents("builtin")) == _digest(builtin_docs)
+
+
 def test_builtin_has_topics_and_docstrings(builtin_docs):
     text = "\n".join(s for doc in builtin_docs for s in doc)
     # From pydoc_data's reference manual topics.
