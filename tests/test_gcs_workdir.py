@@ -20,7 +20,7 @@ from tests.test_preemption import LINE, _wait_for
 def _config_file(tmp_path, num_steps, every, data_lines=()):
     path = tmp_path / f"config_{num_steps}.py"
     path.write_text(
-        "from tests.conftest import micro_config\n\n\n"
+        "from tests.micro import micro_config\n\n\n"
         "def get_config():\n"
         "    c = micro_config()\n"
         f"    c.train.num_steps, c.checkpoint.every_steps = {num_steps}, {every}\n"

@@ -30,7 +30,7 @@ def _config_file(tmp_path, shared_data, num_steps, every, extra=()):
     tokenizer, cache = shared_data
     path = tmp_path / "config.py"
     path.write_text(
-        "from tests.conftest import micro_config\n\n\n"
+        "from tests.micro import micro_config\n\n\n"
         "def get_config():\n"
         "    c = micro_config()\n"
         f"    c.data.tokenizer, c.data.cache_dir = {tokenizer!r}, {cache!r}\n"
