@@ -11,7 +11,7 @@ one fused [H, 3, heads, head_dim] kernel (one matmul), which export splits into 
 
 Every matrix carries logical axis names (`embed` for a network's model width, `mlp`, `heads`,
 `kv`, `vocab`; `sharding.param_shardings` maps them to the mesh): the parameters themselves stay
-plain arrays (`init_params` unboxes them) and `param_logical_axes` reads the names back.
+plain arrays (`init_params` unboxes them) and `abstract_params` reads the names back.
 """
 
 from __future__ import annotations
@@ -642,16 +642,18 @@ def init_params(model: Electra, rng, batch_size: int = 1, seq_length: int = 8):
     return nn.meta.unbox(_boxed_params(model, rng, batch_size, seq_length))
 
 
-def param_logical_axes(model: Electra):
-    """The parameters' logical axis names: a tree like init_params' of PartitionSpecs of names
-    (PartitionSpec() for the unnamed: biases and LayerNorm parameters). Shapes only; no FLOPs."""
+def abstract_params(model: Electra):
+    """(shapes, logical axes) of init_params' tree, from one trace of the model's init (no
+    FLOPs): jax.ShapeDtypeStructs, and PartitionSpecs of axis names (PartitionSpec() for the
+    unnamed: biases and LayerNorm parameters)."""
     boxed = jax.eval_shape(lambda: _boxed_params(model, jax.random.PRNGKey(0)))
     specs = nn.get_partition_spec(boxed)
-    return jax.tree_util.tree_map(
+    axes = jax.tree_util.tree_map(
         lambda x: x if isinstance(x, jax.sharding.PartitionSpec) else jax.sharding.PartitionSpec(),
         specs,
         is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec) or x is None,
     )
+    return nn.meta.unbox(boxed), axes
 
 
 def count_params(tree) -> int:

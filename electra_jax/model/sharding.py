@@ -82,7 +82,7 @@ def replicated(mesh: Mesh) -> NamedSharding:
 def param_shardings(logical_axes: Any, abstract_params: Any, mesh: Mesh) -> Any:
     """NamedShardings for the parameters from their logical axis names.
 
-    logical_axes: model.param_logical_axes' tree; abstract_params: the same tree of shapes.
+    logical_axes and abstract_params: networks.abstract_params' trees of names and of shapes.
     A dimension the 'fsdp' size does not divide stays whole (that parameter is replicated).
     """
     fsdp = mesh.shape["fsdp"]

@@ -63,9 +63,19 @@ def init_state(
         head = dict(params[RTD_OUTPUT])
         head["bias"] = jnp.full_like(head["bias"], rtd_bias)
         params = {**params, RTD_OUTPUT: head}
+    return _fresh_state(params, tx, step_rng)
+
+
+def _fresh_state(params, tx: optax.GradientTransformation, rng) -> TrainState:
     return TrainState(
-        step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params), rng=step_rng
+        step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params), rng=rng
     )
+
+
+def abstract_state(params, tx: optax.GradientTransformation) -> TrainState:
+    """init_state's tree as shapes, from the parameters' (networks.abstract_params): the
+    optimizer's init traced, not the model's once more."""
+    return jax.eval_shape(lambda p: _fresh_state(p, tx, jax.random.PRNGKey(0)), params)
 
 
 def _networks(params, batch, *, model: Electra, train: bool) -> Networks:

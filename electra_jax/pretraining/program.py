@@ -19,13 +19,14 @@ import numpy as np
 from electra_jax import validate
 from electra_jax.config.schema import ConfigError
 from electra_jax.model import sharding
-from electra_jax.model.networks import Electra, ElectraSpec, param_logical_axes, spec_from_config
+from electra_jax.model.networks import Electra, ElectraSpec, abstract_params, spec_from_config
 from electra_jax.model.optim import make_optimizer
 from electra_jax.objectives import registry
 from electra_jax.objectives.core import num_mask_slots
 from electra_jax.pretraining.optimizer_step import (
     DEFAULT_SPECIAL,
     SpecialTokens,
+    abstract_state,
     guarded_train_step,
     init_state,
     multi_step,
@@ -69,7 +70,7 @@ class StepSetup:
     spec: ElectraSpec
     num_slots: int
     make_state: Callable  # () -> TrainState, for jax.jit(..., out_shardings=state_sharding)
-    abstract_state: Any  # jax.eval_shape(make_state)
+    abstract_state: Any  # make_state()'s shapes (optimizer_step.abstract_state)
     state_sharding: Any
     step_fn: Callable  # jitted (state, global batch) -> (state, metrics); the state is donated
     # jitted (state, [K, B, L] batches) -> (state, [K] metrics): K = train.steps_per_call steps
@@ -93,8 +94,9 @@ def setup_step(
     make_state = functools.partial(
         init_state, model, tx, config.seed, rtd_bias=rtd_prior_bias(config)
     )
-    abstract = jax.eval_shape(make_state)
-    params_sharding = sharding.param_shardings(param_logical_axes(model), abstract.params, mesh)
+    shapes, logical_axes = abstract_params(model)
+    abstract = abstract_state(shapes, tx)
+    params_sharding = sharding.param_shardings(logical_axes, abstract.params, mesh)
     state_sharding = sharding.state_shardings(abstract, params_sharding, mesh)
     one_step = functools.partial(
         guarded_train_step,

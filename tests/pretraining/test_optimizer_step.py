@@ -284,3 +284,25 @@ def test_rtd_prior_init_starts_the_head_at_the_priors_logit():
     cfg.train.rtd_prior_init = False
     assert program.rtd_prior_bias(cfg) == 0.0
     assert run_steps(cfg, jax.devices()[:1], num_steps=1)[0]["disc_loss"] > 0.6  # about ln 2
+
+
+@pytest.mark.parametrize("rtd_prior_init", [False, True])
+def test_the_abstract_state_is_the_initial_states_shapes(rtd_prior_init):
+    # setup_step lays the state out from shapes it traces once (networks.abstract_params, then
+    # the optimizer's init on them): they must be those of the state init_state makes.
+    cfg = micro_config()
+    cfg.train.rtd_prior_init = rtd_prior_init
+    mesh = sharding.make_mesh(cfg.mesh, jax.devices()[:1])
+    setup = program.setup_step(cfg, cfg.data.vocab_size, mesh)
+    made = jax.eval_shape(setup.make_state)
+    assert jax.tree_util.tree_structure(setup.abstract_state) == jax.tree_util.tree_structure(made)
+    for got, want in zip(
+        jax.tree_util.tree_leaves(setup.abstract_state),
+        jax.tree_util.tree_leaves(made),
+        strict=True,
+    ):
+        assert (got.shape, got.dtype) == (want.shape, want.dtype)
+    # Every parameter got its sharding from the names that init_params' tree carries.
+    assert jax.tree_util.tree_structure(
+        setup.state_sharding.params
+    ) == jax.tree_util.tree_structure(made.params)
