@@ -109,11 +109,7 @@ class Pretrained:
 
 def abstract_params(spec: networks.ElectraSpec) -> Any:
     """The parameter tree's shapes (jax.ShapeDtypeStruct leaves), computed without allocating."""
-    import jax
-
-    return jax.eval_shape(
-        lambda: networks.init_params(networks.Electra(spec), jax.random.PRNGKey(0))
-    )
+    return networks.abstract_params(networks.Electra(spec))[0]
 
 
 def check_finite(tensors: Any, where: str) -> None:

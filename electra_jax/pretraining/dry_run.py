@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import functools
 import re
 import time
 
@@ -16,9 +15,8 @@ import numpy as np
 
 from electra_jax.config.schema import ConfigError
 from electra_jax.model import sharding
-from electra_jax.model.networks import network_param_counts
+from electra_jax.model.networks import abstract_params, network_param_counts
 from electra_jax.pretraining import metrics, topology
-from electra_jax.pretraining.optimizer_step import init_state
 from electra_jax.pretraining.program import build, checked_mesh, setup_step
 from electra_jax.store import checkpointing
 
@@ -40,9 +38,8 @@ def describe(
     this machine's (tpu_report; `costs`: also its cost compiles).
     """
     vocab_size = vocab_size or config.data.vocab_size
-    spec, model, tx, _, num_slots = build(config, vocab_size)
-    abstract = jax.eval_shape(functools.partial(init_state, model, tx, config.seed))
-    counts = network_param_counts(abstract.params)
+    spec, model, _, _, num_slots = build(config, vocab_size)
+    counts = network_param_counts(abstract_params(model)[0])
     batch_size, seq_length = config.train.batch_size, config.data.seq_length
     flops = metrics.count_flops(spec, batch_size, seq_length, num_slots, config.objective.name)
     summary = {

@@ -19,7 +19,7 @@ from electra_jax import validate
 from electra_jax.config import pretrain_keys, schema
 from electra_jax.config.schema import ConfigError
 from electra_jax.model import layer_stack, sharding
-from electra_jax.model.networks import Electra, init_params
+from electra_jax.model.networks import Electra, abstract_params
 from electra_jax.pretraining import compile_cache, metrics, profiling, resume, scoring, timing
 from electra_jax.pretraining.optimizer_step import special_tokens_of
 from electra_jax.pretraining.program import (
@@ -332,7 +332,7 @@ def _check_init_from(loaded, config) -> None:
             "predicts every piece): start from weights made for that tokenizer"
         )
     spec, model, *_ = build(config, loaded.tokenizer.vocab_size)
-    abstract = jax.eval_shape(lambda: init_params(model, jax.random.PRNGKey(0)))
+    abstract, _ = abstract_params(model)
     _in_layout(loaded, abstract, spec.scan_layers)
 
 

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from electra_jax.model import sharding
+from electra_jax.model import networks, sharding
 from electra_jax.objectives import two_stage
 from electra_jax.pretraining import program
 from electra_jax.pretraining.optimizer_step import init_state
@@ -287,13 +287,17 @@ def test_rtd_prior_init_starts_the_head_at_the_priors_logit():
 
 
 @pytest.mark.parametrize("rtd_prior_init", [False, True])
-def test_the_abstract_state_is_the_initial_states_shapes(rtd_prior_init):
+def test_the_abstract_state_is_the_initial_states_shapes(rtd_prior_init, monkeypatch):
     # setup_step lays the state out from shapes it traces once (networks.abstract_params, then
     # the optimizer's init on them): they must be those of the state init_state makes.
     cfg = micro_config()
     cfg.train.rtd_prior_init = rtd_prior_init
     mesh = sharding.make_mesh(cfg.mesh, jax.devices()[:1])
+    traced = []
+    boxed = networks._boxed_params
+    monkeypatch.setattr(networks, "_boxed_params", lambda *a: traced.append(1) or boxed(*a))
     setup = program.setup_step(cfg, cfg.data.vocab_size, mesh)
+    assert len(traced) == 1  # the model's init, traced once for shapes and axis names alike
     made = jax.eval_shape(setup.make_state)
     assert jax.tree_util.tree_structure(setup.abstract_state) == jax.tree_util.tree_structure(made)
     for got, want in zip(
