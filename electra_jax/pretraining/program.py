@@ -7,8 +7,11 @@ here, so that what is measured is what trains.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
+import hashlib
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -76,6 +79,30 @@ class StepSetup:
     # jitted (state, [K, B, L] batches) -> (state, [K] metrics): K = train.steps_per_call steps
     # in one call (train_step.multi_step); None when K = 1
     multi_step_fn: Callable | None = None
+    # jitted () -> a fresh state laid out as state_sharding (init_on_mesh)
+    init_fn: Callable | None = None
+    # What the runner compiled of this setup, by program ({name: executable}): another run of
+    # the same setup in this process uses them as they are.
+    compiled: dict = dataclasses.field(default_factory=dict, compare=False)
+
+
+# The setups this process made, newest last, by what they were made from (`_setup_key`): a run
+# that asks for the step of a config this process has already set up on the same mesh (the
+# Python API's second run, a sweep's repeated settings, a test's rerun) gets the same jitted
+# functions and compiled programs, instead of tracing its programs again and compiling them or
+# loading them from the compilation cache anew. A few are kept: each holds its executables.
+_SETUPS: collections.OrderedDict[tuple, StepSetup] = collections.OrderedDict()
+_SETUPS_KEPT = 4
+
+
+def _setup_key(config, vocab_size: int, mesh, special, unigram_cdf) -> tuple:
+    """What setup_step's result depends on: every setting (the programs read many), the
+    vocabulary, the mesh (its devices and axes), the special ids and the unigram table."""
+    table = None
+    if unigram_cdf is not None:
+        table = hashlib.sha256(np.ascontiguousarray(unigram_cdf, np.float32).tobytes()).digest()
+    settings = json.dumps(config.to_dict(), sort_keys=True, default=repr)
+    return settings, vocab_size, mesh, tuple(special), table
 
 
 def setup_step(
@@ -87,9 +114,20 @@ def setup_step(
 ) -> StepSetup:
     """The model, state layout and compiled-on-first-use train step a config describes
     (`special`: the tokenizer's [PAD], [CLS], [SEP], [MASK] ids; `unigram_cdf`: float32 [V],
-    the corpus's cumulative unigram distribution, which objective.unigram_share > 0 needs)."""
+    the corpus's cumulative unigram distribution, which objective.unigram_share > 0 needs).
+    The same arguments give the same setup, its programs compiled once per process."""
     if unigram_cdf is None and config.objective.unigram_share > 0:
         raise ValueError("objective.unigram_share > 0: give setup_step the corpus's unigram_cdf")
+    key = _setup_key(config, vocab_size, mesh, special, unigram_cdf)
+    setup = _SETUPS.pop(key, None) or _new_setup(config, vocab_size, mesh, special, unigram_cdf)
+    _SETUPS[key] = setup
+    while len(_SETUPS) > _SETUPS_KEPT:
+        _SETUPS.popitem(last=False)
+    return setup
+
+
+def _new_setup(config, vocab_size: int, mesh, special, unigram_cdf) -> StepSetup:
+    """setup_step's work: the setup, traced and compiled at first use."""
     spec, model, tx, schedule, num_slots = build(config, vocab_size, mesh)
     make_state = functools.partial(
         init_state, model, tx, config.seed, rtd_bias=rtd_prior_bias(config)
@@ -128,12 +166,15 @@ def setup_step(
         multi_step_fn = jitted(
             functools.partial(multi_step, step_fn=one_step), sharding.stacked_batch_sharding(mesh)
         )
-    return StepSetup(spec, num_slots, make_state, abstract, state_sharding, step_fn, multi_step_fn)
+    init_fn = jax.jit(make_state, out_shardings=state_sharding)
+    return StepSetup(
+        spec, num_slots, make_state, abstract, state_sharding, step_fn, multi_step_fn, init_fn
+    )
 
 
 def init_on_mesh(setup: StepSetup):
     """Fresh parameters and optimizer state, laid out as the step expects."""
-    return jax.jit(setup.make_state, out_shardings=setup.state_sharding)()
+    return setup.init_fn()
 
 
 def checked_mesh(config: ml_collections.ConfigDict, process_count: int, devices=None):

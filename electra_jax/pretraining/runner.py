@@ -196,6 +196,7 @@ def _evaluator(config, setup: StepSetup, mesh, prepared, special):
         special=special,
         process_index=jax.process_index(),
         process_count=jax.process_count(),
+        compiled=setup.compiled,
     )
     metrics.log(
         f"compiled the held-out evaluation ({config.data.heldout_examples} rows) in "
@@ -423,15 +424,24 @@ class _CompiledCalls:
         """The compiled whole call or single step (compiled at its first use; `batches` may be
         abstract)."""
         if whole not in self.programs:
+            # The batches' shapes and layout follow from the setup's config and mesh, so the
+            # program is the setup's: compiled once per process (program.setup_step).
+            name = "multi_step" if whole else "step"
             t0, hits = timing.now(), compile_cache.hits()
-            fn = self.setup.multi_step_fn if whole else self.setup.step_fn
-            self.programs[whole] = fn.lower(state, batches).compile()
+            reused = name in self.setup.compiled
+            if not reused:
+                fn = self.setup.multi_step_fn if whole else self.setup.step_fn
+                self.setup.compiled[name] = fn.lower(state, batches).compile()
+            self.programs[whole] = self.setup.compiled[name]
             seconds, loaded = timing.now() - t0, compile_cache.hits() - hits
             self.breakdown.add("compile_sec", seconds)
             self.breakdown.cache_hits += loaded
             steps = f"{self.per_call} train steps per call" if whole else "train step"
-            cached = " (from the compilation cache)" if loaded else ""
-            metrics.log(f"compiled the {steps} in {seconds:.1f}s{cached}")
+            if reused:
+                metrics.log(f"reusing the {steps} compiled earlier in this process")
+            else:
+                cached = " (from the compilation cache)" if loaded else ""
+                metrics.log(f"compiled the {steps} in {seconds:.1f}s{cached}")
         return self.programs[whole]
 
     def first_batches(self, state, start_step: int, also: tuple[int, int] | None = None):

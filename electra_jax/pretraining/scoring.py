@@ -87,10 +87,13 @@ def build(
     special: SpecialTokens,
     process_index: int = 0,
     process_count: int = 1,
+    compiled: dict | None = None,
 ) -> Evaluator:
     """The held-out batches on the mesh, the frequent pieces and the unigram distribution of
     the training rows, and the eval step compiled for `params_sharding` (ahead of the first
-    use, so its time is its own). `special`: the ids of the tokenizer that made `prepared`."""
+    use, so its time is its own). `special`: the ids of the tokenizer that made `prepared`.
+    `compiled`: the programs of the run's setup (program.StepSetup.compiled), where the eval
+    step compiled once is kept for the next run of the same setup in this process."""
     parts = pipeline.heldout_batches(
         prepared, heldout_examples, batch_size, process_index, process_count
     )
@@ -123,7 +126,13 @@ def build(
         params_sharding,
     )
     t0 = time.time()
-    program = fn.lower(placed, batches, *pieces).compile()
+    # The held-out rows' count is the prepared data's, not the setup's: part of the name.
+    name = ("eval", tuple(sorted((k, v.shape) for k, v in batches.items())))
+    program = (compiled or {}).get(name)
+    if program is None:
+        program = fn.lower(placed, batches, *pieces).compile()
+        if compiled is not None:
+            compiled[name] = program
     return Evaluator(program, batches, pieces, every, time.time() - t0)
 
 

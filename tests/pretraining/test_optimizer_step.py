@@ -1,3 +1,4 @@
+import collections
 import functools
 
 import jax
@@ -296,6 +297,7 @@ def test_the_abstract_state_is_the_initial_states_shapes(rtd_prior_init, monkeyp
     traced = []
     boxed = networks._boxed_params
     monkeypatch.setattr(networks, "_boxed_params", lambda *a: traced.append(1) or boxed(*a))
+    monkeypatch.setattr(program, "_SETUPS", collections.OrderedDict())  # a setup made anew
     setup = program.setup_step(cfg, cfg.data.vocab_size, mesh)
     assert len(traced) == 1  # the model's init, traced once for shapes and axis names alike
     made = jax.eval_shape(setup.make_state)

@@ -1,8 +1,13 @@
-"""step_setup: the mesh checked against the batches, before anything compiles."""
+"""program.py: the mesh checked against the batches before anything compiles, and the setup
+of a config's step made once per process."""
 
+import collections
+
+import jax
 import pytest
 
 from electra_jax.config.schema import ConfigError
+from electra_jax.model import sharding
 from electra_jax.pretraining import program
 from tests.conftest import micro_config
 
@@ -24,3 +29,29 @@ def test_the_batches_must_split_over_the_processes_and_the_mesh_fit_the_devices(
     config.mesh.fsdp = 1000
     with pytest.raises(ConfigError, match="choose a mesh.fsdp that divides it"):
         program.checked_mesh(config, process_count=1)
+
+
+def test_a_setup_is_made_once_per_process_for_the_same_config_and_mesh(monkeypatch):
+    monkeypatch.setattr(program, "_SETUPS", collections.OrderedDict())
+    config = micro_config()
+    mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
+    first = program.setup_step(config, config.data.vocab_size, mesh)
+    # The same settings (another ConfigDict), vocabulary and mesh: the same jitted functions.
+    assert program.setup_step(micro_config(), config.data.vocab_size, mesh) is first
+    # Any other setting, vocabulary, mesh or special ids: a setup of its own.
+    config.train.learning_rate *= 2
+    others = [
+        program.setup_step(config, config.data.vocab_size, mesh),
+        program.setup_step(micro_config(), config.data.vocab_size + 1, mesh),
+        program.setup_step(
+            micro_config(), config.data.vocab_size, mesh, program.SpecialTokens(0, 1, 2, 4)
+        ),
+    ]
+    assert all(o is not first for o in others) and len({id(o) for o in others}) == 3
+    assert len(program._SETUPS) == 4
+    # No more than _SETUPS_KEPT are kept, the least recently asked for dropped first.
+    program.setup_step(micro_config(), config.data.vocab_size, mesh)  # `first`, asked again
+    program.setup_step(micro_config(), config.data.vocab_size + 2, mesh)
+    assert len(program._SETUPS) == program._SETUPS_KEPT
+    assert program.setup_step(micro_config(), config.data.vocab_size, mesh) is first
+    assert others[0] not in program._SETUPS.values()

@@ -63,7 +63,7 @@ def config_with(shared_data):
 
 
 @pytest.mark.slow
-def test_train_writes_the_workdir_and_resumes_exactly(shared_data, tmp_path):
+def test_train_writes_the_workdir_and_resumes_exactly(shared_data, tmp_path, capsys):
     cfg = config_with(shared_data)
     straight = tmp_path / "straight"
     last = runner.train(cfg, str(straight))
@@ -77,6 +77,7 @@ def test_train_writes_the_workdir_and_resumes_exactly(shared_data, tmp_path):
     assert os.listdir(straight / "tensorboard")
 
     # Stop at step 4 (checkpoint 3 and 4 exist), then the same call finishes the run.
+    capsys.readouterr()
     resumed = tmp_path / "resumed"
     runner.train(cfg, str(resumed), stop_after=4)
     runner.train(cfg, str(resumed))
@@ -85,6 +86,11 @@ def test_train_writes_the_workdir_and_resumes_exactly(shared_data, tmp_path):
     for a, b in zip(rows, again, strict=True):
         for k in ("loss", "gen_loss", "disc_loss", "grad_norm", "gen_accuracy"):
             assert a[k] == b[k], (a["step"], k)
+    # Both later calls ran the step the first one compiled (program.setup_step), no other.
+    err = capsys.readouterr().err
+    assert err.count("reusing the train step compiled earlier in this process") == 2, err
+    assert "compiled the train step" not in err
+    assert "compile_sec" in again[0] and "compile_sec" in again[4]
 
 
 def test_a_finished_run_run_again_says_that_nothing_was_trained(shared_data, tmp_path, capsys):
