@@ -5,29 +5,31 @@ import fcntl
 import os
 import pathlib
 import runpy
+import sys
 import tempfile
 from collections.abc import Callable
 
 # One persistent compilation cache for the whole suite, its workers and the commands it starts
-# (subprocess_env passes these on): the tests compile the same few micro programs over and over,
+# (they inherit the environment): the tests compile the same few micro programs over and over,
 # in-process and in subprocesses, and loading one takes a fraction of compiling it. A loaded
-# executable is the compiled one, so the numbers are the same.
+# executable is the compiled one, so the numbers are the same. Compile time dominates these tiny
+# models, and XLA's heavy passes buy nothing here. Set in the environment rather than through
+# jax.config, so that pytest's own process, which runs no test, never imports jax.
 _SUITE_CACHE = os.path.join(tempfile.gettempdir(), f"electra_jax-tests-jax-cache-{os.getuid()}")
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _SUITE_CACHE)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
+# Where Python may not write bytecode (PYTHONDONTWRITEBYTECODE, as on some CI machines), pytest
+# cannot keep its rewrite of the test modules' asserts either, and each worker rewrote all of
+# them at every start (3.5 s of its collection on 2 cores). Collection keeps them, and the
+# bytecode of what the test modules import, here instead, beside the compilation cache.
+_SUITE_BYTECODE = os.path.join(tempfile.gettempdir(), f"electra_jax-tests-pyc-{os.getuid()}")
 
-import jax  # noqa: E402
 import pytest  # noqa: E402
 
 from tests.gcs_emulator import gcs, gcs_server  # noqa: E402, F401  (the GCS server's fixtures)
 from tests.micro import micro_config  # noqa: E402, F401  (tests import it from here)
-
-# Compile time dominates these tiny models; XLA's heavy passes buy nothing here.
-jax.config.update("jax_disable_most_optimizations", True)
-jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
-jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
@@ -59,6 +61,18 @@ def drop_cut_cache_entries(cache_dir: str) -> list[str]:
             os.remove(path)
             cut.append(name)
     return cut
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection(session):
+    if not sys.dont_write_bytecode:
+        return (yield)
+    prefix = sys.pycache_prefix
+    sys.dont_write_bytecode, sys.pycache_prefix = False, _SUITE_BYTECODE
+    try:
+        return (yield)
+    finally:
+        sys.dont_write_bytecode, sys.pycache_prefix = True, prefix
 
 
 def pytest_configure(config):
@@ -124,10 +138,7 @@ def micro():
 
 
 def subprocess_env(devices: int | None = None) -> dict:
-    env = dict(os.environ)
-    # Like this process (above): CLI runs in tests compile in seconds and compute the same
-    # numbers as in-process runs.
-    env.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
+    env = dict(os.environ)  # with this process's jax settings (above): the same numbers
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     if devices:
         env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
@@ -155,7 +166,6 @@ def with_file_size_limit(argv: list[str], limit: int) -> list[str]:
     """`argv` run under RLIMIT_FSIZE = `limit` bytes, a stand-in for a full disk: a write past
     it fails with EFBIG (Python ignores SIGXFSZ). argv[0] is an executable's path. The command
     reads the persistent compilation cache and writes nothing to it (see _FILE_SIZE_LIMIT)."""
-    import sys
 
     return [sys.executable, "-c", _FILE_SIZE_LIMIT, str(limit), *argv]
 
@@ -185,7 +195,6 @@ def run_python(*args: str, timeout: float = 180, file_size_limit: int = 0):
     finished process (returncode, stdout, stderr as text). `file_size_limit` > 0: under that
     file size limit (`with_file_size_limit`)."""
     import subprocess
-    import sys
 
     argv = [sys.executable, *args]
     return subprocess.run(

@@ -1,11 +1,21 @@
 """The suite's own helpers: what keeps its shared compilation cache whole, what its workers
 share, and the order they take the tests in."""
 
+import os
+import subprocess
+import sys
 import zlib
 
 import pytest
 
-from tests.conftest import built_once, drop_cut_cache_entries, run_python, slow_first
+from tests.conftest import (
+    ROOT,
+    built_once,
+    drop_cut_cache_entries,
+    run_python,
+    slow_first,
+    subprocess_env,
+)
 
 
 def test_entries_cut_short_are_dropped_and_whole_ones_kept(tmp_path):
@@ -104,3 +114,35 @@ def test_slow_tests_go_first_those_of_modules_with_few_of_them_before_the_tables
     items = [_Item(n, n in slow) for n in names]
     order = [i.nodeid for i in slow_first(items)]
     assert order == ["b.py::e", "c.py::h", "t.py::c[1]", "t.py::c[2]", "a.py::f", "a.py::g"]
+
+
+def test_the_tests_run_with_the_suites_jax_settings():
+    # Set in the environment by conftest.py, read by jax when a test module first imports it.
+    import jax
+
+    assert jax.config.jax_compilation_cache_dir == os.environ["JAX_COMPILATION_CACHE_DIR"]
+    assert jax.config.jax_persistent_cache_min_compile_time_secs == float(
+        os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]
+    )
+    # A flag without a context manager, read the way jax lets one read those.
+    want = os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"].lower() in ("1", "true")
+    assert jax.config.read("jax_disable_most_optimizations") == want
+
+
+def test_collection_keeps_the_rewritten_test_modules_where_bytecode_may_not_be_written(tmp_path):
+    env = dict(subprocess_env(), PYTHONDONTWRITEBYTECODE="1", TMPDIR=str(tmp_path))
+    argv = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0"]
+    out = subprocess.run(
+        [*argv, "-p", "no:cacheprovider", "tests/test_conftest.py"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    kept = tmp_path / f"electra_jax-tests-pyc-{os.getuid()}"
+    # pytest's rewrite of the module's asserts, tagged with pytest's version.
+    assert list(kept.rglob("test_conftest.*pytest*.pyc")), sorted(kept.rglob("*"))[:5]
+    # And outside collection, the environment's choice again.
+    assert sys.dont_write_bytecode == bool(os.environ.get("PYTHONDONTWRITEBYTECODE"))

@@ -26,13 +26,14 @@ def _write_holder(uri, **info):
     _blob(uri).upload_from_string(json.dumps(info))
 
 
-def _lock(uri, lines=None, lost=None, lease=30.0):
+def _lock(uri, lines=None, lost=None, lease=30.0, renew_every=None):
     return gcs_lock.GcsLock(
         uri,
         {"command": "test"},
         lease=lease,
         log=(lines.append if lines is not None else None),
         on_lost=(lost.append if lost is not None else None),
+        renew_every=renew_every,
     )
 
 
@@ -158,13 +159,13 @@ def test_a_holder_on_another_host_is_taken_over_only_after_its_lease(gcs):
 def test_a_holder_whose_lock_was_taken_learns_it_at_its_next_renewal(gcs):
     uri = f"{gcs}/run/.lock"
     lost = []
-    # Renews every 5 s: a lease of a second or less (renewals every 0.2 s, each allowed 1 s)
-    # was lost on a loaded machine for a slow renewal ("could not be renewed") before the
-    # takeover was seen.
-    holder = _lock(uri, lost=lost, lease=20.0)
+    # A long lease renewed often: a lease of a second or less (renewals every 0.2 s, each
+    # allowed 1 s) was lost on a loaded machine for a slow renewal ("could not be renewed")
+    # before the takeover was seen; this one has 15 s of slow renewals to spare.
+    holder = _lock(uri, lost=lost, lease=20.0, renew_every=0.2)
     holder.acquire()
     _write_holder(uri, command="other", pid=2, host="elsewhere", started="now", lease_seconds=60)
-    deadline = time.time() + 120  # a guard against a hang; the next renewal is due in 5 s
+    deadline = time.time() + 120  # a guard against a hang; the next renewal is due in 0.2 s
     while not lost and time.time() < deadline:
         time.sleep(0.05)
     assert lost and "another run has taken it over" in lost[0] and not holder.held
