@@ -232,19 +232,25 @@ def main(argv) -> None:
             "--allow_change", [k.strip() for k in _ALLOW_CHANGE.value.split(",") if k.strip()]
         )
     )
-    with one_line_for(ConfigError, verbose=_VERBOSE.value):
+    from electra_jax.store.checkpoint_steps import CheckpointError
+
+    with one_line_for(ConfigError, CheckpointError, verbose=_VERBOSE.value):
         # Before jax, flax and orbax are imported: bad settings are answered in a blink.
         check_config(config)
         if _WORKDIR.value and not _DRY_RUN.value:
             # And a workdir the run's claim would refuse (a file, a folder that is not ours or is
-            # of the other kind, a link out): the claim's checks, nothing written. The run then
-            # claims it for good (resume.plan), a lock another run holds included.
+            # of the other kind, a link out): the claim's checks, nothing written; then what a
+            # resume of it would refuse (resume.check: its checkpoints/, config.json, settings
+            # and step). The run then claims it for good and asks again (resume.plan), a lock
+            # another run holds included.
+            from electra_jax.pretraining import resume
             from electra_jax.run import workdir as workdir_lib
 
             workdir_lib.claim(_WORKDIR.value, workdir_lib.PRETRAIN, lock=False)
+            resume.check(config, _WORKDIR.value, allow)
     from electra_jax.pretraining import dry_run, runner
     from electra_jax.store import checkpointing
-    from electra_jax.store.checkpointing import CheckpointError, Preempted
+    from electra_jax.store.checkpointing import Preempted
 
     if not _VERBOSE.value:
         checkpointing.quiet_write_failures()  # orbax's threads' reports of a full disk

@@ -115,13 +115,8 @@ def test_workdir_of_another_model_fails_before_restoring(tmp_path):
     line = _one_line_exit_2(out, f"{tmp_path}/config.json describes a different model")
     assert "data.seq_length=32 there vs 128 now" in line and "model.hidden_size" in line
     assert "new --workdir" in line
-    # Nothing but the marker and the lock of a workdir (one made before the marker existed).
-    assert sorted(p.name for p in tmp_path.iterdir()) == [
-        ".electra_jax",
-        ".lock",
-        "checkpoints",
-        "config.json",
-    ]
+    # Refused before the claim (resume.check): nothing written, no marker, no lock.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoints", "config.json"]
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["3"]
 
 
@@ -229,3 +224,38 @@ def test_a_key_allowed_to_change_twice_is_refused_before_jax_is_imported(tmp_pat
     assert code_and_imports == "2 []", stderr[-2000:]
     assert stderr == "error: --allow_change names 'data.source' twice; name each once\n"
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    "case,args,expected",
+    [
+        ("another optimizer", ["--config.train.adam_eps=0.001"], "resuming with other settings"),
+        ("fewer steps", ["--config.train.num_steps=2"], "is below step 3"),
+        ("only damaged checkpoints", [], "holds only checkpoints set aside as damaged"),
+        ("an export at checkpoints/99", [], "orbax would take it for checkpoint 99"),
+    ],
+)
+def test_a_resume_the_run_would_refuse_is_refused_before_jax_is_imported(
+    tmp_path, case, args, expected
+):
+    from tests.conftest import micro_config
+
+    config_file = tmp_path / "config.py"
+    config_file.write_text("from tests.micro import micro_config as get_config\n")
+    workdir = tmp_path / "w"
+    checkpoints = workdir / "checkpoints"
+    (checkpoints / ("3.corrupt" if case == "only damaged checkpoints" else "3") / "state").mkdir(
+        parents=True
+    )
+    (workdir / "config.json").write_text(json.dumps(micro_config().to_dict()))
+    if case == "an export at checkpoints/99":
+        (checkpoints / "99").mkdir()
+        (checkpoints / "99" / "model.safetensors").write_bytes(b"")
+    before = sorted(str(p.relative_to(workdir)) for p in workdir.rglob("*"))
+    code_and_imports, stderr = heavy_imports_at_exit(
+        "electra_jax.train", f"--config={config_file}", f"--workdir={workdir}", *args
+    )
+    assert code_and_imports == "2 []", stderr[-2000:]
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], stderr
+    assert sorted(str(p.relative_to(workdir)) for p in workdir.rglob("*")) == before

@@ -27,7 +27,7 @@ A resume never rewrites the run's past (`Resume.check_step`, before any work and
 checkpoint restored): an allowed change that moves a phase switch across the resumed step
 (PHASE_SWITCHES) is refused, and so is train.num_steps below it; checkpoints/ entries that orbax
 would take for steps but are not the run's (an export put there, a checkpoint renamed by hand)
-are refused by checkpointing.survey.
+are refused by checkpoint_steps.survey.
 """
 
 from __future__ import annotations
@@ -35,19 +35,24 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-import jax
 import ml_collections
 
 from electra_jax.config import pretrain_keys, schema
 from electra_jax.config.schema import ConfigError, flatten
-from electra_jax.pretraining import metrics
 from electra_jax.run import rerun
 from electra_jax.run import workdir as workdir_lib
 from electra_jax.run.rerun import MISSING_CONFIG
-from electra_jax.store import checkpoint_steps, checkpointing, filenames, jsonio, paths
+from electra_jax.store import checkpoint_steps, filenames, jsonio, paths
 from electra_jax.store.jsonio import write_json
+
+if TYPE_CHECKING:
+    from electra_jax.store import checkpointing
+
+# jax, orbax and the metrics (which import them) are imported where they are used: `check`, the
+# refusals of a resume, is asked by the command line before it imports them.
 
 # The --allow_change key that lets each field of the data record differ on a resume; the config
 # keys among them are refused earlier, by check_same_run, unless allowed.
@@ -89,6 +94,7 @@ class Resume:
         tokenizer is not what it started from (data_record.json) and --allow_change does not name
         the change. `tokenizer`: the run's, as shards.ensure_tokenizer gives it."""
         from electra_jax.data import shards, sources
+        from electra_jax.pretraining import metrics
 
         cfg = self.config
         path = os.path.join(self.workdir, workdir_lib.DATA_RECORD)
@@ -132,6 +138,10 @@ class Resume:
         the run goes on with (process 0): config.json for a new run; for a resumed one, the
         allowed changes (config_changes.jsonl and config.json), or a config.json that was
         missing."""
+        import jax
+
+        from electra_jax.pretraining import metrics
+
         config_path = os.path.join(self.workdir, filenames.CONFIG_FILE)
         is_main = jax.process_index() == 0
         if resumed_at is None:
@@ -166,6 +176,8 @@ class Resume:
     def _record_data(self, resumed_at: int | None) -> None:
         """data_record.json for a new run, a run started before it, or an allowed change (which
         config_changes.jsonl records too)."""
+        from electra_jax.pretraining import metrics
+
         if self.data is None:
             return
         write_json(os.path.join(self.workdir, workdir_lib.DATA_RECORD), self.data)
@@ -195,7 +207,8 @@ class Resume:
             _check_phase_switch(key, old, new, step, self.config)
 
     def release(self) -> None:
-        self.claim.release()
+        if self.claim is not None:
+            self.claim.release()
 
 
 # Settings that name the step at which a run passes, once, from one phase to the next, with the
@@ -259,33 +272,53 @@ def plan(
     change; init_from unusable) or CheckpointError (only damaged checkpoints), the workdir
     released again.
     """
+    from electra_jax.pretraining import metrics
+
     new = flatten(config.to_dict())  # the settings asked for, {"a.b": value}, read once
     opened = rerun.open_run(workdir, PRETRAINING, tuple(allow), new)
-    claim, resumes, stored = opened.claim, opened.resumes, opened.stored
-    path = opened.config_path
     try:
-        changes = {}
-        if stored is not None:
-            old = flatten(stored)
-            kept = _checkpoint_layout(old, new)
-            if kept:
-                new.update(kept)
-                config = config.copy_and_resolve_references()
-                with config.unlocked():
-                    for key, value in kept.items():
-                        section, field = key.split(".")
-                        config[section][field] = value
-            check_same_model(old, new, path)
-            changes = check_same_run(old, new, path, tuple(allow))
-        run = Resume(workdir, config, changes, None, claim, resumes, tuple(allow), command)
-        if resumes:
-            # The newest checkpoint's step: the restore checks the one it resumes from again.
-            run.check_step(checkpoint_steps.saved_steps(workdir)[-1])
-        elif config.train.init_from:  # a resumed run goes on from its own state
-            run.init_from = load_init_from(config, workdir)
+        run = _settled(config, new, opened, tuple(allow), command, log=metrics.log)
+        if not run.resumes and run.config.train.init_from:  # a resumed run goes on from its own
+            run.init_from = load_init_from(run.config, workdir)
     except BaseException:
-        claim.release()
+        opened.release()
         raise
+    return run
+
+
+def check(config: ml_collections.ConfigDict, workdir: str, allow: tuple[str, ...] = ()) -> None:
+    """What `plan` refuses of the workdir as it is, without claiming it and without jax: its
+    checkpoints/ (survey, only damaged ones), config.json, the settings a resume may not change,
+    train.num_steps and the phase switches against the newest checkpoint. For the command line,
+    before it imports jax; `plan` asks it all again once the workdir is claimed. Raises
+    ConfigError or CheckpointError; writes nothing, logs nothing."""
+    new = flatten(config.to_dict())
+    opened = rerun.open_run(workdir, PRETRAINING, tuple(allow), new, claim=False)
+    _settled(config, new, opened, tuple(allow), None, log=None)
+
+
+def _settled(config, new: dict, opened: rerun.Rerun, allow, command, log) -> Resume:
+    """The Resume of an opened workdir (`new`: the settings asked for, flat): the stored run's
+    layout kept, its settings held to the new ones, the newest checkpoint's step checked.
+    `log`: gets the lines of what is kept (None: not said)."""
+    changes = {}
+    if opened.stored is not None:
+        old = flatten(opened.stored)
+        kept = _checkpoint_layout(old, new, log)
+        if kept:
+            new.update(kept)
+            config = config.copy_and_resolve_references()
+            with config.unlocked():
+                for key, value in kept.items():
+                    section, field = key.split(".")
+                    config[section][field] = value
+        check_same_model(old, new, opened.config_path)
+        changes = check_same_run(old, new, opened.config_path, allow)
+    workdir, resumes = opened.workdir, opened.resumes
+    run = Resume(workdir, config, changes, None, opened.claim, resumes, allow, command)
+    if opened.resumes:
+        # The newest checkpoint's step: the restore checks the one it resumes from again.
+        run.check_step(checkpoint_steps.saved_steps(opened.workdir)[-1])
     return run
 
 
@@ -431,28 +464,30 @@ def _corpus_change(old: list | None, new: list | None, source: str) -> str:
     return f"{where}: {', '.join(said)}"
 
 
-def _checkpoint_layout(old: dict, new: dict) -> dict:
+def _checkpoint_layout(old: dict, new: dict, log: Callable[[str], None] | None) -> dict:
     """The settings a resume keeps from the stored run (`old`, flat) over the asked ones (`new`,
     flat): the stored checkpoints' layer layout (a run started before model.scan_layers existed
     holds them unrolled), and for a run started before the held-out slice, training on every
     row. {key: value}, {} when nothing is kept.
 
     The layout is how the parameters are stored, not what they compute, so a resume keeps the
-    checkpoints' own rather than refusing or rewriting them.
+    checkpoints' own rather than refusing or rewriting them. `log` (when given) gets a line for
+    each.
     """
+    log = log or (lambda line: None)
     kept = {}
     layout = stored_scan_layers(old)
     if bool(new.get("model.scan_layers", False)) != layout:
         kept["model.scan_layers"] = layout
         held = "stacked (scanned)" if layout else "unrolled"
-        metrics.log(
+        log(
             f"this run's checkpoints hold their layers {held}; resuming with "
             f"model.scan_layers={layout}"
         )
     if "data.heldout_examples" not in old and new.get("data.heldout_examples"):
         # Holding rows out now would change the rows it trains on: it keeps training on all.
         kept["data.heldout_examples"] = 0
-        metrics.log(
+        log(
             "this run started before the held-out slice existed and trains on every row; "
             "resuming with data.heldout_examples=0 (no held-out evaluation; "
             "python -m electra_jax.evaluate reads its checkpoints on rows it has seen)"
@@ -491,6 +526,8 @@ def load_init_from(config: ml_collections.ConfigDict, workdir: str):
 def _place_tokenizer(tok, source: str, workdir: str) -> None:
     """Puts `tok` (the tokenizer of the weights `source` names) in WORKDIR/tokenizer, unless that
     very tokenizer is there; ConfigError when another one is."""
+    import jax
+
     from electra_jax.data import DataError
     from electra_jax.data import tokenizer as tokenizer_lib
 
@@ -515,6 +552,8 @@ def _place_tokenizer(tok, source: str, workdir: str) -> None:
 
 def mismatch_message(e: checkpointing.CheckpointMismatch, workdir: str) -> str:
     """One line for a checkpoint of another model or optimizer, naming the settings involved."""
+    from electra_jax.store import checkpointing
+
     names = [line.split(":", 1)[0] for line in e.differences]
     params = [n for n in names if n.startswith("params.")]
     if any(not n.startswith("params.generator") for n in params):

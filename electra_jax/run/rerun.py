@@ -1,13 +1,15 @@
 """What a rerun of a workdir goes on from: the resume plan pre-training and fine-tuning share.
 
 `open_run(workdir, rules, allow, new)` claims the workdir for the whole run (workdir.claim, every
-process agreeing), checks the --allow_change names, surveys the checkpoints (checkpointing.survey:
-an entry orbax would take for a step that is not the run's is refused, nothing moved; a workdir
-whose checkpoints were all set aside as damaged is not started over), reads the stored
-config.json and, when it is gone, asks the command what the workdir then holds
-(`Rules.without_config`). `Rerun.compare` holds the new settings to the stored ones by the
-command's rule table: a key of `Rules.free` may change unasked, one --allow_change names changes
-and is recorded (`record_changes`: config_changes.jsonl and config.json), any other is refused.
+process agreeing), checks the --allow_change names, surveys the checkpoints
+(checkpoint_steps.survey: an entry orbax would take for a step that is not the run's is refused,
+nothing moved; a workdir whose checkpoints were all set aside as damaged is not started over), reads
+the stored config.json and, when it is gone, asks the command what the workdir then holds
+(`Rules.without_config`); with claim=False it answers the same without claiming the workdir, for a
+command line to refuse before it imports jax. `Rerun.compare` holds the new settings to the stored
+ones by the command's rule table: a key of `Rules.free` may change unasked, one --allow_change names
+changes and is recorded (`record_changes`: config_changes.jsonl and config.json), any other is
+refused.
 
 Each command brings its rules and what only it has on top: pre-training (resume.py) the data
 record, the phase switches, train.init_from's weights and its num_steps against the step;
@@ -23,12 +25,9 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-import jax
-import numpy as np
-
 from electra_jax.config.schema import ConfigError
 from electra_jax.run import workdir as workdir_lib
-from electra_jax.store import checkpoint_steps, checkpointing, filenames, paths
+from electra_jax.store import checkpoint_steps, filenames, paths
 from electra_jax.store.jsonio import write_json
 
 # The --allow_change name that lets a run whose config.json is gone resume with the command
@@ -72,7 +71,7 @@ class Rerun:
     """The answer of `open_run`: the claimed workdir and what it holds."""
 
     workdir: str
-    claim: Any  # workdir.Claim: the workdir, locked by process 0 until `release`
+    claim: Any  # workdir.Claim: the workdir, locked by process 0 until `release`; or None
     rules: Rules
     resumes: bool  # the workdir holds checkpoints
     stored: dict | None  # config.json, nested; None when absent (or written over: a new start)
@@ -84,15 +83,20 @@ class Rerun:
 
     def release(self) -> None:
         """Unlocks the workdir (the claim's end)."""
-        self.claim.release()
+        if self.claim is not None:
+            self.claim.release()
 
 
-def open_run(workdir: str, rules: Rules, allow: tuple[str, ...], new: dict) -> Rerun:
+def open_run(
+    workdir: str, rules: Rules, allow: tuple[str, ...], new: dict, claim: bool = True
+) -> Rerun:
     """Claims the workdir and answers what it holds (`new`: the settings asked for, flat, whose
     keys --allow_change may name). Raises ConfigError (the workdir is another's or in use, an
     --allow_change name is no key, config.json unreadable or gone from a run) or CheckpointError
-    (only damaged checkpoints), the workdir released again."""
-    claim = claim_workdir(workdir, rules.kind, rules.command)
+    (only damaged checkpoints), the workdir released again. With `claim` False, the answer
+    without the claim: what a command line asks before it imports jax, the run's own
+    open_run asking again once the workdir is claimed."""
+    claim = claim_workdir(workdir, rules.kind, rules.command) if claim else None
     try:
         names = set(new) | ({MISSING_CONFIG} if rules.may_lose_config else set())
         unknown = [k for k in allow if k not in names]
@@ -108,7 +112,8 @@ def open_run(workdir: str, rules: Rules, allow: tuple[str, ...], new: dict) -> R
             if stored is None:
                 rules.without_config(workdir, resumes, tuple(allow))
     except BaseException:
-        claim.release()
+        if claim is not None:
+            claim.release()
         raise
     return Rerun(workdir, claim, rules, resumes, stored)
 
@@ -130,6 +135,9 @@ def compare(
 
 def claim_workdir(workdir: str, kind: str, command: str):
     """The workdir, locked by process 0 for the run; every process agrees before going on."""
+    import jax
+    import numpy as np
+
     error, held = None, None
     try:
         held = workdir_lib.claim(workdir, kind, lock=jax.process_index() == 0, command=command)
@@ -162,12 +170,12 @@ def has_checkpoints(workdir: str) -> bool:
         )
     # Before any step is taken for a checkpoint: an entry orbax would take for one that is not
     # (an export put there, a checkpoint renamed by hand) is refused, nothing moved.
-    checkpointing.survey(directory)
+    checkpoint_steps.survey(directory)
     if checkpoint_steps.has_checkpoints(workdir):
         return True
-    aside = checkpointing.set_aside(workdir)
+    aside = checkpoint_steps.set_aside(workdir)
     if aside:
-        raise checkpointing.CheckpointError(
+        raise checkpoint_steps.CheckpointError(
             f"{directory} holds only checkpoints set aside as damaged ({', '.join(aside)}); "
             "this run will not start over on its own: inspect them, or use a new --workdir"
         )
@@ -189,6 +197,8 @@ def change_row(step: int, changes: dict[str, tuple[Any, Any]]) -> dict:
 def record_changes(workdir: str, step: int, changes: dict, config: dict) -> None:
     """Appends the allowed `changes` ({key: (from, to)}) at `step` to config_changes.jsonl and
     rewrites config.json with `config`, the settings the run goes on with (process 0 only)."""
+    import jax
+
     if jax.process_index() != 0:
         return
     append_change(workdir, change_row(step, changes))

@@ -49,20 +49,24 @@ import jax
 import orbax.checkpoint as ocp
 
 from electra_jax.store import paths
-from electra_jax.store.checkpoint_steps import STEP_NAME, checkpoint_dir, saved_steps
+from electra_jax.store.checkpoint_steps import (  # noqa: F401  (CheckpointError: callers' too)
+    CORRUPT_SUFFIX,
+    POSITION,
+    POSITION_FILE,
+    CheckpointError,
+    ForeignFolderError,
+    checkpoint_dir,
+    read_position_file,
+    renamed,
+    saved_steps,
+    set_aside,
+    survey,
+)
 from electra_jax.store.jsonio import write_advice
 
-CORRUPT_SUFFIX = ".corrupt"
-# The item (folder) holding the input position and the layout that saved it, and its file.
-POSITION = "position"
-POSITION_FILE = "position.json"
 # The item of Grain's per-process iterator files in checkpoints written before POSITION.
 _LEGACY_DATA = "data"
 _LEGACY_FILE = re.compile(r"process_(\d+)-of-(\d+)\.json")
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that exists but cannot be used."""
 
 
 class Preempted(BaseException):
@@ -113,91 +117,6 @@ def make_manager(workdir: str, checkpoint_cfg: Any) -> ocp.CheckpointManager:
     )
 
 
-# What orbax takes for a step (checkpoint_steps.STEP_NAME is what this run writes).
-_ORBAX_STEP_NAME = re.compile(r"0|[1-9]\d*")
-# What each checkpoint folder this run writes holds (orbax's metadata, its commit marker, and
-# the items): a folder holding none of them is not one of ours.
-_CHECKPOINT_ENTRIES = ("_CHECKPOINT_METADATA", "commit_success.txt", "state", POSITION)
-# Names in checkpoints/ that are this run's without being steps: a checkpoint set aside as
-# damaged, orbax's temporary folder of a save in progress or cut off.
-_SET_ASIDE_NAME = re.compile(r"[0-9]+" + re.escape(CORRUPT_SUFFIX) + r"(\.[0-9]+)?")
-_TMP_MARK = ".orbax-checkpoint-tmp"
-
-
-class ForeignFolderError(CheckpointError):
-    """An entry of checkpoints/ that orbax would take for a step but is no checkpoint of this
-    run at that step: another program's folder, or a checkpoint renamed or copied by hand.
-    Nothing is moved or changed; the message names the entry, what it holds and the way out."""
-
-
-def survey(directory: str) -> list[str]:
-    """Checks the entries of a checkpoints/ folder (`directory`) before orbax lists them: the
-    names that are not this run's (a user's `backup`, `99_copy`, ...), sorted, which orbax
-    ignores and the run leaves as they are; [] when there are none or no folder.
-
-    Raises ForeignFolderError for an entry orbax would take for step N that is not the run's
-    checkpoint N: a file, a folder holding none of a checkpoint's entries (an export put there),
-    a name of non-ASCII digits, or a checkpoint whose input position says another step (renamed
-    or copied by hand). An empty folder is left to the restore (damage: set aside, with
-    nothing in it to lose)."""
-    if not paths.isdir(directory):
-        return []
-    others = []
-    for name in sorted(paths.listdir(directory)):
-        if _ORBAX_STEP_NAME.fullmatch(name):
-            _check_step_folder(directory, name)
-        elif not (name.startswith(".") or _SET_ASIDE_NAME.fullmatch(name) or _TMP_MARK in name):
-            others.append(name)
-    return others
-
-
-def _check_step_folder(directory: str, name: str) -> None:
-    """ForeignFolderError when `directory`/`name` (a step's name to orbax) is not the run's
-    checkpoint of that step."""
-    folder, step = paths.join(directory, name), int(name)
-    if not paths.isdir(folder):
-        _refuse_foreign(directory, name, "is a file, not a checkpoint folder")
-    if not STEP_NAME.fullmatch(name):
-        _refuse_foreign(directory, name, "is named in digits that this run never writes")
-    try:
-        entries = sorted(paths.listdir(folder))
-    except OSError:
-        return  # unreadable here: the restore names the machine's error in one line
-    if entries and not set(entries) & set(_CHECKPOINT_ENTRIES):
-        shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
-        _refuse_foreign(directory, name, f"holds {shown}, not a checkpoint")
-    try:
-        held = _read_position_file(folder)["data"]["next_index"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return  # no readable position: the restore decides (damage, or the state's step)
-    if isinstance(held, int) and not isinstance(held, bool) and held != step:
-        renamed(directory, step, held, "its input position")
-
-
-def _refuse_foreign(directory: str, name: str, what: str) -> None:
-    raise ForeignFolderError(
-        f"{paths.join(directory, name)} {what}, but orbax would take it for checkpoint "
-        f"{int(name)} (restore it, delete it with the old checkpoints, or fail to save that "
-        f"step): move it out of {directory}; nothing was changed"
-    )
-
-
-def renamed(directory: str, step: int, held: int, source: str) -> None:
-    """Raises ForeignFolderError for `directory`/`step` holding the run's state at step `held`
-    (as `source` says): a checkpoint renamed or copied by hand, which a resume would take for
-    step `step`, training again steps it holds and ending in orbax's StepAlreadyExistsError."""
-    folder, back = paths.join(directory, str(step)), paths.join(directory, str(held))
-    way = (
-        f"move it out of {directory} ({back} is there)"
-        if paths.exists(back)
-        else f"rename it back to {back}, or move it out of {directory}"
-    )
-    raise ForeignFolderError(
-        f"{folder} holds the run's state at step {held} ({source}), not step {step}: renamed "
-        f"or copied by hand, it would be resumed as the wrong step; {way}; nothing was changed"
-    )
-
-
 def _listed(names: list[str], limit: int = 5) -> str:
     """'a, b and c', or the first `limit` and how many more."""
     if len(names) > limit:
@@ -240,7 +159,7 @@ def saved_layout(workdir: str) -> tuple[int, dict] | None:
         return None
     folder = paths.join(checkpoint_dir(workdir), str(steps[-1]))
     try:
-        position = _read_position_file(folder)
+        position = read_position_file(folder)
         layout = _legacy_layout(folder) if position is None else dict(position["layout"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -251,19 +170,11 @@ def saved_goodput(workdir: str, step: int) -> dict | None:
     """The goodput totals checkpoint `step` of WORKDIR kept (timing.Totals.saved); None for a
     checkpoint written before them, or without a readable position (the restore has read it)."""
     try:
-        position = _read_position_file(paths.join(checkpoint_dir(workdir), str(step)))
+        position = read_position_file(paths.join(checkpoint_dir(workdir), str(step)))
     except (OSError, ValueError):
         return None
     saved = (position or {}).get("goodput")
     return saved if isinstance(saved, dict) else None
-
-
-def _read_position_file(folder: str) -> dict | None:
-    """The POSITION item of a checkpoint folder as saved; None when it has none."""
-    path = paths.join(folder, POSITION, POSITION_FILE)
-    if not paths.exists(path):
-        return None
-    return json.loads(paths.read_bytes(path))
 
 
 def _legacy_files(folder: str) -> list[re.Match]:
@@ -574,15 +485,6 @@ class _OrbaxWriteFailureFilter(logging.Filter):
         if "orbax" not in record.pathname and "orbax" not in text:
             return True
         return _errno_of_text(text) is None
-
-
-def set_aside(workdir: str) -> list[str]:
-    """The checkpoints of WORKDIR moved aside as damaged (`<step>.corrupt*`), oldest first."""
-    directory = checkpoint_dir(workdir)
-    if not paths.isdir(directory):
-        return []
-    names = [n for n in paths.listdir(directory) if _SET_ASIDE_NAME.fullmatch(n)]
-    return sorted(names, key=lambda n: (int(n.split(".")[0]), n))
 
 
 def _step_of(state: Any) -> Any:
