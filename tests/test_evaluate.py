@@ -35,7 +35,9 @@ def _eval_config(shared_data):
 
 
 @pytest.mark.slow
-def test_training_evaluates_on_schedule_and_resumes_with_the_same_readings(shared_data, tmp_path):
+def test_training_evaluates_on_schedule_and_resumes_with_the_same_readings(
+    shared_data, tmp_path, capsys
+):
     cfg = _eval_config(shared_data)
     cfg.log.every_steps = 5  # an evaluation writes a row of its own
     straight = tmp_path / "straight"
@@ -49,8 +51,13 @@ def test_training_evaluates_on_schedule_and_resumes_with_the_same_readings(share
             assert set(r) >= EVAL_KEYS
             assert 0.0 <= r["eval/disc_auc"] <= 1.0 and r["eval/collapse_cosine"] < 1.0
     resumed = tmp_path / "resumed"
+    capsys.readouterr()
     runner.train(cfg, str(resumed), stop_after=3)
     runner.train(cfg, str(resumed))
+    # Both ran the evaluation the first run compiled (program.setup_step keeps it).
+    err = capsys.readouterr().err
+    assert err.count("reusing the held-out evaluation (") == 2, err
+    assert "compiled the held-out evaluation" not in err
     again = {r["step"]: r for r in metrics.read_rows(str(resumed / "metrics.jsonl"))}
     # The stop at step 3 wrote a row with the held-out readings, where its checkpoint is.
     assert sorted(again) == [2, 3, 4, 5, 6] and set(again[3]) >= EVAL_KEYS

@@ -198,10 +198,11 @@ def _evaluator(config, setup: StepSetup, mesh, prepared, special):
         process_count=jax.process_count(),
         compiled=setup.compiled,
     )
-    metrics.log(
-        f"compiled the held-out evaluation ({config.data.heldout_examples} rows) in "
-        f"{evaluator.compile_seconds:.1f}s"
-    )
+    rows = f"the held-out evaluation ({config.data.heldout_examples} rows)"
+    if evaluator.reused:
+        metrics.log(f"reusing {rows} compiled earlier in this process")
+    else:
+        metrics.log(f"compiled {rows} in {evaluator.compile_seconds:.1f}s")
     return evaluator
 
 
@@ -737,8 +738,12 @@ class _Recorder:
             metrics.log(f"checkpoint saves blocked the loop for {self.save_seconds:.2f}s in total")
         ev = self.evaluator
         if ev is not None and ev.runs and self.step_seconds > 0:
+            made = (
+                "compiled earlier in this process"
+                if ev.reused
+                else f"compiled once, in {ev.compile_seconds:.1f}s"
+            )
             metrics.log(
                 f"held-out evaluation: {ev.runs} run(s), {ev.seconds:.1f}s, "
-                f"{100 * ev.seconds / self.step_seconds:.1f}% of the steps' time (compiled "
-                f"once, in {ev.compile_seconds:.1f}s)"
+                f"{100 * ev.seconds / self.step_seconds:.1f}% of the steps' time ({made})"
             )

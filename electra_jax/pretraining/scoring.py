@@ -39,6 +39,7 @@ class Evaluator:
     pieces: tuple  # (frequent: bool [V], unigram_cdf: float32 [V]), replicated
     every: int  # eval.every_steps (0: only when asked)
     compile_seconds: float
+    reused: bool = False  # the program was compiled by an earlier run of the same setup
     runs: int = 0
     seconds: float = 0.0
     warned: bool = False
@@ -129,11 +130,12 @@ def build(
     # The held-out rows' count is the prepared data's, not the setup's: part of the name.
     name = ("eval", tuple(sorted((k, v.shape) for k, v in batches.items())))
     program = (compiled or {}).get(name)
-    if program is None:
+    reused = program is not None
+    if not reused:
         program = fn.lower(placed, batches, *pieces).compile()
         if compiled is not None:
             compiled[name] = program
-    return Evaluator(program, batches, pieces, every, time.time() - t0)
+    return Evaluator(program, batches, pieces, every, time.time() - t0, reused)
 
 
 # ------------------------------------------------------------------------------ reading rows
