@@ -316,9 +316,9 @@ def _settled(config, new: dict, opened: rerun.Rerun, allow, command, log) -> Res
         changes = check_same_run(old, new, opened.config_path, allow)
     workdir, resumes = opened.workdir, opened.resumes
     run = Resume(workdir, config, changes, None, opened.claim, resumes, allow, command)
-    if opened.resumes:
+    if resumes:
         # The newest checkpoint's step: the restore checks the one it resumes from again.
-        run.check_step(checkpoint_steps.saved_steps(opened.workdir)[-1])
+        run.check_step(checkpoint_steps.saved_steps(workdir)[-1])
     return run
 
 

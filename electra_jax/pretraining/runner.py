@@ -198,11 +198,11 @@ def _evaluator(config, setup: StepSetup, mesh, prepared, special):
         process_count=jax.process_count(),
         compiled=setup.compiled,
     )
-    rows = f"the held-out evaluation ({config.data.heldout_examples} rows)"
+    what = f"the held-out evaluation ({config.data.heldout_examples} rows)"
     if evaluator.reused:
-        metrics.log(f"reusing {rows} compiled earlier in this process")
+        metrics.log(f"reusing {what} compiled earlier in this process")
     else:
-        metrics.log(f"compiled {rows} in {evaluator.compile_seconds:.1f}s")
+        metrics.log(f"compiled {what} in {evaluator.compile_seconds:.1f}s")
     return evaluator
 
 
