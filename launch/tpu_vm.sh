@@ -136,11 +136,13 @@ fi
 
 # Every worker gets the tree in ~/electra_jax (configs/ included) and runs from there.
 if [[ -z "${REPO:-}" ]]; then
-  # Ship this checkout (without runs/, git's history and caches) to every worker.
+  # Ship this checkout to every worker, without runs/, git's history, caches, a virtual
+  # environment made in it (.venv/ or venv/: gigabytes, and of this machine) or the GPU wheels.
   here=$(cd "$(dirname "$0")/.." && pwd)
   archive=$(mktemp -d)/electra_jax.tgz
   tar -C "$here" --exclude=./runs --exclude=.git --exclude='*.egg-info' --exclude=__pycache__ \
-    --exclude=.pytest_cache --exclude=.ruff_cache -czf "$archive" .
+    --exclude=.pytest_cache --exclude=.ruff_cache --exclude=./.venv --exclude=./venv \
+    --exclude=./.whl -czf "$archive" .
   "${tpu[@]}" scp "$archive" "$name":~/ --zone="$zone" --worker=all
   rm -rf "$(dirname "$archive")"
   fetch='mkdir -p ~/electra_jax && tar -C ~/electra_jax -xzf ~/electra_jax.tgz'

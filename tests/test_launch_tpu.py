@@ -37,6 +37,12 @@ if kind == "tpu-vm" and verb == "describe":
     if state.read_text() == "NOT_FOUND":
         not_found()
     print(state.read_text())
+elif kind == "tpu-vm" and verb == "scp":  # what the archive holds, for the test to read
+    import tarfile
+
+    with tarfile.open(words[4]) as archive:
+        shipped = archive.getnames()
+    pathlib.Path(os.environ["FAKE_SHIPPED"]).write_text(json.dumps(shipped))
 elif kind == "tpu-vm" and verb == "create":
     state.write_text("READY")
 elif kind == "tpu-vm" and verb == "delete":
@@ -57,7 +63,14 @@ TRAIN = ["--config=configs/large.py", "--config.train.num_steps=10", "--config.s
 
 
 def _launch(
-    tmp_path, *, slice_state="READY", queue="NOT_FOUND", repo="https://x/e.git", fake=None, **env
+    tmp_path,
+    *,
+    slice_state="READY",
+    queue="NOT_FOUND",
+    repo="https://x/e.git",
+    fake=None,
+    script=SCRIPT,
+    **env,
 ):
     """Runs the script; returns (the completed process, the fake's calls as argv lists)."""
     bin_dir = tmp_path / "bin"
@@ -78,12 +91,13 @@ def _launch(
         FAKE_LOG=str(tmp_path / "calls"),
         FAKE_STATE=str(tmp_path / "state"),
         FAKE_QUEUE=str(tmp_path / "queue"),
+        FAKE_SHIPPED=str(tmp_path / "shipped"),
         POLL_SECONDS="0",
     )
     if repo:
         full["REPO"] = repo
     out = subprocess.run(
-        ["bash", str(SCRIPT), "electra", "us-central2-b", "v4-16", "gs://b/runs/large", *TRAIN],
+        ["bash", str(script), "electra", "us-central2-b", "v4-16", "gs://b/runs/large", *TRAIN],
         env=full,
         capture_output=True,
         text=True,
@@ -151,6 +165,22 @@ def test_a_missing_slice_is_created_and_this_checkout_shipped(tmp_path):
     assert verbs == ["tpu-vm describe", "tpu-vm create", "tpu-vm scp", "tpu-vm ssh", "tpu-vm ssh"]
     assert calls[2][5] == "electra:~/" and "--worker=all" in calls[2]
     _check_install_and_train(calls)
+
+
+def test_the_checkout_is_shipped_without_its_runs_caches_or_virtual_environment(tmp_path):
+    checkout = tmp_path / "checkout"
+    kept = ["launch/tpu_vm.sh", "configs/large.py", "electra_jax/train.py", "constraints.txt"]
+    left = [".venv/bin/python", "venv/bin/python", "runs/large/metrics.jsonl", ".whl/a.whl"]
+    left += [".git/HEAD", "electra_jax/__pycache__/train.cpython-311.pyc"]
+    for name in kept + left:
+        (checkout / name).parent.mkdir(parents=True, exist_ok=True)
+        (checkout / name).write_bytes(SCRIPT.read_bytes() if name == kept[0] else b"x")
+    out, _ = _launch(tmp_path, repo=None, script=checkout / "launch" / "tpu_vm.sh")
+    assert out.returncode == 0, out.stderr
+    shipped = {n.removeprefix("./") for n in json.loads((tmp_path / "shipped").read_text())}
+    assert set(kept) <= shipped
+    assert not [n for n in shipped if n.split("/")[0] in {".venv", "venv", "runs", ".whl", ".git"}]
+    assert not [n for n in shipped if "__pycache__" in n]
 
 
 @pytest.mark.parametrize("before", ["NOT_FOUND", "SUSPENDED"])
