@@ -95,13 +95,20 @@ _SETUPS: collections.OrderedDict[tuple, StepSetup] = collections.OrderedDict()
 _SETUPS_KEPT = 4
 
 
+# Config sections no program of a setup reads: how often the runner logs, checkpoints and
+# profiles is the host loop's business (runner.py), so runs that differ only there share a setup.
+_HOST_LOOP_SECTIONS = ("log", "checkpoint")
+
+
 def _setup_key(config, vocab_size: int, mesh, special, unigram_cdf) -> tuple:
-    """What setup_step's result depends on: every setting (the programs read many), the
-    vocabulary, the mesh (its devices and axes), the special ids and the unigram table."""
+    """What setup_step's result depends on: every setting outside _HOST_LOOP_SECTIONS (the
+    programs read many), the vocabulary, the mesh (its devices and axes), the special ids and
+    the unigram table."""
     table = None
     if unigram_cdf is not None:
         table = hashlib.sha256(np.ascontiguousarray(unigram_cdf, np.float32).tobytes()).digest()
-    settings = json.dumps(config.to_dict(), sort_keys=True, default=repr)
+    read = {k: v for k, v in config.to_dict().items() if k not in _HOST_LOOP_SECTIONS}
+    settings = json.dumps(read, sort_keys=True, default=repr)
     return settings, vocab_size, mesh, tuple(special), table
 
 

@@ -36,8 +36,12 @@ def test_a_setup_is_made_once_per_process_for_the_same_config_and_mesh(monkeypat
     config = micro_config()
     mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
     first = program.setup_step(config, config.data.vocab_size, mesh)
-    # The same settings (another ConfigDict), vocabulary and mesh: the same jitted functions.
+    # The same settings (another ConfigDict), vocabulary and mesh: the same jitted functions;
+    # also when only the host loop's settings differ (how often it logs and checkpoints).
     assert program.setup_step(micro_config(), config.data.vocab_size, mesh) is first
+    loop_only = micro_config()
+    loop_only.log.every_steps, loop_only.checkpoint.every_steps = 7, 5
+    assert program.setup_step(loop_only, config.data.vocab_size, mesh) is first
     # Any other setting, vocabulary, mesh or special ids: a setup of its own.
     config.train.learning_rate *= 2
     others = [
