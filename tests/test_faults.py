@@ -39,14 +39,14 @@ def _config_file(tmp_path, tokenizer: str, cache_dir: str) -> str:
     return str(path)
 
 
-def _start(config: str, workdir, hold_dir=None) -> subprocess.Popen:
-    """`python -m electra_jax.train`; with `hold_dir`, held in its first checkpoint's commit
-    (tests/held.py)."""
+def _start(config: str, workdir, hold_dir=None, point="save") -> subprocess.Popen:
+    """`python -m electra_jax.train`; with `hold_dir`, held at `point` (tests/held.py): by
+    default in its first checkpoint's commit."""
     args = ["electra_jax.train", f"--config={config}", f"--workdir={workdir}"]
     # subprocess_env passes on the suite's compilation cache: every start after the first loads
     # the step instead of compiling it (the same executable, so the same numbers).
     return subprocess.Popen(
-        held.command(hold_dir, "save", *args) if hold_dir else [sys.executable, "-m", *args],
+        held.command(hold_dir, point, *args) if hold_dir else [sys.executable, "-m", *args],
         cwd=ROOT,
         env=subprocess_env(),
         stdout=subprocess.DEVNULL,
@@ -76,10 +76,12 @@ def _kill_at(proc: subprocess.Popen, workdir, how: str, rng: random.Random, hold
     elif how == "save":  # inside an asynchronous save: `proc` is held in its commit
         held.wait_held(hold_dir, proc)
         assert _saving(workdir) and _rows(workdir) > start_rows
-    else:  # at a random moment among the steps
+    else:  # at a random moment among the steps: `proc` is held before the last ones
+        assert start_rows < NUM_STEPS - 2, f"the run had {start_rows} rows before this start"
         while time.time() < deadline and proc.poll() is None and _rows(workdir) <= start_rows:
             time.sleep(0.01)
         time.sleep(rng.uniform(0.0, 0.6))
+        assert proc.poll() is None  # held before its last steps: not finished
     saving = _saving(workdir)
     if proc.poll() is None:
         proc.send_signal(signal.SIGKILL)
@@ -102,14 +104,19 @@ def test_sigkill_at_random_moments_loses_nothing(tmp_path, tmp_path_factory):
     rng = random.Random(1234)
     workdir = tmp_path / "killed"
     kills: list[str] = []
-    plan = ["save", "startup", "random"]
+    # The random moment comes second: the save's run stops at its second checkpoint, behind
+    # the held commit, far from the end, while a startup's kill may come late enough for the
+    # run to be past step NUM_STEPS - 2 or finished.
+    plan = ["save", "random", "startup"]
     for how in plan:
         # The save is held in its commit until the kill, written in full but not yet renamed
         # into place: polling for orbax's temporary folder raced the commit, which a fast
-        # machine finishes before the kill.
+        # machine finishes before the kill. The random moment's run is held after step
+        # NUM_STEPS - 2 until the kill: however fast the steps, it cannot finish first.
         hold_dir = tmp_path / f"hold-{how}"
         hold_dir.mkdir()
-        proc = _start(config, workdir, hold_dir if how == "save" else None)
+        points = {"save": "save", "random": f"step={NUM_STEPS - 2}"}
+        proc = _start(config, workdir, hold_dir if how in points else None, points.get(how, ""))
         kills.append(_kill_at(proc, workdir, how, rng, hold_dir))
         assert not [n for n in os.listdir(workdir / "checkpoints") if "corrupt" in n]
         if proc.returncode == 0:

@@ -148,14 +148,14 @@ def test_sampling_follows_the_softmax():
 
 
 def test_inverse_cdf_and_gumbel_samplers_draw_the_same_distribution():
-    logits = jax.random.normal(jax.random.PRNGKey(3), (1000,)) * 2.0  # a peaked 1000-way softmax
+    logits = jax.random.normal(jax.random.PRNGKey(3), (250,)) * 2.0  # a peaked 250-way softmax
     probs = np.asarray(jax.nn.softmax(logits))
-    rows = jnp.broadcast_to(logits, (1, 60000, 1000))
+    rows = jnp.broadcast_to(logits, (1, 20000, 250))
     for sampler in ("inverse_cdf", "gumbel"):
         s = np.asarray(core.sample_replacements(jax.random.PRNGKey(1), rows, 1.0, sampler))
-        assert s.min() >= 0 and s.max() < 1000
-        freq = np.bincount(s.ravel(), minlength=1000) / s.size
-        # Total variation distance from the softmax: sampling noise alone gives about 0.05 here.
+        assert s.min() >= 0 and s.max() < 250
+        freq = np.bincount(s.ravel(), minlength=250) / s.size
+        # Total variation distance from the softmax: sampling noise alone gives about 0.03 here.
         assert 0.5 * np.abs(freq - probs).sum() < 0.08, sampler
         top = np.argsort(probs)[-5:]
         np.testing.assert_allclose(freq[top], probs[top], atol=0.01)
