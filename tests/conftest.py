@@ -1,5 +1,6 @@
 """Shared fixtures: tiny configs and specs that compile in seconds on 2 CPU cores."""
 
+import ast
 import collections
 import fcntl
 import os
@@ -188,6 +189,18 @@ def heavy_imports_at_exit(module: str, *args: str) -> tuple[str, str]:
     first line, 'CODE [the heavy modules imported]', e.g. "2 []"; stderr)."""
     out = run_python("-c", _IMPORTED_AT_EXIT, module, *args, timeout=120)
     return out.stdout.split("\n")[0], out.stderr
+
+
+def heavy_imports_of(module: str) -> list[str]:
+    """Which of jax, flax, orbax and grain importing `module` imports, in a fresh interpreter
+    (this one has them already): what a command's early refusals rely on being []."""
+    code = (
+        f"import sys; import {module}; "
+        "print(sorted(m for m in ('jax', 'flax', 'orbax', 'grain') if m in sys.modules))"
+    )
+    out = run_python("-c", code)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return ast.literal_eval(out.stdout.strip())
 
 
 def run_python(*args: str, timeout: float = 180, file_size_limit: int = 0):

@@ -75,8 +75,9 @@ def main(argv) -> None:
         # Before jax, flax and orbax are imported: bad settings, and a workdir the run's claim
         # would refuse (a file, a folder not ours or of the other kind, a link out: the claim's
         # checks, nothing written), are answered in a blink. finetune() claims it for good.
-        checks.check_config(config)
+        family, task = checks.check_config(config)
         workdir_lib.claim(_WORKDIR.value, workdir_lib.FINETUNE, lock=False)
+    data = _read_new_runs_task(config, family, task)
     from electra_jax.store import checkpointing
     from electra_jax.store.checkpointing import CheckpointError, Preempted
 
@@ -87,7 +88,9 @@ def main(argv) -> None:
 
     command = shlex.join(["python", "-m", "electra_jax.finetune", *sys.argv[1:]])
     try:
-        loop.finetune(config, _WORKDIR.value, command=command, allow_changes=tuple(allow))
+        loop.finetune(
+            config, _WORKDIR.value, command=command, allow_changes=tuple(allow), data=data
+        )
     except (ConfigError, DataError, CheckpointError) as e:
         if _VERBOSE.value:
             raise
@@ -109,6 +112,21 @@ def main(argv) -> None:
         if _VERBOSE.value:
             raise
         end_interrupted()
+
+
+def _read_new_runs_task(config, family: str, task):
+    """A new run's task examples (finetune.reading), read before jax is imported: a missing or
+    malformed task file is one line in a blink. None for a workdir that holds anything: the
+    runner then asks first whether it holds this run (finished, or to resume), then reads."""
+    from electra_jax.data import DataError
+    from electra_jax.finetune import reading
+    from electra_jax.store import paths
+
+    workdir = _WORKDIR.value
+    if paths.exists(workdir) and paths.listdir(workdir):
+        return None
+    with one_line_for(DataError, verbose=_VERBOSE.value):
+        return reading.READERS[family](config, task)
 
 
 if __name__ == "__main__":

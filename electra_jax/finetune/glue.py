@@ -7,17 +7,15 @@ original) and reports them on 0-5; MRPC and STS-B train on both orders of each p
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 
 import jax.numpy as jnp
 import numpy as np
 
-from electra_jax.data import DataError
-from electra_jax.finetune import features, glue_heads, tasks
+from electra_jax.finetune import features, glue_heads, reading, tasks
 from electra_jax.finetune import glue_metrics as glue_metrics
-from electra_jax.finetune.family import Data, Family, Features, fixed_subset
+from electra_jax.finetune.family import Data, Family, Features
 from electra_jax.store import filenames
 
 PREDICTIONS_FILE = filenames.GLUE_PREDICTIONS_FILE
@@ -33,21 +31,6 @@ def regression_targets(task: tasks.Task, scaled: bool) -> tuple[float, float]:
         return 0.0, 1.0
     low, high = task.score_range
     return low, high - low
-
-
-def training_set(
-    task: tasks.Task, examples: list[tasks.Example], max_examples: int, double_unordered: bool
-) -> list[tasks.Example]:
-    """The examples trained on: a fixed random subset of at most max_examples (0 = all, kept in
-    file order), then for MRPC and STS-B also every pair the other way round."""
-    examples = fixed_subset(examples, max_examples)
-    if double_unordered and task.double_unordered:
-        swapped = [
-            dataclasses.replace(e, text_a=e.text_b, text_b=e.text_a, source=e.source + ":swapped")
-            for e in examples
-        ]
-        examples = examples + swapped
-    return examples
 
 
 def predict_step(params, batch: dict, *, model, regression: bool) -> dict:
@@ -76,16 +59,7 @@ class Glue(Family):
         }
 
     def read(self, config, task: tasks.Task, dev_only: bool = False) -> Data:
-        read = lambda split: tasks.load_split(task, split, config.data_dir, config.tfds_data_dir)
-        train_read = [] if dev_only else read(tasks.TRAIN)
-        dev = {split.name: read(split) for split in task.dev_splits}
-        if dev_only:
-            return Data([], 0, dev, [])
-        train = training_set(task, train_read, config.max_train_examples, config.double_unordered)
-        if not train:
-            raise DataError(f"{task.name} has no training examples; check config.data_dir")
-        texts = [t for e in train_read for t in (e.text_a, e.text_b) if t]
-        return Data(train, len(train_read), dev, texts)
+        return reading.read_glue(config, task, dev_only)
 
     def input_files(self, config, task: tasks.Task) -> tuple[list[str], dict | None]:
         if not config.data_dir:  # TFDS: named, not hashed (TFDS versions what it prepared)

@@ -32,7 +32,7 @@ from electra_jax.finetune import (
     results,
     saved,
 )
-from electra_jax.finetune.family import Family
+from electra_jax.finetune.family import Data, Family
 from electra_jax.finetune.glue import GLUE
 from electra_jax.finetune.squad import SQUAD
 from electra_jax.model import sharding
@@ -57,6 +57,7 @@ def finetune(
     stop_after: int | None = None,
     command: str | None = None,
     allow_changes: tuple[str, ...] = (),
+    data: Data | None = None,
 ) -> dict:
     """Fine-tunes on the config's task, evaluates on its dev set(s), writes the results and the
     model; returns the results (eval_results.json's fields).
@@ -72,6 +73,8 @@ def finetune(
     allow_changes: what a resume may find changed since the run started (checks.ALLOWED:
       'data_dir', 'init_from'; prior_run.plan holds the rest to FREE_ON_RESUME); recorded in
       config_changes.jsonl.
+    data: the task's examples, when the caller has read them for this config
+      (reading.READERS[config.family]); else they are read here (a finished run reads none).
 
     Raises:
       ConfigError / DataError: bad config values, data files or init_from, or a workdir that
@@ -89,7 +92,7 @@ def finetune(
     # fine-tuning writes its own config.json and tokenizer/ there.
     prior = prior_run.plan(config, workdir, family, task, tuple(allow_changes))
     try:
-        return _finetune(config, prior, mesh, family, task, started, stop_after, command)
+        return _finetune(config, prior, mesh, family, task, started, stop_after, command, data)
     finally:
         prior.release()
 
@@ -113,14 +116,23 @@ def local_mesh(config):
 
 
 def _finetune(
-    config, prior: prior_run.PriorRun, mesh, family: Family, task, started, stop_after, command
+    config,
+    prior: prior_run.PriorRun,
+    mesh,
+    family: Family,
+    task,
+    started,
+    stop_after,
+    command,
+    data: Data | None,
 ) -> dict:
     workdir, record, allow = prior.opened.workdir, prior.record, prior.allow
     if prior.finished is not None:
         log(f"{workdir} holds this run, finished: {paths.join(workdir, RESULTS_FILE)}")
         return prior.finished
 
-    data = family.read(config, task)
+    if data is None:
+        data = family.read(config, task)
     files, tfds = family.input_files(config, task)
     resuming = record is not None
     has_checkpoint = resuming and prior.opened.resumes

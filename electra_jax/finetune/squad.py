@@ -12,9 +12,8 @@ import functools
 import json
 import os
 
-from electra_jax.data import DataError
-from electra_jax.finetune import squad_data, squad_eval, squad_heads
-from electra_jax.finetune.family import Data, Family, Features, fixed_subset
+from electra_jax.finetune import reading, squad_data, squad_eval, squad_heads
+from electra_jax.finetune.family import Data, Family, Features
 from electra_jax.store import filenames
 
 PREDICTIONS_FILE = filenames.SQUAD_PREDICTIONS_FILE
@@ -50,18 +49,7 @@ class Squad(Family):
         return {"task": f"SQuAD {version}", "labels": [], "problem_type": "question_answering"}
 
     def read(self, config, version: str, dev_only: bool = False) -> Data:
-        train_path, dev_path = (
-            os.path.join(config.data_dir, name) for name in squad_data.file_names(version)
-        )
-        train_read = [] if dev_only else squad_data.read_squad(train_path, version)
-        dev = squad_data.read_squad(dev_path, version)
-        train = fixed_subset(train_read, config.max_train_examples)
-        if not train and not dev_only:
-            raise DataError(f"{train_path} has no questions; check config.data_dir")
-        if not dev:
-            raise DataError(f"{dev_path} has no questions; check config.data_dir")
-        texts = sorted({e.context for e in train_read}) + [e.question for e in train_read]
-        return Data(train, len(train_read), {"dev": dev}, texts)
+        return reading.read_squad(config, version, dev_only)
 
     def input_files(self, config, version: str) -> tuple[list[str], dict | None]:
         return [os.path.join(config.data_dir, n) for n in squad_data.file_names(version)], None

@@ -83,16 +83,24 @@ def test_bad_settings_and_a_workdir_it_cannot_take_are_refused_before_jax(tmp_pa
     assert sorted(p.name for p in workdir.iterdir()) == before
 
 
-def test_malformed_row_is_one_line_and_exit_2(tmp_path):
+def test_malformed_row_is_one_line_and_exit_2_before_jax(tmp_path):
+    """A new run's task files are read before jax, flax and orbax are imported (reading.py)."""
     data = tmp_path / "CoLA"
     data.mkdir()
     (data / "train.tsv").write_text("gj04\t1\t\tFine.\ngj04\t1\tNo label column.\n")
     (data / "dev.tsv").write_text("gj04\t1\t\tFine.\n")
-    out = _finetune(tmp_path / "w", "--config.task=CoLA", f"--config.data_dir={data}")
-    assert out.returncode == 2, out.stderr[-2000:]
-    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    code_and_imports, stderr = heavy_imports_at_exit(
+        "electra_jax.finetune",
+        "--config=configs/glue.py",
+        "--config.task=CoLA",
+        f"--config.data_dir={data}",
+        f"--workdir={tmp_path / 'w'}",
+    )
+    assert code_and_imports == "2 []", stderr[-2000:]
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr[-2000:]
     assert lines[0].startswith("error: ") and "train.tsv line 2: 3 tab-separated fields" in lines[0]
+    assert not (tmp_path / "w").exists()
 
 
 @pytest.mark.parametrize(

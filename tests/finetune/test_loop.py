@@ -15,7 +15,7 @@ import pytest
 from electra_jax.config.schema import ConfigError
 from electra_jax.data import DataError
 from electra_jax.data.tokenizer import train_tokenizer
-from electra_jax.finetune import fit, glue, glue_heads, initial, loop, tasks
+from electra_jax.finetune import fit, glue, glue_heads, initial, loop
 from electra_jax.model.networks import Electra, ElectraSpec, EncoderSpec, init_params
 from electra_jax.validate import NonFiniteError
 from tests.conftest import ROOT
@@ -93,15 +93,6 @@ def _config(data, **overrides):
         section, _, name = key.rpartition(".")
         (config[section] if section else config)[name] = value
     return config
-
-
-def test_training_set():
-    task = tasks.get_task("MRPC")
-    examples = [tasks.Example(f"a{i}", f"b{i}", i % 2, f"t:{i}") for i in range(10)]
-    capped = glue.training_set(task, examples, 4, double_unordered=True)
-    assert len(capped) == 8 and [e.text_a for e in capped[4:]] == [e.text_b for e in capped[:4]]
-    assert capped[:4] == glue.training_set(task, examples, 4, double_unordered=False)
-    assert len(glue.training_set(tasks.get_task("RTE"), examples, 0, True)) == 10
 
 
 def test_finetune_learns_writes_results_and_repeats(tmp_path):
