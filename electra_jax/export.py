@@ -31,10 +31,10 @@ def export(
     """A workdir's newest checkpoint (or a fine-tuning's saved model) -> OUT, then to the Hub
     repository `push_to_hub` when given (created `hub_private` if missing); returns the
     manifest (with "hub_url" after an upload)."""
-    # Here and in the functions below, not at the top: these import jax and flax (seconds),
-    # which `python -m electra_jax.export`'s refusal of a bad flag need not wait for.
-    from electra_jax.hf.write import check_out, write_export
-    from electra_jax.pretrained import PretrainedError, load_workdir
+    # The checks of --out and --workdir first, without jax and flax (seconds to import), which
+    # the writing below and the functions after this one import.
+    from electra_jax.hf.previous import check_out
+    from electra_jax.model.weights import PretrainedError
 
     if paths.is_remote(out):
         # The export's files are written with its own checks against links and foreign files,
@@ -62,6 +62,8 @@ def export(
             f"--workdir {workdir} {what}; give a pre-training or fine-tuning workdir"
         )
     from electra_jax.finetune.predictor import is_finetuned
+    from electra_jax.hf.write import write_export
+    from electra_jax.pretrained import load_workdir
 
     if is_finetuned(workdir):
         manifest = export_finetuned(workdir, out, name=push_to_hub)
@@ -235,7 +237,7 @@ def main(argv) -> None:
     if not values.verbose:
         quiet_logs()
     out = values.out or paths.join(values.workdir, filenames.EXPORT_DIR)
-    from electra_jax.pretrained import PretrainedError
+    from electra_jax.model.weights import PretrainedError
 
     try:
         manifest = export(values.workdir, out, values.push_to_hub, values.hub_private)

@@ -20,12 +20,13 @@ import pytest
 
 from electra_jax import export, pretrained
 from electra_jax.data.tokenizer import train_tokenizer
+from electra_jax.hf import previous
 from electra_jax.hf import write as hf_write
 from electra_jax.model.networks import Electra
 from electra_jax.pretraining import program
 from electra_jax.pretraining.optimizer_step import TrainState
 from electra_jax.store import checkpointing
-from tests.conftest import ROOT, micro_config, subprocess_env
+from tests.conftest import ROOT, heavy_imports_at_exit, micro_config, subprocess_env
 
 _SHARED: dict = {}
 
@@ -251,21 +252,16 @@ def test_an_export_never_lands_inside_a_folder_a_run_manages(run, tmp_path, insi
 @pytest.mark.parametrize(
     "given, says", [("nope", "does not exist"), ("notes.txt", "is a file, not a workdir")]
 )
-def test_cli_bad_workdir_is_one_line(tmp_path, given, says):
+def test_cli_bad_workdir_is_one_line_before_jax(tmp_path, given, says):
     (tmp_path / "notes.txt").write_text("notes")
-    out = subprocess.run(
-        [sys.executable, "-m", "electra_jax.export", f"--workdir={tmp_path / given}"],
-        cwd=ROOT,
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
+    code_and_imports, stderr = heavy_imports_at_exit(
+        "electra_jax.export", f"--workdir={tmp_path / given}"
     )
-    assert out.returncode == 2
-    lines = out.stderr.strip().splitlines()
+    assert code_and_imports == "2 []", stderr[-2000:]
+    lines = stderr.strip().splitlines()
     assert lines == [
         f"error: --workdir {tmp_path / given} {says}; give a pre-training or fine-tuning workdir"
-    ], out.stderr
+    ], stderr
 
 
 @pytest.mark.parametrize("sharing", ["gdes", "none"])
@@ -358,7 +354,7 @@ def test_reexport_replaces_only_the_files_an_export_wrote(run, exported, tmp_pat
         assert json.load(f)["model_type"] == "electra"
     assert _manifest(out)["files"] == written
     assert set(_manifest(out)["sha256"]) == set(written)
-    assert set(written) <= hf_write.LAYOUT  # what a later export may replace
+    assert set(written) <= previous.LAYOUT  # what a later export may replace
     assert sorted(os.listdir(out)) == [*EXPORT_TOP, "important.txt", "sub"]
 
 
@@ -486,7 +482,7 @@ def test_an_interrupted_export_is_recognised_and_finished(run, exported, tmp_pat
     def crash_on_the_fourth(src, dst):
         # The fourth file moved into OUT (files written whole inside the hidden working folder,
         # as jsonio writes them, are not counted).
-        if hf_write.TMP_PREFIX not in os.fspath(dst):
+        if previous.TMP_PREFIX not in os.fspath(dst):
             calls.append(dst)
         if len(calls) == 4:
             raise OSError(28, "No space left on device")
@@ -499,7 +495,7 @@ def test_an_interrupted_export_is_recognised_and_finished(run, exported, tmp_pat
     # Half replaced: no export.json, but the hidden list of both exports' files.
     assert not (out / "export.json").exists()
     assert (out / ".export.json.partial").exists()
-    assert "discriminator/vocab.txt" in hf_write.check_out(str(out))
+    assert "discriminator/vocab.txt" in previous.check_out(str(out))
     # A crash while writing also leaves the hidden working folder; the next export removes it.
     (out / ".electra_jax-export-crashed").mkdir()
     hf_write.write_export(_as_pretrained(run), str(out))
@@ -519,24 +515,19 @@ def test_an_empty_out_or_one_holding_only_an_interrupted_export_is_written(run, 
     assert sorted(os.listdir(nested)) == ["discriminator", "export.json", "generator"]
 
 
-def test_cli_refuses_a_foreign_export_json(tmp_path):
+def test_cli_refuses_a_foreign_export_json_before_jax(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "export.json").write_text('{"format": "someone.else"}')
     (out / "important.txt").write_text("keep me")
-    result = subprocess.run(
-        [sys.executable, "-m", "electra_jax.export", "--workdir=runs/x", f"--out={out}"],
-        cwd=ROOT,
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
+    code_and_imports, stderr = heavy_imports_at_exit(
+        "electra_jax.export", "--workdir=runs/x", f"--out={out}"
     )
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [
+    assert code_and_imports == "2 []", stderr[-2000:]  # hf/previous.py: no jax, no flax
+    assert stderr.strip().splitlines() == [
         f"error: --out {out}: its export.json was not written by electra_jax (a JSON format "
         "'someone.else'); choose another --out (nothing was changed)"
-    ], result.stderr
+    ], stderr
     assert sorted(os.listdir(out)) == ["export.json", "important.txt"]
 
 

@@ -39,7 +39,7 @@ def push(out: str, repo: str, manifest: dict, private: bool = False) -> str:
     """
     from huggingface_hub import HfApi
 
-    from electra_jax.hf.write import MANIFEST
+    from electra_jax.hf.previous import MANIFEST
 
     api = HfApi()
     source = manifest.get("source", out)

@@ -20,8 +20,8 @@ from electra_jax.model import layer_stack, networks
 from electra_jax.model.weights import PretrainedError
 from electra_jax.store import filenames
 
-DISCRIMINATOR, GENERATOR = "discriminator", "generator"
-NETWORKS = (DISCRIMINATOR, GENERATOR)
+NETWORKS = filenames.EXPORT_NETWORKS
+DISCRIMINATOR, GENERATOR = NETWORKS
 ARCHITECTURES = {DISCRIMINATOR: "ElectraForPreTraining", GENERATOR: "ElectraForMaskedLM"}
 WEIGHTS = filenames.WEIGHTS_FILE
 WEIGHTS_INDEX = "model.safetensors.index.json"

@@ -9,12 +9,15 @@ allocation.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from electra_jax.model import networks
 from electra_jax.store.jsonio import one_line
+
+if TYPE_CHECKING:  # flax: imported where it is used, so that the checks and the error are not
+    # slowed by it (the export command's refusals, hf/previous.py)
+    from electra_jax.model import networks
 
 
 class PretrainedError(ValueError):
@@ -109,6 +112,8 @@ class Pretrained:
 
 def abstract_params(spec: networks.ElectraSpec) -> Any:
     """The parameter tree's shapes (jax.ShapeDtypeStruct leaves), computed without allocating."""
+    from electra_jax.model import networks
+
     return networks.abstract_params(networks.Electra(spec))[0]
 
 

@@ -67,6 +67,8 @@ NULL_SCORES_FILE = "dev_null_odds.json"
 # ------------------------------------------------------------------------------- an export
 # What an export wrote, with each file's sha256 (pre-training's and fine-tuning's exports).
 EXPORT_MANIFEST = "export.json"
+# A pre-training's export: a folder per network, each a transformers model.
+EXPORT_NETWORKS = ("discriminator", "generator")
 # The model card.
 README_FILE = "README.md"
 # transformers' tokenizer files beside the vocabulary.

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from electra_jax.data.wordpiece import WordPieceTokenizer
-from electra_jax.hf import write
+from electra_jax.hf import previous, write
 from electra_jax.model.networks import Electra, init_params, spec_from_config
 from electra_jax.model.weights import Pretrained, PretrainedError
 from tests.conftest import micro_config
@@ -28,7 +28,7 @@ def test_an_export_loads_in_transformers_and_a_second_export_keeps_the_users_fil
     pretrained = _pretrained(tmp_path)
     out = tmp_path / "out"
     manifest = write.write_export(pretrained, str(out))
-    assert (out / write.MANIFEST).exists()
+    assert (out / previous.MANIFEST).exists()
     assert all((out / f).is_file() for f in manifest["files"])
     assert manifest["discriminator_params"] > manifest["generator_params"] > 0
     for name, cls in (
@@ -41,10 +41,10 @@ def test_an_export_loads_in_transformers_and_a_second_export_keeps_the_users_fil
             weights, pretrained.params["embeddings"]["word_embeddings"]["embedding"]
         )
     (out / "notes.txt").write_text("mine")
-    assert write.check_out(str(out)) == sorted(manifest["files"])
+    assert previous.check_out(str(out)) == sorted(manifest["files"])
     write.write_export(pretrained, str(out))
     assert (out / "notes.txt").read_text() == "mine"
-    assert not [p for p in out.iterdir() if p.name.startswith(write.TMP_PREFIX)]
+    assert not [p for p in out.iterdir() if p.name.startswith(previous.TMP_PREFIX)]
 
 
 def test_a_folder_that_is_not_an_export_is_refused_and_left_alone(tmp_path):
@@ -56,4 +56,4 @@ def test_a_folder_that_is_not_an_export_is_refused_and_left_alone(tmp_path):
     assert [p.name for p in foreign.iterdir()] == ["thesis.tex"]
     (tmp_path / "file").write_text("")
     with pytest.raises(PretrainedError, match="is a file"):
-        write.check_out(str(tmp_path / "file"))
+        previous.check_out(str(tmp_path / "file"))
