@@ -171,16 +171,19 @@ def with_file_size_limit(argv: list[str], limit: int) -> list[str]:
     return [sys.executable, "-c", _FILE_SIZE_LIMIT, str(limit), *argv]
 
 
+# What a command's early refusals must not wait for: seconds of imports.
+HEAVY_MODULES = ("jax", "flax", "orbax", "grain")
+
 # Runs `python -m MODULE ARGS` in this interpreter (argv after -c: MODULE, ARGS) and prints its
-# exit code, then which of jax, flax and orbax it had imported by then.
-_IMPORTED_AT_EXIT = """
+# exit code, then which of HEAVY_MODULES it had imported by then.
+_IMPORTED_AT_EXIT = f"""
 import runpy, sys
 module = sys.argv[1]
 sys.argv = [module, *sys.argv[2:]]
 try:
     runpy.run_module(module, run_name="__main__")
 except SystemExit as e:
-    print(e.code, sorted({"jax", "flax", "orbax.checkpoint"} & set(sys.modules)))
+    print(e.code, sorted(set({HEAVY_MODULES!r}) & set(sys.modules)))
 """
 
 
@@ -192,12 +195,9 @@ def heavy_imports_at_exit(module: str, *args: str) -> tuple[str, str]:
 
 
 def heavy_imports_of(module: str) -> list[str]:
-    """Which of jax, flax, orbax and grain importing `module` imports, in a fresh interpreter
-    (this one has them already): what a command's early refusals rely on being []."""
-    code = (
-        f"import sys; import {module}; "
-        "print(sorted(m for m in ('jax', 'flax', 'orbax', 'grain') if m in sys.modules))"
-    )
+    """Which of HEAVY_MODULES importing `module` imports, in a fresh interpreter (this one has
+    them already): what a command's early refusals rely on being []."""
+    code = f"import sys; import {module}; print(sorted(set({HEAVY_MODULES!r}) & set(sys.modules)))"
     out = run_python("-c", code)
     assert out.returncode == 0, out.stderr[-2000:]
     return ast.literal_eval(out.stdout.strip())

@@ -15,8 +15,9 @@ import numpy as np
 
 from electra_jax.store.jsonio import one_line
 
-if TYPE_CHECKING:  # flax: imported where it is used, so that the checks and the error are not
-    # slowed by it (the export command's refusals, hf/previous.py)
+# The networks (flax) only where a spec is built into a model (abstract_params): the checks and
+# PretrainedError are read by commands that refuse bad input before importing jax (hf/previous.py).
+if TYPE_CHECKING:
     from electra_jax.model import networks
 
 
