@@ -538,6 +538,10 @@ def restore_latest(
     expected = _leaf_shapes(abstract_state)
     _quiet_late_callbacks()
     while (step := manager.latest_step()) is not None:
+        # In _DAMAGED from before its first read: the collector may report a failed read of it
+        # while orbax is still raising, before the damage is known here.
+        folder = os.path.join(os.fspath(manager.directory), str(step)) + os.sep
+        _DAMAGED.add(folder)
         try:
             saved = _saved_shapes(manager, step)
             damage = None
@@ -558,12 +562,12 @@ def restore_latest(
                     raise CheckpointError(_environment_message(manager, step, e)) from e
                 damage = e
             else:
+                _DAMAGED.discard(folder)  # restored: none of its reads failed
                 held = step_of(state)
                 if held is not None and int(jax.device_get(held)) != step:
                     renamed(directory, step, int(jax.device_get(held)), "its train state")
                 return state
         reason = " ".join(f"{type(damage).__name__}: {damage}".split())[:300]
-        _DAMAGED.add(os.path.join(os.fspath(manager.directory), str(step)) + os.sep)
         moved = _move_aside(manager, step)
         failed.append(moved)
         log(
@@ -609,7 +613,8 @@ def _restore_step(manager: ocp.CheckpointManager, step: int, abstract_state, dat
 
 
 # The folders (with a trailing separator) of the checkpoints that failed to restore in this
-# process: asyncio's late reports of their reads are dropped (_DamagedReadFilter).
+# process, or are being restored: asyncio's late reports of their reads are dropped
+# (_DamagedReadFilter).
 _DAMAGED: set[str] = set()
 
 
