@@ -146,6 +146,7 @@ def layer_compiled(config, topology_name: str, batch_per_device: int):
     heads, dtype, dropout and remat), forward and backward of the sum of its squared outputs,
     at `batch_per_device` rows of data.seq_length, compiled for one device of the slice:
     (compiled, seconds)."""
+    import dataclasses
     import functools
 
     import jax
@@ -157,6 +158,7 @@ def layer_compiled(config, topology_name: str, batch_per_device: int):
     device = topology.compile_only_devices(topology.resolve(topology_name))[0]
     spec = spec_from_config(config.model, config.generator, config.data.vocab_size,
                             config.train.remat)  # fmt: skip
+    spec = dataclasses.replace(spec, platform=device.platform)
     layer = TransformerLayer(spec, spec.discriminator)
     shape = (batch_per_device, config.data.seq_length, spec.discriminator.hidden_size)
     bias = (batch_per_device, 1, 1, config.data.seq_length)  # the padding mask's, an input

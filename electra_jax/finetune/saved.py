@@ -62,9 +62,11 @@ def read_json(path: str, what: str) -> dict:
 
 
 def spec_to_json(spec: model_lib.ElectraSpec) -> dict:
-    """The spec as JSON fields (activation_sharding, a device layout, is not kept)."""
+    """The spec as JSON fields (activation_sharding and platform, which describe the devices
+    of one run, are not kept)."""
     out = dataclasses.asdict(spec)
     out.pop("activation_sharding")
+    out.pop("platform")
     return out
 
 

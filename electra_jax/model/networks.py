@@ -60,6 +60,10 @@ class ElectraSpec:
     # None. FSDP runs set it so that the partitioner keeps every [B, ...] activation split over
     # the batch and gathers weights instead (sharding.py); it changes no number.
     activation_sharding: Any = None
+    # The platform of the devices the step is compiled for ('cpu', 'gpu', 'tpu'), or None for
+    # jax's default backend at trace time. A dry run compiles for TPU devices on a machine whose
+    # default backend is the CPU, so the paths tuned for one backend ask this, not jax.
+    platform: str | None = None
     # How the two networks hold embeddings: 'electra' (one shared block), 'gdes' (DeBERTa-v3's
     # gradient-disentangled sharing: the discriminator's tables are stop_gradient(generator's) +
     # its own zero-initialised deltas, so its loss never moves the generator's tables) or 'none'
@@ -227,6 +231,11 @@ class _LayerNorm(nn.Module):
 def _layer_norm(spec: ElectraSpec, name: str) -> _LayerNorm:
     # Statistics are computed in float32 whatever the compute type.
     return _LayerNorm(spec.layer_norm_eps, jnp.dtype(spec.dtype), name=name)
+
+
+def platform(spec: ElectraSpec) -> str:
+    """The platform the step is compiled for: spec.platform, else jax's default backend."""
+    return spec.platform or jax.default_backend()
 
 
 def _constrain(spec: ElectraSpec, x):

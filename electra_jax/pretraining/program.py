@@ -46,6 +46,8 @@ def build(config: ml_collections.ConfigDict, vocab_size: int, mesh=None):
         config.train.remat,
         **registry.model_heads(config.objective),
     )
+    if mesh is not None:
+        spec = dataclasses.replace(spec, platform=mesh.devices.flat[0].platform)
     if mesh is not None and mesh.shape["fsdp"] > 1:
         spec = dataclasses.replace(spec, activation_sharding=sharding.batch_sharding(mesh))
     model = Electra(spec)
