@@ -1,5 +1,6 @@
 r"""The paper configs compiled by the TPU compiler for the slices they are meant for, on a machine
-without a TPU: per-device memory against HBM, compile time and the MFU ceiling.
+without a TPU: per-device memory against HBM, compile time and two MFU ceilings: a roofline of
+XLA's FLOP and byte totals, and the compiler's own estimated cycles of every instruction.
 
     python -m benchmarks.compile_table --out=benchmarks/compile_table
 
@@ -76,12 +77,17 @@ def _gib(n) -> str:
     return "" if n is None else f"{n / 2**30:.2f}"
 
 
+def _percent(share) -> str:
+    return "" if share is None else f"{100 * share:.1f}%"
+
+
 def markdown(rows: list[dict]) -> str:
     """The table: one line per row, in the order run."""
     head = (
         "| config | slice | settings | devices x hosts | mesh (data x fsdp) | batch per device | "
         "GiB per device (state + temp) of HBM | fits (headroom GiB) | compile s | "
-        "MFU ceiling |\n|---|---|---|---|---|---|---|---|---|---|\n"
+        "MFU ceiling (roofline) | MFU ceiling (compiler's cycles) |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     lines = []
     for r in rows:
@@ -89,18 +95,21 @@ def markdown(rows: list[dict]) -> str:
         if "error" in r:
             lines.append(
                 f"| {r['config']} | {r['topology']} | {settings} | | | | | no: "
-                f"{r['error'].removeprefix('error: ').split(';')[0]} | | |"
+                f"{r['error'].removeprefix('error: ').split(';')[0]} | | | |"
             )
             continue
         mesh = f"{r['mesh']['data']} x {r['mesh']['fsdp']}"
-        mfu = "" if r.get("mfu_ceiling") is None else f"{100 * r['mfu_ceiling']:.1f}%"
+        mfu = _percent(r.get("mfu_ceiling"))
+        cycles = _percent(r.get("mfu_ceiling_cycles"))
+        if cycles and r.get("pallas_calls_per_step"):
+            cycles += " (Pallas calls at their roofline)"
         lines.append(
             f"| {r['config']} | {r['topology']} ({r['jax_topology']}, {r['device_kind']}) "
             f"| {settings} | {r['devices']} x {r['hosts']} | {mesh} | {r['batch_per_device']} | "
             f"{_gib(r['memory_per_device_bytes'])} ({_gib(r['memory_state_bytes'])} + "
             f"{_gib(r['memory_temp_bytes'])}) of {_gib(r['hbm_per_device_bytes'])} | "
             f"{'yes' if r['fits'] else 'no'} ({_gib(r['headroom_bytes'])}) | "
-            f"{r['compile_seconds']} | {mfu} |"
+            f"{r['compile_seconds']} | {mfu} | {cycles} |"
         )
     return head + "\n".join(lines) + "\n"
 

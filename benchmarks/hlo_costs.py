@@ -20,86 +20,20 @@ from __future__ import annotations
 import collections
 import json
 import os
-import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import _cli  # noqa: E402
 
-_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4,
-          "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8}  # fmt: skip
-_SHAPE = re.compile(r"\b(" + "|".join(_BYTES) + r")\[([\d,]*)\]")
-_HEADER = re.compile(r"^(ENTRY )?%?([\w.\-]+) .*\{$")
-_INSTRUCTION = re.compile(r"^\s+(?:ROOT )?%?([\w.\-]+) = (.*?) ([\w\-]+)\((.*)$")
-# Instructions that move no data of their own (or only name another's).
-_FREE = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while", "call",
-         "conditional", "after-all", "opt-barrier"}  # fmt: skip
 # Parts of the model: (what an instruction's op_name holds, the part's name), looked for in
 # this order. attention._einsum is kernels.attention_core (scores, softmax, dropout, context);
 # attention alone, the q/k/v and output projections and the moves of heads between them.
-PARTS = (("attention._einsum", "attention_core"), ("attention", "attention_projections"),
+PARTS = (("attention._einsum", "attention_core"), ("attention._pallas", "attention_core"),
+         ("attention", "attention_projections"),
          ("intermediate", "ffn"), ("output_LayerNorm", "layer_norm"), ("/output/", "ffn"),
          ("attention_LayerNorm", "layer_norm"), ("_generator_head", "mlm_head"),
          ("_replaced_logits", "rtd_head"), ("embeddings", "embeddings"))  # fmt: skip
-
-
-def shape_bytes(text: str) -> int:
-    """Bytes of every array shape written in `text` ('f32[2,3]' is 24; tuples add up)."""
-    total = 0
-    for dtype, dims in _SHAPE.findall(text):
-        count = 1
-        for d in filter(None, dims.split(",")):
-            count *= int(d)
-        total += count * _BYTES[dtype]
-    return total
-
-
-def instructions(hlo: str) -> list[dict]:
-    """The instructions of the optimized program's top-level computations (the entry and the
-    bodies of its loops and calls; not the insides of fusions), each as {name, op, shape,
-    cycles (the compiler's estimated_cycles; 0 where it gives none), bytes (operands and
-    results), op_name}."""
-    computations, current = {}, None
-    for line in hlo.splitlines():
-        header = _HEADER.match(line)
-        if header and not line.startswith(" "):
-            current = computations[header.group(2)] = {"entry": bool(header.group(1)), "lines": []}
-        elif current is not None and line.startswith("  "):
-            current["lines"].append(line)
-    called = set()
-    for comp in computations.values():
-        for line in comp["lines"]:
-            if re.search(r" (while|conditional|call)\(", line):
-                called.update(
-                    re.findall(r"(?:body|condition|to_apply|computation)=%?([\w.\-]+)", line)
-                )
-    rows = []
-    for name, comp in computations.items():
-        if not (comp["entry"] or name in called):
-            continue
-        parsed = [m.groups() for m in map(_INSTRUCTION.match, comp["lines"]) if m]
-        sizes = {inst: shape_bytes(shape) for inst, shape, _, _ in parsed}
-        for inst, shape, op, rest in parsed:
-            if op in _FREE:
-                continue
-            depth, end = 1, 0
-            while end < len(rest) and depth:  # the operand list ends at its closing parenthesis
-                depth += {"(": 1, ")": -1}.get(rest[end], 0)
-                end += 1
-            operands, attributes = rest[: end - 1], rest[end:]
-            read = sum(sizes.get(o, 0) for o in re.findall(r"%([\w.\-]+)", operands))
-            cycles = re.search(r'"estimated_cycles":"(\d+)"', attributes)
-            op_name = re.search(r'op_name="([^"]*)"', attributes)
-            rows.append({
-                "name": inst,
-                "op": op,
-                "shape": shape.split("{")[0],
-                "cycles": int(cycles.group(1)) if cycles else 0,
-                "bytes": read + shape_bytes(shape),
-                "op_name": op_name.group(1) if op_name else "",
-            })  # fmt: skip
-    return rows
 
 
 def part(op_name: str) -> str:
@@ -113,15 +47,36 @@ def part(op_name: str) -> str:
     return "/".join(filter(None, (network, found, direction)))
 
 
-def by_part(rows: list[dict]) -> list[dict]:
-    """{part, cycles, bytes, instructions} per part, the most cycles first."""
-    sums = collections.defaultdict(lambda: {"cycles": 0, "bytes": 0, "instructions": 0})
+def by_part(rows: list[dict], generation, flops: list[tuple[str, float]] = ()) -> list[dict]:
+    """{part, cycles, bytes, flops, instructions, kernels} per part, the most cycles first.
+
+    rows: compiled_costs.instructions of the optimized program; cycles are each row's
+    compiled_costs.row_cycles on `generation` (a Pallas call at its roofline), bytes each run
+    counted. flops: compiled_costs.matmul_flops of the lowered program (the matmuls by source
+    name), to which each Pallas call's stated FLOPs are added.
+    """
+    from electra_jax.pretraining import compiled_costs
+
+    zero = {"cycles": 0.0, "bytes": 0, "flops": 0.0, "instructions": 0, "kernels": 0}
+    sums = collections.defaultdict(lambda: dict(zero))
     for r in rows:
         s = sums[part(r["op_name"])]
-        s["cycles"] += r["cycles"]
-        s["bytes"] += r["bytes"]
+        s["cycles"] += compiled_costs.row_cycles(r, generation)
+        s["bytes"] += r["bytes"] * r["repeat"]
         s["instructions"] += 1
+        if r["kernel_target"]:
+            s["kernels"] += r["repeat"]
+            s["flops"] += (r["kernel"] or {}).get("flops", 0.0) * r["repeat"]
+    for op_name, count in flops:
+        sums[part(op_name)]["flops"] += count
     return sorted(({"part": k, **v} for k, v in sums.items()), key=lambda s: -s["cycles"])
+
+
+def share_of_peak(flops: float, cycles: float, generation) -> float | None:
+    """FLOPs over the time `cycles` take at the clock, as a share of one device's peak."""
+    if not cycles:
+        return None
+    return flops / (cycles / generation.clock_hz * generation.bf16_flops_per_device)
 
 
 def _compiled(config, topology_name: str, layers: int):
@@ -135,17 +90,16 @@ def _compiled(config, topology_name: str, layers: int):
     )
     cfg = dry_run._cost_config(config, layers, 1)
     with dry_run._without_persistent_cache():
-        compiled, seconds = dry_run._compile(
+        return dry_run.lower_and_compile(
             *dry_run._abstract_inputs(cfg, config.data.vocab_size, mesh)
         )
-    return compiled, seconds
 
 
 def layer_compiled(config, topology_name: str, batch_per_device: int):
     """One discriminator layer of `config` (its TransformerLayer with the config's width,
     heads, dtype, dropout and remat), forward and backward of the sum of its squared outputs,
     at `batch_per_device` rows of data.seq_length, compiled for one device of the slice:
-    (compiled, seconds)."""
+    (lowered, compiled, seconds)."""
     import dataclasses
     import functools
 
@@ -181,7 +135,7 @@ def layer_compiled(config, topology_name: str, batch_per_device: int):
     )
     step = jax.jit(jax.grad(loss, argnums=(0, 1)))
     with dry_run._without_persistent_cache():
-        return dry_run._compile(step, *abstract)
+        return dry_run.lower_and_compile(step, *abstract)
 
 
 def main() -> None:
@@ -211,32 +165,50 @@ def main() -> None:
         topology.require_libtpu()
     with _cli.failures(""):
         if args.layer:
-            compiled, seconds = layer_compiled(config, args.topology, args.layer)
+            lowered, compiled, seconds = layer_compiled(config, args.topology, args.layer)
         else:
-            compiled, seconds = _compiled(config, args.topology, args.layers)
+            lowered, compiled, seconds = _compiled(config, args.topology, args.layers)
     hlo = compiled.as_text()
     if args.hlo:
         from electra_jax.store import jsonio
 
         jsonio.write_atomic(args.hlo, hlo)
-    rows = instructions(hlo)
+    from electra_jax.pretraining import compiled_costs
+
+    generation = topology.resolve(args.topology).generation
+    rows = compiled_costs.instructions(hlo)
+    program = compiled_costs.program_cycles(hlo, generation)
+    parts = by_part(rows, generation, compiled_costs.matmul_flops(lowered.as_text(debug_info=True)))
     costs = dry_run._costs(compiled)
+    matmul_flops = sum(s["flops"] for s in parts)
     print(json.dumps({
         "config": args.config, "topology": args.topology,
         **({"layer_rows": args.layer} if args.layer else {"layers": args.layers}),
         "compile_seconds": round(seconds, 1),
-        "estimated_cycles": sum(r["cycles"] for r in rows),
+        "estimated_cycles": program.cycles, "compiler_cycles": program.compiler_cycles,
+        "pallas_calls": program.kernels, "pallas_roofline_cycles": round(program.kernel_cycles),
+        "uncosted_pallas_calls": program.uncosted_kernels,
+        "clock_hz": generation.clock_hz, "matmul_flops": matmul_flops,
+        "share_of_peak": program.cycles and share_of_peak(matmul_flops, program.cycles, generation),
         "xla_flops": costs.get("flops"), "xla_bytes_accessed": costs.get("bytes accessed"),
+        "temp_bytes": compiled.memory_analysis().temp_size_in_bytes,
     }))  # fmt: skip
-    print(f"{'part':42s} {'Mcycles':>8s} {'GB':>8s} {'instructions':>12s}")
-    for s in by_part(rows):
-        print(f"{s['part']:42s} {s['cycles'] / 1e6:8.2f} {s['bytes'] / 1e9:8.2f} "
-              f"{s['instructions']:12d}")  # fmt: skip
+    if program.kernels:
+        print(f"({program.kernels} Pallas calls, which the compiler gives 0 cycles, are costed at "
+              "their own roofline from their stated FLOPs and bytes)")  # fmt: skip
+    print(f"{'part':46s} {'Mcycles':>8s} {'GB':>7s} {'GFLOP':>8s} {'of peak':>7s} {'instr':>6s}")
+    for s in parts:
+        share = share_of_peak(s["flops"], s["cycles"], generation)
+        share_text = "" if share is None else f"{100 * share:.0f}%"
+        print(f"{s['part'] + (' (Pallas)' if s['kernels'] else ''):46s} "
+              f"{s['cycles'] / 1e6:8.2f} {s['bytes'] / 1e9:7.2f} {s['flops'] / 1e9:8.1f} "
+              f"{share_text:>7s} {s['instructions']:6d}")  # fmt: skip
     print(f"\n{'kcycles':>8s} {'GB':>6s} {'op':12s} {'result':44s} where")
-    for r in sorted(rows, key=lambda r: -r["cycles"])[: args.top]:
+    ranked = sorted(rows, key=lambda r: -compiled_costs.row_cycles(r, generation))
+    for r in ranked[: args.top]:
         where = r["op_name"].removeprefix("jit(guarded_train_step)/")
-        print(f"{r['cycles'] / 1e3:8.0f} {r['bytes'] / 1e9:6.3f} {r['op']:12s} "
-              f"{r['shape'][:44]:44s} {where}")  # fmt: skip
+        print(f"{compiled_costs.row_cycles(r, generation) / 1e3:8.0f} {r['bytes'] / 1e9:6.3f} "
+              f"{r['op']:12s} {r['shape'][:44]:44s} {where}")  # fmt: skip
 
 
 if __name__ == "__main__":

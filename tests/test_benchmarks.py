@@ -222,13 +222,16 @@ def test_compile_table_rows_and_markdown():
         "memory_per_device_bytes": 3 * 2**30, "memory_state_bytes": 2**30,
         "memory_temp_bytes": 2 * 2**30, "hbm_per_device_bytes": 32 * 2**30,
         "headroom_bytes": 29 * 2**30, "fits": True, "compile_seconds": 12.5, "mfu_ceiling": 0.5,
+        "mfu_ceiling_cycles": 0.25, "pallas_calls_per_step": 0,
     }  # fmt: skip
     failed = {"config": "large", "topology": "v4-128", "overrides": ["--config.train.remat=full"]}
     failed["error"] = "error: does not fit v4-128 (v4): a device needs 36.73G; try remat"
     table = compile_table.markdown([fitted, failed]).splitlines()
-    assert len(table) == 4 and all(line.count("|") == 11 for line in table)
+    assert len(table) == 4 and all(line.count("|") == 12 for line in table)
     assert table[2].startswith("| base | v4-16 (v4:2x2x2, TPU v4) | as is | 8 x 2 | 8 x 1 | 32 |")
-    assert "| 3.00 (1.00 + 2.00) of 32.00 | yes (29.00) | 12.5 | 50.0% |" in table[2]
+    assert "| 3.00 (1.00 + 2.00) of 32.00 | yes (29.00) | 12.5 | 50.0% | 25.0% |" in table[2]
+    kernels = compile_table.markdown([{**fitted, "pallas_calls_per_step": 48}]).splitlines()[2]
+    assert kernels.endswith("| 25.0% (Pallas calls at their roofline) |")
     assert "train.remat=full" in table[3] and "no: does not fit v4-128" in table[3]
     assert "try remat" not in table[3]  # the need and the have; the hints are the command's
 
@@ -240,8 +243,10 @@ def test_hlo_costs_reads_the_tpu_compilers_estimates_and_bytes():
     compiler's estimated cycles and the bytes of its operands and results, and is put under the
     part of the model its op_name names."""
     from benchmarks import hlo_costs
+    from electra_jax.pretraining import compiled_costs
 
-    device = topology.compile_only_devices(topology.resolve("v5e:2x2"))[0]
+    target = topology.resolve("v5e:2x2")
+    device = topology.compile_only_devices(target)[0]
     where = jax.sharding.SingleDeviceSharding(device)
     x = jax.ShapeDtypeStruct((256, 512), jnp.float32, sharding=where)
 
@@ -251,15 +256,18 @@ def test_hlo_costs_reads_the_tpu_compilers_estimates_and_bytes():
             return jnp.tanh(x @ x.T) * 2.0
 
     with dry_run._without_persistent_cache():  # a compile-only executable is not cached
-        rows = hlo_costs.instructions(f.lower(x).compile().as_text())
+        lowered = f.lower(x)
+        rows = compiled_costs.instructions(lowered.compile().as_text())
     assert rows and all(r["cycles"] >= 0 for r in rows) and sum(r["cycles"] for r in rows) > 0
     matmul = max(rows, key=lambda r: r["cycles"])  # the one fusion: matmul, tanh, scale
     # reads x and writes the [256, 256] product
     assert matmul["op"] == "fusion" and matmul["bytes"] == 256 * 512 * 4 + 256 * 256 * 4
     assert hlo_costs.part(matmul["op_name"]) == "ffn/forward"
-    parts = hlo_costs.by_part(rows)
+    flops = compiled_costs.matmul_flops(lowered.as_text(debug_info=True))
+    parts = hlo_costs.by_part(rows, target.generation, flops)
     assert sum(p["cycles"] for p in parts) == sum(r["cycles"] for r in rows)
-    assert hlo_costs.shape_bytes("(f32[2,3]{1,0}, bf16[4]{0})") == 2 * 3 * 4 + 4 * 2
+    # x @ x.T: 2 x 256 x 256 x 512 FLOPs, all of them under the part its scope names
+    assert {p["part"]: p["flops"] for p in parts}["ffn/forward"] == 2 * 256 * 256 * 512
     name = "jit(s)/transpose(jvp(Electra.generator_logits))/generator/layer_0/attention/dot_general"
     assert hlo_costs.part(name) == "generator/attention_projections/backward"
 
@@ -295,12 +303,21 @@ def test_hlo_costs_compiles_one_discriminator_layer_alone():
     """--layer: one layer's forward and backward, whose attention core and feed-forward parts
     are found in both directions, and whose FLOPs are at least the layer's matmuls'."""
     from benchmarks import hlo_costs
+    from electra_jax.pretraining import compiled_costs
 
     config = micro_config()
-    compiled, _ = hlo_costs.layer_compiled(config, "v5e:2x2", 2)
-    parts = {p["part"] for p in hlo_costs.by_part(hlo_costs.instructions(compiled.as_text()))}
+    lowered, compiled, _ = hlo_costs.layer_compiled(config, "v5e:2x2", 2)
+    flops = compiled_costs.matmul_flops(lowered.as_text(debug_info=True))
+    rows = compiled_costs.instructions(compiled.as_text())
+    parts = hlo_costs.by_part(rows, topology.resolve("v5e:2x2").generation, flops)
     for part in ("attention_core", "ffn"):
-        assert {f"{part}/forward", f"{part}/backward"} <= parts, parts
+        assert {f"{part}/forward", f"{part}/backward"} <= {p["part"] for p in parts}, parts
     tokens, width = 2 * config.data.seq_length, config.model.hidden_size
     matmuls = 2 * tokens * (4 * width * width + 2 * width * config.model.intermediate_size)
     assert dry_run._costs(compiled)["flops"] >= 3 * matmuls  # forward and two gradients
+    # The lowered program's dots, by part: the projections' and the FFN's forward matmuls
+    # exactly; their gradients twice over (and the bias gradients' matrix-vector products).
+    by_part = {p["part"]: p["flops"] for p in parts}
+    assert by_part["ffn/forward"] == 2 * tokens * 2 * width * config.model.intermediate_size
+    assert by_part["attention_projections/forward"] == 2 * tokens * 4 * width * width
+    assert by_part["ffn/backward"] >= 2 * by_part["ffn/forward"]

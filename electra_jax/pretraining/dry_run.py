@@ -16,7 +16,7 @@ import numpy as np
 from electra_jax.config.schema import ConfigError
 from electra_jax.model import sharding
 from electra_jax.model.networks import abstract_params, network_param_counts
-from electra_jax.pretraining import metrics, topology
+from electra_jax.pretraining import compiled_costs, metrics, topology
 from electra_jax.pretraining.program import build, checked_mesh, setup_step
 from electra_jax.store import checkpointing
 
@@ -85,14 +85,21 @@ def _abstract_inputs(config, vocab_size: int, mesh, steps: int = 1):
 
 def _compile(fn, *args):
     """(compiled, seconds); DoesNotFit with XLA's need and have when memory runs out."""
+    _, compiled, seconds = lower_and_compile(fn, *args)
+    return compiled, seconds
+
+
+def lower_and_compile(fn, *args):
+    """(lowered, compiled, seconds): `_compile`, keeping the lowered program as well."""
     t0 = time.time()
     try:
-        compiled = fn.lower(*args).compile()
+        lowered = fn.lower(*args)
+        compiled = lowered.compile()
     except jax.errors.JaxRuntimeError as e:
         if "RESOURCE_EXHAUSTED" not in str(e):
             raise
         raise DoesNotFit(" ".join(str(e).split())) from e
-    return compiled, time.time() - t0
+    return lowered, compiled, time.time() - t0
 
 
 @contextlib.contextmanager
@@ -159,9 +166,10 @@ def compile_report(config: ml_collections.ConfigDict, vocab_size: int) -> dict:
 
 
 COST_METHOD = (
-    "XLA costs a loop's body once, so FLOPs, bytes and optimal_seconds come from two more "
-    "compiles of one step with the layers unrolled (1 and 2 of them) and no accumulation, "
-    "extrapolated linearly to the config's depth (each layer adds the same program)"
+    "XLA costs a loop's body once, so FLOPs, bytes, optimal_seconds and the compiler's "
+    "estimated cycles come from two more compiles of one step with the layers unrolled (1 and 2 "
+    "of them) and no accumulation, extrapolated linearly to the config's depth (each layer adds "
+    "the same program)"
 )
 
 
@@ -186,12 +194,14 @@ def _cost_config(config, layers: int, slices: int):
 
 def step_costs(config, vocab_size: int, mesh) -> dict | None:
     """XLA's per-device flops, bytes accessed and optimal_seconds for one step of `config`,
-    from unrolled compiles (COST_METHOD), on one slice of a multi-slice mesh; None when those
-    do not fit."""
+    and the compiler's estimated cycles (compiled_costs.program_cycles: `cycles`, None when a
+    Pallas call states no cost; `kernels`, the Pallas calls a step runs), from unrolled
+    compiles (COST_METHOD), on one slice of a multi-slice mesh; None when those do not fit."""
     slices = sharding.num_slices(mesh.devices.flat)
     if slices > 1:
         one = [d for d in mesh.devices.flat if d.slice_index == 0]
         mesh = sharding.make_mesh(config.mesh, one)
+    generation = topology.generation_for_kind(mesh.devices.flat[0].device_kind)
     points = []
     for layers in (1, 2):
         cfg = _cost_config(config, layers, slices)
@@ -199,13 +209,24 @@ def step_costs(config, vocab_size: int, mesh) -> dict | None:
             compiled, _ = _compile(*_abstract_inputs(cfg, vocab_size, mesh))
         except DoesNotFit:
             return None
-        points.append(_costs(compiled))
+        point = _costs(compiled)
+        if generation is not None:
+            cycles = compiled_costs.program_cycles(compiled.as_text(), generation)
+            point["cycles"] = -1.0 if cycles.cycles is None else cycles.cycles
+            point["kernels"] = cycles.kernels
+            point["uncosted_kernels"] = cycles.uncosted_kernels
+            point["unknown_loops"] = cycles.unknown_loops
+        points.append(point)
     depth = config.model.num_layers
-    keys = ("flops", "bytes accessed", "optimal_seconds")
+    keys = ("flops", "bytes accessed", "optimal_seconds", "cycles", "kernels")
     costs = {
         k: points[0].get(k, -1.0) + (depth - 1) * (points[1].get(k, -1.0) - points[0].get(k, -1.0))
         for k in keys
     }
+    if generation is None or min(p["cycles"] for p in points) < 0:
+        costs["cycles"] = None  # not a TPU, or a program whose time cannot be counted
+        costs["uncounted"] = {k: max(p.get(k, 0) for p in points)
+                              for k in ("uncosted_kernels", "unknown_loops")}  # fmt: skip
     if min(p.get("optimal_seconds", -1.0) for p in points) <= 0:
         costs["optimal_seconds"] = None  # libtpu has no bound for some programs: see tpu_report
     return costs
@@ -271,6 +292,27 @@ def tpu_report(
     with _without_persistent_cache():
         costs = step_costs(config, vocab_size, mesh) if costs else None
     peak = gen.bf16_flops_per_device * mesh.size
+    cycles = costs and costs["cycles"]
+    cycle_seconds = cycles and cycles / gen.clock_hz
+    if cycles is None and costs:
+        why = costs["uncounted"]
+        cycles_from = "none: " + (
+            f"{why['uncosted_kernels']} Pallas calls state no cost (pl.CostEstimate)"
+            if why["uncosted_kernels"]
+            else f"{why['unknown_loops']} instructions run in loops of unstated trip counts"
+        )
+    elif cycles:
+        kernels = round(costs["kernels"])
+        cycles_from = "the TPU compiler's estimated cycles of each instruction, at " + (
+            f"{gen.clock_hz / 1e6:.0f} MHz ({gen.clock_source})"
+        )
+        if kernels:
+            cycles_from += (
+                f"; {kernels} Pallas calls a step, which the compiler gives 0 cycles, costed at "
+                "their own roofline: max(their stated FLOPs / peak, their HBM bytes / bandwidth)"
+            )
+    else:
+        cycles_from = "none: no cost compiles, or they do not fit"
     bound, bound_from = None, "none: no cost compiles, or they do not fit"
     if costs and costs["optimal_seconds"]:
         bound, bound_from = costs["optimal_seconds"], "the compiler's optimal_seconds"
@@ -305,6 +347,11 @@ def tpu_report(
         "step_seconds_bound": bound,
         "mfu_ceiling": bound and round(flops / (bound * peak), 4),
         "mfu_ceiling_from": bound_from,
+        "estimated_cycles_per_step": cycles and round(cycles),
+        "step_seconds_from_cycles": cycle_seconds,
+        "mfu_ceiling_cycles": cycle_seconds and round(flops / (cycle_seconds * peak), 4),
+        "mfu_ceiling_cycles_from": cycles_from,
+        "pallas_calls_per_step": costs and round(costs["kernels"]),
         "cost_method": (
             COST_METHOD + (COST_ACROSS_SLICES if target.num_slices > 1 else "") if costs else None
         ),

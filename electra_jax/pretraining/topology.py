@@ -28,7 +28,9 @@ class Generation:
     ('v4' in v4-128); cloud_counts: what a Cloud name's number counts ('cores' or 'chips');
     megacore: the chip's two TensorCores run as one jax device (else one device per core);
     dims: 2 (a torus of X x Y chips) or 3; per chip: HBM bytes, dense bfloat16 FLOP/s and HBM
-    bytes/s; device_kinds: jax's Device.device_kind for it.
+    bytes/s; device_kinds: jax's Device.device_kind for it; source: where those figures are
+    published. clock_hz: the TensorCore clock, which turns the compiler's estimated cycles into
+    seconds (compiled_costs), with clock_source.
     """
 
     name: str
@@ -42,6 +44,8 @@ class Generation:
     hbm_bytes_per_second_per_chip: float
     device_kinds: tuple[str, ...]
     source: str
+    clock_hz: float
+    clock_source: str
 
     @property
     def devices_per_chip(self) -> int:
@@ -62,31 +66,50 @@ class Generation:
 
 # HBM, dense bfloat16 peak and HBM bandwidth per chip, from each generation's "System
 # architecture" page of the Cloud TPU documentation (the URL in `source`), as of 2025.
+# Clocks: v2, v3 and v4 as their papers publish them; Google publishes none for v5e, v5p and
+# v6e, whose clock is the documented peak over what their documented MXUs do in a cycle (2 FLOPs
+# per multiply-add of each MXU's cells). For v2-v4 that rule gives the published clocks within 2%
+# (687, 938 and 1049 MHz). For v6e it gives 3.5 GHz from "two 256x256 MXUs", at which the
+# compiler's own estimate for a large bfloat16 matmul would run at 141% of the peak: not
+# credible; 1.75 GHz (four such MXUs' worth) is taken instead, the lower and so the more
+# cautious of the two (a lower clock gives a lower ceiling), and tests/pretraining/
+# test_compiled_costs.py holds every generation's compiler-estimated matmul between 60% and 100%
+# of its peak at these clocks (v6e: 70%; the others 88-98%).
+_MXU_RULE = "the documented peak / (MXUs x 2 x MXU cells) FLOPs a cycle; "
+_PAPERS = {
+    "v2/v3": "Jouppi et al., A Domain-Specific Supercomputer for Training Deep Neural Networks, "
+    "CACM 63(7), 2020",
+    "v4": "Jouppi et al., TPU v4: An Optically Reconfigurable Supercomputer for Machine Learning, "
+    "ISCA 2023",
+}
 GENERATIONS = (
     Generation(
         "v2", ("v2",), "cores", 2, False, 2, 16 * GIB, 45e12, 700e9, ("TPU v2",),
-        "https://cloud.google.com/tpu/docs/v2",
+        "https://cloud.google.com/tpu/docs/v2", 700e6, _PAPERS["v2/v3"],
     ),
     Generation(
         "v3", ("v3",), "cores", 2, False, 2, 32 * GIB, 123e12, 900e9, ("TPU v3",),
-        "https://cloud.google.com/tpu/docs/v3",
+        "https://cloud.google.com/tpu/docs/v3", 940e6, _PAPERS["v2/v3"],
     ),
     Generation(
         "v4", ("v4",), "cores", 2, True, 3, 32 * GIB, 275e12, 1200e9, ("TPU v4",),
-        "https://cloud.google.com/tpu/docs/v4",
+        "https://cloud.google.com/tpu/docs/v4", 1050e6, _PAPERS["v4"],
     ),
     Generation(
         "v5e", ("v5litepod", "v5e"), "chips", 1, False, 2, 16 * GIB, 197e12, 819e9,
         ("TPU v5 lite", "TPU v5e"),
-        "https://cloud.google.com/tpu/docs/v5e",
+        "https://cloud.google.com/tpu/docs/v5e", 197e12 / (4 * 2 * 128**2),
+        _MXU_RULE + "1 TensorCore of 4 128x128 MXUs (the source's page)",
     ),
     Generation(
         "v5p", ("v5p",), "cores", 2, True, 3, 95 * GIB, 459e12, 2765e9, ("TPU v5p", "TPU v5"),
-        "https://cloud.google.com/tpu/docs/v5p",
+        "https://cloud.google.com/tpu/docs/v5p", 459e12 / (2 * 4 * 2 * 128**2),
+        _MXU_RULE + "2 TensorCores of 4 128x128 MXUs (the source's page)",
     ),
     Generation(
         "v6e", ("v6e",), "chips", 1, False, 2, 32 * GIB, 918e12, 1640e9, ("TPU v6 lite", "TPU v6e"),
-        "https://cloud.google.com/tpu/docs/v6e",
+        "https://cloud.google.com/tpu/docs/v6e", 918e12 / (4 * 2 * 256**2),
+        _MXU_RULE + "4 256x256 MXUs' worth: the page's two would need 3.5 GHz, see above",
     ),
 )  # fmt: skip
 

@@ -68,6 +68,15 @@ def test_compiled_by_the_tpu_compiler_for_a_slice_that_is_not_here(slices):
     peak = topology.resolve("v5e:2x2").generation.bf16_flops_per_device * summary["devices"]
     assert summary["mfu_ceiling"] == round(summary["flops_per_step"] / (bound * peak), 4)
     assert "across slices" not in summary["cost_method"]
+    # The ceiling from the compiler's cycles: a time per instruction, at the chip's clock,
+    # never faster than the roofline of the totals (each instruction is bound by its own).
+    clock = topology.resolve("v5e:2x2").generation.clock_hz
+    seconds = summary["step_seconds_from_cycles"]
+    assert seconds == summary["estimated_cycles_per_step"] / clock
+    assert summary["mfu_ceiling_cycles"] == round(summary["flops_per_step"] / (seconds * peak), 4)
+    assert 0 < summary["mfu_ceiling_cycles"] <= summary["mfu_ceiling"]
+    assert summary["pallas_calls_per_step"] == 0
+    assert "estimated cycles" in summary["mfu_ceiling_cycles_from"]
 
 
 @needs_libtpu
