@@ -51,6 +51,13 @@ _TOPOLOGY = flags.DEFINE_string(
     "machine's devices (no TPU needed; the [tpu] extra): a Cloud accelerator name such as "
     "v4-128, v5p-128, v5litepod-16, v6e-64, or a jax topology name such as v4:4x4x4, v5e:2x2.",
 )
+_CEILING = flags.DEFINE_bool(
+    "ceiling",
+    True,
+    "With --topology: also compile the two one-step programs the MFU ceilings are costed from "
+    "(ceiling_compile_seconds says what they took); --noceiling answers whether the step fits "
+    "with the run's program alone.",
+)
 _NUM_SLICES = flags.DEFINE_integer(
     "num_slices", 1, "With --topology: that many slices joined over the data-center network."
 )
@@ -257,7 +264,10 @@ def main(argv) -> None:
 
     try:
         if _DRY_RUN.value:
-            print(json.dumps(dry_run.describe(config, compile=_COMPILE.value, target=target)))
+            summary = dry_run.describe(
+                config, compile=_COMPILE.value, target=target, costs=_CEILING.value
+            )
+            print(json.dumps(summary))
             return
         _maybe_initialize_distributed()
         from electra_jax.data import progress

@@ -1,5 +1,6 @@
 """dry_run: the --dry_run summary from shapes, and the ahead-of-time compile."""
 
+import json
 import re
 
 import jax
@@ -60,7 +61,9 @@ def test_compiled_by_the_tpu_compiler_for_a_slice_that_is_not_here(slices):
     assert jax.devices()[0].platform == "cpu"  # and nothing of this machine's changed
     if slices > 1:
         assert summary["mfu_ceiling"] is None and summary["cost_method"] is None
+        assert summary["mfu_ceiling_cycles"] is None and summary["ceiling_compile_seconds"] is None
         return
+    assert summary["ceiling_compile_seconds"] > 0
     # The unrolled cost compiles count about what the analytic count does (at this size
     # LayerNorm, softmax and the optimizer add a fair share), and the ceiling follows from them.
     assert 1.0 < summary["xla_flops_per_step"] / summary["flops_per_step"] < 1.5
@@ -116,3 +119,19 @@ def test_the_batch_is_checked_against_the_slice_before_compiling():
     config.train.batch_size = 6  # 4 devices on one slice, 8 on two
     with pytest.raises(ConfigError, match="train.batch_size=6 is not divisible by the 8 "):
         dry_run.describe(config, target=topology.resolve("v5e:2x2", num_slices=2))
+
+
+@needs_libtpu
+@pytest.mark.usefixtures("libtpu_env")
+def test_the_fit_alone_compiles_the_runs_program_only():
+    """--noceiling: the run's program is compiled for the slice (the fit), the cost compiles
+    are not, and the summary says so rather than giving a ceiling."""
+    out = run_command(
+        "electra_jax.train", "--config=configs/tiny.py", "--dry_run", "--topology=v5e:2x2",
+        "--noceiling", "--config.train.steps_per_call=1", "--config.model.num_layers=1",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    assert summary["fits"] and summary["compile_seconds"] > 0
+    assert summary["ceiling_compile_seconds"] is None and summary["cost_method"] is None
+    assert summary["mfu_ceiling"] is None and summary["mfu_ceiling_cycles"] is None
