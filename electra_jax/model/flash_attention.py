@@ -6,10 +6,16 @@ the [L, L] scores and probabilities of each (batch, head) in VMEM, a block of qu
 time: on TPU attention_core's [B, heads, L, L] float32 arrays go through HBM, which the TPU
 compiler counted as ~30% of a base layer's cycles (benchmarks/notes/compile.md).
 
-- Forward: one `pallas_call` over (batch, heads, query blocks, key blocks). With one key block
-  (the default up to L = 1024) each query block's softmax is taken whole, in attention_core's
-  order of operations; with several, online (running max and sum, FlashAttention). It writes
-  the output and, per query row, the softmax's max and sum ([B, heads, 2, L] float32).
+- Layout: the kernels read q, k, v and write the output token-major, [B, L, heads x d], the
+  projections' own layout (the transposes to and from attention_core's heads-first arguments
+  cancel against the model's), a block holding `heads_per_block` heads' lanes side by side:
+  two heads of ELECTRA's 64 fill the TPU's 128 lanes, where one heads-first [L, 64] block
+  would be padded to 128 in HBM and VMEM (twice the bytes) and cost relayout copies.
+- Forward: one `pallas_call` over (batch, head groups, query blocks, key blocks). With one key
+  block (the default up to L = 1024) each query block's softmax is taken whole, in
+  attention_core's order of operations; with several, online (running max and sum,
+  FlashAttention). It writes the output and, per query row, the softmax's max and sum
+  ([B, heads, 2, L] float32).
 - Dropout happens inside the kernel: element (b, h, i, j) is kept iff
   `kernels.dropout_bits(key, (B, heads, L, L))[b, h, i, j] < kernels.dropout_threshold(rate)`,
   the bits computed in the kernel by `kernels.index_hash` from iotas plus the block's offsets and
@@ -64,10 +70,11 @@ def default_blocks(length: int) -> tuple[int, int]:
     multiple of 128), and every key in one block up to L = 1024 (no online softmax), else 512.
 
     ELECTRA's L = 128 (small) and 512 (base, large) with head_dim 64: at 256 x 512 a float32
-    score block is 512 KB and the backward holds about eight such, well inside the 16 MiB of
-    VMEM a TPU v4 / v5e kernel gets by default; 256 rows halve the grid steps (each ~0.35 us of
-    overhead) against 128. Not timed on a TPU (none was available): a first choice, not a
-    measured optimum.
+    score block is 512 KB and the backward holds about eight such per head (two heads a step),
+    inside the 16 MiB of VMEM a TPU v4 / v5e kernel gets by default (libtpu compiles these
+    blocks for every generation up to L = 1024 in float32); 256 rows halve the grid steps (each
+    ~0.35 us of overhead) against 128. Not timed on a TPU (none was available): a first
+    choice, not a measured optimum.
     """
     block_q = length if length <= 256 or length % _LANES else (256 if length % 256 == 0 else 128)
     if length <= 1024 or length % _LANES:
@@ -75,6 +82,19 @@ def default_blocks(length: int) -> tuple[int, int]:
     else:
         block_k = 512 if length % 512 == 0 else (256 if length % 256 == 0 else 128)
     return block_q, block_k
+
+
+def heads_per_block(heads: int, head_dim: int) -> int:
+    """How many heads one kernel step takes: the kernels read q, k, v token-major, [B, L,
+    heads x head_dim] (the projections' layout), a block being some heads' lanes side by side.
+    TPU arrays pad their last dimension to 128 lanes, so a head of 64 alone would move and hold
+    twice its bytes: 128 / head_dim heads (2 for ELECTRA's 64), or 1 for a head_dim that is a
+    multiple of 128, else all of them (the whole last dimension, as the TPU allows)."""
+    if head_dim % _LANES == 0:
+        return 1
+    if _LANES % head_dim == 0 and heads % (_LANES // head_dim) == 0:
+        return _LANES // head_dim
+    return heads
 
 
 def _checked_blocks(length: int, block_q: int | None, block_k: int | None) -> tuple[int, int]:
@@ -106,7 +126,11 @@ class _Operand:
         return pl.BlockSpec(self.block, self.index_map)
 
     def block_bytes(self) -> int:
-        return math.prod(1 if n is None else n for n in self.block) * self.itemsize
+        """The bytes of one block in HBM: its last dimension padded to whole 128-lane tiles,
+        as a TPU array lays it out (the second-to-last is whole sublane tiles in the blocks of
+        ELECTRA's shapes: rows in multiples of 16, the statistics' 2 in (2, 128) tiles)."""
+        *rest, last = (1 if n is None else n for n in self.block)
+        return math.prod(rest) * -(-last // _LANES) * _LANES * self.itemsize
 
 
 def _fetches(grid: tuple[int, ...], index_map: Callable) -> int:
@@ -161,6 +185,16 @@ class _Shape:
     block_k: int
 
     @property
+    def group(self) -> int:
+        """Heads per block: `heads_per_block`."""
+        return heads_per_block(self.heads, self.head_dim)
+
+    @property
+    def lanes(self) -> int:
+        """A q / k / v block's last dimension: its heads' head_dim lanes side by side."""
+        return self.group * self.head_dim
+
+    @property
     def n_q(self) -> int:
         return self.length // self.block_q
 
@@ -180,8 +214,8 @@ class _Shape:
 
 
 # Floating-point operations per score element, as the kernels below write them (matmuls are
-# counted apart, 2 x M x N x K each). The dropout's integer hash (~20 VPU integer operations
-# per element: kernels.index_hash and the index arithmetic) is not a floating-point operation
+# counted apart, 2 x M x N x K each). The dropout's integer work (~25 VPU operations per
+# element: the index arithmetic, kernels.index_hash's 21 and the compare) is not floating-point
 # and is not counted: see call_costs.
 _SCORE_FLOPS = 2  # s * scale + bias
 _SOFTMAX_FLOPS = 4  # max, s - max, the sum of exp, e / sum (the exp is a transcendental)
@@ -191,12 +225,14 @@ _GRAD_FLOPS = 5  # s - max, e / sum (exp: a transcendental), dP - D, p * that, *
 
 
 def _forward_call(s: _Shape) -> _Call:
-    bq, bk, d, n_k = s.block_q, s.block_k, s.head_dim, s.n_k
-    q = _Operand((None, None, bq, d), lambda b, h, i, j, _: (b, h, i, 0), s.itemsize)
-    kv = _Operand((None, None, bk, d), lambda b, h, i, j, _: (b, h, j, 0), s.itemsize)
-    bias = _Operand((None, None, 1, bk), lambda b, h, i, j, _: (b, 0, 0, j), 4)
-    out = _Operand((None, None, bq, d), lambda b, h, i, j, _: (b, h, i, 0), s.itemsize)
-    stats = _Operand((None, None, _STATS, bq), lambda b, h, i, j, _: (b, h, 0, i), 4)
+    bq, bk, n_k, g = s.block_q, s.block_k, s.n_k, s.group
+    # Grid (b, head group, query block i, key block j); q, k, v, o token-major [B, L, heads x d].
+    q = _Operand((None, bq, s.lanes), lambda b, hg, i, j, _: (b, i, hg), s.itemsize)
+    kv = _Operand((None, bk, s.lanes), lambda b, hg, i, j, _: (b, j, hg), s.itemsize)
+    bias = _Operand((None, None, 1, bk), lambda b, hg, i, j, _: (b, 0, 0, j), 4)
+    out = _Operand((None, bq, s.lanes), lambda b, hg, i, j, _: (b, i, hg), s.itemsize)
+    stats = _Operand((None, g, _STATS, bq), lambda b, hg, i, j, _: (b, hg, 0, i), 4)
+    d = s.head_dim
     dropout = _DROPOUT_FLOPS if s.rate else 0
     if n_k == 1:
         per_score = _SCORE_FLOPS + _SOFTMAX_FLOPS + dropout
@@ -211,7 +247,7 @@ def _forward_call(s: _Shape) -> _Call:
     matmuls = 2 * (2 * s.scores * d)  # q k^T and p v
     return _Call(
         FORWARD,
-        (s.batch, s.heads, s.n_q, n_k),
+        (s.batch, s.heads // g, s.n_q, n_k),
         (q, kv, kv, bias),
         (out, stats),
         flops=matmuls + per_score * s.scores + per_row * s.rows,
@@ -221,13 +257,13 @@ def _forward_call(s: _Shape) -> _Call:
 
 def _backward_calls(s: _Shape) -> tuple[_Call, ...]:
     """The backward's pallas_calls: one (dq, dk, dv) with one key block, else (dk, dv), (dq)."""
-    bq, bk, d = s.block_q, s.block_k, s.head_dim
+    bq, bk, d, g = s.block_q, s.block_k, s.head_dim, s.group
     fused = s.n_k == 1
-    # dk, dv: grid (b, h, key block j, query block i), the query blocks innermost.
-    q_rows = _Operand((None, None, bq, d), lambda b, h, j, i, _: (b, h, i, 0), s.itemsize)
-    keys = _Operand((None, None, bk, d), lambda b, h, j, i, _: (b, h, j, 0), s.itemsize)
-    bias = _Operand((None, None, 1, bk), lambda b, h, j, i, _: (b, 0, 0, j), 4)
-    stats = _Operand((None, None, _STATS, bq), lambda b, h, j, i, _: (b, h, 0, i), 4)
+    # dk, dv: grid (b, head group, key block j, query block i), the query blocks innermost.
+    q_rows = _Operand((None, bq, s.lanes), lambda b, hg, j, i, _: (b, i, hg), s.itemsize)
+    keys = _Operand((None, bk, s.lanes), lambda b, hg, j, i, _: (b, j, hg), s.itemsize)
+    bias = _Operand((None, None, 1, bk), lambda b, hg, j, i, _: (b, 0, 0, j), 4)
+    stats = _Operand((None, g, _STATS, bq), lambda b, hg, j, i, _: (b, hg, 0, i), 4)
     dropout = _DROPOUT_FLOPS if s.rate else 0  # on dP; in the dk / dv kernel on p too
     per_score = _SCORE_FLOPS + _GRAD_FLOPS + dropout
     per_row = 2 * d  # D = sum(dO * O): d products and d sums
@@ -235,7 +271,7 @@ def _backward_calls(s: _Shape) -> tuple[_Call, ...]:
     grad_matmuls = 2 * s.scores * d  # one [bq, bk, d] matmul over the whole pass
     dkv = _Call(
         BACKWARD if fused else BACKWARD_DKV,
-        (s.batch, s.heads, s.n_k, s.n_q),
+        (s.batch, s.heads // g, s.n_k, s.n_q),
         inputs,
         ((q_rows,) if fused else ()) + (keys, keys),  # (dq,) dk, dv
         # s = q k^T, dP = dO v^T, dv, dk (and dq)
@@ -246,14 +282,14 @@ def _backward_calls(s: _Shape) -> tuple[_Call, ...]:
     )
     if fused:
         return (dkv,)
-    # dq: grid (b, h, query block i, key block j), the key blocks innermost.
-    q_rows = _Operand((None, None, bq, d), lambda b, h, i, j, _: (b, h, i, 0), s.itemsize)
-    keys = _Operand((None, None, bk, d), lambda b, h, i, j, _: (b, h, j, 0), s.itemsize)
-    bias = _Operand((None, None, 1, bk), lambda b, h, i, j, _: (b, 0, 0, j), 4)
-    stats = _Operand((None, None, _STATS, bq), lambda b, h, i, j, _: (b, h, 0, i), 4)
+    # dq: grid (b, head group, query block i, key block j), the key blocks innermost.
+    q_rows = _Operand((None, bq, s.lanes), lambda b, hg, i, j, _: (b, i, hg), s.itemsize)
+    keys = _Operand((None, bk, s.lanes), lambda b, hg, i, j, _: (b, j, hg), s.itemsize)
+    bias = _Operand((None, None, 1, bk), lambda b, hg, i, j, _: (b, 0, 0, j), 4)
+    stats = _Operand((None, g, _STATS, bq), lambda b, hg, i, j, _: (b, hg, 0, i), 4)
     dq = _Call(
         BACKWARD_DQ,
-        (s.batch, s.heads, s.n_q, s.n_k),
+        (s.batch, s.heads // g, s.n_q, s.n_k),
         (q_rows, keys, keys, bias, q_rows, q_rows, stats),
         (q_rows,),
         flops=3 * grad_matmuls + per_score * s.scores + per_row * s.rows * s.n_k,  # s, dP, dq
@@ -289,7 +325,8 @@ def call_costs(
       rows; the dropout hash's integer operations are not counted (on a TPU they and the exps
       are VPU / EUP work that a roofline of FLOPs and bytes does not see). transcendentals: the
       exps (and the online softmax's rescales). bytes_accessed: the HBM bytes the blocks move,
-      each block counted at every grid step whose block index differs from the previous step's.
+      each block counted at every grid step whose block index differs from the previous step's,
+      its last dimension padded to 128 lanes as HBM holds it.
     """
     block_q, block_k = _checked_blocks(length, block_q, block_k)
     shape = _Shape(batch, heads, length, head_dim, jnp.dtype(dtype).itemsize, float(rate),
@@ -297,9 +334,15 @@ def call_costs(
     return {c.name: c.costs() for c in (_forward_call(shape), *_backward_calls(shape))}
 
 
-# The kernels. Refs are 2-D blocks: q, k, v, o, dO [rows, head_dim], bias [1, block_k], the
-# statistics [2, block_q] (max, sum). Program ids: (b, h, i, j) in the forward and the dq
-# kernel, (b, h, j, i) in the dk / dv one (i: query block, j: key block).
+# The kernels. Refs are blocks: q, k, v, o, dO [rows, group x head_dim] (a head group's lanes),
+# bias [1, block_k], the statistics [group, 2, block_q] (each head's max and sum). Program ids:
+# (b, head group, i, j) in the forward and the dq kernel, (b, head group, j, i) in the dk / dv
+# one (i: query block, j: key block). Each head of the group is a static slice of the lanes.
+
+
+def _head(x, t: int, head_dim: int):
+    """Head t's [rows, head_dim] of a group's [rows, group x head_dim] block."""
+    return x[:, t * head_dim : (t + 1) * head_dim]
 
 
 def _scores(q, k, bias, scale):
@@ -332,104 +375,133 @@ def _dropped(x, keep, shape: _Shape):
     return jnp.where(keep, x * scale, 0.0)
 
 
-def _forward_kernel(prefetch_ref, q_ref, k_ref, v_ref, bias_ref, o_ref, stats_ref, *scratch, shape):
-    b, h, i, j = (pl.program_id(a) for a in range(4))
-    scale = np.float32(1.0 / np.sqrt(shape.head_dim))
-    s = _scores(q_ref[...], k_ref[...], bias_ref[...], scale)
-    keep = _keep(prefetch_ref, shape, b, h, i, j) if shape.rate else None
-    v = v_ref[...]
-    if shape.n_k == 1:  # the whole row at once: jax.nn.softmax's operations
-        m = jnp.max(s, axis=1, keepdims=True)
+def _forward_kernel(prefetch_ref, q_ref, k_ref, v_ref, bias_ref, o_ref, stats_ref, *scratch,
+                    shape):  # fmt: skip
+    b, hg, i, j = (pl.program_id(a) for a in range(4))
+    d, g = shape.head_dim, shape.group
+    scale = np.float32(1.0 / np.sqrt(d))
+    q_all, k_all, v_all, bias = q_ref[...], k_ref[...], v_ref[...], bias_ref[...]
+    outs = []
+    for t in range(g):
+        s = _scores(_head(q_all, t, d), _head(k_all, t, d), bias, scale)
+        keep = _keep(prefetch_ref, shape, b, hg * g + t, i, j) if shape.rate else None
+        v = _head(v_all, t, d)
+        if shape.n_k == 1:  # the whole row at once: jax.nn.softmax's operations
+            m = jnp.max(s, axis=1, keepdims=True)
+            e = jnp.exp(s - m)
+            total = jnp.sum(e, axis=1, keepdims=True)
+            p = _dropped(e / total, keep, shape)
+            outs.append(jnp.dot(p.astype(v.dtype), v, preferred_element_type=jnp.float32))
+            stats_ref[t] = jnp.concatenate([m, total], axis=1).T
+            continue
+        m_ref, sum_ref, acc_ref = scratch[3 * t : 3 * t + 3]
+
+        @pl.when(j == 0)
+        def _(m_ref=m_ref, sum_ref=sum_ref, acc_ref=acc_ref):
+            m_ref[...] = jnp.full(m_ref.shape, -jnp.inf, jnp.float32)
+            sum_ref[...] = jnp.zeros(sum_ref.shape, jnp.float32)
+            acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
+
+        m_old = m_ref[...]
+        m = jnp.maximum(m_old, jnp.max(s, axis=1, keepdims=True))
+        rescale = jnp.exp(m_old - m)  # 0 at the first block: exp(-inf)
         e = jnp.exp(s - m)
-        total = jnp.sum(e, axis=1, keepdims=True)
-        p = _dropped(e / total, keep, shape)
-        o = jnp.dot(p.astype(v.dtype), v, preferred_element_type=jnp.float32)
-        o_ref[...] = o.astype(o_ref.dtype)
-        stats_ref[...] = jnp.concatenate([m, total], axis=1).T
+        sum_ref[...] = rescale * sum_ref[...] + jnp.sum(e, axis=1, keepdims=True)
+        pv = jnp.dot(_dropped(e, keep, shape).astype(v.dtype), v,
+                     preferred_element_type=jnp.float32)  # fmt: skip
+        acc_ref[...] = rescale * acc_ref[...] + pv
+        m_ref[...] = m
+    if shape.n_k == 1:
+        o_ref[...] = jnp.concatenate(outs, axis=1).astype(o_ref.dtype)
         return
-    m_ref, sum_ref, acc_ref = scratch
-
-    @pl.when(j == 0)
-    def _():
-        m_ref[...] = jnp.full(m_ref.shape, -jnp.inf, jnp.float32)
-        sum_ref[...] = jnp.zeros(sum_ref.shape, jnp.float32)
-        acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
-
-    m_old = m_ref[...]
-    m = jnp.maximum(m_old, jnp.max(s, axis=1, keepdims=True))
-    rescale = jnp.exp(m_old - m)  # 0 at the first block: exp(-inf)
-    e = jnp.exp(s - m)
-    sum_ref[...] = rescale * sum_ref[...] + jnp.sum(e, axis=1, keepdims=True)
-    pv = jnp.dot(_dropped(e, keep, shape).astype(v.dtype), v, preferred_element_type=jnp.float32)
-    acc_ref[...] = rescale * acc_ref[...] + pv
-    m_ref[...] = m
 
     @pl.when(j == shape.n_k - 1)
     def _():
-        total = sum_ref[...]
-        o_ref[...] = (acc_ref[...] / total).astype(o_ref.dtype)
-        stats_ref[...] = jnp.concatenate([m_ref[...], total], axis=1).T
+        for t in range(g):
+            m_ref, sum_ref, acc_ref = scratch[3 * t : 3 * t + 3]
+            total = sum_ref[...]
+            outs.append(acc_ref[...] / total)
+            stats_ref[t] = jnp.concatenate([m_ref[...], total], axis=1).T
+        o_ref[...] = jnp.concatenate(outs, axis=1).astype(o_ref.dtype)
 
 
-def _gradients(prefetch_ref, refs, shape: _Shape, b, h, i, j):
-    """Block (i, j)'s probabilities [bq, bk] float32, its dropout mask (None at rate 0) and its
-    d_scores [bq, bk] in q's dtype, recomputed as attention_core's backward computes them."""
-    q_ref, k_ref, v_ref, bias_ref, o_ref, do_ref, stats_ref = refs
-    scale = np.float32(1.0 / np.sqrt(shape.head_dim))
-    s = _scores(q_ref[...], k_ref[...], bias_ref[...], scale)
-    stats = stats_ref[...].T  # [bq, 2]
+def _gradients(prefetch_ref, blocks, stats_ref, shape: _Shape, b, h, t, i, j):
+    """Head t of the group (head h): block (i, j)'s probabilities [bq, bk] float32, its dropout
+    mask (None at rate 0) and its d_scores [bq, bk] in q's dtype, recomputed as
+    attention_core's backward computes them. blocks: the group's q, k, v, o, dO values."""
+    d = shape.head_dim
+    q, k, v, o, do = (_head(x, t, d) for x in blocks[:5])
+    scale = np.float32(1.0 / np.sqrt(d))
+    s = _scores(q, k, blocks[5], scale)
+    stats = stats_ref[t].T  # [bq, 2]
     p = jnp.exp(s - stats[:, 0:1]) / stats[:, 1:2]  # the forward's probabilities
-    do = do_ref[...]
-    d_dropped = jax.lax.dot_general(do, v_ref[...], _NT, preferred_element_type=jnp.float32)
+    d_dropped = jax.lax.dot_general(do, v, _NT, preferred_element_type=jnp.float32)
     keep = _keep(prefetch_ref, shape, b, h, i, j) if shape.rate else None
     # sum_k dP[q, k] P[q, k] = dO[q] . O[q], as attention_core takes it
-    rows = jnp.sum(do.astype(jnp.float32) * o_ref[...].astype(jnp.float32), axis=1, keepdims=True)
+    rows = jnp.sum(do.astype(jnp.float32) * o.astype(jnp.float32), axis=1, keepdims=True)
     d_scores = p * (_dropped(d_dropped, keep, shape) - rows) * scale
-    return p, keep, d_scores.astype(q_ref.dtype)
+    return p, keep, d_scores.astype(q.dtype)
+
+
+def _values(refs):
+    """The q, k, v, o, dO and bias blocks' values, from the refs (q, k, v, bias, o, dO)."""
+    q_ref, k_ref, v_ref, bias_ref, o_ref, do_ref = refs
+    return q_ref[...], k_ref[...], v_ref[...], o_ref[...], do_ref[...], bias_ref[...]
 
 
 def _dkv_kernel(prefetch_ref, *refs, shape, with_dq):
-    inputs, refs = refs[:7], refs[7:]
-    dq_ref, (dk_ref, dv_ref, dk_acc, dv_acc) = (refs[0], refs[1:]) if with_dq else (None, refs)
-    q_ref, k_ref, _, _, _, do_ref, _ = inputs
-    b, h, j, i = (pl.program_id(a) for a in range(4))
+    (*inputs, stats_ref), refs = refs[:7], refs[7:]
+    dq_ref, (dk_ref, dv_ref, *accumulators) = (refs[0], refs[1:]) if with_dq else (None, refs)
+    b, hg, j, i = (pl.program_id(a) for a in range(4))
+    d, g = shape.head_dim, shape.group
 
     @pl.when(i == 0)
     def _():
-        dk_acc[...] = jnp.zeros(dk_acc.shape, jnp.float32)
-        dv_acc[...] = jnp.zeros(dv_acc.shape, jnp.float32)
+        for acc in accumulators:
+            acc[...] = jnp.zeros(acc.shape, jnp.float32)
 
-    p, keep, d_scores = _gradients(prefetch_ref, inputs, shape, b, h, i, j)
-    do = do_ref[...]
-    dropped = _dropped(p, keep, shape).astype(do.dtype)
-    dv_acc[...] += jax.lax.dot_general(dropped, do, _TN,
-                                       preferred_element_type=jnp.float32)  # fmt: skip
-    dk_acc[...] += jax.lax.dot_general(d_scores, q_ref[...], _TN,
-                                       preferred_element_type=jnp.float32)  # fmt: skip
-    if with_dq:  # one key block: this block's dq is the whole of it
-        dq = jnp.dot(d_scores, k_ref[...], preferred_element_type=jnp.float32)
-        dq_ref[...] = dq.astype(dq_ref.dtype)
+    blocks = _values(inputs)
+    dqs = []
+    for t in range(g):
+        p, keep, d_scores = _gradients(prefetch_ref, blocks, stats_ref, shape, b, hg * g + t, t,
+                                       i, j)  # fmt: skip
+        q, k, do = _head(blocks[0], t, d), _head(blocks[1], t, d), _head(blocks[4], t, d)
+        dropped = _dropped(p, keep, shape).astype(do.dtype)
+        dk_acc, dv_acc = accumulators[2 * t : 2 * t + 2]
+        dv_acc[...] += jax.lax.dot_general(dropped, do, _TN, preferred_element_type=jnp.float32)
+        dk_acc[...] += jax.lax.dot_general(d_scores, q, _TN,
+                                           preferred_element_type=jnp.float32)  # fmt: skip
+        if with_dq:  # one key block: this block's dq is the whole of it
+            dqs.append(jnp.dot(d_scores, k, preferred_element_type=jnp.float32))
+    if with_dq:
+        dq_ref[...] = jnp.concatenate(dqs, axis=1).astype(dq_ref.dtype)
 
     @pl.when(i == shape.n_q - 1)
     def _():
-        dk_ref[...] = dk_acc[...].astype(dk_ref.dtype)
-        dv_ref[...] = dv_acc[...].astype(dv_ref.dtype)
+        for ref, accs in ((dk_ref, accumulators[0::2]), (dv_ref, accumulators[1::2])):
+            ref[...] = jnp.concatenate([a[...] for a in accs], axis=1).astype(ref.dtype)
 
 
 def _dq_kernel(prefetch_ref, *refs, shape):
-    inputs, (dq_ref, dq_acc) = refs[:7], refs[7:]
-    b, h, i, j = (pl.program_id(a) for a in range(4))
+    (*inputs, stats_ref), (dq_ref, *accumulators) = refs[:7], refs[7:]
+    b, hg, i, j = (pl.program_id(a) for a in range(4))
+    d, g = shape.head_dim, shape.group
 
     @pl.when(j == 0)
     def _():
-        dq_acc[...] = jnp.zeros(dq_acc.shape, jnp.float32)
+        for acc in accumulators:
+            acc[...] = jnp.zeros(acc.shape, jnp.float32)
 
-    _, _, d_scores = _gradients(prefetch_ref, inputs, shape, b, h, i, j)
-    dq_acc[...] += jnp.dot(d_scores, inputs[1][...], preferred_element_type=jnp.float32)
+    blocks = _values(inputs)
+    for t in range(g):
+        _, _, d_scores = _gradients(prefetch_ref, blocks, stats_ref, shape, b, hg * g + t, t,
+                                    i, j)  # fmt: skip
+        k = _head(blocks[1], t, d)
+        accumulators[t][...] += jnp.dot(d_scores, k, preferred_element_type=jnp.float32)
 
     @pl.when(j == shape.n_k - 1)
     def _():
-        dq_ref[...] = dq_acc[...].astype(dq_ref.dtype)
+        dq_ref[...] = jnp.concatenate([a[...] for a in accumulators], axis=1).astype(dq_ref.dtype)
 
 
 def _pallas(call: _Call, kernel, out_shape, scratch, interpret: bool):
@@ -456,8 +528,10 @@ def _pallas(call: _Call, kernel, out_shape, scratch, interpret: bool):
 
 
 def _shape_of(q, rate, block_q, block_k) -> _Shape:
+    """The _Shape of heads-first q [B, heads, L, d]."""
     batch, heads, length, head_dim = q.shape
-    return _Shape(batch, heads, length, head_dim, q.dtype.itemsize, rate, block_q, block_k)
+    return _Shape(batch, heads, length, head_dim, q.dtype.itemsize, float(rate), block_q,
+                  block_k)  # fmt: skip
 
 
 def _prefetch(key, rate, batch_offset):
@@ -467,55 +541,77 @@ def _prefetch(key, rate, batch_offset):
     return jnp.concatenate([seeds, jnp.asarray(batch_offset, jnp.uint32).reshape(1)])
 
 
-def _forward(q, k, v, bias, prefetch, rate, block_q, block_k, interpret):
-    shape = _shape_of(q, rate, block_q, block_k)
+def _forward(q, k, v, bias, prefetch, shape: _Shape, interpret):
+    """q, k, v token-major [B, L, heads x d] -> (the output, alike; stats [B, heads, 2, L])."""
     call = _forward_call(shape)
     scratch = []
-    if shape.n_k > 1:  # the running max and sum [bq, 1] and the output's accumulator
-        scratch = [pltpu.VMEM((block_q, 1), jnp.float32)] * 2
-        scratch.append(pltpu.VMEM((block_q, shape.head_dim), jnp.float32))
-    b, h, length, _ = q.shape
-    out_shape = (
-        jax.ShapeDtypeStruct(q.shape, q.dtype),
-        jax.ShapeDtypeStruct((b, h, _STATS, length), jnp.float32),
-    )
+    if shape.n_k > 1:  # per head: the running max and sum [bq, 1] and the output's accumulator
+        scratch = [pltpu.VMEM((shape.block_q, 1), jnp.float32)] * 2
+        scratch = (scratch + [pltpu.VMEM((shape.block_q, shape.head_dim), jnp.float32)]) * (
+            shape.group
+        )
+    stats = (shape.batch, shape.heads, _STATS, shape.length)
+    out_shape = (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(stats, jnp.float32))
     kernel = functools.partial(_forward_kernel, shape=shape)
     return _pallas(call, kernel, out_shape, scratch, interpret)(prefetch, q, k, v, bias)
 
 
-def _backward(q, k, v, bias, prefetch, out, stats, g, rate, block_q, block_k, interpret):
-    shape = _shape_of(q, rate, block_q, block_k)
+def _backward(q, k, v, bias, prefetch, out, stats, g, shape: _Shape, interpret):
+    """The gradients of q, k and v (token-major, as they are) from the output's, g."""
     calls = _backward_calls(shape)
     args = (prefetch, q, k, v, bias, out, g.astype(q.dtype), stats)
     like = jax.ShapeDtypeStruct(q.shape, q.dtype)
-    accumulators = [pltpu.VMEM((block_k, shape.head_dim), jnp.float32)] * 2
+    per_head = pltpu.VMEM((shape.block_k, shape.head_dim), jnp.float32)
+    accumulators = [per_head] * (2 * shape.group)  # dk, dv of each head of the group
     if len(calls) == 1:
         kernel = functools.partial(_dkv_kernel, shape=shape, with_dq=True)
         return _pallas(calls[0], kernel, (like,) * 3, accumulators, interpret)(*args)
     kernel = functools.partial(_dkv_kernel, shape=shape, with_dq=False)
     dk, dv = _pallas(calls[0], kernel, (like,) * 2, accumulators, interpret)(*args)
     kernel = functools.partial(_dq_kernel, shape=shape)
-    scratch = [pltpu.VMEM((block_q, shape.head_dim), jnp.float32)]
+    scratch = [pltpu.VMEM((shape.block_q, shape.head_dim), jnp.float32)] * shape.group
     (dq,) = _pallas(calls[1], kernel, (like,), scratch, interpret)(*args)
     return dq, dk, dv
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))
-def _flash(q, k, v, bias, prefetch, rate, block_q, block_k, interpret):
-    return _forward(q, k, v, bias, prefetch, rate, block_q, block_k, interpret)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def _flash(q, k, v, bias, prefetch, shape, interpret):
+    return _forward(q, k, v, bias, prefetch, shape, interpret)[0]
 
 
-def _flash_fwd(q, k, v, bias, prefetch, rate, block_q, block_k, interpret):
-    out, stats = _forward(q, k, v, bias, prefetch, rate, block_q, block_k, interpret)
+def _flash_fwd(q, k, v, bias, prefetch, shape, interpret):
+    out, stats = _forward(q, k, v, bias, prefetch, shape, interpret)
     return out, (q, k, v, bias, prefetch, out, stats)
 
 
-def _flash_bwd(rate, block_q, block_k, interpret, residuals, g):
-    dq, dk, dv = _backward(*residuals, g, rate, block_q, block_k, interpret)
+def _flash_bwd(shape, interpret, residuals, g):
+    dq, dk, dv = _backward(*residuals, g, shape, interpret)
     return dq, dk, dv, None, None
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+def _token_major(x):
+    """[B, heads, L, d] -> [B, L, heads x d]: the kernels' layout (XLA cancels this transpose
+    against the one that made the heads-first q, k, v from the projections' token-major
+    output; the output's, against the output projection's)."""
+    b, heads, length, d = x.shape
+    return jnp.swapaxes(x, 1, 2).reshape(b, length, heads * d)
+
+
+def _heads_first(x, heads: int):
+    """[B, L, heads x d] -> [B, heads, L, d]."""
+    b, length, width = x.shape
+    return jnp.swapaxes(x.reshape(b, length, heads, width // heads), 1, 2)
+
+
+def _attention(q, k, v, bias, key, batch_offset, shape: _Shape, interpret: bool):
+    """The kernels on [B, heads, L, d] q, k, v of one device (its batch rows from
+    `batch_offset` on): the output, alike."""
+    prefetch = _prefetch(key, shape.rate, batch_offset)
+    out = _flash(*map(_token_major, (q, k, v)), bias, prefetch, shape, interpret)
+    return _heads_first(out, shape.heads)
 
 
 def flash_attention(q, k, v, bias, key, rate: float, *, block_q=None, block_k=None,
@@ -547,18 +643,24 @@ def flash_attention(q, k, v, bias, key, rate: float, *, block_q=None, block_k=No
             f"got q {q.shape}, k {k.shape}, v {v.shape}, bias {bias.shape}"
         )
     block_q, block_k = _checked_blocks(length, block_q, block_k)
-    static = (float(rate), block_q, block_k, bool(interpret))
     bias = bias.astype(jnp.float32)
     if batch_sharding is None:
-        return _flash(q, k, v, bias, _prefetch(key, rate, 0), *static)
+        shape = _shape_of(q, rate, block_q, block_k)
+        return _attention(q, k, v, bias, key, 0, shape, bool(interpret))
     mesh, axes = batch_sharding.mesh, batch_sharding.spec[0]
-    split = jax.sharding.PartitionSpec(axes)
+    names = (axes,) if isinstance(axes, str) else tuple(axes)
+    whole = jax.sharding.PartitionSpec()
+    # A batch the devices do not divide (the model's init traces one row; a run's batches are
+    # checked to divide them) runs whole on every device.
+    shards = math.prod(mesh.shape[a] for a in names)
+    split = whole if b % shards else jax.sharding.PartitionSpec(axes)
 
     def local(q, k, v, bias, key):
         # The shard's index over the batch's axes, major to minor, as the spec splits it.
-        offset = jax.lax.axis_index(axes) * q.shape[0]
-        return _flash(q, k, v, bias, _prefetch(key, rate, offset), *static)
+        offset = jax.lax.axis_index(axes) * q.shape[0] if split != whole else 0
+        shape = _shape_of(q, rate, block_q, block_k)
+        return _attention(q, k, v, bias, key, offset, shape, bool(interpret))
 
     # check_vma off: a pallas_call's outputs carry no varying-axes types to check.
-    return jax.shard_map(local, mesh=mesh, in_specs=(split,) * 4 + (jax.sharding.PartitionSpec(),),
-                         out_specs=split, check_vma=False)(q, k, v, bias, key)  # fmt: skip
+    return jax.shard_map(local, mesh=mesh, in_specs=(split,) * 4 + (whole,), out_specs=split,
+                         check_vma=False)(q, k, v, bias, key)  # fmt: skip

@@ -37,21 +37,21 @@ def _value_and_grads(f, q, k, v, g):
 
 
 @pytest.mark.parametrize(
-    "length,dtype,rate,block_q,block_k",
+    "heads,length,dtype,rate,block_q,block_k",
     [
-        (128, jnp.float32, 0.0, None, None),  # one block each way
-        (128, jnp.float32, 0.1, None, None),
-        (512, jnp.float32, 0.1, None, None),  # 2 query blocks of 256, one key block
-        (512, jnp.float32, 0.1, 128, 128),  # online softmax; the dk / dv and dq kernels
-        (128, jnp.bfloat16, 0.1, None, None),
-        (512, jnp.bfloat16, 0.1, 128, 256),
+        (2, 128, jnp.float32, 0.0, None, None),  # one block each way; both heads in one
+        (2, 128, jnp.float32, 0.1, None, None),
+        (1, 512, jnp.float32, 0.1, None, None),  # 2 query blocks of 256, one key block
+        (2, 512, jnp.float32, 0.1, 128, 128),  # online softmax; the dk / dv and dq kernels
+        (2, 128, jnp.bfloat16, 0.1, None, None),
+        (1, 512, jnp.bfloat16, 0.1, 128, 256),
     ],
 )
-def test_matches_attention_core(length, dtype, rate, block_q, block_k):
+def test_matches_attention_core(heads, length, dtype, rate, block_q, block_k):
     """Output and q/k/v gradients equal attention_core's: float32 within 1e-5 (relative where
     values exceed 1), bfloat16 within two roundings of the largest value, dropout on and off,
-    with padded keys and a row of padding only."""
-    q, k, v, g, bias = _inputs(2, 2 if length == 128 else 1, length, 64, dtype)
+    with padded keys and a row of padding only; heads of 64 two to a block (128 lanes)."""
+    q, k, v, g, bias = _inputs(2, heads, length, 64, dtype)
     key = jax.random.PRNGKey(7)
     ours = _value_and_grads(
         lambda q, k, v: fa.flash_attention(
@@ -89,12 +89,11 @@ def test_the_dropout_mask_is_attention_cores_element_for_element():
     keep = np.asarray(keep)
     assert 0.2 < 1 - keep.mean() < 0.3
 
-    def flash(q, k, v, bias, prefetch):
-        return fa._flash(q, k, v, bias, prefetch, rate, 128, 128, True)
+    def flash(q, k, v, bias, batch_offset):
+        shape = fa._shape_of(q, rate, 128, 128)
+        return fa._attention(q, k, v, bias, key, batch_offset, shape, True)
 
-    out, dq, dk, dv = _value_and_grads(
-        lambda q, k, v: flash(q, k, v, bias, fa._prefetch(key, rate, 0)), q, k, eye, eye
-    )
+    out, dq, dk, dv = _value_and_grads(lambda q, k, v: flash(q, k, v, bias, 0), q, k, eye, eye)
     np.testing.assert_array_equal(np.asarray(out) != 0, keep)
     np.testing.assert_array_equal(np.swapaxes(np.asarray(dv), -1, -2) != 0, keep)
     core = _value_and_grads(
@@ -102,7 +101,7 @@ def test_the_dropout_mask_is_attention_cores_element_for_element():
     )
     for a, b in zip((out, dq, dk, dv), core, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
-    shard = jax.jit(flash)(q[1:], k[1:], eye[1:], bias[1:], fa._prefetch(key, rate, 1))
+    shard = jax.jit(flash)(q[1:], k[1:], eye[1:], bias[1:], 1)
     np.testing.assert_array_equal(np.asarray(shard) != 0, keep[1:])
 
 
@@ -150,10 +149,11 @@ def test_compiles_for_each_tpu_generation_with_its_cost_estimates(generation, bl
 
 
 def test_call_costs_against_a_hand_count():
-    """B 2, heads 3, L 512, d 64, float32, dropout: with the default blocks (256 query rows,
-    all 512 keys) every array moves once each way; with 128 x 128 blocks the inner axis's
-    operands move once per outer block."""
-    b, h, n, d = 2, 3, 512, 64
+    """B 2, heads 4, L 512, d 64, float32, dropout: with the default blocks (256 query rows,
+    all 512 keys, two heads' 128 lanes) every array moves once each way; with 128 x 128 blocks
+    the inner axis's operands move once per outer block; a lone head of 64 moves its block
+    padded to 128 lanes, as the TPU lays it out in HBM."""
+    b, h, n, d = 2, 4, 512, 64
     scores, rows = b * h * n * n, b * h * n
     head = b * h * n * d * 4  # q, k, v, o, dO, dq, dk, dv: bytes of each
     bias, stats, prefetch = b * n * 4, b * h * 2 * n * 4, 3 * 4
@@ -175,27 +175,29 @@ def test_call_costs_against_a_hand_count():
         },
     }
     tiled = fa.call_costs(b, h, n, d, jnp.float32, rate=0.1, block_q=128, block_k=128)
-    blocks = n // 128
+    blocks, groups = n // 128, h // 2  # the grid's head axis runs over pairs of heads
     assert tiled[fa.FORWARD] == {
         # per score: scale, bias, max, -max, sum, dropout (2); per row and key block: the
         # running max, its change, the sum's rescale and add, the accumulator's (2 d); / sum (d)
         "flops": 2 * matmul + 7 * scores + rows * (blocks * (4 + 2 * d) + d),
         "transcendentals": scores + rows * blocks,
         # k, v and bias again for each query block
-        "bytes_accessed": 2 * head + blocks * (2 * head + h * bias) + stats + prefetch,
+        "bytes_accessed": 2 * head + blocks * (2 * head + groups * bias) + stats + prefetch,
     }
     assert tiled[fa.BACKWARD_DKV] == {
         "flops": 4 * matmul + 11 * scores + 2 * d * rows * blocks,
         "transcendentals": scores,
         # q, o, dO and the statistics again for each key block; k, v in and dk, dv out once
-        "bytes_accessed": blocks * (3 * head + stats) + 4 * head + h * bias + prefetch,
+        "bytes_accessed": blocks * (3 * head + stats) + 4 * head + groups * bias + prefetch,
     }
     assert tiled[fa.BACKWARD_DQ] == {
         "flops": 3 * matmul + 9 * scores + 2 * d * rows * blocks,  # no dropped p for dv
         "transcendentals": scores,
         # k, v and bias again for each query block; q, o, dO, stats in and dq out once
-        "bytes_accessed": blocks * (2 * head + h * bias) + 4 * head + stats + prefetch,
+        "bytes_accessed": blocks * (2 * head + groups * bias) + 4 * head + stats + prefetch,
     }
+    lone = fa.call_costs(b, 1, n, d, jnp.float32)[fa.FORWARD]["bytes_accessed"]
+    assert lone == 4 * (2 * head // h) + bias + stats // h + prefetch
 
 
 def test_block_sizes_the_tpu_cannot_tile_are_refused_in_one_line():
