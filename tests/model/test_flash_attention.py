@@ -1,7 +1,7 @@
 """flash_attention (Pallas TPU kernels) against kernels.attention_core, whose function it computes:
 values and q/k/v gradients in interpret mode on the CPU, the dropout mask element for element,
-the kernels compiled by libtpu for each TPU generation (compile-only devices), and their cost
-numbers against a hand count."""
+the kernels compiled by libtpu for each TPU generation (compile-only devices), their cost
+numbers against a hand count, and model.attention='pallas' in the model (TPU only)."""
 
 import re
 
@@ -10,9 +10,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from electra_jax.config.schema import ConfigError
 from electra_jax.model import flash_attention as fa
 from electra_jax.model import kernels
+from electra_jax.model.networks import ElectraSpec, EncoderSpec, TransformerLayer
 from electra_jax.pretraining import topology
+from tests.conftest import micro_config
 
 
 def _inputs(batch, heads, length, head_dim, dtype):
@@ -207,3 +210,69 @@ def test_block_sizes_the_tpu_cannot_tile_are_refused_in_one_line():
         fa.flash_attention(q, q, q, bias, jax.random.PRNGKey(0), 0.0, block_q=200)
     assert "\n" not in str(e.value)
     assert fa.default_blocks(128) == (128, 128) and fa.default_blocks(512) == (256, 512)
+
+
+def _layer_spec(**changes) -> ElectraSpec:
+    enc = EncoderSpec(hidden_size=128, num_layers=1, num_heads=2, intermediate_size=256)
+    return ElectraSpec(64, 128, 128, 2, enc, enc, attention="pallas", **changes)
+
+
+def _layer_grad(spec, batch, on, mesh):
+    """The compiled forward and backward of one TransformerLayer of `spec` ([batch, 128, 128]
+    inputs split by `on`, or whole on each device of `mesh`), as the layer benchmark compiles
+    it."""
+    layer = TransformerLayer(spec, spec.discriminator)
+    x, bias = jnp.zeros((batch, 128, 128)), jnp.zeros((batch, 1, 1, 128))
+    keys = {"params": jax.random.PRNGKey(0), "dropout": jax.random.PRNGKey(1)}
+    params = jax.eval_shape(lambda: layer.init(keys, x, bias, deterministic=False))
+
+    def loss(params, x, bias, key):
+        return jnp.sum(layer.apply(params, x, bias, False, rngs={"dropout": key}) ** 2)
+
+    place = lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s)
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    on = on or replicated
+    args = (jax.tree_util.tree_map(lambda a: place(a, replicated), params), place(x, on),
+            place(bias, on), place(jax.ShapeDtypeStruct((2,), jnp.uint32), replicated))  # fmt: skip
+    return jax.jit(jax.grad(loss, argnums=(0, 1))).lower(*args).compile()
+
+
+def test_the_model_runs_pallas_attention_per_device_on_a_tpu_slice():
+    """model.attention='pallas' in a layer compiled for 4 TPU v5e devices with the batch split
+    (batch_sharding set, as program.build sets it): the kernels run under shard_map on each
+    device's 2 rows, not on a gathered batch; a batch of 1, which 4 devices do not divide (the
+    model's init traces one row), runs whole on each."""
+    from electra_jax.model import sharding
+
+    devices = topology.compile_only_devices(topology.resolve("v5e:2x2"))
+    mesh = sharding.make_mesh(micro_config().mesh, devices)
+    split = sharding.batch_sharding(mesh)
+    spec = _layer_spec(platform="tpu", batch_sharding=split)
+    for batch, per_device in ((8, 2), (1, 1)):
+        hlo = _layer_grad(spec, batch, split if batch == 8 else None, mesh).as_text()
+        calls = [line.split("custom-call(")[0] for line in hlo.splitlines()
+                 if 'custom_call_target="tpu_custom_call"' in line]  # fmt: skip
+        assert len(calls) == 2
+        assert all(f"f32[{per_device},128,128]" in call for call in calls), calls  # [B, L, H d]
+        assert "all-gather" not in hlo
+
+
+def test_pallas_attention_is_refused_where_the_devices_are_not_tpus():
+    """One line naming the setting, both where the run's mesh is made (before any data is
+    prepared) and where the layer is traced; a mesh of TPU devices (a --dry_run --topology
+    compile on this CPU machine) is accepted."""
+    from electra_jax.pretraining.program import checked_mesh
+
+    config = micro_config()
+    with config.unlocked():
+        config.model.attention = "pallas"
+    with pytest.raises(ConfigError, match=r"^model.attention='pallas' is a TPU kernel") as e:
+        checked_mesh(config, process_count=1)
+    assert "\n" not in str(e.value) and "devices are cpu" in str(e.value)
+    devices = topology.compile_only_devices(topology.resolve("v4-8"))
+    assert checked_mesh(config, process_count=1, devices=devices).size == 4
+    spec = _layer_spec(platform="cpu")
+    layer = TransformerLayer(spec, spec.discriminator)
+    with pytest.raises(ConfigError, match=r"^model.attention='pallas' is a TPU kernel"):
+        layer.init(jax.random.PRNGKey(0), jnp.zeros((1, 128, 128)), jnp.zeros((1, 1, 1, 128)),
+                   deterministic=True)  # fmt: skip
