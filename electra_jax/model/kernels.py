@@ -25,7 +25,8 @@ Backends: every kernel is used on every backend today, and all were measured on 
 compute the same numbers but are not timed yet; the reductions and the erf they avoid are cheap
 there, so a GPU measurement (benchmarks/gpu.sh) may turn one off for that backend, with its
 figure here. `fused_attention_args` is the other attention path: jax's
-fused dot_product_attention ('xla' or cuDNN), chosen with model.attention.
+fused dot_product_attention ('xla' or cuDNN), chosen with model.attention; flash_attention.py
+holds a third, attention_core's function and dropout mask as Pallas TPU kernels ('pallas').
 """
 
 from __future__ import annotations
