@@ -655,6 +655,7 @@ def cases() -> list[Case]:
         # ---- train: settings, each one line before any work
         train_setting("remat choice", "--config.train.remat=some", "train.remat='some'"),
         train_setting("xla attention, dropout", "--config.model.attention=xla", "no dropout"),
+        train_setting("pallas attention on a CPU", "--config.model.attention=pallas", "TPU kernel"),
         Case(
             "cudnn in float32",
             lambda ctx: (

@@ -199,7 +199,7 @@ KEYS = table(
     Key(
         "model.attention_dropout_rate",
         0.1,
-        "dropout on the attention probabilities ('einsum' only)",
+        "dropout on the attention probabilities ('einsum' and 'pallas')",
         rule="[0, 1)",
         float32=(0.0, _DROPOUT_TOP),
         why="the kept probabilities are scaled by 1 / (1 - rate)",
@@ -238,13 +238,14 @@ KEYS = table(
         "model.attention",
         "einsum",
         (
-            "'einsum' (dropout on attention probabilities, as the paper) or "
-            "jax.nn.dot_product_attention kernels 'xla' / 'cudnn' (fused, GPU-fast, need "
-            "attention_dropout_rate = 0)"
+            "'einsum' (dropout on attention probabilities, as the paper), 'pallas' (the same "
+            "function and dropout as a Pallas TPU kernel, FlashAttention's tiling: TPU devices "
+            "only) or jax.nn.dot_product_attention kernels 'xla' / 'cudnn' (fused, GPU-fast, "
+            "need attention_dropout_rate = 0)"
         ),
-        rule=("einsum", "xla", "cudnn"),
+        rule=("einsum", "pallas", "xla", "cudnn"),
         resume=MODEL,
-        cross="'cudnn' needs model.dtype 'bfloat16' and a GPU",
+        cross="'cudnn' needs model.dtype 'bfloat16' and a GPU; 'pallas' TPU devices",
     ),
     Key(
         "model.embedding_sharing",

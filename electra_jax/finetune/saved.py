@@ -62,11 +62,11 @@ def read_json(path: str, what: str) -> dict:
 
 
 def spec_to_json(spec: model_lib.ElectraSpec) -> dict:
-    """The spec as JSON fields (activation_sharding and platform, which describe the devices
-    of one run, are not kept)."""
+    """The spec as JSON fields (activation_sharding, platform and batch_sharding, which describe
+    the devices of one run, are not kept)."""
     out = dataclasses.asdict(spec)
-    out.pop("activation_sharding")
-    out.pop("platform")
+    for devices in ("activation_sharding", "platform", "batch_sharding"):
+        out.pop(devices)
     return out
 
 

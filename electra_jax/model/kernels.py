@@ -25,7 +25,8 @@ Backends: every kernel is used on every backend today, and all were measured on 
 compute the same numbers but are not timed yet; the reductions and the erf they avoid are cheap
 there, so a GPU measurement (benchmarks/gpu.sh) may turn one off for that backend, with its
 figure here. `fused_attention_args` is the other attention path: jax's
-fused dot_product_attention ('xla' or cuDNN), chosen with model.attention.
+fused dot_product_attention ('xla' or cuDNN), chosen with model.attention; flash_attention.py
+holds a third, attention_core's function and dropout mask as Pallas TPU kernels ('pallas').
 """
 
 from __future__ import annotations
@@ -143,26 +144,43 @@ def _mix32(x):
     return x ^ (x >> 16)
 
 
+def index_hash(rows, cols, seed0, seed1):
+    """uint32 words from element indices: a hash of (row, column) keyed by two seed words.
+
+    rows, cols: uint32 arrays of one shape (or broadcastable), the element's row-major index over
+    every axis but the last, and its index along the last; seed0, seed1: uint32 scalars. The one
+    definition of dropout's bits: `dropout_bits` calls it on a whole array, and the Pallas
+    attention kernel (flash_attention.py) on each block from its iotas plus the block's offsets.
+    """
+    return _mix32(_mix32(rows ^ seed0) ^ (cols * jnp.uint32(0x9E3779B9) + seed1))
+
+
 def dropout_bits(key, shape: tuple[int, ...]):
     """Uniform uint32 words for dropout masks: a hash of each element's index, keyed by `key`.
 
     threefry costs ~100 integer ops per word; dropout masks (attention probabilities alone are
     B x heads x L x L per layer) made it ~10% of a CPU step. Masks need independence between
     elements and between keys, not cryptographic strength, so two threefry words from `key` seed
-    a hash of (row, column) instead: ~10 ops per word. The index is global, so the bits, like
-    threefry's, do not depend on how the array is sharded.
+    a hash of (row, column) instead (`index_hash`): ~10 ops per word. The index is global, so the
+    bits, like threefry's, do not depend on how the array is sharded.
     """
     seed = jax.random.bits(key, (2,), jnp.uint32)
     rows = jax.lax.broadcasted_iota(jnp.uint32, shape, 0)
     for axis in range(1, len(shape) - 1):  # row-major index over every axis but the last
         rows = rows * jnp.uint32(shape[axis]) + jax.lax.broadcasted_iota(jnp.uint32, shape, axis)
     cols = jax.lax.broadcasted_iota(jnp.uint32, shape, len(shape) - 1)
-    return _mix32(_mix32(rows ^ seed[0]) ^ (cols * jnp.uint32(0x9E3779B9) + seed[1]))
+    return index_hash(rows, cols, seed[0], seed[1])
+
+
+def dropout_threshold(rate: float) -> int:
+    """A unit is kept iff its `dropout_bits` word is below this: round((1 - rate) 2^32), at most
+    2^32 - 1 (a uint32); the kept units are scaled by 2^32 / threshold."""
+    return min(round((1.0 - rate) * 2**32), 2**32 - 1)
 
 
 def keep_and_scale(key, shape: tuple[int, ...], rate: float, dtype):
     """Inverted dropout's mask and scale: (bool [shape], 1 / keep probability in `dtype`)."""
-    threshold = min(round((1.0 - rate) * 2**32), 2**32 - 1)
+    threshold = dropout_threshold(rate)
     keep = dropout_bits(key, shape) < jnp.uint32(threshold)
     return keep, jnp.asarray(2**32 / threshold, dtype)
 

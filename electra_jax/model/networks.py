@@ -24,6 +24,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from electra_jax.config.schema import ConfigError
 from electra_jax.model import kernels
 
 
@@ -53,8 +54,9 @@ class ElectraSpec:
     layer_norm_eps: float = 1e-12
     dtype: str = "float32"
     remat: str = "none"  # 'none' | 'full' | 'dots': what the backward pass recomputes per layer
-    # 'einsum' (ours, with dropout on the probabilities) or jax.nn.dot_product_attention's
-    # 'xla' / 'cudnn' kernels (fused; they have no dropout on the probabilities).
+    # 'einsum' (ours, with dropout on the probabilities), 'pallas' (the same function as a
+    # Pallas TPU kernel: flash_attention.py) or jax.nn.dot_product_attention's 'xla' / 'cudnn'
+    # kernels (fused; they have no dropout on the probabilities).
     attention: str = "einsum"
     # Where activations live: a jax.sharding.Sharding whose leading axis splits the batch, or
     # None. FSDP runs set it so that the partitioner keeps every [B, ...] activation split over
@@ -64,6 +66,11 @@ class ElectraSpec:
     # jax's default backend at trace time. A dry run compiles for TPU devices on a machine whose
     # default backend is the CPU, so the paths tuned for one backend ask this, not jax.
     platform: str | None = None
+    # The batch's split over the devices (sharding.batch_sharding of the run's mesh), for the
+    # kernels the partitioner cannot split by itself: model.attention='pallas' runs per device
+    # under shard_map over it. None on one device; program.build sets it for 'pallas' runs on
+    # several. Changes no number.
+    batch_sharding: Any = None
     # How the two networks hold embeddings: 'electra' (one shared block), 'gdes' (DeBERTa-v3's
     # gradient-disentangled sharing: the discriminator's tables are stop_gradient(generator's) +
     # its own zero-initialised deltas, so its loss never moves the generator's tables) or 'none'
@@ -238,6 +245,17 @@ def platform(spec: ElectraSpec) -> str:
     return spec.platform or jax.default_backend()
 
 
+def check_attention_platform(attention: str, platform_name: str) -> None:
+    """ConfigError (one line) when model.attention cannot run on the devices of `platform_name`
+    ('cpu', 'gpu', 'tpu'): 'pallas' is a TPU kernel (Mosaic); elsewhere only its interpret mode
+    runs, far too slowly for a step."""
+    if attention == "pallas" and platform_name != "tpu":
+        raise ConfigError(
+            f"model.attention='pallas' is a TPU kernel and this run's devices are "
+            f"{platform_name}; use model.attention='einsum' (the same function) on them"
+        )
+
+
 def _constrain(spec: ElectraSpec, x):
     """Pins an activation [B, ...] to the batch split (a no-op without activation_sharding)."""
     if spec.activation_sharding is None:
@@ -372,10 +390,12 @@ class SelfAttention(nn.Module):
         # split, not indexing: its gradient is one concatenate, where three index gradients are
         # three zero-padded copies added together.
         q, k, v = (t[0] for t in jnp.split(jnp.transpose(qkv, (2, 0, 3, 1, 4)), 3))
-        if s.attention != "einsum":
-            context = self._fused(q, k, v, attention_bias, deterministic)
-        else:
+        if s.attention == "einsum":
             context = self._einsum(q, k, v, attention_bias, deterministic)
+        elif s.attention == "pallas":
+            context = self._pallas(q, k, v, attention_bias, deterministic)
+        else:
+            context = self._fused(q, k, v, attention_bias, deterministic)
         out_kernel = self.param(
             "output_kernel",
             _init(s, ("heads", "kv", "embed")),
@@ -392,12 +412,32 @@ class SelfAttention(nn.Module):
         key = self.make_rng("dropout") if rate else jax.random.key(0)
         return kernels.attention_core(q, k, v, attention_bias, key, rate)
 
+    def _pallas(self, q, k, v, attention_bias, deterministic):
+        """attention_core's function (its dropout mask too) as Pallas TPU kernels that keep the
+        [L, L] scores in VMEM; q, k, v [B, heads, L, head_dim] -> the same, in q's dtype."""
+        if self.spec.platform is not None:
+            # Where the step's devices are known (program.build, the layer benchmark). A
+            # shape-only trace without them (abstract_params, for a dry run's parameter counts
+            # before its mesh exists) compiles nothing and runs on any platform; a run's mesh
+            # of non-TPU devices was refused before either (program.checked_mesh).
+            check_attention_platform(self.spec.attention, self.spec.platform)
+        # Imported here: Pallas loads only in the runs that use it.
+        from electra_jax.model.flash_attention import flash_attention
+
+        rate = 0.0 if deterministic else self.spec.attention_dropout_rate
+        key = self.make_rng("dropout") if rate else jax.random.key(0)
+        return flash_attention(
+            q, k, v, attention_bias, key, rate, batch_sharding=self.spec.batch_sharding
+        )
+
     def _fused(self, q, k, v, attention_bias, deterministic):
         """jax.nn.dot_product_attention ('xla' or 'cudnn') on q, k, v [B, heads, L, head_dim]
         and attention_bias [B, 1, 1, L]; returns [B, heads, L, head_dim] in q's dtype."""
         s = self.spec
         if s.attention not in ("xla", "cudnn"):
-            raise ValueError(f"model.attention={s.attention!r}: use 'einsum', 'xla' or 'cudnn'")
+            raise ValueError(
+                f"model.attention={s.attention!r}: use 'einsum', 'pallas', 'xla' or 'cudnn'"
+            )
         if s.attention_dropout_rate and not deterministic:
             # jax.nn.dot_product_attention has no dropout. cuDNN's kernel has one, reachable only
             # through the private jax._src.cudnn.fused_attention_stablehlo.dot_product_attention

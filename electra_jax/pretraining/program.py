@@ -22,7 +22,13 @@ import numpy as np
 from electra_jax import validate
 from electra_jax.config.schema import ConfigError
 from electra_jax.model import sharding
-from electra_jax.model.networks import Electra, ElectraSpec, abstract_params, spec_from_config
+from electra_jax.model.networks import (
+    Electra,
+    ElectraSpec,
+    abstract_params,
+    check_attention_platform,
+    spec_from_config,
+)
 from electra_jax.model.optim import make_optimizer
 from electra_jax.objectives import registry
 from electra_jax.objectives.core import num_mask_slots
@@ -48,6 +54,8 @@ def build(config: ml_collections.ConfigDict, vocab_size: int, mesh=None):
     )
     if mesh is not None:
         spec = dataclasses.replace(spec, platform=mesh.devices.flat[0].platform)
+    if mesh is not None and mesh.size > 1 and spec.attention == "pallas":
+        spec = dataclasses.replace(spec, batch_sharding=sharding.batch_sharding(mesh))
     if mesh is not None and mesh.shape["fsdp"] > 1:
         spec = dataclasses.replace(spec, activation_sharding=sharding.batch_sharding(mesh))
     model = Electra(spec)
@@ -188,11 +196,15 @@ def init_on_mesh(setup: StepSetup):
 
 def checked_mesh(config: ml_collections.ConfigDict, process_count: int, devices=None):
     """The run's mesh over all devices (or `devices`: a slice's compile-only ones, from
-    topology.py); ConfigError when it or the batch does not fit them."""
+    topology.py); ConfigError when it or the batch does not fit them, or model.attention cannot
+    run on them."""
     try:
         mesh = sharding.make_mesh(config.mesh, devices)
     except ValueError as e:
         raise ConfigError(f"{e}; choose a mesh.fsdp that divides it") from e
+    # Here, where the devices are first known (before the data is prepared), as well as where
+    # the layer is traced (SelfAttention._pallas), which also covers callers without a mesh.
+    check_attention_platform(config.model.attention, mesh.devices.flat[0].platform)
     validate.check_batch(
         config.train.batch_size,
         sharding.data_parallel_size(mesh),

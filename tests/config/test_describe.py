@@ -94,11 +94,17 @@ def test_print_config_shows_the_overrides_and_needs_no_workdir(module, config, k
     assert any(line.startswith(f"{key} = 7") for line in out.stdout.splitlines())
 
 
+# Keys whose docs were rewritten on purpose after 2e04d7e, when what they describe changed
+# (their key and value lines are still checked): model.attention gained the choice 'pallas'.
+REWRITTEN_DOCS = {"model.attention"}
+
+
 @pytest.mark.parametrize("name", ["tiny", "small", "base", "large", "gpu_quality", "glue", "squad"])
 def test_the_schema_kept_every_key_value_and_doc_print_config_had_before_it(name):
     """tests/data/print_config/2e04d7e/NAME.txt is `--print_config` at 2e04d7e, when the docs were
     configs/*.py's comments: the same lines in the same order now, each with the doc it had; a
-    key that had none may have gained one (and SQuAD's joint_prediction its whole sentence)."""
+    key that had none may have gained one (and SQuAD's joint_prediction its whole sentence), and
+    the keys of REWRITTEN_DOCS another."""
     folder = ROOT / "tests" / "data" / "print_config"
     before = (folder / "2e04d7e" / f"{name}.txt").read_text().splitlines()
     now = (folder / f"{name}.txt").read_text().splitlines()
@@ -108,4 +114,5 @@ def test_the_schema_kept_every_key_value_and_doc_print_config_had_before_it(name
         new_line, _, new_doc = new.partition("  # ")
         assert new_line == old_line
         grew = old_doc.endswith(":") and new_doc.startswith(old_doc)
-        assert new_doc == old_doc or not old_doc or grew, (old, new)
+        rewritten = new_line.split(" = ")[0] in REWRITTEN_DOCS
+        assert new_doc == old_doc or not old_doc or grew or rewritten, (old, new)
