@@ -281,3 +281,48 @@ def test_embedding_sharing_modes_and_their_gradients():
     assert not {"embeddings_delta", "generator_embeddings", "mlm_lm_head_bias"} & set(
         params["electra"]
     )
+
+
+def _layer_value_and_grads(spec, x, bias, weights):
+    """A TransformerLayer of `spec` with dropout: its output and the gradients of sum(out * weights)
+    for its parameters and its input x (float32 params from PRNGKey(0))."""
+    e = spec.discriminator
+    layer = model_lib.TransformerLayer(spec, e)
+    params = layer.init({"params": jax.random.PRNGKey(0)}, x, bias, True)
+
+    def loss(p, x):
+        out = layer.apply(p, x, bias, False, rngs={"dropout": jax.random.PRNGKey(2)})
+        return jnp.sum(out.astype(jnp.float32) * weights), out
+
+    (_, out), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))(params, x)
+    return out, grads
+
+
+def _layer_spec(dtype="float32", platform=None):
+    e = model_lib.EncoderSpec(hidden_size=64, num_layers=1, num_heads=2, intermediate_size=128)
+    return model_lib.ElectraSpec(
+        vocab_size=100, embedding_size=64, max_position_embeddings=32, type_vocab_size=2,
+        discriminator=e, generator=e, dtype=dtype, platform=platform,
+    )  # fmt: skip
+
+
+def _layer_inputs(dtype="float32"):
+    keys = jax.random.split(jax.random.PRNGKey(3), 2)
+    x = jax.random.normal(keys[0], (2, 16, 64)).astype(dtype)
+    bias = jnp.where(jnp.arange(16) < 12, 0.0, -1e9)[None, None, None, :].repeat(2, axis=0)
+    return x, bias, jax.random.normal(keys[1], (2, 16, 64))
+
+
+def test_tpu_projections_compute_the_flat_ones_function():
+    """On TPU q, k, v and the output are projected by einsums into and out of the heads-first
+    layout, pinned to the layout the attention core reads (SelfAttention); on a CPU that
+    compiles the same program (spec.platform='tpu'), the layer's output and gradients are the
+    flat path's, to float32 rounding, from the same parameters."""
+    x, bias, weights = _layer_inputs()
+    flat, flat_grads = _layer_value_and_grads(_layer_spec(), x, bias, weights)
+    tpu, tpu_grads = _layer_value_and_grads(_layer_spec(platform="tpu"), x, bias, weights)
+    np.testing.assert_allclose(tpu, flat, atol=2e-6)
+    leaves = zip(jax.tree.leaves(tpu_grads), jax.tree.leaves(flat_grads), strict=True)
+    for a, b in leaves:
+        assert a.shape == b.shape
+        np.testing.assert_allclose(a, b, atol=5e-5 * float(jnp.max(jnp.abs(b))))
