@@ -1,3 +1,4 @@
+import dataclasses
 import functools
 
 import jax
@@ -326,3 +327,40 @@ def test_tpu_projections_compute_the_flat_ones_function():
     for a, b in leaves:
         assert a.shape == b.shape
         np.testing.assert_allclose(a, b, atol=5e-5 * float(jnp.max(jnp.abs(b))))
+
+
+def test_bfloat16_layers_keep_no_float32_activations():
+    """In bfloat16, what the scanned layers keep for their backward pass (the stacked residuals
+    of every layer) holds no float32 array of a token's width or more: probabilities, layer
+    norm inputs and activations are bfloat16, only per-row statistics float32. And the layer's
+    output and gradients are the float32 layer's within bfloat16's rounding."""
+    spec = dataclasses.replace(_layer_spec("bfloat16"), scan_layers=True)
+    encoder = model_lib.Encoder(spec, dataclasses.replace(spec.discriminator, num_layers=2))
+    x, _, weights = _layer_inputs("bfloat16")
+    mask = jnp.ones(x.shape[:2], jnp.int32)
+    params = jax.eval_shape(lambda: encoder.init({"params": jax.random.PRNGKey(0)}, x, mask, True))
+
+    def kept(spec, x):
+        apply = lambda p, x: model_lib.Encoder(spec, encoder.encoder).apply(
+            p, x, mask, False, rngs={"dropout": jax.random.PRNGKey(2)}
+        )
+        # The pullback's leaves are the residuals; traced for their shapes only (no FLOPs).
+        residuals = jax.eval_shape(lambda p, x: jax.tree.leaves(jax.vjp(apply, p, x)[1]), params, x)
+        return {(a.dtype.name, a.size) for a in residuals if a.ndim > 1}
+
+    width = x.shape[0] * x.shape[1] * x.shape[2]  # B * L * H of one layer
+    wide = lambda found, dtype: [s for d, s in found if d == dtype and s >= width]
+    assert not wide(kept(spec, x), "float32")
+    # The same check finds them where they are: float32 keeps float32 activations.
+    assert wide(kept(dataclasses.replace(spec, dtype="float32"), x.astype(jnp.float32)), "float32")
+
+    x, bias, weights = _layer_inputs()
+    out, grads = _layer_value_and_grads(_layer_spec("bfloat16"), x.astype(jnp.bfloat16), bias,
+                                        weights)  # fmt: skip
+    out_ref, grads_ref = _layer_value_and_grads(_layer_spec(), x, bias, weights)
+    assert out.dtype == jnp.bfloat16 and grads[1].dtype == jnp.bfloat16
+    np.testing.assert_allclose(out.astype(jnp.float32), out_ref, atol=0.05)
+    leaves = zip(jax.tree.leaves(grads), jax.tree.leaves(grads_ref), strict=True)
+    for a, b in leaves:
+        scale = float(jnp.max(jnp.abs(b)))
+        np.testing.assert_allclose(a.astype(jnp.float32), b, atol=0.05 * scale, rtol=0)
