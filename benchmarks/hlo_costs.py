@@ -28,9 +28,11 @@ from benchmarks import _cli  # noqa: E402
 
 # Parts of the model: (what an instruction's op_name holds, the part's name), looked for in
 # this order. attention._einsum is kernels.attention_core (scores, softmax, dropout, context);
-# attention alone, the q/k/v and output projections and the moves of heads between them.
+# attention/ alone, the q/k/v and output projections and the moves of heads between them (with
+# the slash: attention_LayerNorm is the layer norm's, attention_dropout no part's);
+# attention._pallas is the Pallas kernels' (flash_attention), the same function as _einsum's.
 PARTS = (("attention._einsum", "attention_core"), ("attention._pallas", "attention_core"),
-         ("attention", "attention_projections"),
+         ("attention/", "attention_projections"),
          ("intermediate", "ffn"), ("output_LayerNorm", "layer_norm"), ("/output/", "ffn"),
          ("attention_LayerNorm", "layer_norm"), ("_generator_head", "mlm_head"),
          ("_replaced_logits", "rtd_head"), ("embeddings", "embeddings"))  # fmt: skip
@@ -125,11 +127,15 @@ def layer_compiled(config, topology_name: str, batch_per_device: int):
         return jnp.sum(y.astype(jnp.float32) ** 2)
 
     on = jax.sharding.SingleDeviceSharding(device)
+    # The layer's input in the compute dtype, as the Encoder hands it one (the embeddings and
+    # every layer end in a cast to model.dtype): a float32 input would make the bfloat16 layer
+    # convert it, add its residual and return its gradient in float32, which no model layer does.
     abstract = jax.tree_util.tree_map(
         lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=on),
         (
             params,
-            *(jax.ShapeDtypeStruct(s, jnp.float32) for s in (shape, bias)),
+            jax.ShapeDtypeStruct(shape, jnp.dtype(spec.dtype)),
+            jax.ShapeDtypeStruct(bias, jnp.float32),
             jax.ShapeDtypeStruct((2,), jnp.uint32),
         ),  # fmt: skip
     )

@@ -270,6 +270,9 @@ def test_hlo_costs_reads_the_tpu_compilers_estimates_and_bytes():
     assert {p["part"]: p["flops"] for p in parts}["ffn/forward"] == 2 * 256 * 256 * 512
     name = "jit(s)/transpose(jvp(Electra.generator_logits))/generator/layer_0/attention/dot_general"
     assert hlo_costs.part(name) == "generator/attention_projections/backward"
+    # The layer norm after attention is the layer norm's, not the projections'.
+    name = name.replace("/attention/dot_general", "/attention_LayerNorm/reduce_sum")
+    assert hlo_costs.part(name) == "generator/layer_norm/backward"
 
 
 def test_compile_table_again_replaces_a_row_in_its_place(tmp_path, monkeypatch):

@@ -87,6 +87,44 @@ def _scale_shift_bwd(residuals, g):
 scale_shift.defvjp(_scale_shift_fwd, _scale_shift_bwd)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def layer_norm(x, scale, bias, epsilon: float):
+    """LayerNorm with float32 statistics: x [..., N] in any float dtype, scale and bias [N]
+    float32 -> float32 [..., N] (the caller casts it to its compute dtype).
+
+    Differentiated by hand for 16-bit compute dtypes: the backward pass keeps x in its own dtype
+    and the float32 mean and reciprocal deviation [..., 1], and recomputes the normalized x from
+    them. Autodiff of the same formula keeps x - mean and the normalized x in float32, two
+    [..., N] float32 arrays where this keeps one bfloat16 one: under the layers' scan, whose
+    residuals XLA cannot recompute, 8 bytes a value against 2. Scale and bias gradients are
+    `column_sums`, as `scale_shift`'s.
+    """
+    return _layer_norm_fwd(x, scale, bias, epsilon)[0]
+
+
+def _layer_norm_fwd(x, scale, bias, epsilon):
+    x32 = x.astype(jnp.float32)
+    mean = jnp.mean(x32, axis=-1, keepdims=True)
+    centered = x32 - mean
+    rstd = jax.lax.rsqrt(jnp.mean(centered * centered, axis=-1, keepdims=True) + epsilon)
+    return centered * rstd * scale + bias, (x, mean, rstd, scale)
+
+
+def _layer_norm_bwd(epsilon, residuals, g):
+    x, mean, rstd, scale = residuals
+    g = g.astype(jnp.float32)
+    y = (x.astype(jnp.float32) - mean) * rstd
+    gy = g * scale
+    # d/dx of (x - mean) * rstd, applied to gy: rstd (gy - mean(gy) - y mean(gy y)).
+    dx = rstd * (
+        gy - jnp.mean(gy, axis=-1, keepdims=True) - y * jnp.mean(gy * y, axis=-1, keepdims=True)
+    )
+    return dx.astype(x.dtype), column_sums(g * y), column_sums(g)
+
+
+layer_norm.defvjp(_layer_norm_fwd, _layer_norm_bwd)
+
+
 _SQRT_HALF = np.float32(1.0 / np.sqrt(2.0))
 _INV_SQRT_2PI = np.float32(1.0 / np.sqrt(2.0 * np.pi))
 
@@ -190,7 +228,8 @@ def attention_core(q, k, v, bias, key, rate: float):
     """softmax(q k^T / sqrt(d) + bias), dropped out at `rate` with `key`, times v.
 
     q, k, v: [B, heads, L, d]; bias: [B, 1, 1, L] float32; key: a PRNG key (unused at rate 0).
-    Returns [B, heads, L, d] in q's dtype; scores and softmax are float32.
+    Returns [B, heads, L, d] in q's dtype; scores, the softmax's statistics and the gradient's
+    arithmetic are float32, the probabilities it keeps are rounded to q's dtype.
 
     Differentiated by hand: the backward pass keeps q, k, v, the probabilities and the output,
     and recomputes the dropout mask from its hash (`dropout_bits`) rather than holding the
@@ -214,14 +253,19 @@ def _dropped(probs, key, rate: float):
 def _attention_fwd(q, k, v, bias, key, rate):
     scale = np.float32(1.0 / np.sqrt(q.shape[-1]))
     scores = jnp.einsum("bhqd,bhkd->bhqk", q, k, preferred_element_type=jnp.float32)
-    probs = jax.nn.softmax(scores * scale + bias, axis=-1)
-    dropped, _ = _dropped(probs, key, rate)
+    # The softmax's max and sum in float32; the probabilities are kept in q's dtype, the one
+    # the context's matmul reads them in: in bfloat16 that halves the [B, heads, L, L] array
+    # written here and read three times (the context; d_scores and dv in the backward). The
+    # dropout's scale is applied in float32 to the rounded probabilities, here as there.
+    probs = jax.nn.softmax(scores * scale + bias, axis=-1).astype(q.dtype)
+    dropped, _ = _dropped(probs.astype(jnp.float32), key, rate)
     context = jnp.einsum("bhqk,bhkd->bhqd", dropped.astype(q.dtype), v)
     return context, (q, k, v, probs, context, key)
 
 
 def _attention_bwd(rate, residuals, g):
     q, k, v, probs, context, key = residuals
+    probs = probs.astype(jnp.float32)
     scale = np.float32(1.0 / np.sqrt(q.shape[-1]))
     d_dropped = jnp.einsum("bhqd,bhkd->bhqk", g, v, preferred_element_type=jnp.float32)
     # The recomputed dropout waits for the cotangent (see _gelu_dense_bwd): g's first column

@@ -23,6 +23,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.experimental.layout import Layout, with_layout_constraint
 
 from electra_jax.config.schema import ConfigError
 from electra_jax.model import kernels
@@ -218,7 +219,8 @@ def _dense(
 class _LayerNorm(nn.Module):
     """nn.LayerNorm's parameters ('scale', 'bias' [N]) and numbers (statistics in float32),
     with scale and bias gradients as matmuls rather than column reductions
-    (`kernels.scale_shift`)."""
+    (`kernels.scale_shift`). In a 16-bit compute dtype, `kernels.layer_norm`, whose backward
+    keeps the input in that dtype rather than two float32 copies of it."""
 
     epsilon: float
     dtype: jnp.dtype
@@ -228,6 +230,8 @@ class _LayerNorm(nn.Module):
         width = x.shape[-1]
         scale = self.param("scale", nn.initializers.ones_init(), (width,))
         bias = self.param("bias", nn.initializers.zeros_init(), (width,))
+        if self.dtype != jnp.float32:
+            return kernels.layer_norm(x, scale, bias, self.epsilon).astype(self.dtype)
         x = x.astype(jnp.float32)
         centered = x - jnp.mean(x, axis=-1, keepdims=True)
         variance = jnp.mean(centered * centered, axis=-1, keepdims=True)
@@ -353,16 +357,91 @@ class Dropout(nn.Module):
     def __call__(self, x, deterministic: bool):
         if deterministic or self.rate == 0.0:
             return x
-        keep, scale = kernels.keep_and_scale(self.make_rng("dropout"), x.shape, self.rate, x.dtype)
-        return jnp.where(keep, x * scale, jnp.zeros((), x.dtype))
+        # The scale in float32: 1 / 0.9 rounded to bfloat16 is 1.109375, which would shrink
+        # every kept activation by 0.16%; in float32 each is rounded once, without a bias.
+        keep, scale = kernels.keep_and_scale(
+            self.make_rng("dropout"), x.shape, self.rate, jnp.float32
+        )
+        return jnp.where(keep, (x * scale).astype(x.dtype), jnp.zeros((), x.dtype))
+
+
+class _flat_projections:  # noqa: N801 (a namespace of two functions)
+    """q, k, v and the output projection as 2-D matmuls over [B * L, H] (see _TokenDense): the
+    CPU's (and GPU's) path. Heads move between layouts with transposes."""
+
+    @staticmethod
+    def qkv(x, kernel, bias, dtype):
+        """x [B, L, H], kernel [H, 3, heads, d], bias [3, heads, d] -> q, k, v [B, heads, L, d]."""
+        b, length, width = x.shape
+        _, _, heads, head_dim = kernel.shape
+        # One [B * L, H] x [H, 3 * H] matmul, then the heads-first layout.
+        qkv = x.reshape(b * length, width).astype(dtype) @ kernel.reshape(width, -1).astype(dtype)
+        qkv = kernels.add_bias(qkv, bias.reshape(-1).astype(dtype))
+        qkv = qkv.reshape(b, length, 3, heads, head_dim)
+        # split, not indexing: its gradient is one concatenate, where three index gradients are
+        # three zero-padded copies added together.
+        return tuple(t[0] for t in jnp.split(jnp.transpose(qkv, (2, 0, 3, 1, 4)), 3))
+
+    @staticmethod
+    def output(context, kernel, bias):
+        """context [B, heads, L, d], kernel [heads, d, H], bias [H] -> [B, L, H]."""
+        b, heads, length, head_dim = context.shape
+        dtype = context.dtype
+        context = jnp.transpose(context, (0, 2, 1, 3)).reshape(b * length, heads * head_dim)
+        out = context @ kernel.reshape(heads * head_dim, -1).astype(dtype)
+        return kernels.add_bias(out, bias.astype(dtype)).reshape(b, length, -1)
+
+
+class _tpu_projections:  # noqa: N801 (a namespace of two functions)
+    """q, k, v and the output projection as einsums between [B, L, H] and [B, heads, L, d],
+    with no transpose or reshape between them: the TPU's path.
+
+    The flat path's [B * L, 3H] result went heads-first through three relayout copies of the
+    whole q/k/v array (0.97M estimated cycles of a base layer's 12.5M, bfloat16, 32 x 512 on
+    v4) and the context back through two more (0.27M); here each einsum's dot writes its result
+    in the layout its reader takes (benchmarks/notes/compile.md, "Projections without copies").
+    Three q, k, v einsums rather than one into [3, B, heads, L, d]: the one's result was split
+    by a copy, and its bias gradient summed by a separate pass (0.26M cycles), where each of the
+    three's is summed inside the attention core's gradient fusions.
+    """
+
+    @staticmethod
+    def qkv(x, kernel, bias, dtype):
+        """x [B, L, H], kernel [H, 3, heads, d], bias [3, heads, d] -> q, k, v [B, heads, L, d]."""
+        x = x.astype(dtype)
+        kernels_ = jnp.split(kernel.astype(dtype), 3, axis=1)  # [H, 1, heads, d] each
+        biases = jnp.split(bias.astype(dtype), 3)  # [1, heads, d] each
+        return tuple(
+            jnp.einsum("blx,xhd->bhld", x, w[:, 0]) + c[0][None, :, None, :]
+            for w, c in zip(kernels_, biases, strict=True)
+        )
+
+    @staticmethod
+    def output(context, kernel, bias):
+        """context [B, heads, L, d], kernel [heads, d, H], bias [H] -> [B, L, H]."""
+        dtype = context.dtype
+        return jnp.einsum("bhld,hdx->blx", context, kernel.astype(dtype)) + bias.astype(dtype)
+
+
+def _positions_minor(t):
+    """t [B, heads, L, d] laid out in memory as [B, heads, d, L] (positions in the minor dim),
+    the layout the attention core's fusions read on TPU (head_dim 64 would fill half of a
+    tile's 128 lanes). Left to itself the compiler writes the einsums' results [heads, B, d, L]
+    and then no longer fuses the softmax into the scores' matmul (1.3M estimated cycles more
+    for a base layer); pinned, they are written where the core reads them. Changes no number."""
+    return with_layout_constraint(t, Layout((0, 1, 3, 2)))
 
 
 class SelfAttention(nn.Module):
     """Multi-head self-attention; scores and softmax in float32.
 
     Heads lead the layout ([B, heads, L, head_dim]) so every contraction is a batched matmul with
-    batch dimensions first, which XLA lowers without transposes; q, k and v come from one fused
-    [H, 3, heads, head_dim] projection, one large matmul instead of three small ones.
+    batch dimensions first. How q, k, v and the output are projected depends on the platform
+    (`platform(spec)`): on TPU with the einsum core, one einsum per tensor straight between
+    x [B, L, H] and the heads-first layout (`_tpu_projections`); elsewhere, and for the Pallas
+    kernels, one fused [B * L, H] x [H, 3 * H] matmul and a transpose (`_flat_projections`).
+    Both compute the same function of the same parameters (qkv_kernel [H, 3, heads, head_dim],
+    output_kernel [heads, head_dim, H]).
     """
 
     spec: ElectraSpec
@@ -371,7 +450,6 @@ class SelfAttention(nn.Module):
     @nn.compact
     def __call__(self, x, attention_bias, deterministic: bool):
         s, e = self.spec, self.encoder
-        dtype = jnp.dtype(s.dtype)
         heads, head_dim = e.num_heads, e.hidden_size // e.num_heads
         qkv_kernel = self.param(
             "qkv_kernel",
@@ -380,22 +458,6 @@ class SelfAttention(nn.Module):
             jnp.float32,
         )
         qkv_bias = self.param("qkv_bias", nn.initializers.zeros, (3, heads, head_dim), jnp.float32)
-        b, length, width = x.shape
-        # One [B * L, H] x [H, 3 * H] matmul (see _TokenDense), then the heads-first layout.
-        qkv = x.reshape(b * length, width).astype(dtype) @ qkv_kernel.reshape(width, -1).astype(
-            dtype
-        )
-        qkv = kernels.add_bias(qkv, qkv_bias.reshape(-1).astype(dtype))
-        qkv = qkv.reshape(b, length, 3, heads, head_dim)
-        # split, not indexing: its gradient is one concatenate, where three index gradients are
-        # three zero-padded copies added together.
-        q, k, v = (t[0] for t in jnp.split(jnp.transpose(qkv, (2, 0, 3, 1, 4)), 3))
-        if s.attention == "einsum":
-            context = self._einsum(q, k, v, attention_bias, deterministic)
-        elif s.attention == "pallas":
-            context = self._pallas(q, k, v, attention_bias, deterministic)
-        else:
-            context = self._fused(q, k, v, attention_bias, deterministic)
         out_kernel = self.param(
             "output_kernel",
             _init(s, ("heads", "kv", "embed")),
@@ -403,9 +465,22 @@ class SelfAttention(nn.Module):
             jnp.float32,
         )
         out_bias = self.param("output_bias", nn.initializers.zeros, (e.hidden_size,), jnp.float32)
-        context = jnp.transpose(context, (0, 2, 1, 3)).reshape(b * length, heads * head_dim)
-        out = context @ out_kernel.reshape(heads * head_dim, -1).astype(dtype)
-        return kernels.add_bias(out, out_bias.astype(dtype)).reshape(b, length, -1)
+        tpu = platform(s) == "tpu"
+        # The Pallas kernels read and write the flat projection's own token-major layout
+        # (flash_attention: its moves to and from heads-first cancel against the flat ones'),
+        # so they keep the flat projections on TPU too.
+        flat = not tpu or s.attention == "pallas"
+        projections = _flat_projections if flat else _tpu_projections
+        q, k, v = projections.qkv(x, qkv_kernel, qkv_bias, jnp.dtype(s.dtype))
+        if s.attention == "einsum":
+            if tpu:
+                q, k, v = (_positions_minor(t) for t in (q, k, v))
+            context = self._einsum(q, k, v, attention_bias, deterministic)
+        elif s.attention == "pallas":
+            context = self._pallas(q, k, v, attention_bias, deterministic)
+        else:
+            context = self._fused(q, k, v, attention_bias, deterministic)
+        return projections.output(context, out_kernel, out_bias)
 
     def _einsum(self, q, k, v, attention_bias, deterministic):
         rate = 0.0 if deterministic else self.spec.attention_dropout_rate

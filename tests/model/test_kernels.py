@@ -95,6 +95,78 @@ def test_gelu_dense_matches_autodiff():
             )
 
 
+def test_layer_norm_matches_autodiff_and_keeps_its_input_in_bfloat16():
+    """layer_norm's hand-written backward equals autodiff of the float32 formula; from a
+    bfloat16 input, its gradient is bfloat16 within bfloat16's rounding of the float32 one, and
+    what the backward keeps is that input and two float32 statistics per row."""
+    keys = jax.random.split(jax.random.PRNGKey(7), 4)
+    x = jax.random.normal(keys[0], (3, 5, 8)) * 3.0 + 1.0
+    scale = jax.random.normal(keys[1], (8,))
+    bias = jax.random.normal(keys[2], (8,))
+    weights = jax.random.normal(keys[3], (3, 5, 8))
+
+    def plain(x, s, b):
+        x = x.astype(jnp.float32)
+        centered = x - jnp.mean(x, axis=-1, keepdims=True)
+        variance = jnp.mean(centered * centered, axis=-1, keepdims=True)
+        return centered * jax.lax.rsqrt(variance + 1e-12) * s + b
+
+    ours = lambda x, s, b: kernels.layer_norm(x, s, b, 1e-12)
+    _grads_match(ours, plain, (x, scale, bias), weights, 1e-5)
+    low = x.astype(jnp.bfloat16)
+    loss = lambda f: lambda *a: jnp.sum(f(*a).astype(jnp.bfloat16).astype(jnp.float32) * weights)
+    grads = jax.grad(loss(ours), argnums=(0, 1, 2))(low, scale, bias)
+    grads_ref = jax.grad(loss(plain), argnums=(0, 1, 2))(low.astype(jnp.float32), scale, bias)
+    assert [g.dtype for g in grads] == [jnp.bfloat16, jnp.float32, jnp.float32]
+    for a, b in zip(grads, grads_ref, strict=True):
+        scale_of = float(jnp.max(jnp.abs(b)))
+        np.testing.assert_allclose(a.astype(jnp.float32), b, atol=2e-2 * scale_of, rtol=0)
+    _, pullback = jax.vjp(ours, low, scale, bias)
+    kept = {(a.dtype.name, a.shape) for a in jax.tree.leaves(pullback)}
+    assert kept == {("bfloat16", (3, 5, 8)), ("float32", (3, 5, 1)), ("float32", (8,))}, kept
+
+
+def test_bfloat16_attention_keeps_bfloat16_probabilities():
+    """In bfloat16 the attention core keeps the probabilities in bfloat16 (float32 softmax
+    statistics; half the [B, heads, L, L] bytes), and its values and gradients stay within
+    bfloat16's rounding of the float32 core's on the same inputs."""
+    keys = jax.random.split(jax.random.PRNGKey(8), 5)
+    q, k, v, g = (jax.random.normal(kk, (2, 3, 16, 8)) for kk in keys[:4])
+    bias = jnp.where(jnp.arange(16) < 12, 0.0, -1e9)[None, None, None, :].repeat(2, axis=0)
+
+    def run(dtype):
+        args = tuple(t.astype(dtype) for t in (q, k, v))
+        f = lambda *a: kernels.attention_core(*a, bias, keys[4], 0.1)
+        out, pullback = jax.vjp(f, *args)
+        return out, pullback(g.astype(dtype)), pullback
+
+    out, grads, pullback = run(jnp.bfloat16)
+    out_ref, grads_ref, pullback_ref = run(jnp.float32)
+    square = {a.dtype.name for a in jax.tree.leaves(pullback) if a.shape == (2, 3, 16, 16)}
+    assert square == {"bfloat16"}, square
+    square = {a.dtype.name for a in jax.tree.leaves(pullback_ref) if a.shape == (2, 3, 16, 16)}
+    assert square == {"float32"}, square
+    for a, b in zip((out, *grads), (out_ref, *grads_ref), strict=True):
+        assert a.dtype == jnp.bfloat16
+        np.testing.assert_allclose(
+            a.astype(jnp.float32), b, atol=3e-2 * float(jnp.max(jnp.abs(b))), rtol=0
+        )
+
+
+def test_bfloat16_dropout_scales_in_float32():
+    """Kept bfloat16 activations are x / 0.9 rounded once, not x times 1/0.9 rounded to
+    bfloat16 (1.109375: every kept value 0.16% small)."""
+    x = (jax.random.uniform(jax.random.PRNGKey(4), (64, 256)) + 1.0).astype(jnp.bfloat16)
+    out = Dropout(0.1).apply({}, x, False, rngs={"dropout": jax.random.PRNGKey(5)})
+    assert out.dtype == jnp.bfloat16
+    kept = np.asarray(out.astype(jnp.float32))
+    x32 = np.asarray(x.astype(jnp.float32))
+    scale = kernels.keep_and_scale(jax.random.PRNGKey(0), (1,), 0.1, jnp.float32)[1]
+    expected = np.asarray((x32 * scale).astype(jnp.bfloat16).astype(jnp.float32))
+    np.testing.assert_array_equal(kept[kept != 0], expected[kept != 0])
+    assert abs(float(np.mean(kept[kept != 0] / x32[kept != 0])) - 1 / 0.9) < 2e-4
+
+
 @pytest.mark.parametrize("rate", [0.0, 0.25])
 def test_attention_core_matches_autodiff(rate):
     """attention_core (mask recomputed from its hash in the backward pass) equals autodiff of

@@ -1,3 +1,4 @@
+import dataclasses
 import functools
 
 import jax
@@ -281,3 +282,85 @@ def test_embedding_sharing_modes_and_their_gradients():
     assert not {"embeddings_delta", "generator_embeddings", "mlm_lm_head_bias"} & set(
         params["electra"]
     )
+
+
+def _layer_value_and_grads(spec, x, bias, weights):
+    """A TransformerLayer of `spec` with dropout: its output and the gradients of sum(out * weights)
+    for its parameters and its input x (float32 params from PRNGKey(0))."""
+    e = spec.discriminator
+    layer = model_lib.TransformerLayer(spec, e)
+    params = layer.init({"params": jax.random.PRNGKey(0)}, x, bias, True)
+
+    def loss(p, x):
+        out = layer.apply(p, x, bias, False, rngs={"dropout": jax.random.PRNGKey(2)})
+        return jnp.sum(out.astype(jnp.float32) * weights), out
+
+    (_, out), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))(params, x)
+    return out, grads
+
+
+def _layer_spec(dtype="float32", platform=None):
+    e = model_lib.EncoderSpec(hidden_size=64, num_layers=1, num_heads=2, intermediate_size=128)
+    return model_lib.ElectraSpec(
+        vocab_size=100, embedding_size=64, max_position_embeddings=32, type_vocab_size=2,
+        discriminator=e, generator=e, dtype=dtype, platform=platform,
+    )  # fmt: skip
+
+
+def _layer_inputs(dtype="float32"):
+    keys = jax.random.split(jax.random.PRNGKey(3), 2)
+    x = jax.random.normal(keys[0], (2, 16, 64)).astype(dtype)
+    bias = jnp.where(jnp.arange(16) < 12, 0.0, -1e9)[None, None, None, :].repeat(2, axis=0)
+    return x, bias, jax.random.normal(keys[1], (2, 16, 64))
+
+
+def test_tpu_projections_compute_the_flat_ones_function():
+    """On TPU q, k, v and the output are projected by einsums into and out of the heads-first
+    layout, pinned to the layout the attention core reads (SelfAttention); on a CPU that
+    compiles the same program (spec.platform='tpu'), the layer's output and gradients are the
+    flat path's, to float32 rounding, from the same parameters."""
+    x, bias, weights = _layer_inputs()
+    flat, flat_grads = _layer_value_and_grads(_layer_spec(), x, bias, weights)
+    tpu, tpu_grads = _layer_value_and_grads(_layer_spec(platform="tpu"), x, bias, weights)
+    np.testing.assert_allclose(tpu, flat, atol=2e-6)
+    leaves = zip(jax.tree.leaves(tpu_grads), jax.tree.leaves(flat_grads), strict=True)
+    for a, b in leaves:
+        assert a.shape == b.shape
+        np.testing.assert_allclose(a, b, atol=5e-5 * float(jnp.max(jnp.abs(b))))
+
+
+def test_bfloat16_layers_keep_no_float32_activations():
+    """In bfloat16, what the scanned layers keep for their backward pass (the stacked residuals
+    of every layer) holds no float32 array of a token's width or more: probabilities, layer
+    norm inputs and activations are bfloat16, only per-row statistics float32. And the layer's
+    output and gradients are the float32 layer's within bfloat16's rounding."""
+    spec = dataclasses.replace(_layer_spec("bfloat16"), scan_layers=True)
+    encoder = model_lib.Encoder(spec, dataclasses.replace(spec.discriminator, num_layers=2))
+    x, _, weights = _layer_inputs("bfloat16")
+    mask = jnp.ones(x.shape[:2], jnp.int32)
+    params = jax.eval_shape(lambda: encoder.init({"params": jax.random.PRNGKey(0)}, x, mask, True))
+
+    def kept(spec, x):
+        apply = lambda p, x: model_lib.Encoder(spec, encoder.encoder).apply(
+            p, x, mask, False, rngs={"dropout": jax.random.PRNGKey(2)}
+        )
+        # The pullback's leaves are the residuals; traced for their shapes only (no FLOPs).
+        residuals = jax.eval_shape(lambda p, x: jax.tree.leaves(jax.vjp(apply, p, x)[1]), params, x)
+        return {(a.dtype.name, a.size) for a in residuals if a.ndim > 1}
+
+    width = x.shape[0] * x.shape[1] * x.shape[2]  # B * L * H of one layer
+    wide = lambda found, dtype: [s for d, s in found if d == dtype and s >= width]
+    assert not wide(kept(spec, x), "float32")
+    # The same check finds them where they are: float32 keeps float32 activations.
+    assert wide(kept(dataclasses.replace(spec, dtype="float32"), x.astype(jnp.float32)), "float32")
+
+    x, bias, weights = _layer_inputs()
+    out, grads = _layer_value_and_grads(_layer_spec("bfloat16"), x.astype(jnp.bfloat16), bias,
+                                        weights)  # fmt: skip
+    out_ref, grads_ref = _layer_value_and_grads(_layer_spec(), x, bias, weights)
+    assert out.dtype == jnp.bfloat16 and grads[1].dtype == jnp.bfloat16
+    np.testing.assert_allclose(out.astype(jnp.float32), out_ref, atol=0.05)
+    leaves = zip(jax.tree.leaves(grads), jax.tree.leaves(grads_ref), strict=True)
+    for a, b in leaves:
+        scale = float(jnp.max(jnp.abs(b)))
+        np.testing.assert_allclose(a.astype(jnp.float32), b, atol=0.05 * scale, rtol=0)
