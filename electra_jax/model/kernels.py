@@ -36,6 +36,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.ad_checkpoint import checkpoint_name
+
+# The name of attention_core's probabilities [B, heads, L, L], a residual of its backward pass.
+ATTENTION_PROBS = "attention_probs"
 
 
 def column_sums(x):
@@ -196,7 +200,8 @@ def _dropped(probs, key, rate: float):
 def _attention_fwd(q, k, v, bias, key, rate):
     scale = np.float32(1.0 / np.sqrt(q.shape[-1]))
     scores = jnp.einsum("bhqd,bhkd->bhqk", q, k, preferred_element_type=jnp.float32)
-    probs = jax.nn.softmax(scores * scale + bias, axis=-1)
+    # Named for the layer's remat policies (networks.py), which keep or recompute it by name.
+    probs = checkpoint_name(jax.nn.softmax(scores * scale + bias, axis=-1), ATTENTION_PROBS)
     dropped, _ = _dropped(probs, key, rate)
     context = jnp.einsum("bhqk,bhkd->bhqd", dropped.astype(q.dtype), v)
     return context, (q, k, v, probs, context, key)
