@@ -225,9 +225,12 @@ def test_compile_table_rows_and_markdown():
     }  # fmt: skip
     failed = {"config": "large", "topology": "v4-128", "overrides": ["--config.train.remat=full"]}
     failed["error"] = "error: does not fit v4-128 (v4): a device needs 36.73G; try remat"
+    fitted.update(remat="save_matmuls", remat_auto="train.remat=auto: 'save_matmuls' for ...")
     table = compile_table.markdown([fitted, failed]).splitlines()
-    assert len(table) == 4 and all(line.count("|") == 11 for line in table)
-    assert table[2].startswith("| base | v4-16 (v4:2x2x2, TPU v4) | as is | 8 x 2 | 8 x 1 | 32 |")
+    assert len(table) == 4 and all(line.count("|") == 12 for line in table)
+    assert table[2].startswith(
+        "| base | v4-16 (v4:2x2x2, TPU v4) | as is | auto: save_matmuls | 8 x 2 | 8 x 1 | 32 |"
+    )
     assert "| 3.00 (1.00 + 2.00) of 32.00 | yes (29.00) | 12.5 | 50.0% |" in table[2]
     assert "train.remat=full" in table[3] and "no: does not fit v4-128" in table[3]
     assert "try remat" not in table[3]  # the need and the have; the hints are the command's
