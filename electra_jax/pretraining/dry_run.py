@@ -85,6 +85,7 @@ def _resolved(config, vocab_size: int, mesh) -> tuple:
     if config.train.remat != remat_auto.AUTO:
         return config, {"remat": config.train.remat}
     choice = remat_auto.resolve(config, vocab_size, mesh, unigram_cdf=_uniform(vocab_size))
+    metrics.log(choice.line)  # as the run logs it; the summary carries it too
     fields = {"remat": choice.policy, "remat_auto": choice.line, "remat_auto_seconds": None}
     if choice.trials:
         fields["remat_auto_seconds"] = round(choice.seconds, 1)

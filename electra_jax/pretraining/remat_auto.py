@@ -224,6 +224,8 @@ def resolve(
     if key in _CHOICES:
         return _CHOICES[key]
 
+    compiles = []
+
     def measure(policy: str):
         cfg = with_policy(config, policy)
         setup = program.setup_step(cfg, vocab_size, mesh, special, unigram_cdf)
@@ -231,19 +233,18 @@ def resolve(
         compiled = setup.compiled.get(name)  # compiled earlier in this process
         if compiled is not None:
             return dry_run._memory(compiled)["memory_per_device_bytes"], compiled
+        compiles.append(policy)
         return _compile_need(fn, state, batch)
 
     t0 = time.time()
-    choice = choose(measure, limit_bytes, where, dry_run._fix_hint(config, mesh))
+    choice = choose(measure, limit_bytes, where, dry_run._fix_hint(config, mesh), ORDER)
     seconds = time.time() - t0
     cfg = with_policy(config, choice.policy)
     setup = program.setup_step(cfg, vocab_size, mesh, special, unigram_cdf)
     name, *_ = program.abstract_arguments(setup, cfg, mesh)
     setup.compiled[name] = choice.compiled
-    compiles = f"{len(choice.trials)} compile{'s' if len(choice.trials) > 1 else ''}"
-    choice = dataclasses.replace(
-        choice, line=f"{choice.line} ({compiles}, {seconds:.1f}s)", seconds=seconds
-    )
+    done = f"{len(compiles)} compile{'' if len(compiles) == 1 else 's'}, {seconds:.1f}s"
+    choice = dataclasses.replace(choice, line=f"{choice.line} ({done})", seconds=seconds)
     _CHOICES[key] = choice
     return choice
 

@@ -94,38 +94,44 @@ def test_without_a_known_limit_it_is_none_and_nothing_is_compiled(monkeypatch):
     assert "no memory limit is known for cpu devices, so nothing was compiled" in choice.line
 
 
+@pytest.mark.slow  # two compiles by the TPU compiler
 @needs_libtpu
 @pytest.mark.usefixtures("libtpu_env")
-def test_a_real_choice_for_a_compile_only_tpu_device_and_the_dry_run_reports_it(monkeypatch):
-    """The micro config with a batch whose activations outweigh the state, compiled for one TPU
-    v5e device (16 GiB): 'none' fits that; with the budget lowered below what 'none' needs,
-    the next policy that fits is taken and its program is the one the dry run reports."""
+def test_a_real_choice_for_a_compile_only_tpu_slice_and_the_dry_run_reports_it(monkeypatch):
+    """The micro config at 16 rows of 128 tokens a device (its activations then outweigh its
+    state; at 4 rows of 32, remat's recomputation makes the TPU compiler's plan larger, not
+    smaller), compiled for a v5e:2x2 slice that is not here: 'none' fits a chip's 16 GiB. With
+    the budget lowered below what 'none' needs, the dry run compiles the next candidate, takes
+    it, and reports it and its program; 'none' is not compiled again (its program is the
+    setup's)."""
     config = micro_config()
-    config.train.remat, config.train.steps_per_call, config.train.batch_size = "auto", 1, 256
+    config.train.remat, config.train.steps_per_call = "auto", 1
+    config.train.batch_size, config.data.seq_length = 64, 128
     target = topology.resolve("v5e:2x2")
-    device = topology.compile_only_devices(target)[0]
-    mesh = program.checked_mesh(config, process_count=1, devices=[device])
+    devices = topology.compile_only_devices(target)
+    # The dry run's mesh over the very devices of this one (each description makes new ones).
+    monkeypatch.setattr(topology, "compile_only_devices", lambda target: devices)
+    mesh = program.checked_mesh(config, process_count=1, devices=devices)
+    vocab, uniform = config.data.vocab_size, dry_run._uniform(config.data.vocab_size)
     with dry_run._without_persistent_cache():
-        first = remat_auto.resolve(config, config.data.vocab_size, mesh)
-        assert first.policy == "none" and len(first.trials) == 1
-        need = first.trials[0].need_bytes
-        assert "1 x TPU v5 lite (16.00 GiB each): 'none'" in first.line
-        # 'none' is measured from the program compiled above; the next one is compiled.
-        lowered = remat_auto.resolve(
-            config, config.data.vocab_size, mesh, limit=(need - 1, "1 x TPU v5 lite")
-        )
-    assert lowered.policy == remat_auto.ORDER[1], lowered.line
-    assert lowered.trials[0].need_bytes == need > lowered.trials[1].need_bytes
-    chosen = program.setup_step(
-        remat_auto.with_policy(config, lowered.policy), config.data.vocab_size, mesh
-    )
-    assert chosen.compiled["step"] is lowered.compiled and chosen.spec.remat == lowered.policy
-    # The dry run, for a whole slice with the lowered budget, reports the same choice.
-    monkeypatch.setattr(remat_auto, "device_memory", lambda devices: (need - 1, "lowered"))
+        first = remat_auto.resolve(config, vocab, mesh, unigram_cdf=uniform)
+    assert first.policy == "none" and len(first.trials) == 1, first.line
+    assert "for 4 x TPU v5 lite (16.00 GiB each): 'none' " in first.line
+    need = first.trials[0].need_bytes
+    # Two candidates keep it to one more compile; 'full' keeps the least.
+    monkeypatch.setattr(remat_auto, "ORDER", ("none", "full"))
+    monkeypatch.setattr(remat_auto, "device_memory", lambda devices: (need - 1, "4 x lowered"))
     summary = dry_run.describe(config, target=target, costs=False)
-    assert summary["remat"] == lowered.policy and summary["remat_auto"].startswith(
-        f"train.remat=auto: {lowered.policy!r} for lowered"
+    assert summary["remat"] == "full", summary["remat_auto"]
+    line = summary["remat_auto"]
+    assert line.startswith("train.remat=auto: 'full' for 4 x lowered (") and "(1 compile," in line
+    assert summary["memory_per_device_bytes"] < need - 1 and summary["fits"]
+    chosen = program.setup_step(
+        remat_auto.with_policy(config, "full"), vocab, mesh, unigram_cdf=uniform
     )
+    # The program reported is the one compiled to choose, held by the chosen policy's setup.
+    reported = dry_run._memory(chosen.compiled["step"])["memory_per_device_bytes"]
+    assert chosen.spec.remat == "full" and reported == summary["memory_per_device_bytes"]
 
 
 def _record(workdir) -> dict:
