@@ -307,3 +307,12 @@ def test_hlo_costs_compiles_one_discriminator_layer_alone():
     tokens, width = 2 * config.data.seq_length, config.model.hidden_size
     matmuls = 2 * tokens * (4 * width * width + 2 * width * config.model.intermediate_size)
     assert dry_run._costs(compiled)["flops"] >= 3 * matmuls  # forward and two gradients
+    # The layer is built under the config's remat policy (no compile to see it): 'full' keeps
+    # its input and the loss's own output, [2, 32, 64] float32 each, beside the mask's bias and
+    # the dropout key, for its backward pass.
+    kept = {}
+    for policy in ("none", "full"):
+        config.train.remat = policy
+        kept[policy] = hlo_costs.layer_kept_bytes(config, "v5e:2x2", 2)
+    two = 2 * tokens * width * 4
+    assert two < kept["full"] < two + 1024 < 4 * two < kept["none"]
