@@ -23,6 +23,7 @@ and the memory of one base and one large layer under each policy).
 
 from __future__ import annotations
 
+import collections
 import copy
 import dataclasses
 import os
@@ -189,9 +190,11 @@ def _compile_need(fn, state, batch):
     return dry_run._memory(compiled)["memory_per_device_bytes"], compiled
 
 
-# Choices made in this process, by the auto config's setup key and the limit: a second run of
-# the same config (the Python API, a test) takes it without compiling the candidates again.
-_CHOICES: dict[tuple, Choice] = {}
+# Choices made in this process, newest last, by the auto config's setup key and the limit: a
+# second run of the same config (the Python API, a test) takes it without compiling the
+# candidates again. A few are kept, as program.py keeps setups: each holds an executable.
+_CHOICES: collections.OrderedDict[tuple, Choice] = collections.OrderedDict()
+_CHOICES_KEPT = 4
 
 
 def resolve(
@@ -222,6 +225,7 @@ def resolve(
         )
     key = (program._setup_key(config, vocab_size, mesh, special, unigram_cdf), limit_bytes)
     if key in _CHOICES:
+        _CHOICES.move_to_end(key)
         return _CHOICES[key]
 
     compiles = []
@@ -246,6 +250,8 @@ def resolve(
     done = f"{len(compiles)} compile{'' if len(compiles) == 1 else 's'}, {seconds:.1f}s"
     choice = dataclasses.replace(choice, line=f"{choice.line} ({done})", seconds=seconds)
     _CHOICES[key] = choice
+    while len(_CHOICES) > _CHOICES_KEPT:
+        _CHOICES.popitem(last=False)
     return choice
 
 
