@@ -29,8 +29,9 @@ from electra_jax.store import jsonio  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # (config, slice, overrides): each config on the slices its docstring names and today's, as it
-# stands, and where it does not fit, with full remat (and bfloat16 compute); the slices most
-# booked first.
+# stands (base and large with train.remat='auto': the fastest policy that fits each slice, which
+# the remat column names), and large with full remat (and bfloat16 compute) to compare; the
+# slices most booked first.
 FIT = ("--config.model.dtype=bfloat16", "--config.train.remat=full")
 REMAT = ("--config.train.remat=full",)  # the numbers of the run unchanged
 ROWS = (
@@ -84,17 +85,22 @@ def _percent(share) -> str:
 def markdown(rows: list[dict]) -> str:
     """The table: one line per row, in the order run."""
     head = (
-        "| config | slice | settings | devices x hosts | mesh (data x fsdp) | batch per device | "
-        "GiB per device (state + temp) of HBM | fits (headroom GiB) | compile s | "
-        "MFU ceiling (roofline) | MFU ceiling (compiler's cycles) |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|\n"
+        "| config | slice | settings | remat | devices x hosts | mesh (data x fsdp) | "
+        "batch per device | GiB per device (state + temp) of HBM | fits (headroom GiB) | "
+        "compile s | MFU ceiling (roofline) | MFU ceiling (compiler's cycles) |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     lines = []
     for r in rows:
         settings = ", ".join(o.removeprefix("--config.") for o in r["overrides"]) or "as is"
+        # The policy compiled; with train.remat='auto', the fastest that fits, as the run
+        # chooses it (rows from before the field: blank).
+        remat = r.get("remat", "")
+        if "remat_auto" in r:
+            remat = f"auto: {remat}"
         if "error" in r:
             lines.append(
-                f"| {r['config']} | {r['topology']} | {settings} | | | | | no: "
+                f"| {r['config']} | {r['topology']} | {settings} | | | | | | no: "
                 f"{r['error'].removeprefix('error: ').split(';')[0]} | | | |"
             )
             continue
@@ -105,7 +111,8 @@ def markdown(rows: list[dict]) -> str:
             cycles += " (Pallas calls at their roofline)"
         lines.append(
             f"| {r['config']} | {r['topology']} ({r['jax_topology']}, {r['device_kind']}) "
-            f"| {settings} | {r['devices']} x {r['hosts']} | {mesh} | {r['batch_per_device']} | "
+            f"| {settings} | {remat} | {r['devices']} x {r['hosts']} | {mesh} | "
+            f"{r['batch_per_device']} | "
             f"{_gib(r['memory_per_device_bytes'])} ({_gib(r['memory_state_bytes'])} + "
             f"{_gib(r['memory_temp_bytes'])}) of {_gib(r['hbm_per_device_bytes'])} | "
             f"{'yes' if r['fits'] else 'no'} ({_gib(r['headroom_bytes'])}) | "

@@ -13,6 +13,10 @@ largest instructions one by one. --hlo=FILE also writes the optimized program's 
 --layer=N compiles one discriminator layer alone instead (forward and backward, N rows a
 device, for one device of the slice): a change to a layer measured in minutes, not the step.
 --set SECTION.KEY=VALUE changes the config (repeatable), as train.py's --config.SECTION.KEY.
+The JSON line names the remat policy compiled (train.remat='auto' is chosen for the step as the
+run chooses it, and is 'none' for --layer: --set train.remat=POLICY compiles the layer under
+another) and the program's memory per device (dry_run's fields); with --layer, also
+layer_kept_bytes: what the layer keeps for its backward pass (`layer_kept_bytes`).
 """
 
 from __future__ import annotations
@@ -92,35 +96,33 @@ def _compiled(config, topology_name: str, layers: int):
     )
     cfg = dry_run._cost_config(config, layers, 1)
     with dry_run._without_persistent_cache():
-        return dry_run.lower_and_compile(
+        cfg, _ = dry_run._resolved(cfg, config.data.vocab_size, mesh)  # train.remat='auto'
+        lowered, compiled, seconds = dry_run.lower_and_compile(
             *dry_run._abstract_inputs(cfg, config.data.vocab_size, mesh)
         )
+    return lowered, compiled, seconds, cfg.train.remat
 
 
-def layer_compiled(config, topology_name: str, batch_per_device: int):
-    """One discriminator layer of `config` (its TransformerLayer with the config's width,
-    heads, dtype, dropout and remat), forward and backward of the sum of its squared outputs,
-    at `batch_per_device` rows of data.seq_length, compiled for one device of the slice:
-    (lowered, compiled, seconds)."""
+def _layer_program(config, topology_name: str, batch_per_device: int):
+    """(loss, its abstract arguments on one device of the slice) for `layer_compiled`."""
     import dataclasses
-    import functools
 
     import jax
     import jax.numpy as jnp
 
-    from electra_jax.model.networks import TransformerLayer, spec_from_config
-    from electra_jax.pretraining import dry_run, topology
+    from electra_jax.model.networks import layer_class, spec_from_config
+    from electra_jax.pretraining import topology
 
     device = topology.compile_only_devices(topology.resolve(topology_name))[0]
     spec = spec_from_config(config.model, config.generator, config.data.vocab_size,
                             config.train.remat)  # fmt: skip
     spec = dataclasses.replace(spec, platform=device.platform)
-    layer = TransformerLayer(spec, spec.discriminator)
+    layer = layer_class(spec)(spec, spec.discriminator)  # under the config's remat policy
     shape = (batch_per_device, config.data.seq_length, spec.discriminator.hidden_size)
     bias = (batch_per_device, 1, 1, config.data.seq_length)  # the padding mask's, an input
-    init = functools.partial(layer.init, deterministic=False)
     keys = {"params": jax.random.PRNGKey(0), "dropout": jax.random.PRNGKey(1)}
-    params = jax.eval_shape(lambda: init(keys, jnp.zeros(shape), jnp.zeros(bias)))
+    # `deterministic` positional: nn.remat takes it as a static argument by its position.
+    params = jax.eval_shape(lambda: layer.init(keys, jnp.zeros(shape), jnp.zeros(bias), False))
 
     def loss(params, x, bias, key):
         y = layer.apply(params, x, bias, False, rngs={"dropout": key})
@@ -139,9 +141,39 @@ def layer_compiled(config, topology_name: str, batch_per_device: int):
             jax.ShapeDtypeStruct((2,), jnp.uint32),
         ),  # fmt: skip
     )
+    return loss, abstract
+
+
+def layer_compiled(config, topology_name: str, batch_per_device: int):
+    """One discriminator layer of `config` (its TransformerLayer with the config's width,
+    heads, dtype, dropout and remat policy), forward and backward of the sum of its squared
+    outputs, at `batch_per_device` rows of data.seq_length, compiled for one device of the
+    slice: (lowered, compiled, seconds)."""
+    import jax
+
+    from electra_jax.pretraining import dry_run
+
+    loss, abstract = _layer_program(config, topology_name, batch_per_device)
     step = jax.jit(jax.grad(loss, argnums=(0, 1)))
     with dry_run._without_persistent_cache():
         return dry_run.lower_and_compile(step, *abstract)
+
+
+def layer_kept_bytes(config, topology_name: str, batch_per_device: int) -> int:
+    """What one layer keeps from its forward pass for its backward under the config's remat
+    policy, by jax's count (jax.ad_checkpoint.saved_residuals; its parameters left out, its
+    input counted): in a stack of layers each keeps this much until its backward runs, where
+    the compiler's temporaries of one layer alone do not show it."""
+    # The list print_saved_residuals prints, as data: jax exports only the printing.
+    from jax._src.ad_checkpoint import saved_residuals
+
+    loss, abstract = _layer_program(config, topology_name, batch_per_device)
+    kept = saved_residuals(loss, *abstract)
+    return sum(
+        aval.size * aval.dtype.itemsize
+        for aval, source in kept
+        if not source.startswith("from the argument params")
+    )
 
 
 def main() -> None:
@@ -171,9 +203,15 @@ def main() -> None:
         topology.require_libtpu()
     with _cli.failures(""):
         if args.layer:
+            if config.train.remat == "auto":
+                # A whole step's choice; one layer has none to make. As the config stands, the
+                # layer without remat: --set train.remat=POLICY measures another.
+                with config.unlocked():
+                    config.train.remat = "none"
             lowered, compiled, seconds = layer_compiled(config, args.topology, args.layer)
+            remat = config.train.remat
         else:
-            lowered, compiled, seconds = _compiled(config, args.topology, args.layers)
+            lowered, compiled, seconds, remat = _compiled(config, args.topology, args.layers)
     hlo = compiled.as_text()
     if args.hlo:
         from electra_jax.store import jsonio
@@ -197,7 +235,9 @@ def main() -> None:
         "clock_hz": generation.clock_hz, "matmul_flops": matmul_flops,
         "share_of_peak": program.cycles and share_of_peak(matmul_flops, program.cycles, generation),
         "xla_flops": costs.get("flops"), "xla_bytes_accessed": costs.get("bytes accessed"),
-        "temp_bytes": compiled.memory_analysis().temp_size_in_bytes,
+        "remat": remat, **dry_run._memory(compiled),
+        **({"layer_kept_bytes": layer_kept_bytes(config, args.topology, args.layer)}
+           if args.layer else {}),
     }))  # fmt: skip
     if program.kernels:
         print(f"({program.kernels} Pallas calls, which the compiler gives 0 cycles, are costed at "

@@ -226,9 +226,12 @@ def test_compile_table_rows_and_markdown():
     }  # fmt: skip
     failed = {"config": "large", "topology": "v4-128", "overrides": ["--config.train.remat=full"]}
     failed["error"] = "error: does not fit v4-128 (v4): a device needs 36.73G; try remat"
+    fitted.update(remat="save_matmuls", remat_auto="train.remat=auto: 'save_matmuls' for ...")
     table = compile_table.markdown([fitted, failed]).splitlines()
-    assert len(table) == 4 and all(line.count("|") == 12 for line in table)
-    assert table[2].startswith("| base | v4-16 (v4:2x2x2, TPU v4) | as is | 8 x 2 | 8 x 1 | 32 |")
+    assert len(table) == 4 and all(line.count("|") == 13 for line in table)
+    assert table[2].startswith(
+        "| base | v4-16 (v4:2x2x2, TPU v4) | as is | auto: save_matmuls | 8 x 2 | 8 x 1 | 32 |"
+    )
     assert "| 3.00 (1.00 + 2.00) of 32.00 | yes (29.00) | 12.5 | 50.0% | 25.0% |" in table[2]
     kernels = compile_table.markdown([{**fitted, "pallas_calls_per_step": 48}]).splitlines()[2]
     assert kernels.endswith("| 25.0% (Pallas calls at their roofline) |")
@@ -324,3 +327,12 @@ def test_hlo_costs_compiles_one_discriminator_layer_alone():
     assert by_part["ffn/forward"] == 2 * tokens * 2 * width * config.model.intermediate_size
     assert by_part["attention_projections/forward"] == 2 * tokens * 4 * width * width
     assert by_part["ffn/backward"] >= 2 * by_part["ffn/forward"]
+    # The layer is built under the config's remat policy (no compile to see it): 'full' keeps
+    # its input and the loss's own output, [2, 32, 64] float32 each, beside the mask's bias and
+    # the dropout key, for its backward pass.
+    kept = {}
+    for policy in ("none", "full"):
+        config.train.remat = policy
+        kept[policy] = hlo_costs.layer_kept_bytes(config, "v5e:2x2", 2)
+    two = 2 * tokens * width * 4
+    assert two < kept["full"] < two + 1024 < 4 * two < kept["none"]

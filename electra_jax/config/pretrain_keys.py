@@ -558,8 +558,27 @@ KEYS = table(
     Key(
         "train.remat",
         "none",
-        "recompute in backward: 'none', 'full' or 'dots' (less memory)",
-        rule=("none", "full", "dots"),
+        (
+            "What each layer's backward pass recomputes instead of keeping (less memory, more "
+            "time; the same numbers): 'none'; 'save_matmuls' (keeps the matmul outputs, the "
+            "attention probabilities among them); 'save_projections' (also recomputes the "
+            "attention core); 'save_qkv_ffn' (keeps q/k/v and the FFN's intermediate only); "
+            "'full' (keeps the layer's input only); 'dots', 'offload_probs' (save_matmuls with "
+            "the probabilities in host memory); or 'auto': the first of none, save_matmuls, "
+            "save_projections, save_qkv_ffn, full whose step fits the devices' memory, found by "
+            "compiling it, and kept in the workdir (remat_choice.json) for a resume on the same "
+            "devices."
+        ),
+        rule=(
+            "none",
+            "save_matmuls",
+            "save_projections",
+            "save_qkv_ffn",
+            "full",
+            "dots",
+            "offload_probs",
+            "auto",
+        ),
         resume=FREE,
     ),
     Key(

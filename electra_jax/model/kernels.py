@@ -37,6 +37,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.ad_checkpoint import checkpoint_name
+
+# The name of attention_core's probabilities [B, heads, L, L], a residual of its backward pass.
+ATTENTION_PROBS = "attention_probs"
 
 
 def column_sums(x):
@@ -256,8 +260,10 @@ def _attention_fwd(q, k, v, bias, key, rate):
     # The softmax's max and sum in float32; the probabilities are kept in q's dtype, the one
     # the context's matmul reads them in: in bfloat16 that halves the [B, heads, L, L] array
     # written here and read three times (the context; d_scores and dv in the backward). The
-    # dropout's scale is applied in float32 to the rounded probabilities, here as there.
+    # dropout's scale is applied in float32 to the rounded probabilities, here as there. Named
+    # for the layer's remat policies (networks.py), which keep or recompute it by name.
     probs = jax.nn.softmax(scores * scale + bias, axis=-1).astype(q.dtype)
+    probs = checkpoint_name(probs, ATTENTION_PROBS)
     dropped, _ = _dropped(probs.astype(jnp.float32), key, rate)
     context = jnp.einsum("bhqk,bhkd->bhqd", dropped.astype(q.dtype), v)
     return context, (q, k, v, probs, context, key)

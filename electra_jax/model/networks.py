@@ -23,6 +23,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 from jax.experimental.layout import Layout, with_layout_constraint
 
 from electra_jax.config.schema import ConfigError
@@ -54,7 +55,8 @@ class ElectraSpec:
     initializer_range: float = 0.02
     layer_norm_eps: float = 1e-12
     dtype: str = "float32"
-    remat: str = "none"  # 'none' | 'full' | 'dots': what the backward pass recomputes per layer
+    # What the backward pass recomputes per layer: 'none', or a policy of _REMAT_POLICIES.
+    remat: str = "none"
     # 'einsum' (ours, with dropout on the probabilities), 'pallas' (the same function as a
     # Pallas TPU kernel: flash_attention.py) or jax.nn.dot_product_attention's 'xla' / 'cudnn'
     # kernels (fused; they have no dropout on the probabilities).
@@ -150,13 +152,50 @@ def spec_from_config(
     )
 
 
-# Rematerialisation policies: 'full' keeps only each layer's input and recomputes the rest in the
-# backward pass; 'dots' keeps the matmul outputs (the expensive part) and recomputes the cheap
-# element-wise work (GELU, LayerNorm, softmax, dropout masks) that dominates activation memory.
+# The names a layer gives its tensors (jax.ad_checkpoint.checkpoint_name), by which the remat
+# policies below keep or recompute them: q, k and v [B, heads, L, d] (the fused projection's
+# output, its bias added and its heads moved first), the attention core's probabilities
+# [B, heads, L, L] float32 (kernels.attention_core, before dropout) and output [B, heads, L, d],
+# the attention's output projection [B * L, H], the FFN's intermediate pre-activation [B, L, F]
+# and its output [B, L, H] (before dropout).
+QKV = "qkv"
+ATTENTION_PROBS = kernels.ATTENTION_PROBS
+ATTENTION_CONTEXT = "attention_context"
+ATTENTION_OUTPUT = "attention_output"
+FFN_INTERMEDIATE = "ffn_intermediate"
+FFN_OUTPUT = "ffn_output"
+PROJECTIONS = (QKV, ATTENTION_OUTPUT, FFN_INTERMEDIATE, FFN_OUTPUT)
+
+_keep = jax.checkpoint_policies.save_only_these_names
+
+# Rematerialisation policies: what each layer keeps from its forward pass for its backward pass;
+# the rest is recomputed there from what is kept (at least the layer's input). 'full' keeps only
+# the input. 'dots' keeps the outputs of matmuls without batch dimensions (the q/k/v, attention
+# output and FFN intermediate projections, before their biases). 'save_matmuls' keeps q/k/v, the
+# attention probabilities and output, the output projection and both FFN matmuls' outputs: it
+# recomputes the element-wise work (LayerNorms, dropout, GELU), not the attention core.
+# 'save_projections' keeps the four projections' outputs (q/k/v, attention output, FFN
+# intermediate and output) and recomputes the attention core (scores, softmax, dropout, context)
+# too; 'save_qkv_ffn' keeps q/k/v and the FFN intermediate only. 'offload_probs' keeps what
+# 'save_matmuls' does, the probabilities in the host's memory instead of the device's.
+# benchmarks/notes/remat.md has each one's memory and the TPU compiler's estimate of its time;
+# remat_auto.ORDER ranks them by it.
+_MATMULS = (*PROJECTIONS, ATTENTION_CONTEXT, ATTENTION_PROBS)
 _REMAT_POLICIES = {
     "full": None,
     "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "save_matmuls": _keep(*_MATMULS),
+    "save_projections": _keep(*PROJECTIONS),
+    "save_qkv_ffn": _keep(QKV, FFN_INTERMEDIATE),
+    "offload_probs": jax.checkpoint_policies.save_and_offload_only_these_names(
+        names_which_can_be_saved=[n for n in _MATMULS if n != ATTENTION_PROBS],
+        names_which_can_be_offloaded=[ATTENTION_PROBS],
+        offload_src="device",
+        offload_dst="pinned_host",
+    ),
 }
+# What train.remat names a layer's policy by ('auto' is chosen among them by the run: remat_auto).
+REMAT_CHOICES = ("none", *_REMAT_POLICIES)
 
 
 def _init(spec: ElectraSpec, axes: tuple[str | None, ...]):
@@ -471,7 +510,12 @@ class SelfAttention(nn.Module):
         # so they keep the flat projections on TPU too.
         flat = not tpu or s.attention == "pallas"
         projections = _flat_projections if flat else _tpu_projections
-        q, k, v = projections.qkv(x, qkv_kernel, qkv_bias, jnp.dtype(s.dtype))
+        # Named in the heads-first layout the attention core reads, for the remat policies: a
+        # policy that keeps them recomputes neither the projection nor the moves of heads.
+        q, k, v = (
+            checkpoint_name(t, QKV)
+            for t in projections.qkv(x, qkv_kernel, qkv_bias, jnp.dtype(s.dtype))
+        )
         if s.attention == "einsum":
             if tpu:
                 q, k, v = (_positions_minor(t) for t in (q, k, v))
@@ -480,7 +524,8 @@ class SelfAttention(nn.Module):
             context = self._pallas(q, k, v, attention_bias, deterministic)
         else:
             context = self._fused(q, k, v, attention_bias, deterministic)
-        return projections.output(context, out_kernel, out_bias)
+        context = checkpoint_name(context, ATTENTION_CONTEXT)
+        return checkpoint_name(projections.output(context, out_kernel, out_bias), ATTENTION_OUTPUT)
 
     def _einsum(self, q, k, v, attention_bias, deterministic):
         rate = 0.0 if deterministic else self.spec.attention_dropout_rate
@@ -557,10 +602,23 @@ class TransformerLayer(nn.Module):
         a = Dropout(s.dropout_rate, name="attention_dropout")(a, deterministic)
         x = _layer_norm(s, "attention_LayerNorm")(x + a)
         h = _constrain(s, _dense(s, e.intermediate_size, "intermediate")(x))
+        h = checkpoint_name(h, FFN_INTERMEDIATE)
         h = _dense(s, e.hidden_size, "output", ("mlp", "embed"), gelu_input=True)(h)
+        h = checkpoint_name(h, FFN_OUTPUT)
         h = Dropout(s.dropout_rate, name="output_dropout")(h, deterministic)
         x = _constrain(s, _layer_norm(s, "output_LayerNorm")(x + h))
         return (x, None) if self.scanned else x
+
+
+def layer_class(spec: ElectraSpec) -> type[TransformerLayer]:
+    """TransformerLayer, or its nn.remat under spec.remat's policy (what the backward pass
+    keeps of each layer; the same numbers either way). ValueError for a name that is none."""
+    if spec.remat == "none":
+        return TransformerLayer
+    if spec.remat not in _REMAT_POLICIES:
+        raise ValueError(f"train.remat={spec.remat!r}: use one of {', '.join(REMAT_CHOICES)}")
+    # Argument 3 of __call__ (self counts as 0) is `deterministic`, a Python bool.
+    return nn.remat(TransformerLayer, static_argnums=(3,), policy=_REMAT_POLICIES[spec.remat])
 
 
 class Encoder(nn.Module):
@@ -579,12 +637,7 @@ class Encoder(nn.Module):
             )
         # Padding keys get a large negative bias; queries at padding are computed and ignored.
         bias = jnp.where(input_mask[:, None, None, :] > 0, 0.0, -1e9).astype(jnp.float32)
-        layer = TransformerLayer
-        if s.remat != "none":
-            if s.remat not in _REMAT_POLICIES:
-                raise ValueError(f"train.remat={s.remat!r}: use 'none', 'full' or 'dots'")
-            # Argument 3 of __call__ (self counts as 0) is `deterministic`, a Python bool.
-            layer = nn.remat(TransformerLayer, static_argnums=(3,), policy=_REMAT_POLICIES[s.remat])
+        layer = layer_class(s)
         if not s.scan_layers:
             for i in range(e.num_layers):
                 x = layer(s, e, name=f"layer_{i}")(x, bias, deterministic)

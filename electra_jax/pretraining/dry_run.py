@@ -16,9 +16,8 @@ import numpy as np
 from electra_jax.config.schema import ConfigError
 from electra_jax.model import sharding
 from electra_jax.model.networks import abstract_params, network_param_counts
-from electra_jax.pretraining import compiled_costs, metrics, topology
-from electra_jax.pretraining.program import build, checked_mesh, setup_step
-from electra_jax.store import checkpointing
+from electra_jax.pretraining import compiled_costs, metrics, remat_auto, topology
+from electra_jax.pretraining.program import abstract_arguments, build, checked_mesh, setup_step
 
 
 def describe(
@@ -66,21 +65,41 @@ class DoesNotFit(ConfigError):
     """The step needs more memory per device than the chip has (XLA's RESOURCE_EXHAUSTED)."""
 
 
+def _uniform(vocab_size: int):
+    """The unigram floor's distribution changes no shape: a uniform one stands in for the
+    corpus's."""
+    return np.arange(1, vocab_size + 1, dtype=np.float32) / vocab_size
+
+
 def _abstract_inputs(config, vocab_size: int, mesh, steps: int = 1):
     """The run's step (one step, or `steps` per call) and its abstract state and batch: the
     shapes and shardings alone, nothing allocated."""
-    # The unigram floor's distribution changes no shape: a uniform one stands in for the corpus's.
-    uniform = np.arange(1, vocab_size + 1, dtype=np.float32) / vocab_size
-    setup = setup_step(config, vocab_size, mesh, unigram_cdf=uniform)
-    state = checkpointing.abstract_with_shardings(setup.abstract_state, setup.state_sharding)
-    shape = (config.train.batch_size, config.data.seq_length)
-    if steps > 1:
-        fn, layout = setup.multi_step_fn, sharding.stacked_batch_sharding(mesh)
-        shape = (steps, *shape)
-    else:
-        fn, layout = setup.step_fn, sharding.batch_sharding(mesh)
-    row = jax.ShapeDtypeStruct(shape, jax.numpy.int32, sharding=layout)
-    return fn, state, {"input_ids": row, "segment_ids": row, "input_mask": row}
+    setup = setup_step(config, vocab_size, mesh, unigram_cdf=_uniform(vocab_size))
+    _, fn, state, batch = abstract_arguments(setup, config, mesh, steps)
+    return fn, state, batch
+
+
+def _resolved(config, vocab_size: int, mesh) -> tuple:
+    """(the config with train.remat='auto' resolved for `mesh`'s devices, the summary's fields:
+    the policy compiled, and for 'auto' the line saying why and the seconds its compiles took)."""
+    if config.train.remat != remat_auto.AUTO:
+        return config, {"remat": config.train.remat}
+    choice = remat_auto.resolve(config, vocab_size, mesh, unigram_cdf=_uniform(vocab_size))
+    metrics.log(choice.line)  # as the run logs it; the summary carries it too
+    fields = {"remat": choice.policy, "remat_auto": choice.line, "remat_auto_seconds": None}
+    if choice.trials:
+        fields["remat_auto_seconds"] = round(choice.seconds, 1)
+    return remat_auto.with_policy(config, choice.policy), fields
+
+
+def _step_compiled(config, vocab_size: int, mesh, steps: int):
+    """(compiled, seconds) of the run's program of `steps` per call: the one remat_auto compiled
+    choosing the policy when it did (0 seconds), else compiled now."""
+    setup = setup_step(config, vocab_size, mesh, unigram_cdf=_uniform(vocab_size))
+    name, fn, state, batch = abstract_arguments(setup, config, mesh, steps)
+    if setup.compiled.get(name) is not None:
+        return setup.compiled[name], 0.0
+    return _compile(fn, state, batch)
 
 
 def _compile(fn, *args):
@@ -151,7 +170,8 @@ def compile_report(config: ml_collections.ConfigDict, vocab_size: int) -> dict:
     about as much (configs/small.py at 32 x 128: 963 MB of temporaries for 4 steps, 945 for 1).
     """
     mesh = checked_mesh(config, process_count=jax.process_count())
-    compiled, seconds = _compile(*_abstract_inputs(config, vocab_size, mesh))
+    config, auto = _resolved(config, vocab_size, mesh)
+    compiled, seconds = _step_compiled(config, vocab_size, mesh, 1)
     cost = _costs(compiled)
     xla_flops = float(cost.get("flops", 0.0)) * mesh.size if cost else None
     if config.train.grad_accum_steps > 1 or config.model.scan_layers:
@@ -159,9 +179,11 @@ def compile_report(config: ml_collections.ConfigDict, vocab_size: int) -> dict:
     return {
         "devices": mesh.size,
         "mesh": dict(mesh.shape),
+        **auto,
         **_memory(compiled),
         "xla_flops_per_step": xla_flops,
-        "compile_seconds": round(seconds, 1),
+        # With 'auto', the choice's compiles, the reported program's among them.
+        "compile_seconds": round(seconds or auto.get("remat_auto_seconds") or 0.0, 1),
     }
 
 
@@ -244,8 +266,8 @@ def _fix_hint(config, mesh) -> str:
         hints.append(f"more micro-batches (train.grad_accum_steps={accum})")
     if mesh.shape["fsdp"] < mesh.size // sharding.num_slices(mesh.devices.flat):
         hints.append(f"sharded parameters (mesh.fsdp={config.mesh.fsdp}; -1 is all of a slice)")
-    if config.train.remat != "full":
-        hints.append(f"recomputation (train.remat={config.train.remat!r}; 'dots' or 'full')")
+    if config.train.remat not in ("full", remat_auto.AUTO):  # 'auto' has tried 'full'
+        hints.append(f"recomputation (train.remat={config.train.remat!r}; 'auto' or 'full')")
     if config.model.dtype != "bfloat16":
         hints.append(f"bfloat16 compute (model.dtype={config.model.dtype!r})")
     return "; or ".join(hints)
@@ -278,7 +300,8 @@ def tpu_report(
     steps = config.train.steps_per_call
     try:
         with _without_persistent_cache():
-            compiled, seconds = _compile(*_abstract_inputs(config, vocab_size, mesh, steps))
+            config, auto = _resolved(config, vocab_size, mesh)
+            compiled, seconds = _step_compiled(config, vocab_size, mesh, steps)
     except DoesNotFit as e:
         found = re.search(r"\(([\d.]+)G\) exceeds available HBM \(([\d.]+)G\)", str(e))
         need = f"{found.group(1)}G of HBM for temporaries" if found else "more memory"
@@ -338,11 +361,13 @@ def tpu_report(
         "mesh": dict(mesh.shape),
         "batch_per_device": config.train.batch_size // sharding.data_parallel_size(mesh),
         "program": f"{steps} steps per call" if steps > 1 else "one step per call",
+        **auto,
         **memory,
         "hbm_per_device_bytes": hbm,
         "headroom_bytes": hbm - memory["memory_per_device_bytes"],
         "fits": memory["memory_per_device_bytes"] <= hbm,
-        "compile_seconds": round(seconds, 1),
+        # With 'auto', the choice's compiles, the reported program's among them.
+        "compile_seconds": round(seconds or auto.get("remat_auto_seconds") or 0.0, 1),
         # The cost compiles' time: what --noceiling saves (None when they were not asked for).
         "ceiling_compile_seconds": ceiling_seconds,
         "xla_flops_per_step": costs and costs["flops"] * mesh.size,

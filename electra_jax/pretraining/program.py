@@ -32,6 +32,7 @@ from electra_jax.model.networks import (
 from electra_jax.model.optim import make_optimizer
 from electra_jax.objectives import registry
 from electra_jax.objectives.core import num_mask_slots
+from electra_jax.pretraining import remat_auto
 from electra_jax.pretraining.optimizer_step import (
     DEFAULT_SPECIAL,
     SpecialTokens,
@@ -44,12 +45,17 @@ from electra_jax.pretraining.optimizer_step import (
 
 def build(config: ml_collections.ConfigDict, vocab_size: int, mesh=None):
     """The model, optimizer, schedule and mask-slot count a config describes (for `mesh`, when
-    given: FSDP pins activations to the batch split)."""
+    given: FSDP pins activations to the batch split).
+
+    train.remat='auto' builds the model without remat: its shapes, parameters and counts are
+    those of every policy. The step is set up for a chosen policy only (setup_step resolves
+    'auto' first)."""
+    remat = config.train.remat
     spec = spec_from_config(
         config.model,
         config.generator,
         vocab_size,
-        config.train.remat,
+        "none" if remat == remat_auto.AUTO else remat,
         **registry.model_heads(config.objective),
     )
     if mesh is not None:
@@ -135,6 +141,13 @@ def setup_step(
     The same arguments give the same setup, its programs compiled once per process."""
     if unigram_cdf is None and config.objective.unigram_share > 0:
         raise ValueError("objective.unigram_share > 0: give setup_step the corpus's unigram_cdf")
+    if config.train.remat == remat_auto.AUTO:
+        # The setup of the policy remat_auto chooses for these devices, its program compiled.
+        choice = remat_auto.resolve(config, vocab_size, mesh, special, unigram_cdf)
+        from electra_jax.pretraining import metrics
+
+        metrics.log(choice.line)
+        config = remat_auto.with_policy(config, choice.policy)
     key = _setup_key(config, vocab_size, mesh, special, unigram_cdf)
     setup = _SETUPS.pop(key, None) or _new_setup(config, vocab_size, mesh, special, unigram_cdf)
     _SETUPS[key] = setup
@@ -187,6 +200,30 @@ def _new_setup(config, vocab_size: int, mesh, special, unigram_cdf) -> StepSetup
     return StepSetup(
         spec, num_slots, make_state, abstract, state_sharding, step_fn, multi_step_fn, init_fn
     )
+
+
+def abstract_arguments(
+    setup: StepSetup, config: ml_collections.ConfigDict, mesh, steps: int | None = None
+):
+    """The program a run of `config` calls most, with abstract arguments (nothing allocated):
+    (its name in StepSetup.compiled, the jitted function, the state's and one call's batches'
+    shapes with their shardings). The program is `steps` (by default train.steps_per_call)
+    steps in one call (multi_step_fn, batches [K, B, L]) when that is above 1, else one step
+    (step_fn, [B, L])."""
+    steps = config.train.steps_per_call if steps is None else steps
+    state = jax.tree_util.tree_map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+        setup.abstract_state,
+        setup.state_sharding,
+    )
+    shape = (config.train.batch_size, config.data.seq_length)
+    if steps > 1:
+        name, fn, layout = "multi_step", setup.multi_step_fn, sharding.stacked_batch_sharding(mesh)
+        shape = (steps, *shape)
+    else:
+        name, fn, layout = "step", setup.step_fn, sharding.batch_sharding(mesh)
+    row = jax.ShapeDtypeStruct(shape, jax.numpy.int32, sharding=layout)
+    return name, fn, state, {"input_ids": row, "segment_ids": row, "input_mask": row}
 
 
 def init_on_mesh(setup: StepSetup):

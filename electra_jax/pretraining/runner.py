@@ -20,7 +20,15 @@ from electra_jax.config import pretrain_keys, schema
 from electra_jax.config.schema import ConfigError
 from electra_jax.model import layer_stack, sharding
 from electra_jax.model.networks import Electra, abstract_params
-from electra_jax.pretraining import compile_cache, metrics, profiling, resume, scoring, timing
+from electra_jax.pretraining import (
+    compile_cache,
+    metrics,
+    profiling,
+    remat_auto,
+    resume,
+    scoring,
+    timing,
+)
 from electra_jax.pretraining.optimizer_step import special_tokens_of
 from electra_jax.pretraining.program import (
     StepSetup,
@@ -93,7 +101,7 @@ def _train(run: resume.Resume, stop_after, watcher) -> dict:
     with watcher.deferred():
         special = special_tokens_of(tokenizer)
         unigram = _unigram_cdf(config, prepared, special, tokenizer.vocab_size)
-        setup = setup_step(config, tokenizer.vocab_size, mesh, special, unigram)
+        setup, choosing_sec = _setup(run, tokenizer.vocab_size, mesh, special, unigram)
         evaluator = _evaluator(config, setup, mesh, prepared, special)
     manager = checkpointing.make_manager(workdir, config.checkpoint)
     breakdown = timing.Breakdown()
@@ -122,8 +130,11 @@ def _train(run: resume.Resume, stop_after, watcher) -> dict:
     except BaseException:
         manager.close()
         raise
-    if evaluator is not None:  # compiled before the interval: a start's cost, not a wait in it
+    # Compiled before the interval: a start's cost, not a wait in it.
+    if evaluator is not None:
         startup["compile_sec"] = evaluator.compile_seconds
+    if choosing_sec:
+        startup["compile_sec"] = startup.get("compile_sec", 0.0) + choosing_sec
     recorder = _Recorder.start(
         config,
         workdir,
@@ -164,6 +175,28 @@ def _mesh(run: resume.Resume):
             f"{checkpointing.layout_text(layout)} and cannot go on exactly on this run's "
             f"{now}: {reason}"
         ) from None
+
+
+def _setup(run: resume.Resume, vocab_size: int, mesh, special, unigram) -> tuple[StepSetup, float]:
+    """(the run's step setup, the seconds spent compiling to choose train.remat='auto''s
+    policy). For 'auto', the policy the workdir records for these devices and settings, else
+    the one remat_auto chooses (its program compiled once, here; the choice recorded); the
+    config.json keeps 'auto'."""
+    config = run.config
+    if config.train.remat != remat_auto.AUTO:
+        return setup_step(config, vocab_size, mesh, special, unigram), 0.0
+    choice = remat_auto.for_run(
+        run.workdir,
+        config,
+        vocab_size,
+        mesh,
+        special,
+        unigram,
+        log=metrics.log,
+        is_main=jax.process_index() == 0,
+    )
+    resolved = remat_auto.with_policy(config, choice.policy)
+    return setup_step(resolved, vocab_size, mesh, special, unigram), choice.seconds
 
 
 def _unigram_cdf(config, prepared, special, vocab_size: int):

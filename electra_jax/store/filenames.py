@@ -11,10 +11,10 @@ each is spelled there once.
 
 A pre-training workdir holds CONFIG_FILE, TOKENIZER_DIR/, DATA_DIR/ (the prepared shards, unless
 data.cache_dir puts them elsewhere), CHECKPOINTS_DIR/, METRICS_FILE, TENSORBOARD_DIR/,
-CHANGES_FILE, DATA_RECORD, EVAL_FILE, COMMANDS_FILE, the W&B files and EXPORT_DIR/ (the export's
-default place); a fine-tuning workdir holds CONFIG_FILE, MODEL_FILE, TOKENIZER_DIR/,
-WEIGHTS_FILE, RESULTS_FILE, its predictions, CHECKPOINTS_DIR/ and CHANGES_FILE. Both hold MARKER
-and LOCK.
+CHANGES_FILE, DATA_RECORD, REMAT_RECORD, EVAL_FILE, COMMANDS_FILE, the W&B files and EXPORT_DIR/
+(the export's default place); a fine-tuning workdir holds CONFIG_FILE, MODEL_FILE,
+TOKENIZER_DIR/, WEIGHTS_FILE, RESULTS_FILE, its predictions, CHECKPOINTS_DIR/ and CHANGES_FILE.
+Both hold MARKER and LOCK.
 """
 
 # ---------------------------------------------------------------------------- every workdir
@@ -39,6 +39,8 @@ TENSORBOARD_DIR = "tensorboard"
 DATA_DIR = "data"
 # What a pre-training run read: its corpus, tokenizer and prepared shards (resume.py writes it).
 DATA_RECORD = "data_record.json"
+# train.remat='auto''s choice of policy and what it was made for (remat_auto.py writes it).
+REMAT_RECORD = "remat_choice.json"
 # The rows `evaluate` appends: one per checkpoint evaluated on held-out text.
 EVAL_FILE = "eval.jsonl"
 # The command line of each start of a pre-training run, at its step: the export's model card
