@@ -9,8 +9,10 @@ others wait; every host writes its part of each checkpoint.
 
 Meant for a TPU v3-16 or v4-16 slice (the TPU compiler's plans: 8.9 of a v3 core's 16 GiB, 16.5
 of a v4 chip's 32; benchmarks/RESULTS.md, "The paper configs compiled for their slices"; compile
-for another slice with --dry_run --topology=SLICE) or 8+ GPUs of 40 GB or more. The paper reports
-GLUE dev 85.1 for this model. Starts from small.py and overrides what differs.
+for another slice with --dry_run --topology=SLICE) or 8+ GPUs of 40 GB or more. On TPU add
+--config.model.dtype=bfloat16: 9.8 GiB a v4 chip instead of 16.2 and an MFU ceiling of 34% instead
+of 24% (benchmarks/notes/compile.md, "bfloat16 that pays"). The paper reports GLUE dev 85.1 for
+this model. Starts from small.py and overrides what differs.
 """
 
 import pathlib

@@ -11,10 +11,12 @@ Meant for a TPU v3-512 or v5p-128 slice as it stands (the TPU compiler's plans: 
 core's 16 GiB, 39.3 of a v5p chip's 95), or a v4-128 or v6e-64 with --config.train.remat=full,
 which changes no number of the run (12.1 and 12.0 of a chip's 32 GiB; as it stands the step
 needs 36.7G of temporaries against the 30.75G a v4 chip has, 36.8G against a v6e's 31.25G):
-benchmarks/RESULTS.md, "The paper configs compiled for their slices". Before booking another
-slice, compile for it: add --dry_run --topology=SLICE (README, "Will it fit?"). On GPUs, a
-multi-node cluster (batch 2048 does not fit one device). This is the paper's "ELECTRA-400K" (GLUE
-dev 88.6); the released ELECTRA-Large is the 1.75M-step variant: add
+benchmarks/RESULTS.md, "The paper configs compiled for their slices". On TPU add
+--config.model.dtype=bfloat16: on v4-128 with full remat 9.4 GiB a chip instead of 11.9 and an
+MFU ceiling of 38% instead of 29% (benchmarks/notes/compile.md, "bfloat16 that pays"). Before
+booking another slice, compile for it: add --dry_run --topology=SLICE (README, "Will it fit?").
+On GPUs, a multi-node cluster (batch 2048 does not fit one device). This is the paper's
+"ELECTRA-400K" (GLUE dev 88.6); the released ELECTRA-Large is the 1.75M-step variant: add
 --config.train.num_steps=1750000. Masks 25% of tokens, as the paper found better for Large.
 Starts from small.py and overrides what differs.
 """
