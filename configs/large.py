@@ -7,18 +7,19 @@ The workdir is storage every host sees: gs://BUCKET/PATH written directly (the [
 gcsfuse mount, docs/scaling.md says why) or NFS. Process 0 prepares the data there while the
 others wait; every host writes its part of each checkpoint.
 
-Meant for a TPU v3-512, v5p-128 or v4-128 slice. train.remat='auto' compiles the step for the
-run's devices and takes the fastest remat policy whose step fits them (remat changes no number
-of the run, only memory and time): on a v4-128 'save_projections', 24.2 of a chip's 32 GiB,
-where without remat the step needs 38.6; the TPU compiler's plans without remat are 10.8 of
-each v3 core's 16 GiB and 39.3 of a v5p chip's 95 (benchmarks/RESULTS.md, "The paper configs
-compiled for their slices"; benchmarks/notes/remat.md). A v6e-64 needs remat too (full remat:
-12.0 of 32 GiB; auto's choice there not compiled yet). Before booking another slice, compile for
-it: add --dry_run --topology=SLICE (README, "Will it fit?"); it chooses as the run does. On GPUs, a
-multi-node cluster (batch 2048 does not fit one device). This is the paper's "ELECTRA-400K" (GLUE
-dev 88.6); the released ELECTRA-Large is the 1.75M-step variant: add
---config.train.num_steps=1750000. Masks 25% of tokens, as the paper found better for Large.
-Starts from small.py and overrides what differs.
+Meant for a TPU v3-512, v5p-128 or v4-128 slice. train.remat='auto' compiles the step for the run's
+devices and takes the fastest remat policy whose step fits them (remat changes no number of the run,
+only memory and time): on a v4-128 'save_projections', 24.2 of a chip's 32 GiB, where without remat
+the step needs 38.6; the TPU compiler's plans without remat are 10.8 of each v3 core's 16 GiB and
+39.3 of a v5p chip's 95 (benchmarks/RESULTS.md, "The paper configs compiled for their slices";
+benchmarks/notes/remat.md). A v6e-64 needs remat too (full remat: 12.0 of 32 GiB; auto's choice
+there not compiled yet). On TPU add --config.model.dtype=bfloat16 (not the default until a TPU
+confirms it; benchmarks/notes/compile.md, "bfloat16 that pays"). Before booking another slice,
+compile for it: add --dry_run --topology=SLICE (README, "Will it fit?"); it chooses as the run does.
+On GPUs, a multi-node cluster (batch 2048 does not fit one device). This is the paper's
+"ELECTRA-400K" (GLUE dev 88.6); the released ELECTRA-Large is the 1.75M-step variant: add
+--config.train.num_steps=1750000. Masks 25% of tokens, as the paper found better for Large. Starts
+from small.py and overrides what differs.
 """
 
 import pathlib

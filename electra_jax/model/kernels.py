@@ -19,12 +19,15 @@ ELECTRA-Small, 32 x 128, float32, XLA:CPU on 2 cores):
                     with dropout               its backward's row sums from dO . O: the TPU
                                                compiler's plan for a base layer (RESULTS.md,
                                                "What holds the MFU ceiling") 11.96 -> 10.82 GB
+  layer_norm      autodiff of LayerNorm      16-bit compute dtypes only: a scanned bfloat16
+                    (bfloat16)                 base layer keeps 144 MiB less for its backward
+                                               (notes/compile.md, "bfloat16 that pays")
 
 Backends: every kernel is used on every backend today, and all were measured on XLA:CPU only
-(attention_core's row sums also in the TPU compiler's plan, not on a TPU). On GPU and TPU they
-compute the same numbers but are not timed yet; the reductions and the erf they avoid are cheap
-there, so a GPU measurement (benchmarks/gpu.sh) may turn one off for that backend, with its
-figure here. `fused_attention_args` is the other attention path: jax's
+(attention_core's row sums and layer_norm also in the TPU compiler's plan, not on a TPU). On GPU
+and TPU they compute the same numbers but are not timed yet; the reductions and the erf they
+avoid are cheap there, so a GPU measurement (benchmarks/gpu.sh) may turn one off for that
+backend, with its figure here. `fused_attention_args` is the other attention path: jax's
 fused dot_product_attention ('xla' or cuDNN), chosen with model.attention; flash_attention.py
 holds a third, attention_core's function and dropout mask as Pallas TPU kernels ('pallas').
 """

@@ -24,7 +24,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
-from jax.experimental.layout import Layout, with_layout_constraint
 
 from electra_jax.config.schema import ConfigError
 from electra_jax.model import kernels
@@ -432,16 +431,20 @@ class _flat_projections:  # noqa: N801 (a namespace of two functions)
 
 
 class _tpu_projections:  # noqa: N801 (a namespace of two functions)
-    """q, k, v and the output projection as einsums between [B, L, H] and [B, heads, L, d],
-    with no transpose or reshape between them: the TPU's path.
+    """q, k, v and the output projection as dots between [B, L, H] and [B, heads, L, d], with
+    no reshape between them: the TPU's path.
 
     The flat path's [B * L, 3H] result went heads-first through three relayout copies of the
     whole q/k/v array (0.97M estimated cycles of a base layer's 12.5M, bfloat16, 32 x 512 on
-    v4) and the context back through two more (0.27M); here each einsum's dot writes its result
-    in the layout its reader takes (benchmarks/notes/compile.md, "Projections without copies").
-    Three q, k, v einsums rather than one into [3, B, heads, L, d]: the one's result was split
-    by a copy, and its bias gradient summed by a separate pass (0.26M cycles), where each of the
-    three's is summed inside the attention core's gradient fusions.
+    v4) and the context back through two more (0.27M); here each dot writes its result where
+    its reader takes it (benchmarks/notes/compile.md, "Projections without copies"). Three q,
+    k, v dots rather than one into [3, B, heads, L, d]: the one's result was split by a copy and
+    its bias gradient summed by a pass of its own (0.26M cycles), where the three's are summed
+    inside the attention core's gradient fusions. The dots are written with x as their left
+    operand, not as jnp.einsum, which puts the kernel first: from a [heads, d, B, L] product the
+    compiler lays q, k, v out [heads, B, d, L], and then no longer fuses the softmax into the
+    scores' matmul (1.3M cycles more a base layer); from [B, L, heads, d] it writes them
+    [B, heads, d, L], the layout the core's fusions read.
     """
 
     @staticmethod
@@ -450,8 +453,10 @@ class _tpu_projections:  # noqa: N801 (a namespace of two functions)
         x = x.astype(dtype)
         kernels_ = jnp.split(kernel.astype(dtype), 3, axis=1)  # [H, 1, heads, d] each
         biases = jnp.split(bias.astype(dtype), 3)  # [1, heads, d] each
+        contract_width = (((2,), (0,)), ((), ()))
         return tuple(
-            jnp.einsum("blx,xhd->bhld", x, w[:, 0]) + c[0][None, :, None, :]
+            jnp.transpose(jax.lax.dot_general(x, w[:, 0], contract_width), (0, 2, 1, 3))
+            + c[0][None, :, None, :]
             for w, c in zip(kernels_, biases, strict=True)
         )
 
@@ -459,16 +464,10 @@ class _tpu_projections:  # noqa: N801 (a namespace of two functions)
     def output(context, kernel, bias):
         """context [B, heads, L, d], kernel [heads, d, H], bias [H] -> [B, L, H]."""
         dtype = context.dtype
-        return jnp.einsum("bhld,hdx->blx", context, kernel.astype(dtype)) + bias.astype(dtype)
-
-
-def _positions_minor(t):
-    """t [B, heads, L, d] laid out in memory as [B, heads, d, L] (positions in the minor dim),
-    the layout the attention core's fusions read on TPU (head_dim 64 would fill half of a
-    tile's 128 lanes). Left to itself the compiler writes the einsums' results [heads, B, d, L]
-    and then no longer fuses the softmax into the scores' matmul (1.3M estimated cycles more
-    for a base layer); pinned, they are written where the core reads them. Changes no number."""
-    return with_layout_constraint(t, Layout((0, 1, 3, 2)))
+        contract_heads = (((1, 3), (0, 1)), ((), ()))  # -> [B, L, H]
+        return jax.lax.dot_general(context, kernel.astype(dtype), contract_heads) + bias.astype(
+            dtype
+        )
 
 
 class SelfAttention(nn.Module):
@@ -476,7 +475,7 @@ class SelfAttention(nn.Module):
 
     Heads lead the layout ([B, heads, L, head_dim]) so every contraction is a batched matmul with
     batch dimensions first. How q, k, v and the output are projected depends on the platform
-    (`platform(spec)`): on TPU with the einsum core, one einsum per tensor straight between
+    (`platform(spec)`): on TPU with the einsum core, one dot per tensor straight between
     x [B, L, H] and the heads-first layout (`_tpu_projections`); elsewhere, and for the Pallas
     kernels, one fused [B * L, H] x [H, 3 * H] matmul and a transpose (`_flat_projections`).
     Both compute the same function of the same parameters (qkv_kernel [H, 3, heads, head_dim],
@@ -517,8 +516,6 @@ class SelfAttention(nn.Module):
             for t in projections.qkv(x, qkv_kernel, qkv_bias, jnp.dtype(s.dtype))
         )
         if s.attention == "einsum":
-            if tpu:
-                q, k, v = (_positions_minor(t) for t in (q, k, v))
             context = self._einsum(q, k, v, attention_bias, deterministic)
         elif s.attention == "pallas":
             context = self._pallas(q, k, v, attention_bias, deterministic)

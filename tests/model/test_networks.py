@@ -325,6 +325,16 @@ def _layer_inputs(dtype="float32"):
     return x, bias, jax.random.normal(keys[1], (2, 16, 64))
 
 
+def _equations(jaxpr):
+    """Every equation of a jaxpr and of the jaxprs inside it (pjit, custom_vjp, ...)."""
+    for e in jaxpr.eqns:
+        yield e
+        for param in e.params.values():
+            inner = getattr(param, "jaxpr", param)
+            if isinstance(inner, jax.extend.core.Jaxpr):
+                yield from _equations(inner)
+
+
 def test_tpu_projections_compute_the_flat_ones_function():
     """On TPU q, k, v and the output are projected by einsums into and out of the heads-first
     layout, pinned to the layout the attention core reads (SelfAttention); on a CPU that
@@ -338,6 +348,17 @@ def test_tpu_projections_compute_the_flat_ones_function():
     for a, b in leaves:
         assert a.shape == b.shape
         np.testing.assert_allclose(a, b, atol=5e-5 * float(jnp.max(jnp.abs(b))))
+    # q, k and v come from dots whose left operand is x [B, L, H], the order the TPU compiler
+    # lays out as the attention core reads (kernel first, as jnp.einsum puts it, it does not).
+    layer = model_lib.TransformerLayer(_layer_spec(platform="tpu"), _layer_spec().discriminator)
+    params = jax.eval_shape(lambda: layer.init({"params": jax.random.PRNGKey(0)}, x, bias, True))
+    jaxpr = jax.make_jaxpr(lambda p: layer.apply(p, x, bias, True))(params).jaxpr
+    projections = [
+        [v.aval.shape for v in e.invars]
+        for e in _equations(jaxpr)
+        if e.primitive.name == "dot_general" and e.invars[1].aval.shape == (64, 2, 32)
+    ]
+    assert projections == [[x.shape, (64, 2, 32)]] * 3, projections
 
 
 def test_bfloat16_layers_keep_no_float32_activations():
