@@ -449,17 +449,22 @@ def _values(refs):
     return q_ref[...], k_ref[...], v_ref[...], o_ref[...], do_ref[...], bias_ref[...]
 
 
+def _zeroed_when(first, accumulators) -> None:
+    """Sets the float32 accumulators to 0 at the first grid step of what they sum over."""
+
+    @pl.when(first)
+    def _():
+        for acc in accumulators:
+            acc[...] = jnp.zeros(acc.shape, jnp.float32)
+
+
 def _dkv_kernel(prefetch_ref, *refs, shape, with_dq):
     (*inputs, stats_ref), refs = refs[:7], refs[7:]
     dq_ref, (dk_ref, dv_ref, *accumulators) = (refs[0], refs[1:]) if with_dq else (None, refs)
     b, hg, j, i = (pl.program_id(a) for a in range(4))
     d, g = shape.head_dim, shape.group
 
-    @pl.when(i == 0)
-    def _():
-        for acc in accumulators:
-            acc[...] = jnp.zeros(acc.shape, jnp.float32)
-
+    _zeroed_when(i == 0, accumulators)
     blocks = _values(inputs)
     dqs = []
     for t in range(g):
@@ -487,11 +492,7 @@ def _dq_kernel(prefetch_ref, *refs, shape):
     b, hg, i, j = (pl.program_id(a) for a in range(4))
     d, g = shape.head_dim, shape.group
 
-    @pl.when(j == 0)
-    def _():
-        for acc in accumulators:
-            acc[...] = jnp.zeros(acc.shape, jnp.float32)
-
+    _zeroed_when(j == 0, accumulators)
     blocks = _values(inputs)
     for t in range(g):
         _, _, d_scores = _gradients(prefetch_ref, blocks, stats_ref, shape, b, hg * g + t, t,
