@@ -30,25 +30,33 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # (config, slice, overrides): each config on the slices its docstring names and today's, as it
 # stands (base and large with train.remat='auto': the fastest policy that fits each slice, which
-# the remat column names), and large with full remat (and bfloat16 compute) to compare; the
-# slices most booked first.
-FIT = ("--config.model.dtype=bfloat16", "--config.train.remat=full")
+# the remat column names; bfloat16; model.attention='auto': the Pallas kernel on TPU where it
+# wins), and, to compare on the same compiler, the XLA attention core (EINSUM) and the path
+# before those defaults (XLA_FLOAT32: float32 compute, the XLA core), and large with full remat;
+# the slices most booked first, the small model last.
+EINSUM = ("--config.model.attention=einsum",)
+XLA_FLOAT32 = ("--config.model.dtype=float32", "--config.model.attention=einsum")
 REMAT = ("--config.train.remat=full",)  # the numbers of the run unchanged
+BFLOAT16 = ("--config.model.dtype=bfloat16",)
 ROWS = (
     ("large", "v4-128", ()),
-    ("large", "v4-128", FIT),
+    ("large", "v4-128", EINSUM),
+    ("large", "v4-128", XLA_FLOAT32),
     ("large", "v4-128", REMAT),
     ("base", "v4-16", ()),
-    ("small", "v4-8", ()),
+    ("base", "v4-16", EINSUM),
+    ("base", "v4-16", XLA_FLOAT32),
     ("large", "v3-512", ()),
-    ("small", "v5e-8", ()),
-    ("small", "v3-8", ()),
     ("large", "v5p-128", ()),
     ("base", "v5e-16", ()),
     ("base", "v3-16", ()),
     ("base", "v5p-16", ()),
     ("large", "v6e-64", ()),
     ("large", "v6e-64", REMAT),
+    ("small", "v4-8", ()),
+    ("small", "v5e-8", ()),
+    ("small", "v5e-8", BFLOAT16),
+    ("small", "v3-8", ()),
 )
 
 
@@ -69,9 +77,16 @@ def run_row(config: str, topology: str, overrides, timeout: float) -> dict:
         row["jax_topology"] = row.pop("topology")
     else:
         row["error"] = (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1]
-    row.update(config=config, topology=topology, overrides=list(overrides))
+    row.update(config=config, topology=topology, overrides=list(overrides), commit=_commit())
     row["wall_seconds"] = round(time.time() - t0, 1)
     return row
+
+
+def _commit() -> str:
+    """The checkout's commit, with '+' when its tracked files differ from it."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True)
+    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=ROOT).returncode != 0
+    return head.stdout.decode().strip() + ("+" if dirty else "")
 
 
 def _gib(n) -> str:
@@ -87,8 +102,8 @@ def markdown(rows: list[dict]) -> str:
     head = (
         "| config | slice | settings | remat | devices x hosts | mesh (data x fsdp) | "
         "batch per device | GiB per device (state + temp) of HBM | fits (headroom GiB) | "
-        "compile s | MFU ceiling (roofline) | MFU ceiling (compiler's cycles) |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        "compile s | MFU ceiling (roofline) | MFU ceiling (compiler's cycles) | commit |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     lines = []
     for r in rows:
@@ -101,7 +116,8 @@ def markdown(rows: list[dict]) -> str:
         if "error" in r:
             lines.append(
                 f"| {r['config']} | {r['topology']} | {settings} | | | | | | no: "
-                f"{r['error'].removeprefix('error: ').split(';')[0]} | | | |"
+                f"{r['error'].removeprefix('error: ').split(';')[0]} | | | | "
+                f"{r.get('commit', '')} |"
             )
             continue
         mesh = f"{r['mesh']['data']} x {r['mesh']['fsdp']}"
@@ -116,7 +132,7 @@ def markdown(rows: list[dict]) -> str:
             f"{_gib(r['memory_per_device_bytes'])} ({_gib(r['memory_state_bytes'])} + "
             f"{_gib(r['memory_temp_bytes'])}) of {_gib(r['hbm_per_device_bytes'])} | "
             f"{'yes' if r['fits'] else 'no'} ({_gib(r['headroom_bytes'])}) | "
-            f"{r['compile_seconds']} | {mfu} | {cycles} |"
+            f"{r['compile_seconds']} | {mfu} | {cycles} | {r.get('commit', '')} |"
         )
     return head + "\n".join(lines) + "\n"
 

@@ -13,8 +13,9 @@ only memory and time): on a v4-128 'save_projections', 24.2 of a chip's 32 GiB, 
 the step needs 38.6; the TPU compiler's plans without remat are 10.8 of each v3 core's 16 GiB and
 39.3 of a v5p chip's 95 (benchmarks/RESULTS.md, "The paper configs compiled for their slices";
 benchmarks/notes/remat.md). A v6e-64 needs remat too (full remat: 12.0 of 32 GiB; auto's choice
-there not compiled yet). On TPU add --config.model.dtype=bfloat16 (not the default until a TPU
-confirms it; benchmarks/notes/compile.md, "bfloat16 that pays"). Before booking another slice,
+there not compiled yet). It computes in bfloat16, as base.py does and says why
+(--config.model.dtype=float32 computes in float32), with the Pallas attention kernel on TPU
+(model.attention='auto'). Before booking another slice,
 compile for it: add --dry_run --topology=SLICE (README, "Will it fit?"); it chooses as the run does.
 On GPUs, a multi-node cluster (batch 2048 does not fit one device). This is the paper's
 "ELECTRA-400K" (GLUE dev 88.6); the released ELECTRA-Large is the 1.75M-step variant: add
@@ -43,4 +44,5 @@ def get_config():
     config.data.heldout_examples = 4096  # two held-out batches of 2048
     config.train.learning_rate = 2e-4
     config.train.remat = "auto"
+    config.model.dtype = "bfloat16"
     return config

@@ -222,19 +222,21 @@ def test_compile_table_rows_and_markdown():
         "memory_per_device_bytes": 3 * 2**30, "memory_state_bytes": 2**30,
         "memory_temp_bytes": 2 * 2**30, "hbm_per_device_bytes": 32 * 2**30,
         "headroom_bytes": 29 * 2**30, "fits": True, "compile_seconds": 12.5, "mfu_ceiling": 0.5,
-        "mfu_ceiling_cycles": 0.25, "pallas_calls_per_step": 0,
+        "mfu_ceiling_cycles": 0.25, "pallas_calls_per_step": 0, "commit": "abc1234",
     }  # fmt: skip
     failed = {"config": "large", "topology": "v4-128", "overrides": ["--config.train.remat=full"]}
     failed["error"] = "error: does not fit v4-128 (v4): a device needs 36.73G; try remat"
     fitted.update(remat="save_matmuls", remat_auto="train.remat=auto: 'save_matmuls' for ...")
     table = compile_table.markdown([fitted, failed]).splitlines()
-    assert len(table) == 4 and all(line.count("|") == 13 for line in table)
+    assert len(table) == 4 and all(line.count("|") == 14 for line in table)
     assert table[2].startswith(
         "| base | v4-16 (v4:2x2x2, TPU v4) | as is | auto: save_matmuls | 8 x 2 | 8 x 1 | 32 |"
     )
-    assert "| 3.00 (1.00 + 2.00) of 32.00 | yes (29.00) | 12.5 | 50.0% | 25.0% |" in table[2]
+    assert (
+        "| 3.00 (1.00 + 2.00) of 32.00 | yes (29.00) | 12.5 | 50.0% | 25.0% | abc1234 |" in table[2]
+    )
     kernels = compile_table.markdown([{**fitted, "pallas_calls_per_step": 48}]).splitlines()[2]
-    assert kernels.endswith("| 25.0% (Pallas calls at their roofline) |")
+    assert kernels.endswith("| 25.0% (Pallas calls at their roofline) | abc1234 |")
     assert "train.remat=full" in table[3] and "no: does not fit v4-128" in table[3]
     assert "try remat" not in table[3]  # the need and the have; the hints are the command's
 

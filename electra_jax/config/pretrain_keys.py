@@ -236,14 +236,15 @@ KEYS = table(
     ),
     Key(
         "model.attention",
-        "einsum",
+        "auto",
         (
-            "'einsum' (dropout on attention probabilities, as the paper), 'pallas' (the same "
-            "function and dropout as a Pallas TPU kernel, FlashAttention's tiling: TPU devices "
-            "only) or jax.nn.dot_product_attention kernels 'xla' / 'cudnn' (fused, GPU-fast, "
-            "need attention_dropout_rate = 0)"
+            "'auto' ('pallas' on TPU devices, 'einsum' elsewhere), 'einsum' (dropout on "
+            "attention probabilities, as the paper), 'pallas' (the same function and dropout as "
+            "a Pallas TPU kernel, FlashAttention's tiling: TPU devices only) or "
+            "jax.nn.dot_product_attention kernels 'xla' / 'cudnn' (fused, GPU-fast, need "
+            "attention_dropout_rate = 0)"
         ),
-        rule=("einsum", "pallas", "xla", "cudnn"),
+        rule=("auto", "einsum", "pallas", "xla", "cudnn"),
         resume=MODEL,
         cross="'cudnn' needs model.dtype 'bfloat16' and a GPU; 'pallas' TPU devices",
     ),

@@ -57,8 +57,9 @@ class ElectraSpec:
     # What the backward pass recomputes per layer: 'none', or a policy of _REMAT_POLICIES.
     remat: str = "none"
     # 'einsum' (ours, with dropout on the probabilities), 'pallas' (the same function as a
-    # Pallas TPU kernel: flash_attention.py) or jax.nn.dot_product_attention's 'xla' / 'cudnn'
-    # kernels (fused; they have no dropout on the probabilities).
+    # Pallas TPU kernel: flash_attention.py), jax.nn.dot_product_attention's 'xla' / 'cudnn'
+    # kernels (fused; they have no dropout on the probabilities), or 'auto': 'pallas' where the
+    # step is compiled for TPU devices (`platform`), else 'einsum' (resolved_attention).
     attention: str = "einsum"
     # Where activations live: a jax.sharding.Sharding whose leading axis splits the batch, or
     # None. FSDP runs set it so that the partitioner keeps every [B, ...] activation split over
@@ -287,6 +288,29 @@ def platform(spec: ElectraSpec) -> str:
     return spec.platform or jax.default_backend()
 
 
+# 'auto' takes the Pallas kernel from this sequence length and width on: where the TPU
+# compiler's estimated cycles of a discriminator layer, forward and backward in bfloat16, put it
+# ahead of the XLA core (base and large at 512: 15% and 11% fewer cycles on v4, base 9% on v5e);
+# below, the flat projections it reads cost more than the [L, L] arrays it saves (small on v5e:
+# 22% more cycles at 128, 14% at 256, 3% at 512). benchmarks/notes/compile.md, "Pallas by default".
+PALLAS_FROM_SEQ_LENGTH = 512
+PALLAS_FROM_HIDDEN_SIZE = 768
+
+
+def resolved_attention(
+    attention: str, platform_name: str | None, seq_length: int, hidden_size: int
+) -> str:
+    """model.attention with 'auto' resolved: 'pallas' for a step compiled for TPU devices
+    (platform_name 'tpu', known only where the run's mesh is: program.build) at a sequence
+    length and width from PALLAS_FROM_* on, else 'einsum'. The two compute the same function
+    with the same dropout mask; the choice changes where the [L, L] scores live (VMEM or HBM),
+    not the numbers beyond rounding."""
+    if attention != "auto":
+        return attention
+    wide = seq_length >= PALLAS_FROM_SEQ_LENGTH and hidden_size >= PALLAS_FROM_HIDDEN_SIZE
+    return "pallas" if platform_name == "tpu" and wide else "einsum"
+
+
 def check_attention_platform(attention: str, platform_name: str) -> None:
     """ConfigError (one line) when model.attention cannot run on the devices of `platform_name`
     ('cpu', 'gpu', 'tpu'): 'pallas' is a TPU kernel (Mosaic); elsewhere only its interpret mode
@@ -504,10 +528,11 @@ class SelfAttention(nn.Module):
         )
         out_bias = self.param("output_bias", nn.initializers.zeros, (e.hidden_size,), jnp.float32)
         tpu = platform(s) == "tpu"
+        attention = resolved_attention(s.attention, s.platform, x.shape[1], x.shape[2])
         # The Pallas kernels read and write the flat projection's own token-major layout
         # (flash_attention: its moves to and from heads-first cancel against the flat ones'),
         # so they keep the flat projections on TPU too.
-        flat = not tpu or s.attention == "pallas"
+        flat = not tpu or attention == "pallas"
         projections = _flat_projections if flat else _tpu_projections
         # Named in the heads-first layout the attention core reads, for the remat policies: a
         # policy that keeps them recomputes neither the projection nor the moves of heads.
@@ -515,9 +540,9 @@ class SelfAttention(nn.Module):
             checkpoint_name(t, QKV)
             for t in projections.qkv(x, qkv_kernel, qkv_bias, jnp.dtype(s.dtype))
         )
-        if s.attention == "einsum":
+        if attention == "einsum":
             context = self._einsum(q, k, v, attention_bias, deterministic)
-        elif s.attention == "pallas":
+        elif attention == "pallas":
             context = self._pallas(q, k, v, attention_bias, deterministic)
         else:
             context = self._fused(q, k, v, attention_bias, deterministic)

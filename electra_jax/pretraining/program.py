@@ -27,6 +27,7 @@ from electra_jax.model.networks import (
     ElectraSpec,
     abstract_params,
     check_attention_platform,
+    resolved_attention,
     spec_from_config,
 )
 from electra_jax.model.optim import make_optimizer
@@ -60,7 +61,10 @@ def build(config: ml_collections.ConfigDict, vocab_size: int, mesh=None):
     )
     if mesh is not None:
         spec = dataclasses.replace(spec, platform=mesh.devices.flat[0].platform)
-    if mesh is not None and mesh.size > 1 and spec.attention == "pallas":
+    attention = resolved_attention(
+        spec.attention, spec.platform, config.data.seq_length, spec.discriminator.hidden_size
+    )
+    if mesh is not None and mesh.size > 1 and attention == "pallas":
         spec = dataclasses.replace(spec, batch_sharding=sharding.batch_sharding(mesh))
     if mesh is not None and mesh.shape["fsdp"] > 1:
         spec = dataclasses.replace(spec, activation_sharding=sharding.batch_sharding(mesh))

@@ -218,7 +218,7 @@ def test_block_sizes_the_tpu_cannot_tile_are_refused_in_one_line():
 
 def _layer_spec(**changes) -> ElectraSpec:
     enc = EncoderSpec(hidden_size=128, num_layers=1, num_heads=2, intermediate_size=256)
-    return ElectraSpec(64, 128, 128, 2, enc, enc, attention="pallas", **changes)
+    return ElectraSpec(64, 128, 128, 2, enc, enc, **{"attention": "pallas", **changes})
 
 
 def _layer_grad(spec, batch, on, mesh):
@@ -280,3 +280,29 @@ def test_pallas_attention_is_refused_where_the_devices_are_not_tpus():
     with pytest.raises(ConfigError, match=r"^model.attention='pallas' is a TPU kernel"):
         layer.init(jax.random.PRNGKey(0), jnp.zeros((1, 128, 128)), jnp.zeros((1, 1, 1, 128)),
                    deterministic=True)  # fmt: skip
+
+
+def test_auto_takes_the_kernel_on_tpu_where_it_wins_and_einsum_elsewhere():
+    """model.attention='auto': 'pallas' only for TPU devices at a sequence length and width from
+    PALLAS_FROM_* on (where the compiler's cycles put it ahead); 'einsum' below that, on other
+    platforms and where the platform is not known; a named choice is kept as it is. A narrow
+    layer compiled for a TPU under 'auto' holds no Pallas call."""
+    from electra_jax.model import networks
+    from electra_jax.model.networks import resolved_attention
+
+    long, wide = networks.PALLAS_FROM_SEQ_LENGTH, networks.PALLAS_FROM_HIDDEN_SIZE
+    assert resolved_attention("auto", "tpu", long, wide) == "pallas"
+    assert resolved_attention("auto", "tpu", 4 * long, 2 * wide) == "pallas"
+    assert resolved_attention("auto", "tpu", long // 2, wide) == "einsum"
+    assert resolved_attention("auto", "tpu", long, wide // 3) == "einsum"  # base's generator
+    for platform in ("cpu", "gpu", None):
+        assert resolved_attention("auto", platform, long, wide) == "einsum"
+    assert resolved_attention("pallas", "tpu", 128, 128) == "pallas"
+    assert resolved_attention("einsum", "tpu", long, wide) == "einsum"
+    from electra_jax.model import sharding
+
+    devices = topology.compile_only_devices(topology.resolve("v5e:2x2"))
+    mesh = sharding.make_mesh(micro_config().mesh, devices)
+    spec = _layer_spec(platform="tpu", attention="auto")
+    hlo = _layer_grad(spec, 1, None, mesh).as_text()
+    assert 'custom_call_target="tpu_custom_call"' not in hlo
