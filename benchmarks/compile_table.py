@@ -83,10 +83,12 @@ def run_row(config: str, topology: str, overrides, timeout: float) -> dict:
 
 
 def _commit() -> str:
-    """The checkout's commit, with '+' when its tracked files differ from it."""
+    """The checkout's commit, with '+' when its tracked files (the table's own aside) differ
+    from it."""
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True)
-    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=ROOT).returncode != 0
-    return head.stdout.decode().strip() + ("+" if dirty else "")
+    table = [f":(exclude)benchmarks/compile_table.{ext}" for ext in ("json", "md")]
+    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", ".", *table], cwd=ROOT)
+    return head.stdout.decode().strip() + ("+" if dirty.returncode else "")
 
 
 def _gib(n) -> str:
