@@ -292,7 +292,7 @@ def platform(spec: ElectraSpec) -> str:
 # compiler's estimated cycles of a discriminator layer, forward and backward in bfloat16, put it
 # ahead of the XLA core (base and large at 512: 15% and 11% fewer cycles on v4, base 9% on v5e);
 # below, the flat projections it reads cost more than the [L, L] arrays it saves (small on v5e:
-# 22% more cycles at 128, 14% at 256, 3% at 512). benchmarks/notes/compile.md, "Pallas by default".
+# 5% more cycles at 128, 16% at 256, 3% at 512). benchmarks/notes/compile.md, "Pallas by default".
 PALLAS_FROM_SEQ_LENGTH = 512
 PALLAS_FROM_HIDDEN_SIZE = 768
 
