@@ -238,10 +238,11 @@ def main(argv) -> None:
         quiet_logs()
     out = values.out or paths.join(values.workdir, filenames.EXPORT_DIR)
     from electra_jax.model.weights import PretrainedError
+    from electra_jax.store.workdir_files import WorkdirFileError
 
     try:
         manifest = export(values.workdir, out, values.push_to_hub, values.hub_private)
-    except PretrainedError as e:
+    except (PretrainedError, WorkdirFileError) as e:
         if values.verbose:
             raise
         fail(str(e))

@@ -68,7 +68,12 @@ def _snapshot(path: pathlib.Path) -> dict:
         if p.name == ".lock":  # names each run that held the workdir: rewritten by every run
             continue
         rel = str(p.relative_to(path))
-        out[rel] = "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
+        if p.is_dir():
+            out[rel] = "dir"
+        elif not p.is_file():  # a FIFO a case put there: reading it would wait for a writer
+            out[rel] = "special"
+        else:
+            out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
     return out
 
 
@@ -650,6 +655,74 @@ def _reached_step_6(ctx: Context, argv: list) -> str:
     return "" if "6" in steps else f"checkpoints/ holds {steps}"
 
 
+# ---- the fourth pass's rules (docs/reliability.md), several inputs each
+
+GOODPUT = PY + ["-m", "electra_jax.goodput"]
+
+
+def _goodput_over(make: Callable[[pathlib.Path], None]):
+    """goodput of a workdir whose metrics.jsonl `make` writes (or puts something else at)."""
+
+    def argv(ctx: Context):
+        w = ctx.fresh("goodput")
+        w.mkdir()
+        make(w / "metrics.jsonl")
+        return GOODPUT + [str(w)], [w]
+
+    return argv
+
+
+def _rows(*rows) -> Callable[[pathlib.Path], None]:
+    return lambda path: path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _export_with_commands(make: Callable[[pathlib.Path], None]):
+    """export of the trained run's copy whose commands.jsonl `make` replaces."""
+
+    def argv(ctx: Context):
+        w = ctx.copy("commands")
+        (w / "commands.jsonl").unlink(missing_ok=True)
+        make(w / "commands.jsonl")
+        return EXPORT + [f"--workdir={w}", f"--out={ctx.fresh('o')}"], [w]
+
+    return argv
+
+
+# What goodput (jax-free, so each case takes a fraction of a second) is given as metrics.jsonl.
+_GOODPUT_FILES = (
+    ("metrics.jsonl a FIFO", os.mkfifo, "FIFO"),
+    ("metrics.jsonl a folder", lambda p: p.mkdir(), "is a folder"),
+    (
+        "wall_sec 0",
+        _rows({"step": 1, "wall_sec": 0, "productive_sec": 0, "goodput": 0}),
+        "wall_sec 0",
+    ),
+    ("rows that are lists", _rows([1], [2]), "line 1"),
+    ("a row without step", _rows({"wall_sec": 1, "productive_sec": 1, "goodput": 1}), "no step"),
+    ("a Latin-1 byte", lambda p: p.write_bytes(b'{"step": 1, "note": "caf\xe9"}\n'), "not UTF-8"),
+)
+
+
+def fourth_pass() -> list[Case]:
+    return [
+        # 1. a command that reads a file we wrote reads it defensively
+        *(
+            Case(f"goodput, {name}", _goodput_over(make), contains=says, timeout=60)
+            for name, make, says in _GOODPUT_FILES
+        ),
+        Case(
+            "export, commands.jsonl a folder",
+            _export_with_commands(lambda p: p.mkdir()),
+            contains="commands.jsonl is a folder",
+        ),
+        Case(
+            "export, commands.jsonl rows without step",
+            _export_with_commands(_rows({"command": "train"})),
+            contains="commands.jsonl line 1 has no step",
+        ),
+    ]
+
+
 def cases() -> list[Case]:
     return [
         # ---- train: settings, each one line before any work
@@ -969,6 +1042,7 @@ def cases() -> list[Case]:
             timeout=600,
             after=_reached_step_6,
         ),
+        *fourth_pass(),
     ]
 
 
