@@ -53,12 +53,11 @@ class LockHeld(Exception):
 
 
 def lease_seconds() -> float:
-    value = os.environ.get(LEASE_ENV, "")
-    try:
-        lease = float(value) if value else DEFAULT_LEASE_SECONDS
-    except ValueError:
-        lease = DEFAULT_LEASE_SECONDS
-    return lease if lease > 0 else DEFAULT_LEASE_SECONDS
+    """$ELECTRA_JAX_LOCK_LEASE_SECONDS, or the default where unset; EnvironmentValueError for a
+    value that is no number of seconds > 0 (it was silently replaced by the default)."""
+    from electra_jax.store import environment
+
+    return environment.positive_seconds(LEASE_ENV, "the gs:// lock's lease", DEFAULT_LEASE_SECONDS)
 
 
 def split(uri: str) -> tuple[str, str]:
