@@ -210,6 +210,7 @@ class Case:
     contains: str = ""  # a phrase the last line must hold
     timeout: float = 240
     after: Callable[[Context, list], str] | None = None  # extra check: '' or what went wrong
+    says: str = ""  # a phrase some line of stderr must hold (a note before the last line)
 
 
 def _train(ctx: Context, workdir, *overrides) -> list:
@@ -703,6 +704,22 @@ _GOODPUT_FILES = (
 )
 
 
+def _train_with_env(*env: str, workdir: str = ""):
+    """train of a fresh workdir (or the trained run's copy: `workdir='copy'`) with `env` set."""
+
+    def argv(ctx: Context):
+        if workdir != "copy":
+            return ["env", *env] + _train(ctx, ctx.fresh("w")), []
+        w = ctx.copy("env")  # finished: a start adds to commands.jsonl, nothing else
+        return ["env", *env] + _train(ctx, w), [w / "checkpoints", w / "config.json"]
+
+    return argv
+
+
+def _dry_run_topology(name: str):
+    return lambda ctx: (_train(ctx, ctx.fresh("w"), "--dry_run", f"--topology={name}"), [])
+
+
 def fourth_pass() -> list[Case]:
     return [
         # 1. a command that reads a file we wrote reads it defensively
@@ -719,6 +736,35 @@ def fourth_pass() -> list[Case]:
             "export, commands.jsonl rows without step",
             _export_with_commands(_rows({"command": "train"})),
             contains="commands.jsonl line 1 has no step",
+        ),
+        # 2. what a parser accepts, what follows can do, or refuses in one line; every value
+        # read from the environment is checked where it is read
+        Case("topology of part hosts", _dry_run_topology("v5e:4x3"), contains="whole number of"),
+        Case("topology v4:3x2x2", _dry_run_topology("v4:3x2x2"), contains="whole number of"),
+        *(
+            Case(
+                f"{name}={value}", _train_with_env(f"{name}={value}"), contains=f"{name}={value!r}"
+            )
+            for name, value in (("OMPI_COMM_WORLD_SIZE", "abc"), ("SLURM_PROCID", "-1"))
+        ),
+        # 4. a launch that cannot join says so on every process; a stray variable is named
+        Case(
+            "Kubernetes pod 0 without the kubernetes package",
+            _train_with_env("KUBERNETES_SERVICE_HOST=10.0.0.1", "JOB_COMPLETION_INDEX=0"),
+            contains="pod 0 of a Kubernetes Indexed Job",
+        ),
+        *(
+            Case(
+                f"a stale {value}",
+                _train_with_env(value, workdir="copy"),
+                expect="ok",
+                contains="nothing was trained",  # it went on alone, with the line before
+                says=says,
+            )
+            for value, says in (
+                ("SLURM_NTASKS=2", "cluster: SLURM_NTASKS=2 set, but jax detects no launch here"),
+                ("TPU_WORKER_HOSTNAMES=a,b", "a TPU slice is detected only on a Cloud TPU VM"),
+            )
         ),
     ]
 
@@ -1086,6 +1132,8 @@ def run_case(case: Case, ctx: Context) -> Row:
         problem = f"failed where it should succeed (exit {code})"
     elif case.contains and case.contains not in last:
         problem = f"the line does not say {case.contains!r}"
+    elif case.says and case.says not in err:
+        problem = f"nothing on stderr says {case.says!r}"
     if not problem:
         changed = [p for p, snap in before.items() if _snapshot(pathlib.Path(p)) != snap]
         if changed:
