@@ -20,13 +20,18 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 
 from electra_jax.config.schema import ConfigError
 from electra_jax.store import filenames, paths
 
 
 def export(
-    workdir: str, out: str, push_to_hub: str | None = None, hub_private: bool = False
+    workdir: str,
+    out: str,
+    push_to_hub: str | None = None,
+    hub_private: bool = False,
+    hub_timeout_seconds: float | None = None,
 ) -> dict:
     """A workdir's newest checkpoint (or a fine-tuning's saved model) -> OUT, then to the Hub
     repository `push_to_hub` when given (created `hub_private` if missing); returns the
@@ -71,7 +76,8 @@ def export(
         pre = load_workdir(workdir)
         manifest = write_export(pre, out, readme=pretraining_readme(workdir, pre, push_to_hub))
     if push_to_hub:
-        manifest["hub_url"] = hub.push(out, push_to_hub, manifest, private=hub_private)
+        timeout = hub_timeout_seconds or hub.DEFAULT_TIMEOUT_SECONDS
+        manifest["hub_url"] = hub.push(out, push_to_hub, manifest, hub_private, timeout)
     return manifest
 
 
@@ -221,6 +227,12 @@ def _define_flags():
         "created if missing; needs a token (hf auth login, or HF_TOKEN).",
     )
     flags.DEFINE_bool("hub_private", False, "Create the --push_to_hub repository private.")
+    flags.DEFINE_float(
+        "hub_timeout_seconds",
+        900.0,
+        "--push_to_hub: the upload (the repository's creation and the commit) ends within this "
+        "many seconds, finished or not; the export stays in --out either way.",
+    )
     flags.DEFINE_bool("verbose", False, "Show full tracebacks on errors.")
 
 
@@ -236,15 +248,29 @@ def main(argv) -> None:
         fail("--workdir is required: the pre-training run to export, e.g. --workdir=runs/tiny")
     if not values.verbose:
         quiet_logs()
+    if not values.hub_timeout_seconds > 0 or values.hub_timeout_seconds == float("inf"):
+        fail(f"--hub_timeout_seconds={values.hub_timeout_seconds} must be a number of seconds > 0")
     out = values.out or paths.join(values.workdir, filenames.EXPORT_DIR)
     from electra_jax.model.weights import PretrainedError
     from electra_jax.store.workdir_files import WorkdirFileError
 
     try:
-        manifest = export(values.workdir, out, values.push_to_hub, values.hub_private)
+        manifest = export(
+            values.workdir,
+            out,
+            values.push_to_hub,
+            values.hub_private,
+            values.hub_timeout_seconds,
+        )
     except (PretrainedError, WorkdirFileError) as e:
         if values.verbose:
             raise
+        from electra_jax.hf import hub
+
+        if isinstance(e, hub.HubTimeout):
+            # At once: the abandoned upload's library threads must not hold the process up.
+            print(f"error: {e}", file=sys.stderr, flush=True)
+            os._exit(2)
         fail(str(e))
     if "architecture" in manifest:
         print(f"exported {manifest['task']} from {manifest['source']} to {os.path.abspath(out)}: "

@@ -720,6 +720,33 @@ def _dry_run_topology(name: str):
     return lambda ctx: (_train(ctx, ctx.fresh("w"), "--dry_run", f"--topology={name}"), [])
 
 
+_SILENT: list = []  # the listening sockets of _silent_hub, closed by release_holders
+
+
+def _silent_hub(ctx: Context):
+    """export --push_to_hub to a Hub at a local address that accepts connections (the kernel's
+    backlog) and never answers."""
+    import socket
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    _SILENT.append(server)
+    out = ctx.fresh("pushed")
+    env = ["env", f"HF_ENDPOINT=http://127.0.0.1:{server.getsockname()[1]}", "HF_TOKEN=hf_x"]
+    return env + EXPORT + [
+        f"--workdir={ctx.workdir}",
+        f"--out={out}",
+        "--push_to_hub=someone/electra-micro",
+        "--hub_timeout_seconds=3",
+    ], [ctx.workdir]
+
+
+def _export_kept(ctx: Context, argv: list) -> str:
+    out = pathlib.Path(next(a for a in argv if a.startswith("--out=")).split("=", 1)[1])
+    return "" if (out / "export.json").is_file() else f"no export in {out}"
+
+
 def fourth_pass() -> list[Case]:
     return [
         # 1. a command that reads a file we wrote reads it defensively
@@ -765,6 +792,14 @@ def fourth_pass() -> list[Case]:
                 ("SLURM_NTASKS=2", "cluster: SLURM_NTASKS=2 set, but jax detects no launch here"),
                 ("TPU_WORKER_HOSTNAMES=a,b", "a TPU slice is detected only on a Cloud TPU VM"),
             )
+        ),
+        # 6. every network call has a deadline (here 3 s; the default is 900 s)
+        Case(
+            "export --push_to_hub to a Hub that never answers",
+            _silent_hub,
+            contains="did not finish the upload to someone/electra-micro within 3s",
+            timeout=120,
+            after=_export_kept,
         ),
     ]
 
@@ -1164,6 +1199,8 @@ def release_holders() -> None:
         holder = _HOLDERS.pop()
         holder.send_signal(signal.SIGKILL)
         holder.wait()
+    while _SILENT:
+        _SILENT.pop().close()
 
 
 def table(rows: list[Row]) -> str:
