@@ -57,10 +57,24 @@ def export(
     except ConfigError as e:
         raise PretrainedError(str(e)) from None
     check_out(os.path.abspath(out))  # before the restore, so a bad --out fails at once
+    from electra_jax.hf.previous import listed_not_ours
+
+    foreign = listed_not_ours(os.path.abspath(out))
+    if foreign:  # a folder is ours only for the files we wrote: say what happens to these
+        print(
+            f"note: {paths.join(out, filenames.EXPORT_MANIFEST)} lists {', '.join(foreign[:5])}"
+            f"{' ...' if len(foreign) > 5 else ''}, which no export writes: left as "
+            f"{'they are' if len(foreign) > 1 else 'it is'}, and not listed by this export",
+            file=sys.stderr,
+        )
     if push_to_hub:
         from electra_jax.hf import hub
 
         hub.check(push_to_hub)  # and a bad repository name or a missing login
+    from electra_jax.store import checkpoint_steps
+
+    # WORKDIR@STEP: that checkpoint, as `load` and `evaluate` take it.
+    workdir, step = checkpoint_steps.split_step(workdir)
     if not paths.isdir(workdir):
         what = "is a file, not a workdir" if paths.exists(workdir) else "does not exist"
         raise PretrainedError(
@@ -71,9 +85,15 @@ def export(
     from electra_jax.pretrained import load_workdir
 
     if is_finetuned(workdir):
+        if step is not None:
+            raise PretrainedError(
+                f"--workdir {workdir}@{step}: @STEP picks a checkpoint of a pre-training "
+                f"workdir, and {workdir} is a fine-tuning workdir, which keeps one model: give "
+                f"--workdir={workdir}"
+            )
         manifest = export_finetuned(workdir, out, name=push_to_hub)
     else:
-        pre = load_workdir(workdir)
+        pre = load_workdir(workdir, step)
         manifest = write_export(pre, out, readme=pretraining_readme(workdir, pre, push_to_hub))
     if push_to_hub:
         timeout = hub_timeout_seconds or hub.DEFAULT_TIMEOUT_SECONDS
@@ -250,7 +270,12 @@ def main(argv) -> None:
         quiet_logs()
     if not values.hub_timeout_seconds > 0 or values.hub_timeout_seconds == float("inf"):
         fail(f"--hub_timeout_seconds={values.hub_timeout_seconds} must be a number of seconds > 0")
-    out = values.out or paths.join(values.workdir, filenames.EXPORT_DIR)
+    from electra_jax.store.checkpoint_steps import split_step
+
+    workdir, step = split_step(values.workdir)
+    # WORKDIR@STEP's own default place: WORKDIR/hf holds the newest checkpoint's export.
+    default = filenames.EXPORT_DIR if step is None else f"{filenames.EXPORT_DIR}-{step}"
+    out = values.out or paths.join(workdir, default)
     from electra_jax.model.weights import PretrainedError
     from electra_jax.store.workdir_files import WorkdirFileError
 

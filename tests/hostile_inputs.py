@@ -747,6 +747,41 @@ def _export_kept(ctx: Context, argv: list) -> str:
     return "" if (out / "export.json").is_file() else f"no export in {out}"
 
 
+def _export_step(step: str):
+    def argv(ctx: Context):
+        return EXPORT + [f"--workdir={ctx.workdir}@{step}", f"--out={ctx.fresh('o')}"], [
+            ctx.workdir
+        ]
+
+    return argv
+
+
+def _exported_step_3(ctx: Context, argv: list) -> str:
+    out = pathlib.Path(next(a for a in argv if a.startswith("--out=")).split("=", 1)[1])
+    source = json.loads((out / "export.json").read_text()).get("source", "")
+    return "" if "(checkpoint 3)" in source else f"exported {source!r}"
+
+
+def _export_all_damaged(ctx: Context):
+    w = ctx.copy("damaged")
+    for step in ("3", "6"):
+        (w / "checkpoints" / step).rename(w / "checkpoints" / f"{step}.corrupt")
+    return EXPORT + [f"--workdir={w}", f"--out={ctx.fresh('o')}"], [w]
+
+
+def _export_over_a_listed_folder(ctx: Context):
+    """An export of ours whose export.json also lists a user's notes/ file: kept, and said."""
+    out = ctx.fresh("listed")
+    shutil.copytree(ctx.export, out)
+    (out / "notes").mkdir()
+    (out / "notes" / "mine.txt").write_text("a user's file")
+    manifest = json.loads((out / "export.json").read_text())
+    manifest["files"].append("notes/mine.txt")
+    manifest["sha256"]["notes/mine.txt"] = hashlib.sha256(b"a user's file").hexdigest()
+    (out / "export.json").write_text(json.dumps(manifest))
+    return EXPORT + [f"--workdir={ctx.workdir}", f"--out={out}"], [out / "notes"]
+
+
 def fourth_pass() -> list[Case]:
     return [
         # 1. a command that reads a file we wrote reads it defensively
@@ -792,6 +827,20 @@ def fourth_pass() -> list[Case]:
                 ("SLURM_NTASKS=2", "cluster: SLURM_NTASKS=2 set, but jax detects no launch here"),
                 ("TPU_WORKER_HOSTNAMES=a,b", "a TPU slice is detected only on a Cloud TPU VM"),
             )
+        ),
+        # 8. a folder is ours only for the files we wrote; a message says what happened
+        Case("export WORKDIR@3", _export_step("3"), expect="ok", after=_exported_step_3),
+        Case("export WORKDIR@99", _export_step("99"), contains="99"),
+        Case(
+            "export, every checkpoint set aside as damaged",
+            _export_all_damaged,
+            contains="set aside as damaged (6.corrupt, 3.corrupt)",
+        ),
+        Case(
+            "export over an export.json listing a user's file",
+            _export_over_a_listed_folder,
+            expect="ok",
+            says="lists notes/mine.txt, which no export writes: left as it is",
         ),
         # 6. every network call has a deadline (here 3 s; the default is 900 s)
         Case(
