@@ -782,6 +782,30 @@ def _export_over_a_listed_folder(ctx: Context):
     return EXPORT + [f"--workdir={ctx.workdir}", f"--out={out}"], [out / "notes"]
 
 
+def _prepare_jsonl(ctx: Context):
+    """prepare of the corpus as JSON lines whose text is in meta/text, one of them holding a
+    lone surrogate (valid JSON, no text)."""
+    corpus = ctx.fresh("corpus.jsonl")
+    lines = [ln for ln in ctx.corpus.read_text().splitlines() if ln]
+    rows = [{"meta": {"text": ln}} for ln in lines]
+    rows[5]["meta"]["text"] += " \ud800 and on"
+    corpus.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    argv = PREPARE + [f"--config={ctx.config}", f"--workdir={ctx.fresh('w')}"]
+    return argv + [f"--config.data.source=jsonl:{corpus}:meta/text"], [corpus]
+
+
+def _prepare_categorical_parquet(ctx: Context):
+    """prepare of the corpus as parquet whose text column is dictionary-encoded (categorical)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    corpus = ctx.fresh("corpus.parquet")
+    lines = [ln for ln in ctx.corpus.read_text().splitlines() if ln]
+    pq.write_table(pa.table({"text": pa.array(lines).dictionary_encode()}), corpus)
+    argv = PREPARE + [f"--config={ctx.config}", f"--workdir={ctx.fresh('w')}"]
+    return argv + [f"--config.data.source=parquet:{corpus}"], [corpus]
+
+
 def fourth_pass() -> list[Case]:
     return [
         # 1. a command that reads a file we wrote reads it defensively
@@ -828,6 +852,14 @@ def fourth_pass() -> list[Case]:
                 ("TPU_WORKER_HOSTNAMES=a,b", "a TPU slice is detected only on a Cloud TPU VM"),
             )
         ),
+        # 7. any valid input text is read or refused in one line
+        Case(
+            "prepare, JSON lines: a nested field, a lone surrogate",
+            _prepare_jsonl,
+            expect="ok",
+            timeout=300,
+        ),
+        Case("prepare, a categorical parquet column", _prepare_categorical_parquet, expect="ok"),
         # 8. a folder is ours only for the files we wrote; a message says what happened
         Case("export WORKDIR@3", _export_step("3"), expect="ok", after=_exported_step_3),
         Case("export WORKDIR@99", _export_step("99"), contains="99"),
