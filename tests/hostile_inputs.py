@@ -720,6 +720,8 @@ def _dry_run_topology(name: str):
     return lambda ctx: (_train(ctx, ctx.fresh("w"), "--dry_run", f"--topology={name}"), [])
 
 
+# tpu_vm.sh's arguments up to the train flags.
+_TPU = ("e", "us-central2-b", "v4-16", "gs://b/runs/x", "--config=c.py")
 _SILENT: list = []  # the listening sockets of _silent_hub, closed by release_holders
 
 
@@ -806,6 +808,11 @@ def _prepare_categorical_parquet(ctx: Context):
     return argv + [f"--config.data.source=parquet:{corpus}"], [corpus]
 
 
+def _launcher(script: str, *args: str, env: tuple = ()):
+    """A launcher (launch/) refusing before it calls anything (gcloud, srun, python)."""
+    return lambda ctx: (["env", *env, "bash", f"launch/{script}", *args], [])
+
+
 def fourth_pass() -> list[Case]:
     return [
         # 1. a command that reads a file we wrote reads it defensively
@@ -873,6 +880,26 @@ def fourth_pass() -> list[Case]:
             _export_over_a_listed_folder,
             expect="ok",
             says="lists notes/mine.txt, which no export writes: left as it is",
+        ),
+        # 5. the launchers hold the commands' rules (launch/_rules.sh)
+        *(
+            Case(f"tpu_vm.sh {var}", _launcher("tpu_vm.sh", *_TPU, env=(var,)), contains=var)
+            for var in ("SPOT=yes", "QUEUED=2", "POLL_SECONDS=abc")
+        ),
+        Case(
+            "tpu_vm.sh, a bucket with capitals",
+            _launcher("tpu_vm.sh", "e", "us-central2-b", "v4-16", "gs://Runs/x", "--config=c.py"),
+            contains="capitals are not allowed",
+        ),
+        Case(
+            "tpu_vm.sh --config.data.cache_dir /local",
+            _launcher("tpu_vm.sh", *_TPU, "--config.data.cache_dir", "/local"),
+            contains="--config.data.cache_dir=/local must be gs://",
+        ),
+        Case(
+            "slurm.sbatch --workdir given twice",
+            _launcher("slurm.sbatch", "--config=c.py", "--workdir=/a", "--workdir", "/b"),
+            contains="--workdir is given 2 times",
         ),
         # 6. every network call has a deadline (here 3 s; the default is 900 s)
         Case(
