@@ -920,7 +920,7 @@ def _glob_and_field(kind: str, arg: str) -> tuple[str, str]:
     glob, colon, field = arg.rpartition(":")
     # After a URI's scheme ('gs://...') there is no field; a field may name one inside an
     # object ('meta/text'), which held a '/' and was read as part of the glob.
-    if not colon or field.startswith("//") or not glob:
+    if not colon or field.startswith("//"):
         return arg, DEFAULT_FIELD
     return glob, field or DEFAULT_FIELD
 
