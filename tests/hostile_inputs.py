@@ -720,6 +720,32 @@ def _dry_run_topology(name: str):
     return lambda ctx: (_train(ctx, ctx.fresh("w"), "--dry_run", f"--topology={name}"), [])
 
 
+_MISSPELT = """import sys
+
+sys.path.insert(0, {root!r})
+from tests.micro import micro_config  # noqa: E402
+
+
+def get_config():
+    config = micro_config()
+    config.train.num_step = 3
+    return config
+"""
+
+
+def _twice(flag: str, first: str, then: str):
+    """train given `flag` twice, in each of absl's forms."""
+    return lambda ctx: (_train(ctx, ctx.fresh("w"), f"{flag}={first}", flag, then), [])
+
+
+def _config_with(ctx: Context, line: str) -> pathlib.Path:
+    """The micro config file with `line` added to its get_config()."""
+    path = ctx.fresh("config").with_suffix(".py")
+    text = ctx.config.read_text().replace("    return config", f"    {line}\n    return config")
+    path.write_text(text)
+    return path
+
+
 # tpu_vm.sh's arguments up to the train flags.
 _TPU = ("e", "us-central2-b", "v4-16", "gs://b/runs/x", "--config=c.py")
 _SILENT: list = []  # the listening sockets of _silent_hub, closed by release_holders
@@ -880,6 +906,30 @@ def fourth_pass() -> list[Case]:
             _export_over_a_listed_folder,
             expect="ok",
             says="lists notes/mine.txt, which no export writes: left as it is",
+        ),
+        # 3. no setting is silently dropped or silently replaced
+        Case(
+            "a misspelt key in a config file",
+            lambda ctx: (_with_config_file(ctx, _MISSPELT.format(root=str(ROOT))), []),
+            contains="sets unknown config key train.num_step (did you mean train.num_steps?)",
+        ),
+        Case(
+            "--config.train.batch_size twice",
+            _twice("--config.train.batch_size", "8", "16"),
+            contains="--config.train.batch_size (as --config.train.batch_size=8 and",
+        ),
+        train_setting(
+            "log.profile_steps past the end", "--config.log.profile_steps=99", "past the run's end"
+        ),
+        Case(
+            "prepare, a misspelt key in a config file",
+            lambda ctx: (
+                PREPARE
+                + [f"--config={_config_with(ctx, 'config.data.vocab_siz = 300')}"]
+                + [f"--workdir={ctx.fresh('w')}"],
+                [],
+            ),
+            contains="data.vocab_siz (did you mean data.vocab_size?)",
         ),
         # 5. the launchers hold the commands' rules (launch/_rules.sh)
         *(
