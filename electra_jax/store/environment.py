@@ -41,13 +41,17 @@ def whole_number(
 
 
 def positive_seconds(
-    name: str, what: str, default: float, error: type[Exception] = EnvironmentValueError
+    name: str,
+    what: str,
+    default: float,
+    error: type[Exception] = EnvironmentValueError,
+    maximum: float = math.inf,
 ) -> float:
-    """The value of environment variable `name` as a finite number of seconds > 0; `default`
-    when it is unset or empty.
+    """The value of environment variable `name` as a finite number of seconds > 0, at most
+    `maximum`; `default` when it is unset or empty.
 
     Raises:
-      error: any other value (`abc`, `0`, `inf`, `nan`), naming the variable.
+      error: any other value (`abc`, `0`, `inf`, `nan`, past `maximum`), naming the variable.
     """
     value = os.environ.get(name, "").strip()
     if not value:
@@ -56,9 +60,10 @@ def positive_seconds(
         seconds = float(value)
     except ValueError:
         seconds = math.nan
-    if not (math.isfinite(seconds) and seconds > 0):
+    if not (math.isfinite(seconds) and 0 < seconds <= maximum):
+        most = f" and <= {maximum:g}" if math.isfinite(maximum) else ""
         raise error(
-            f"environment variable {name}={os.environ[name]!r} is not a number of seconds > 0 "
-            f"({what}); set it right or unset it (default {default:g})"
+            f"environment variable {name}={os.environ[name]!r} is not a number of seconds > 0"
+            f"{most} ({what}); set it right or unset it (default {default:g})"
         )
     return seconds

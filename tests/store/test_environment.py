@@ -24,7 +24,7 @@ def test_anything_else_names_the_variable(monkeypatch, value):
     assert "(a count); set it right or unset it" in str(e.value)
 
 
-@pytest.mark.parametrize("value", ["abc", "0", "-5", "inf", "nan"])
+@pytest.mark.parametrize("value", ["abc", "0", "-5", "inf", "nan", "1e300"])
 def test_the_locks_lease_is_no_longer_replaced_by_the_default_without_a_word(monkeypatch, value):
     monkeypatch.setenv(gcs_lock.LEASE_ENV, value)
     with pytest.raises(EnvironmentValueError, match="ELECTRA_JAX_LOCK_LEASE_SECONDS="):
@@ -33,3 +33,14 @@ def test_the_locks_lease_is_no_longer_replaced_by_the_default_without_a_word(mon
     assert gcs_lock.lease_seconds() == 90.0
     monkeypatch.delenv(gcs_lock.LEASE_ENV)
     assert gcs_lock.lease_seconds() == gcs_lock.DEFAULT_LEASE_SECONDS
+
+
+def test_a_lock_object_with_a_lease_longer_than_a_day_is_not_taken_for_ours():
+    """1e300 is finite JSON, and held the workdir for ever as a live run's lock; now it is named
+    as another program's object, with the way to free it (ForeignLock's message)."""
+    record = {"command": "x", "host": "h", "pid": 3}
+    assert gcs_lock.record_problem({**record, "lease_seconds": 60}) is None
+    assert gcs_lock.record_problem({**record, "lease_seconds": 1e300}) == (
+        "its lease_seconds is 1e+300, longer than any run's lease (at most 86400 s): it would "
+        "hold the workdir for ever"
+    )
