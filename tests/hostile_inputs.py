@@ -1,11 +1,13 @@
 """python tests/hostile_inputs.py [--keep=DIR]: bad input, tried as a hostile new user would.
 
-Trains a micro run once, then tries about 50 hostile inputs against the command-line tools (train,
-prepare, finetune, export) and the Python API (electra_jax.load), two at a time, and prints a table:
+Trains a micro run once, then tries about 110 hostile inputs against the command-line tools (train,
+prepare, finetune, export, goodput, the launchers) and the Python API (electra_jax.load), two at a
+time, and prints a table:
 the case, the exit code, the last line of stderr, and the verdict. A case passes when the command
 ends as it should (one `error: ...` line and exit 2 for bad input; one line and exit 1 for a
 diverged run; exit 0 where the input is legitimate), never with a traceback, within its timeout,
-and when everything it was given (checkpoints, config.json, a user's files) is left as it was.
+with the note it must print where it has one (`says`), and when everything it was given
+(checkpoints, config.json, a user's files) is left as it was.
 Exit status 1 when any case fails. tests/test_hostile_inputs.py runs it (a slow test).
 """
 
