@@ -13,11 +13,15 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+from electra_jax.config.schema import ConfigError
 from electra_jax.store import jsonio, paths
 
 
-class WorkdirFileError(ValueError):
-    """A workdir file that cannot be what the run wrote (one line naming it and what to do)."""
+class WorkdirFileError(ConfigError):
+    """A workdir file that cannot be what the run wrote (one line naming it and what to do). A
+    ConfigError, so that every command's one line for bad input (train, prepare, finetune,
+    evaluate, the benchmarks) meets it wherever it is read, a fine-tuning's init_from's
+    metrics.jsonl included."""
 
 
 AWAY = "move it away (or restore the run's own file from a copy)"

@@ -17,6 +17,14 @@ def _file(tmp_path, text: str | bytes):
     return str(path)
 
 
+def test_every_commands_one_line_meets_it():
+    """A ConfigError: train, prepare, finetune (a pre-training workdir's metrics.jsonl read for
+    its init_from's record), evaluate and the benchmarks end it in their one line."""
+    from electra_jax.config.schema import ConfigError
+
+    assert issubclass(WorkdirFileError, ConfigError)
+
+
 def test_rows_as_the_run_wrote_them_and_a_torn_last_line_dropped(tmp_path):
     path = _file(tmp_path, '{"step": 1, "loss": NaN}\n\n{"step": 2}\n{"step": 3, "lo')
     rows = workdir_files.read_rows(path, by_step=True)
