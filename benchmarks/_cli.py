@@ -220,8 +220,9 @@ def run(main, *args) -> None:
 
 @contextlib.contextmanager
 def failures(where: str, also: tuple = ()):
-    """The block's bad-input errors (the package's ConfigError, DataError and PretrainedError,
-    and the classes in `also`) as one line starting with `where`; a traceback with --verbose."""
+    """The block's bad-input errors (the package's ConfigError, DataError, PretrainedError and
+    WorkdirFileError, and the classes in `also`) as one line starting with `where`; a
+    traceback with --verbose."""
     from electra_jax.config.schema import ConfigError
     from electra_jax.data import DataError
 
@@ -232,8 +233,11 @@ def failures(where: str, also: tuple = ()):
         # bad flag seconds. One of its errors can only exist once that module is loaded.
         weights = sys.modules.get("electra_jax.model.weights")
         pretrained = (weights.PretrainedError,) if weights else ()
+        # And a run's file that the run cannot have written (store/workdir_files.py).
+        files = sys.modules.get("electra_jax.store.workdir_files")
+        workdir_files = (files.WorkdirFileError,) if files else ()
         if (
-            not isinstance(e, (ConfigError, DataError, *pretrained, *also))
+            not isinstance(e, (ConfigError, DataError, *pretrained, *workdir_files, *also))
             or "--verbose" in sys.argv
         ):
             raise

@@ -249,6 +249,16 @@ def command_config(flag_name: str, command: str, finetuning: bool):
         fail(f"config file {filename} cannot be read; check --config")
     config = loaded_config(config, filename)
     check_family(config, filename, command, finetuning=finetuning)
+    from electra_jax import strict_settings
+
+    # A key the file sets is checked as an override is: a misspelt one was silently ignored.
+    declared, keys = strict_settings.file_keys(config, finetuning)
+    unknown = unknown_keys(declared, [f"--config.{k}=" for k in keys])
+    if unknown:
+        fail(
+            f"config file {filename} sets unknown config key{'s' if len(unknown) > 1 else ''} "
+            f"{', '.join(unknown)}; --print_config lists the keys"
+        )
     return complete(config, finetuning)
 
 
@@ -262,25 +272,15 @@ def complete(config, finetuning: bool):
     return schema.complete(config, pretrain_keys.KEYS)
 
 
-def _config_keys(config, prefix: str = "") -> list[str]:
-    """Every dotted key of a ConfigDict, sections included ('train', 'train.num_steps')."""
-    import ml_collections
-
-    keys = []
-    for name, value in config.items():
-        keys.append(prefix + name)
-        if isinstance(value, ml_collections.ConfigDict):
-            keys.extend(_config_keys(value, f"{prefix}{name}."))
-    return keys
-
-
 def unknown_keys(config, overrides: list[str]) -> list[str]:
     """Of `overrides` (`--config.KEY=VALUE` arguments), the KEYs `config` does not have, each
     with a did-you-mean of the closest key when there is one: ['train.num_step (did you mean
     train.num_steps?)']."""
     import difflib
 
-    known = _config_keys(config)
+    from electra_jax.strict_settings import config_keys
+
+    known = config_keys(config)
     out = []
     for arg in overrides:
         key = arg.split("=", 1)[0].removeprefix("--config.")
@@ -321,6 +321,11 @@ def parse_flags(argv: list[str]) -> list[str]:
 
     Pass as `app.run(main, flags_parser=parse_flags)`; `--verbose` keeps the traceback.
     """
+    from electra_jax import strict_settings
+
+    repeated = strict_settings.repeated_flag(argv, flags.FLAGS)
+    if repeated:  # absl would take the later value without a word
+        fail(f"{repeated} is given twice; give it once")
     try:
         return flags.FLAGS(argv)
     except Exception as e:  # config_flags raises KeyError, AttributeError, TypeError, ...

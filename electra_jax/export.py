@@ -20,13 +20,18 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 
 from electra_jax.config.schema import ConfigError
 from electra_jax.store import filenames, paths
 
 
 def export(
-    workdir: str, out: str, push_to_hub: str | None = None, hub_private: bool = False
+    workdir: str,
+    out: str,
+    push_to_hub: str | None = None,
+    hub_private: bool = False,
+    hub_timeout_seconds: float | None = None,
 ) -> dict:
     """A workdir's newest checkpoint (or a fine-tuning's saved model) -> OUT, then to the Hub
     repository `push_to_hub` when given (created `hub_private` if missing); returns the
@@ -52,10 +57,24 @@ def export(
     except ConfigError as e:
         raise PretrainedError(str(e)) from None
     check_out(os.path.abspath(out))  # before the restore, so a bad --out fails at once
+    from electra_jax.hf.previous import listed_not_ours
+
+    foreign = listed_not_ours(os.path.abspath(out))
+    if foreign:  # a folder is ours only for the files we wrote: say what happens to these
+        print(
+            f"note: {paths.join(out, filenames.EXPORT_MANIFEST)} lists {', '.join(foreign[:5])}"
+            f"{' ...' if len(foreign) > 5 else ''}, which no export writes: left as "
+            f"{'they are' if len(foreign) > 1 else 'it is'}, and not listed by this export",
+            file=sys.stderr,
+        )
     if push_to_hub:
         from electra_jax.hf import hub
 
         hub.check(push_to_hub)  # and a bad repository name or a missing login
+    from electra_jax.store import checkpoint_steps
+
+    # WORKDIR@STEP: that checkpoint, as `load` and `evaluate` take it.
+    workdir, step = checkpoint_steps.split_step(workdir)
     if not paths.isdir(workdir):
         what = "is a file, not a workdir" if paths.exists(workdir) else "does not exist"
         raise PretrainedError(
@@ -66,12 +85,19 @@ def export(
     from electra_jax.pretrained import load_workdir
 
     if is_finetuned(workdir):
+        if step is not None:
+            raise PretrainedError(
+                f"--workdir {workdir}@{step}: @STEP picks a checkpoint of a pre-training "
+                f"workdir, and {workdir} is a fine-tuning workdir, which keeps one model: give "
+                f"--workdir={workdir}"
+            )
         manifest = export_finetuned(workdir, out, name=push_to_hub)
     else:
-        pre = load_workdir(workdir)
+        pre = load_workdir(workdir, step)
         manifest = write_export(pre, out, readme=pretraining_readme(workdir, pre, push_to_hub))
     if push_to_hub:
-        manifest["hub_url"] = hub.push(out, push_to_hub, manifest, private=hub_private)
+        timeout = hub_timeout_seconds or hub.DEFAULT_TIMEOUT_SECONDS
+        manifest["hub_url"] = hub.push(out, push_to_hub, manifest, hub_private, timeout)
     return manifest
 
 
@@ -221,6 +247,12 @@ def _define_flags():
         "created if missing; needs a token (hf auth login, or HF_TOKEN).",
     )
     flags.DEFINE_bool("hub_private", False, "Create the --push_to_hub repository private.")
+    flags.DEFINE_float(
+        "hub_timeout_seconds",
+        900.0,
+        "--push_to_hub: the upload (the repository's creation and the commit) ends within this "
+        "many seconds, finished or not; the export stays in --out either way.",
+    )
     flags.DEFINE_bool("verbose", False, "Show full tracebacks on errors.")
 
 
@@ -236,14 +268,34 @@ def main(argv) -> None:
         fail("--workdir is required: the pre-training run to export, e.g. --workdir=runs/tiny")
     if not values.verbose:
         quiet_logs()
-    out = values.out or paths.join(values.workdir, filenames.EXPORT_DIR)
+    if not values.hub_timeout_seconds > 0 or values.hub_timeout_seconds == float("inf"):
+        fail(f"--hub_timeout_seconds={values.hub_timeout_seconds} must be a number of seconds > 0")
+    from electra_jax.store.checkpoint_steps import split_step
+
+    workdir, step = split_step(values.workdir)
+    # WORKDIR@STEP's own default place: WORKDIR/hf holds the newest checkpoint's export.
+    default = filenames.EXPORT_DIR if step is None else f"{filenames.EXPORT_DIR}-{step}"
+    out = values.out or paths.join(workdir, default)
     from electra_jax.model.weights import PretrainedError
+    from electra_jax.store.workdir_files import WorkdirFileError
 
     try:
-        manifest = export(values.workdir, out, values.push_to_hub, values.hub_private)
-    except PretrainedError as e:
+        manifest = export(
+            values.workdir,
+            out,
+            values.push_to_hub,
+            values.hub_private,
+            values.hub_timeout_seconds,
+        )
+    except (PretrainedError, WorkdirFileError) as e:
         if values.verbose:
             raise
+        from electra_jax.hf import hub
+
+        if isinstance(e, hub.HubTimeout):
+            # At once: the abandoned upload's library threads must not hold the process up.
+            print(f"error: {e}", file=sys.stderr, flush=True)
+            os._exit(2)
         fail(str(e))
     if "architecture" in manifest:
         print(f"exported {manifest['task']} from {manifest['source']} to {os.path.abspath(out)}: "

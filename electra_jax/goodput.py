@@ -15,6 +15,10 @@ _REPORTED = (
 )
 
 
+# The columns the report does arithmetic on: each, where a row has it, a finite number.
+_NUMBERS = ("wall_sec", "productive_sec", "goodput") + tuple(c for c, _ in _REPORTED)
+
+
 def report(rows: list[dict], workdir: str) -> str:
     """The goodput report of a run's metrics rows (metrics.read_rows): its goodput at the last
     row and where the wall time since its first start went. ValueError when no row has the
@@ -22,7 +26,15 @@ def report(rows: list[dict], workdir: str) -> str:
     last = next((r for r in reversed(rows) if r.get("wall_sec") is not None), None)
     if last is None:
         raise ValueError("no metrics row with goodput columns")
-    wall, productive = last["wall_sec"], last["productive_sec"]
+    wall, productive = last["wall_sec"], last.get("productive_sec")
+    if productive is None or last.get("goodput") is None:
+        raise ValueError(
+            f"its row of step {last['step']} has wall_sec but no productive_sec or goodput"
+        )
+    if wall <= 0:
+        raise ValueError(
+            f"its row of step {last['step']} has wall_sec {wall}: no time to share out"
+        )
     starts = sum(1 for r in rows if r.get("restore_sec") is not None)
     lines = [
         f"{workdir}: step {last['step']}, goodput {100 * last['goodput']:.1f}% "
@@ -54,7 +66,7 @@ def _hms(seconds: float) -> str:
 def main(argv: list[str] | None = None) -> int:
     """`python -m electra_jax.goodput WORKDIR`: prints the run's report; one line and exit 2
     for a workdir that has none."""
-    from electra_jax.store import filenames, paths
+    from electra_jax.store import filenames, paths, workdir_files
 
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1 or args[0].startswith("-"):
@@ -62,21 +74,27 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     workdir = args[0]
     path = paths.join(workdir, filenames.METRICS_FILE)
-    if not paths.exists(path):
+    try:
+        # The run's own file, read defensively: a folder or FIFO of that name, bytes that are
+        # not UTF-8, a row that is no object or whose times are no numbers is one line.
+        rows = workdir_files.read_rows(path, by_step=True, numbers=_NUMBERS)
+    except workdir_files.WorkdirFileError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if not rows and not paths.exists(path):
         print(f"error: {path} does not exist; name the workdir of a training run", file=sys.stderr)
         return 2
-    # Here, below the checks: metrics imports jax (seconds), which a refusal need not wait for.
-    from electra_jax.pretraining import metrics
-
-    rows = metrics.read_rows(path)
     try:
         print(report(rows, workdir))
-    except ValueError:
-        print(
-            f"error: {path} has no row with goodput columns (a run logged before they existed "
-            "gets them from its next start)",
-            file=sys.stderr,
-        )
+    except ValueError as e:
+        if "no metrics row" in str(e):
+            reason = (
+                "has no row with goodput columns (a run logged before they existed gets them "
+                "from its next start)"
+            )
+        else:
+            reason = f"cannot give a goodput report: {e}; {workdir_files.AWAY}"
+        print(f"error: {path} {reason}", file=sys.stderr)
         return 2
     return 0
 

@@ -205,6 +205,18 @@ def _quiet_absl():
         logger.setLevel(level)
 
 
+def _set_aside(directory: str) -> list[str]:
+    """The checkpoints a run set aside as damaged in `directory` (`<step>.corrupt`), newest
+    first."""
+    suffix = checkpoint_steps.CORRUPT_SUFFIX
+    try:
+        names = paths.listdir(directory)
+    except OSError:
+        return []
+    steps = [n for n in names if n.endswith(suffix) and n[: -len(suffix)].isdigit()]
+    return sorted(steps, key=lambda n: -int(n[: -len(suffix)]))
+
+
 def restore_params(
     workdir: str, spec: networks.ElectraSpec, step: int | None = None
 ) -> tuple[dict, int]:
@@ -224,6 +236,14 @@ def restore_params(
 
     directory = checkpoint_steps.checkpoint_dir(workdir)
     if not checkpoint_steps.has_checkpoints(workdir):
+        damaged = _set_aside(directory)
+        if damaged:  # not "train first": the run trained, and its checkpoints were damaged
+            raise PretrainedError(
+                f"{directory} holds no usable checkpoint: every one there was set aside as "
+                f"damaged ({', '.join(damaged[:5])}{' ...' if len(damaged) > 5 else ''}) by a "
+                "run that could not restore it; nothing was loaded. The training's log said "
+                "why; train again in a new --workdir, or restore the checkpoints from a copy"
+            )
         raise PretrainedError(
             f"{directory} holds no checkpoint yet; train first (python -m electra_jax.train "
             f"--workdir={workdir} ...) or point at another workdir"

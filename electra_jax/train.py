@@ -172,6 +172,9 @@ def _maybe_initialize_distributed() -> None:
             if _VERBOSE.value:
                 raise
             fail(str(e))
+        line = cluster.found(launch)  # whenever a launcher's variable is set
+        if line:
+            print(line, file=sys.stderr, flush=True)
         if launch is None:
             return
         where = f"the coordinator {launch.coordinator_address} ({launch.cluster})"

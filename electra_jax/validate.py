@@ -130,6 +130,12 @@ def check_config(config: Any) -> None:
         f"train.batch_size={t.batch_size}",
     )
     _check_recipe(config)
+    _require(  # a trace that would start past the end was silently never taken
+        config.log.profile_steps <= t.num_steps,
+        f"log.profile_steps={config.log.profile_steps} is past the run's end "
+        f"(train.num_steps={t.num_steps}): no step of it would be traced; name a step up to "
+        f"{t.num_steps}, or 0 for no trace",
+    )
     _require(
         o.name in OBJECTIVES,
         f"objective.name={o.name!r} is not an objective; use one of {', '.join(OBJECTIVES)}",

@@ -5,9 +5,13 @@
 #   launch/local_multiprocess.sh N --config=configs/tiny.py --workdir=runs/mp [--config.KEY=VALUE ...]
 #
 # DEVICES_PER_PROCESS (default 4) simulated CPU devices each; PORT (default 12355) for the
-# coordinator. Process 0 prints to this terminal, process i > 0 to WORKDIR/process_<i>.log.
+# coordinator. Process 0 prints to this terminal, process i > 0 to WORKDIR/process_<i>.log (a
+# gs:// workdir: a local temporary folder it names). The flags and variables are checked by the
+# launchers' shared rules (launch/_rules.sh).
 # Exits non-zero when any process fails. Nothing here sets a hyperparameter.
 set -euo pipefail
+# shellcheck source=launch/_rules.sh
+source "$(dirname "$0")/_rules.sh"
 if [[ $# -lt 2 || ! "$1" =~ ^[0-9]+$ ]]; then
   echo "usage: $0 N --config=... --workdir=... [train flags]" >&2
   exit 2
@@ -19,22 +23,20 @@ if ((n < 1)); then
   echo "error: N=$n processes: give 1 or more" >&2
   exit 2
 fi
-if [[ ! "${DEVICES_PER_PROCESS:-4}" =~ ^[0-9]+$ ]] || ((10#${DEVICES_PER_PROCESS:-4} < 1)); then
-  echo "error: DEVICES_PER_PROCESS=${DEVICES_PER_PROCESS} must be a whole number >= 1" >&2
-  exit 2
+devices=$(whole_number DEVICES_PER_PROCESS 4 1 100000 "a whole number >= 1")
+port=$(whole_number PORT 12355 1 65535 "a port number from 1 to 65535")
+workdir=$(flag_value workdir "$@")
+check_workdir "$workdir"
+# Process i > 0 logs into the workdir, or for a gs:// one (which has no local folder: mkdir made
+# a ./gs:/... tree) into a local temporary folder named here.
+logs=$workdir
+if is_remote "$workdir"; then
+  logs=$(mktemp -d -t electra_jax-processes-XXXXXX)
+  echo "processes 1 to $((n - 1)) log into $logs" >&2
+else
+  mkdir -p "$workdir"
 fi
-if [[ ! "${PORT:-12355}" =~ ^[0-9]+$ ]] || ((10#${PORT:-12355} < 1 || 10#${PORT:-12355} > 65535)); then
-  echo "error: PORT=${PORT} must be a port number from 1 to 65535" >&2
-  exit 2
-fi
-workdir=""
-for arg in "$@"; do
-  [[ "$arg" == --workdir=* ]] && workdir=${arg#--workdir=}
-done
-[[ -n "$workdir" ]] || { echo "error: --workdir=... is required" >&2; exit 2; }
-mkdir -p "$workdir"
-export XLA_FLAGS="--xla_force_host_platform_device_count=${DEVICES_PER_PROCESS:-4} ${XLA_FLAGS:-}"
-port=${PORT:-12355}
+export XLA_FLAGS="--xla_force_host_platform_device_count=$devices ${XLA_FLAGS:-}"
 pids=()
 for ((i = 0; i < n; i++)); do
   cmd=(python -m electra_jax.train "$@" --coordinator_address="127.0.0.1:$port"
@@ -42,7 +44,7 @@ for ((i = 0; i < n; i++)); do
   if ((i == 0)); then
     "${cmd[@]}" &
   else
-    "${cmd[@]}" >"$workdir/process_$i.log" 2>&1 &
+    "${cmd[@]}" >"$logs/process_$i.log" 2>&1 &
   fi
   pids+=($!)
 done
@@ -54,7 +56,7 @@ for i in "${!pids[@]}"; do
   wait "${pids[$i]}" || code=$?
   if ((code != 0)); then
     where="above"
-    ((i > 0)) && where="in $workdir/process_$i.log"
+    ((i > 0)) && where="in $logs/process_$i.log"
     echo "process $i exited with code $code (its output is $where)" >&2
     status=$code
   fi

@@ -27,32 +27,32 @@
 # Environment: PROJECT (gcloud project, default: gcloud's), RUNTIME (TPU software version,
 # default: the one Google documents for the accelerator, below), REPO (a git URL cloned on every
 # worker instead of shipping this checkout; configs/ comes with either), SPOT=1 for a spot
-# slice, QUEUED=1 for a queued resource, POLL_SECONDS (default 60) between state checks.
+# slice, QUEUED=1 for a queued resource (each switch 0 or 1: SPOT=yes is refused, not read as
+# off), POLL_SECONDS (default 60) between state checks; checked by the launchers' shared rules
+# (launch/_rules.sh) before anything is created.
 set -euo pipefail
+# shellcheck source=launch/_rules.sh
+source "$(dirname "$0")/_rules.sh"
 if [[ $# -lt 5 ]]; then
   echo "usage: $0 NAME ZONE ACCELERATOR_TYPE gs://BUCKET/PATH --config=... [train flags]" >&2
   exit 2
 fi
 name=$1 zone=$2 type=$3 run=$4
 shift 4
-if [[ ! $run =~ ^gs://([a-z0-9][a-z0-9._-]*)(/.*)?$ ]]; then
-  echo "$0: the run's location must be gs://BUCKET/PATH, got $run" >&2
-  exit 2
-fi
+[[ $run == gs://* ]] || launcher_fail "the run's location must be gs://BUCKET/PATH, got $run"
+check_workdir "$run" # the bucket's name, with why it is refused
 workdir=${run%/}
-for arg in "$@"; do
-  case $arg in
-    --workdir | --workdir=*)
-      echo "$0: drop $arg; the workdir is $workdir" >&2
-      exit 2
-      ;;
-    --config.data.cache_dir= | --config.data.cache_dir=gs://*) ;;
-    --config.data.cache_dir*)
-      echo "$0: $arg must be gs://...: every worker reads the prepared data from there" >&2
-      exit 2
-      ;;
-  esac
-done
+# Both of absl's forms (--name=VALUE and --name VALUE), as train reads them.
+if [[ -n $(flag_value workdir "$@") ]]; then
+  launcher_fail "drop --workdir from the train flags; the workdir is $workdir"
+fi
+cache_dir=$(flag_value config.data.cache_dir "$@")
+if [[ -n $cache_dir && $cache_dir != gs://* ]]; then
+  launcher_fail "--config.data.cache_dir=$cache_dir must be gs://...: every worker reads the prepared data from there"
+fi
+spot_switch=$(switch SPOT)
+queued_switch=$(switch QUEUED)
+poll=$(whole_number POLL_SECONDS 60 0 86400)
 # Google's TPU software versions per generation (cloud.google.com/tpu/docs/runtimes). They ship
 # Python 3.10, older than setup.py's python_requires (3.11): the install below brings its own.
 case $type in
@@ -62,11 +62,10 @@ case $type in
   *) runtime=tpu-ubuntu2204-base ;; # v2, v3, v4
 esac
 runtime=${RUNTIME:-$runtime}
-poll=${POLL_SECONDS:-60}
 project_flag=()
 [[ -n "${PROJECT:-}" ]] && project_flag=(--project="$PROJECT")
 spot=()
-[[ "${SPOT:-0}" == 1 ]] && spot=(--spot)
+[[ $spot_switch == 1 ]] && spot=(--spot)
 tpu=(gcloud compute tpus tpu-vm "${project_flag[@]}")
 queued=(gcloud compute tpus queued-resources "${project_flag[@]}")
 
@@ -84,7 +83,7 @@ state_of() {
   fi
 }
 
-if [[ "${QUEUED:-0}" == 1 ]]; then
+if [[ $queued_switch == 1 ]]; then
   state=$(state_of "${queued[@]}" describe "$name" --format='value(state.state)')
   case $state in
     FAILED | SUSPENDING | SUSPENDED)
@@ -163,8 +162,9 @@ install="$fetch && python3 -m pip install -q --user uv && \
 # The same command on every worker; quoted so that globs and gs:// paths reach python intact.
 args=$(printf '%q ' "--workdir=$workdir" "$@")
 cache=""
-if [[ ${workdir#gs://} == */* ]]; then # not beside a workdir that is a whole bucket
-  cache="JAX_COMPILATION_CACHE_DIR=$(printf '%q' "${workdir%/*}/jax_compilation_cache") "
+beside=$(cache_beside "$workdir") # none beside a workdir that is a whole bucket
+if [[ -n $beside ]]; then
+  cache="JAX_COMPILATION_CACHE_DIR=$(printf '%q' "$beside") "
 fi
 "${tpu[@]}" ssh "$name" --zone="$zone" --worker=all \
   --command="cd ~/electra_jax && $cache$venv/bin/python -m electra_jax.train $args"

@@ -1,11 +1,13 @@
 """python tests/hostile_inputs.py [--keep=DIR]: bad input, tried as a hostile new user would.
 
-Trains a micro run once, then tries about 50 hostile inputs against the command-line tools (train,
-prepare, finetune, export) and the Python API (electra_jax.load), two at a time, and prints a table:
+Trains a micro run once, then tries about 105 hostile inputs against the command-line tools (train,
+prepare, finetune, export, goodput, the launchers) and the Python API (electra_jax.load), two at a
+time, and prints a table:
 the case, the exit code, the last line of stderr, and the verdict. A case passes when the command
 ends as it should (one `error: ...` line and exit 2 for bad input; one line and exit 1 for a
 diverged run; exit 0 where the input is legitimate), never with a traceback, within its timeout,
-and when everything it was given (checkpoints, config.json, a user's files) is left as it was.
+with the note it must print where it has one (`says`), and when everything it was given
+(checkpoints, config.json, a user's files) is left as it was.
 Exit status 1 when any case fails. tests/test_hostile_inputs.py runs it (a slow test).
 """
 
@@ -68,7 +70,12 @@ def _snapshot(path: pathlib.Path) -> dict:
         if p.name == ".lock":  # names each run that held the workdir: rewritten by every run
             continue
         rel = str(p.relative_to(path))
-        out[rel] = "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
+        if p.is_dir():
+            out[rel] = "dir"
+        elif not p.is_file():  # a FIFO a case put there: reading it would wait for a writer
+            out[rel] = "special"
+        else:
+            out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
     return out
 
 
@@ -205,6 +212,7 @@ class Case:
     contains: str = ""  # a phrase the last line must hold
     timeout: float = 240
     after: Callable[[Context, list], str] | None = None  # extra check: '' or what went wrong
+    says: str = ""  # a phrase some line of stderr must hold (a note before the last line)
 
 
 def _train(ctx: Context, workdir, *overrides) -> list:
@@ -650,6 +658,302 @@ def _reached_step_6(ctx: Context, argv: list) -> str:
     return "" if "6" in steps else f"checkpoints/ holds {steps}"
 
 
+# ---- the fourth pass's rules (docs/reliability.md), several inputs each
+
+GOODPUT = PY + ["-m", "electra_jax.goodput"]
+
+
+def _goodput_over(make: Callable[[pathlib.Path], None]):
+    """goodput of a workdir whose metrics.jsonl `make` writes (or puts something else at)."""
+
+    def argv(ctx: Context):
+        w = ctx.fresh("goodput")
+        w.mkdir()
+        make(w / "metrics.jsonl")
+        return GOODPUT + [str(w)], [w]
+
+    return argv
+
+
+def _rows(*rows) -> Callable[[pathlib.Path], None]:
+    return lambda path: path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _export_with_commands(make: Callable[[pathlib.Path], None]):
+    """export of the trained run's copy whose commands.jsonl `make` replaces."""
+
+    def argv(ctx: Context):
+        w = ctx.copy("commands")
+        (w / "commands.jsonl").unlink(missing_ok=True)
+        make(w / "commands.jsonl")
+        return EXPORT + [f"--workdir={w}", f"--out={ctx.fresh('o')}"], [w]
+
+    return argv
+
+
+# What goodput (jax-free, so each case takes a fraction of a second) is given as metrics.jsonl.
+_GOODPUT_FILES = (
+    ("metrics.jsonl a FIFO", os.mkfifo, "FIFO"),
+    ("metrics.jsonl a folder", lambda p: p.mkdir(), "is a folder"),
+    (
+        "wall_sec 0",
+        _rows({"step": 1, "wall_sec": 0, "productive_sec": 0, "goodput": 0}),
+        "wall_sec 0",
+    ),
+    ("rows that are lists", _rows([1], [2]), "line 1"),
+    ("a row without step", _rows({"wall_sec": 1, "productive_sec": 1, "goodput": 1}), "no step"),
+    ("a Latin-1 byte", lambda p: p.write_bytes(b'{"step": 1, "note": "caf\xe9"}\n'), "not UTF-8"),
+)
+
+
+def _train_with_env(*env: str, workdir: str = ""):
+    """train of a fresh workdir (or the trained run's copy: `workdir='copy'`) with `env` set."""
+
+    def argv(ctx: Context):
+        if workdir != "copy":
+            return ["env", *env] + _train(ctx, ctx.fresh("w")), []
+        w = ctx.copy("env")  # finished: a start adds to commands.jsonl, nothing else
+        return ["env", *env] + _train(ctx, w), [w / "checkpoints", w / "config.json"]
+
+    return argv
+
+
+def _dry_run_topology(name: str):
+    return lambda ctx: (_train(ctx, ctx.fresh("w"), "--dry_run", f"--topology={name}"), [])
+
+
+_MISSPELT = """import sys
+
+sys.path.insert(0, {root!r})
+from tests.micro import micro_config  # noqa: E402
+
+
+def get_config():
+    config = micro_config()
+    config.train.num_step = 3
+    return config
+"""
+
+
+def _twice(flag: str, first: str, then: str):
+    """train given `flag` twice, in each of absl's forms."""
+    return lambda ctx: (_train(ctx, ctx.fresh("w"), f"{flag}={first}", flag, then), [])
+
+
+def _config_with(ctx: Context, line: str) -> pathlib.Path:
+    """The micro config file with `line` added to its get_config()."""
+    path = ctx.fresh("config").with_suffix(".py")
+    text = ctx.config.read_text().replace("    return config", f"    {line}\n    return config")
+    path.write_text(text)
+    return path
+
+
+# tpu_vm.sh's arguments up to the train flags.
+_TPU = ("e", "us-central2-b", "v4-16", "gs://b/runs/x", "--config=c.py")
+_SILENT: list = []  # the listening sockets of _silent_hub, closed by release_holders
+
+
+def _silent_hub(ctx: Context):
+    """export --push_to_hub to a Hub at a local address that accepts connections (the kernel's
+    backlog) and never answers."""
+    import socket
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    _SILENT.append(server)
+    out = ctx.fresh("pushed")
+    env = ["env", f"HF_ENDPOINT=http://127.0.0.1:{server.getsockname()[1]}", "HF_TOKEN=hf_x"]
+    return env + EXPORT + [
+        f"--workdir={ctx.workdir}",
+        f"--out={out}",
+        "--push_to_hub=someone/electra-micro",
+        "--hub_timeout_seconds=3",
+    ], [ctx.workdir]
+
+
+def _export_kept(ctx: Context, argv: list) -> str:
+    out = pathlib.Path(next(a for a in argv if a.startswith("--out=")).split("=", 1)[1])
+    return "" if (out / "export.json").is_file() else f"no export in {out}"
+
+
+def _export_step(step: str):
+    def argv(ctx: Context):
+        return EXPORT + [f"--workdir={ctx.workdir}@{step}", f"--out={ctx.fresh('o')}"], [
+            ctx.workdir
+        ]
+
+    return argv
+
+
+def _exported_step_3(ctx: Context, argv: list) -> str:
+    out = pathlib.Path(next(a for a in argv if a.startswith("--out=")).split("=", 1)[1])
+    source = json.loads((out / "export.json").read_text()).get("source", "")
+    return "" if "(checkpoint 3)" in source else f"exported {source!r}"
+
+
+def _export_all_damaged(ctx: Context):
+    w = ctx.copy("damaged")
+    for step in ("3", "6"):
+        (w / "checkpoints" / step).rename(w / "checkpoints" / f"{step}.corrupt")
+    return EXPORT + [f"--workdir={w}", f"--out={ctx.fresh('o')}"], [w]
+
+
+def _export_over_a_listed_folder(ctx: Context):
+    """An export of ours whose export.json also lists a user's notes/ file: kept, and said."""
+    out = ctx.fresh("listed")
+    shutil.copytree(ctx.export, out)
+    (out / "notes").mkdir()
+    (out / "notes" / "mine.txt").write_text("a user's file")
+    manifest = json.loads((out / "export.json").read_text())
+    manifest["files"].append("notes/mine.txt")
+    manifest["sha256"]["notes/mine.txt"] = hashlib.sha256(b"a user's file").hexdigest()
+    (out / "export.json").write_text(json.dumps(manifest))
+    return EXPORT + [f"--workdir={ctx.workdir}", f"--out={out}"], [out / "notes"]
+
+
+def _prepare_jsonl(ctx: Context):
+    """prepare of the corpus as JSON lines whose text is in meta/text, one of them holding a
+    lone surrogate (valid JSON, no text)."""
+    corpus = ctx.fresh("corpus.jsonl")
+    lines = [ln for ln in ctx.corpus.read_text().splitlines() if ln]
+    rows = [{"meta": {"text": ln}} for ln in lines]
+    rows[5]["meta"]["text"] += " \ud800 and on"
+    corpus.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    argv = PREPARE + [f"--config={ctx.config}", f"--workdir={ctx.fresh('w')}"]
+    return argv + [f"--config.data.source=jsonl:{corpus}:meta/text"], [corpus]
+
+
+def _prepare_categorical_parquet(ctx: Context):
+    """prepare of the corpus as parquet whose text column is dictionary-encoded (categorical)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    corpus = ctx.fresh("corpus.parquet")
+    lines = [ln for ln in ctx.corpus.read_text().splitlines() if ln]
+    pq.write_table(pa.table({"text": pa.array(lines).dictionary_encode()}), corpus)
+    argv = PREPARE + [f"--config={ctx.config}", f"--workdir={ctx.fresh('w')}"]
+    return argv + [f"--config.data.source=parquet:{corpus}"], [corpus]
+
+
+def _launcher(script: str, *args: str, env: tuple = ()):
+    """A launcher (launch/) refusing before it calls anything (gcloud, srun, python)."""
+    return lambda ctx: (["env", *env, "bash", f"launch/{script}", *args], [])
+
+
+def fourth_pass() -> list[Case]:
+    return [
+        # 1. a command that reads a file we wrote reads it defensively
+        *(
+            Case(f"goodput, {name}", _goodput_over(make), contains=says, timeout=60)
+            for name, make, says in _GOODPUT_FILES
+        ),
+        Case(
+            "export, commands.jsonl a folder",
+            _export_with_commands(lambda p: p.mkdir()),
+            contains="commands.jsonl is a folder",
+        ),
+        # 2. what a parser accepts, what follows can do, or refuses in one line; every value
+        # read from the environment is checked where it is read
+        Case("topology of part hosts", _dry_run_topology("v5e:4x3"), contains="whole number of"),
+        Case("topology v4:3x2x2", _dry_run_topology("v4:3x2x2"), contains="whole number of"),
+        # (SLURM_PROCID=-1 and the like: tests/pretraining/test_cluster.py, in process)
+        Case(
+            "OMPI_COMM_WORLD_SIZE=abc",
+            _train_with_env("OMPI_COMM_WORLD_SIZE=abc"),
+            contains="OMPI_COMM_WORLD_SIZE='abc' is not a whole number",
+        ),
+        # 4. a launch that cannot join says so on every process; a stray variable is named
+        Case(
+            "Kubernetes pod 0 without the kubernetes package",
+            _train_with_env("KUBERNETES_SERVICE_HOST=10.0.0.1", "JOB_COMPLETION_INDEX=0"),
+            contains="pod 0 of a Kubernetes Indexed Job",
+        ),
+        # (TPU_WORKER_HOSTNAMES=a,b and the others: tests/pretraining/test_cluster.py)
+        Case(
+            "a stale SLURM_NTASKS=2",
+            _train_with_env("SLURM_NTASKS=2", workdir="copy"),
+            expect="ok",
+            contains="nothing was trained",  # it went on alone, with the line before
+            says="cluster: SLURM_NTASKS=2 set, but jax detects no launch here",
+        ),
+        # 7. any valid input text is read or refused in one line
+        Case(
+            "prepare, JSON lines: a nested field, a lone surrogate",
+            _prepare_jsonl,
+            expect="ok",
+            timeout=300,
+        ),
+        Case("prepare, a categorical parquet column", _prepare_categorical_parquet, expect="ok"),
+        # 8. a folder is ours only for the files we wrote; a message says what happened
+        Case("export WORKDIR@3", _export_step("3"), expect="ok", after=_exported_step_3),
+        Case("export WORKDIR@99", _export_step("99"), contains="has no checkpoint of step 99"),
+        Case(
+            "export, every checkpoint set aside as damaged",
+            _export_all_damaged,
+            contains="set aside as damaged (6.corrupt, 3.corrupt)",
+        ),
+        Case(
+            "export over an export.json listing a user's file",
+            _export_over_a_listed_folder,
+            expect="ok",
+            says="lists notes/mine.txt, which no export writes: left as it is",
+        ),
+        # 3. no setting is silently dropped or silently replaced
+        Case(
+            "a misspelt key in a config file",
+            lambda ctx: (_with_config_file(ctx, _MISSPELT.format(root=str(ROOT))), []),
+            contains="sets unknown config key train.num_step (did you mean train.num_steps?)",
+        ),
+        Case(
+            "--config.train.batch_size twice",
+            _twice("--config.train.batch_size", "8", "16"),
+            contains="--config.train.batch_size (as --config.train.batch_size=8 and",
+        ),
+        train_setting(
+            "log.profile_steps past the end", "--config.log.profile_steps=99", "past the run's end"
+        ),
+        Case(
+            "prepare, a misspelt key in a config file",
+            lambda ctx: (
+                PREPARE
+                + [f"--config={_config_with(ctx, 'config.data.vocab_siz = 300')}"]
+                + [f"--workdir={ctx.fresh('w')}"],
+                [],
+            ),
+            contains="data.vocab_siz (did you mean data.vocab_size?)",
+        ),
+        # 5. the launchers hold the commands' rules (launch/_rules.sh)
+        *(
+            Case(f"tpu_vm.sh {var}", _launcher("tpu_vm.sh", *_TPU, env=(var,)), contains=var)
+            for var in ("SPOT=yes", "QUEUED=2", "POLL_SECONDS=abc")
+        ),
+        Case(
+            "tpu_vm.sh, a bucket with capitals",
+            _launcher("tpu_vm.sh", "e", "us-central2-b", "v4-16", "gs://Runs/x", "--config=c.py"),
+            contains="capitals are not allowed",
+        ),
+        Case(
+            "tpu_vm.sh --config.data.cache_dir /local",
+            _launcher("tpu_vm.sh", *_TPU, "--config.data.cache_dir", "/local"),
+            contains="--config.data.cache_dir=/local must be gs://",
+        ),
+        Case(
+            "slurm.sbatch --workdir given twice",
+            _launcher("slurm.sbatch", "--config=c.py", "--workdir=/a", "--workdir", "/b"),
+            contains="--workdir is given 2 times",
+        ),
+        # 6. every network call has a deadline (here 3 s; the default is 900 s)
+        Case(
+            "export --push_to_hub to a Hub that never answers",
+            _silent_hub,
+            contains="did not finish the upload to someone/electra-micro within 3s",
+            timeout=120,
+            after=_export_kept,
+        ),
+    ]
+
+
 def cases() -> list[Case]:
     return [
         # ---- train: settings, each one line before any work
@@ -969,6 +1273,7 @@ def cases() -> list[Case]:
             timeout=600,
             after=_reached_step_6,
         ),
+        *fourth_pass(),
     ]
 
 
@@ -1012,6 +1317,8 @@ def run_case(case: Case, ctx: Context) -> Row:
         problem = f"failed where it should succeed (exit {code})"
     elif case.contains and case.contains not in last:
         problem = f"the line does not say {case.contains!r}"
+    elif case.says and case.says not in err:
+        problem = f"nothing on stderr says {case.says!r}"
     if not problem:
         changed = [p for p, snap in before.items() if _snapshot(pathlib.Path(p)) != snap]
         if changed:
@@ -1042,6 +1349,8 @@ def release_holders() -> None:
         holder = _HOLDERS.pop()
         holder.send_signal(signal.SIGKILL)
         holder.wait()
+    while _SILENT:
+        _SILENT.pop().close()
 
 
 def table(rows: list[Row]) -> str:

@@ -329,8 +329,11 @@ def test_run_ends_the_packages_bad_input_errors_in_one_line_however_deep(capsys,
 
         return main
 
+    from electra_jax.store.workdir_files import WorkdirFileError
+
     monkeypatch.setattr(sys, "argv", ["benchmarks/glue.py"])
-    for error in (DataError("x.tsv is gone"), ConfigError("config.seed changed")):
+    errors = (DataError("x.tsv is gone"), ConfigError("config.seed changed"))
+    for error in (*errors, WorkdirFileError("w/metrics.jsonl line 2 is a JSON list")):
         with pytest.raises(SystemExit) as ended:
             _cli.run(deep(error))
         assert ended.value.code == 2 and capsys.readouterr().err == f"error: {error}\n"

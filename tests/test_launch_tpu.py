@@ -169,12 +169,13 @@ def test_a_missing_slice_is_created_and_this_checkout_shipped(tmp_path):
 
 def test_the_checkout_is_shipped_without_its_runs_caches_or_virtual_environment(tmp_path):
     checkout = tmp_path / "checkout"
-    kept = ["launch/tpu_vm.sh", "configs/large.py", "electra_jax/train.py", "constraints.txt"]
+    kept = ["launch/tpu_vm.sh", "launch/_rules.sh", "configs/large.py", "electra_jax/train.py"]
+    kept += ["constraints.txt"]
     left = [".venv/bin/python", "venv/bin/python", "runs/large/metrics.jsonl", ".whl/a.whl"]
     left += [".git/HEAD", "electra_jax/__pycache__/train.cpython-311.pyc"]
     for name in kept + left:
         (checkout / name).parent.mkdir(parents=True, exist_ok=True)
-        (checkout / name).write_bytes(SCRIPT.read_bytes() if name == kept[0] else b"x")
+        (checkout / name).write_bytes((ROOT / name).read_bytes() if name in kept[:2] else b"x")
     out, _ = _launch(tmp_path, repo=None, script=checkout / "launch" / "tpu_vm.sh")
     assert out.returncode == 0, out.stderr
     shipped = {n.removeprefix("./") for n in json.loads((tmp_path / "shipped").read_text())}

@@ -4,6 +4,8 @@ prior, the summary line."""
 import json
 import math
 
+import pytest
+
 from benchmarks.studies.learning_curves import learning_curves as lc
 
 
@@ -64,3 +66,16 @@ def test_each_draws_one_curve_per_workdir_and_side(tmp_path, capsys):
     assert sorted(summary) == ["s0", "s0 reference", "s1", "s1 reference"]
     assert summary["s1"]["gen_loss"] == {"mean": 6.1, "spread": 0.0, "runs": 1, "last_step": 100}
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_nothing_to_plot_names_the_files_it_read(tmp_path, capsys):
+    """It said "nothing to plot" without naming the file that was missing."""
+    (tmp_path / "w").mkdir()
+    (tmp_path / "w" / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n')
+    with pytest.raises(SystemExit) as e:
+        lc.main([str(tmp_path / "w"), "--out", str(tmp_path / "x.png")])
+    line = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and "\n" not in line
+    assert f"{tmp_path}/w/metrics.jsonl holds no row with disc_loss" in line
+    assert f"{tmp_path}/w/hf_reference_metrics.jsonl does not exist" in line
+    assert not (tmp_path / "x.png").exists()

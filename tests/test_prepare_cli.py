@@ -22,7 +22,8 @@ def _prepare(workdir, source, *extra, timeout=300, file_size_limit=0):
         f"--config={ROOT / 'configs' / 'tiny.py'}",
         f"--workdir={workdir}",
         f"--config.data.source={source}",
-        *FAST,
+        # FAST's settings but those `extra` gives: a flag given twice is refused.
+        *(f for f in FAST if f.split("=")[0] not in {e.split("=")[0] for e in extra}),
         *extra,
     ]
     return subprocess.run(

@@ -26,8 +26,12 @@ Sources:
                   and line; a null field or a blank line is no document.
                   Both globs match, list and read local and remote (``gs://``) files as a
                   ``text:`` glob does, with the same content key of the files' sizes and times.
-                  The part after the last ``:`` is the column when it holds no ``/``: a glob
-                  whose file names hold a ``:`` names the column too.
+                  The part after the last ``:`` is the column or field unless it starts with
+                  ``//`` (a URI's scheme): a glob whose file names hold a ``:`` names the column
+                  too. A JSON field inside an object is named by its path (``meta/text``); a
+                  dictionary-encoded (categorical) parquet column of text is text. A lone
+                  surrogate in a JSON string (``"\ud800"``, valid JSON but no text) is replaced
+                  by U+FFFD and counted, as invalid UTF-8 bytes are.
   ``tfds:NAME[:VERSION][:SPLIT]``  a TFDS text dataset (split ``train`` by default); each example
                   is a document, its ``data.tfds_text_field`` split into lines and sentences.
 
@@ -501,6 +505,9 @@ def _parquet_rows(source: str, path: str, stream, column: str):
             f"{', '.join(schema.names) or 'none'}); name the text column: parquet:GLOB:COLUMN"
         )
     kind = schema.field(column).type
+    # A dictionary-encoded (categorical) column of text is text: decoded batch by batch.
+    encoded = pa.types.is_dictionary(kind)
+    kind = kind.value_type if encoded else kind
     # Read as bytes and decoded here: invalid UTF-8 in a string column becomes U+FFFD and is
     # counted, as in text files, where pyarrow's own decoding would raise.
     as_bytes = {pa.string(): pa.binary(), pa.large_string(): pa.large_binary()}.get(kind)
@@ -513,6 +520,7 @@ def _parquet_rows(source: str, path: str, stream, column: str):
     def rows():
         for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=[column]):
             values = batch.column(0)
+            values = values.dictionary_decode() if encoded else values
             for value in (values.cast(as_bytes) if as_bytes else values).to_pylist():
                 yield None if value is None else value.decode("utf-8", "electra_jax_count_replace")
 
@@ -554,18 +562,30 @@ def _jsonl_rows(source: str, path: str, stream, field: str):
             ) from None
         if not isinstance(record, dict):
             raise DataError(f"{where} is a JSON {json_kind(record)}, not an object")
-        if field not in record:
-            fields = ", ".join(sorted(record)[:10]) or "none"
-            raise DataError(
-                f"{where} has no field '{field}' (it has {fields}); name the text field: "
-                "jsonl:GLOB:FIELD"
-            )
-        value = record[field]
+        value = record
+        for depth, name in enumerate(field.split("/")):  # meta/text: a field of an object
+            if not isinstance(value, dict) or name not in value:
+                inside = "/".join(field.split("/")[:depth]) or None
+                if isinstance(value, dict):
+                    fields = ", ".join(sorted(value)[:10]) or "none"
+                    has = f"it has {fields}" if inside is None else f"'{inside}' has {fields}"
+                else:
+                    has = f"'{inside}' is a {json_kind(value)}"
+                raise DataError(
+                    f"{where} has no field '{field}' ({has}); name the text field: "
+                    "jsonl:GLOB:FIELD (a field of an object: jsonl:GLOB:OUTER/FIELD)"
+                )
+            value = value[name]
         if value is not None and not isinstance(value, str):
             raise DataError(
                 f"{where}: field '{field}' is a {json_kind(value)}, not text; name a string "
                 "field: jsonl:GLOB:FIELD"
             )
+        if value is not None:
+            # A "\ud800" escape is valid JSON but no text SentencePiece can encode: replaced
+            # by U+FFFD and counted, as invalid UTF-8 bytes are.
+            value, lone = jsonio.without_lone_surrogates(value)
+            _replaced[0] += lone
         yield value
 
 
@@ -898,7 +918,9 @@ def _glob_and_field(kind: str, arg: str) -> tuple[str, str]:
     if kind not in ("parquet", "jsonl"):
         return arg, ""
     glob, colon, field = arg.rpartition(":")
-    if not colon or "/" in field:
+    # After a URI's scheme ('gs://...') there is no field; a field may name one inside an
+    # object ('meta/text'), which held a '/' and was read as part of the glob.
+    if not colon or field.startswith("//"):
         return arg, DEFAULT_FIELD
     return glob, field or DEFAULT_FIELD
 

@@ -126,6 +126,34 @@ def check_data(
     return {**inputs, "data_files": now, "tfds": tfds} if tfds else {**inputs, "data_files": now}
 
 
+def check_finished(
+    workdir: str, record: dict, files: Sequence[str], tfds: dict | None, allow: Sequence[str]
+) -> str | None:
+    """A finished run asked again: its results are of the task files it read, so files that
+    changed since are refused in one line (ConfigError) saying what changed, as mid-run, rather
+    than the old results given back without a word; with --allow_change=data_dir, the line to
+    print that they are the earlier files' results. None when nothing changed (or the run
+    predates the record)."""
+    inputs = record.get("inputs")
+    if inputs is None:
+        return None
+    changes = _file_changes(inputs.get("data_files", {}), data_record(files))
+    if (inputs.get("tfds") or None) != (tfds or None):
+        changes.append(f"TFDS is {tfds} now, was {inputs.get('tfds')}")
+    if not changes:
+        return None
+    more = f" (and {len(changes) - 1} more)" if len(changes) > 1 else ""
+    if "data_dir" in allow:
+        return (
+            f"warning: {workdir} holds this run, finished on other task files ({changes[0]}"
+            f"{more}): its results are of those; fine-tune in a new --workdir for these"
+        )
+    raise ConfigError(
+        f"--workdir {workdir} holds this run, finished on other task files: {changes[0]}{more}; "
+        "its results are of those: restore them, or fine-tune on these in a new --workdir"
+    )
+
+
 def check_weights(workdir: str, record: dict, encoder, allow: Sequence[str]) -> dict | None:
     """Compares the pre-trained encoder read on a resume with model.json's record; returns the
     new "inputs" record when it must be written, else None. ConfigError for a change not

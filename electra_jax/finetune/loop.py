@@ -128,6 +128,10 @@ def _finetune(
 ) -> dict:
     workdir, record, allow = prior.opened.workdir, prior.record, prior.allow
     if prior.finished is not None:
+        files, tfds = family.input_files(config, task)
+        changed = inputs.check_finished(workdir, record, files, tfds, allow)
+        if changed:
+            log(changed)
         log(f"{workdir} holds this run, finished: {paths.join(workdir, RESULTS_FILE)}")
         return prior.finished
 

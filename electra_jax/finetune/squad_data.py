@@ -77,6 +77,10 @@ def _get(obj: Any, key: str, kind: type, where: str) -> Any:
     if not ok:
         expected = {list: "list", str: "string", int: "whole number", bool: "boolean"}[kind]
         raise DataError(f"{where}.{key} is a JSON {json_kind(value)}, not a {expected}")
+    if kind is str:
+        # A "\ud800" escape is valid JSON but no text the tokenizer can encode: U+FFFD in its
+        # place, one character for one, so that answer_start still points at the answer.
+        value, _ = jsonio.without_lone_surrogates(value)
     return value
 
 

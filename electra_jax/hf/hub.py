@@ -13,6 +13,15 @@ from electra_jax.model.weights import PretrainedError
 from electra_jax.store.jsonio import one_line
 
 LOGIN = "log in with `hf auth login` or set HF_TOKEN"
+# The stated deadline of the whole upload (the repository's creation and the commit), unless
+# `export --hub_timeout_seconds` says otherwise: a Hub that accepts the connection and never
+# answers ends the command within it, with the export kept in --out.
+DEFAULT_TIMEOUT_SECONDS = 900.0
+
+
+class HubTimeout(PretrainedError):
+    """The Hub did not answer within the deadline; the upload is abandoned on its thread (the
+    command ends the process at once, so that no library thread holds it up)."""
 
 
 def check(repo: str) -> None:
@@ -29,29 +38,48 @@ def check(repo: str) -> None:
         raise PretrainedError(f"--push_to_hub={repo} needs a Hugging Face token: {LOGIN}")
 
 
-def push(out: str, repo: str, manifest: dict, private: bool = False) -> str:
+def push(
+    out: str,
+    repo: str,
+    manifest: dict,
+    private: bool = False,
+    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
+) -> str:
     """Uploads the export in `out` (the files `manifest`, its export.json, lists) to the model
-    repository `repo`, created if missing (`private` then), in one commit; returns the commit's
-    URL.
+    repository `repo`, created if missing (`private` then), in one commit, within
+    `timeout_seconds` in all; returns the commit's URL.
 
     Raises:
+      HubTimeout: no end within the deadline (the export stays in `out`).
       PretrainedError: the Hub refused or could not be reached (the export stays in `out`).
     """
-    from huggingface_hub import HfApi
+    from huggingface_hub import HfApi, constants
 
     from electra_jax.hf.previous import MANIFEST
+    from electra_jax.store import deadline
 
     api = HfApi()
     source = manifest.get("source", out)
-    try:
+
+    def upload():
         api.create_repo(repo, repo_type="model", private=private, exist_ok=True)
-        commit = api.upload_folder(
+        return api.upload_folder(
             repo_id=repo,
             repo_type="model",
             folder_path=out,
             allow_patterns=[*manifest["files"], MANIFEST],
             commit_message=f"electra_jax export of {source}",
         )
+
+    try:
+        commit = deadline.call_within(timeout_seconds, upload)
+    except deadline.DeadlinePassed:
+        raise HubTimeout(
+            f"the export is in {out}, but the Hub ({api.endpoint or constants.ENDPOINT}) did not "
+            f"finish the upload to {repo} within {timeout_seconds:g}s (--hub_timeout_seconds); "
+            "check the network and the Hub's status, then export again (a larger export over a "
+            "slow link: raise --hub_timeout_seconds)"
+        ) from None
     except Exception as e:  # noqa: BLE001 (the Hub's HTTP errors, and its transport's, which
         # differ by huggingface_hub version (requests, httpx): none is the export's fault)
         raise PretrainedError(

@@ -146,6 +146,19 @@ def previous_files(out: str) -> dict[str, set[str] | None]:
     return files
 
 
+def listed_not_ours(out: str) -> list[str]:
+    """The paths OUT's manifest lists that no export writes (outside LAYOUT): another program's
+    or a user's, which an export never replaces or deletes, whatever a manifest says; [] when
+    there is no manifest or it lists none. Call after check_out (the manifest is ours)."""
+    path = os.path.join(out, MANIFEST)
+    try:
+        with open(path, encoding="utf-8") as f:
+            files = jsonio.loads(f.read()).get("files")
+    except (OSError, ValueError, AttributeError):
+        return []
+    return sorted(rel for rel in files or () if isinstance(rel, str) and rel not in LAYOUT)
+
+
 def check_out(out: str) -> list[str]:
     """The files of the previous export at OUT that a new export may replace or delete ([] when
     OUT is missing or empty): an export replaces only what an export wrote.

@@ -49,14 +49,57 @@ class Launch:
         )
 
 
-def _kubernetes_peer_alone() -> bool:
-    """A pod of an Indexed Job other than the first: surely one of several pods.
+# Variables that launchers set in each process of a multi-process launch, by launcher. Any of
+# them set means this process may be one of several: what detection then found, or why the
+# process runs alone (a variable left over in a shell, a launcher jax cannot read), is one line
+# at start (`found`). The number-valued ones are checked where they are read (whole numbers),
+# before jax's own int() meets them.
+LAUNCHERS = {
+    "SLURM": ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID",
+              "SLURM_LOCALID"),
+    "Open MPI": ("OMPI_MCA_orte_hnp_uri", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"),
+    "a TPU slice": ("TPU_WORKER_HOSTNAMES", "TPU_PROCESS_ADDRESSES", "TPU_WORKER_ID"),
+    "a Kubernetes Indexed Job": ("JOB_COMPLETION_INDEX",),
+}  # fmt: skip
+_COUNTS = {"SLURM_NTASKS": 1, "OMPI_COMM_WORLD_SIZE": 1}  # >= 1; the others are indices >= 0
+_INDICES = ("SLURM_PROCID", "SLURM_LOCALID", "OMPI_COMM_WORLD_RANK", "TPU_WORKER_ID",
+            "JOB_COMPLETION_INDEX")  # fmt: skip
 
-    (Pod 0 may be the only one, e.g. a single-node JobSet, and then trains alone.)
-    """
-    return "KUBERNETES_SERVICE_HOST" in os.environ and os.environ.get(
-        "JOB_COMPLETION_INDEX", "0"
-    ) not in ("", "0")
+
+def _check_numbers() -> None:
+    """DetectionError naming a launcher's number variable that is no whole number."""
+    from electra_jax.store import environment
+
+    for name in (*_COUNTS, *_INDICES):
+        what = "a process count" if name in _COUNTS else "a process index"
+        environment.whole_number(
+            name, f"{what} of a multi-process launch", _COUNTS.get(name, 0), DetectionError
+        )
+
+
+def cluster_variables() -> list[str]:
+    """The launchers' variables set here, as NAME=VALUE. TPU_WORKER_HOSTNAMES naming one host
+    is left out: one host is one process (and topology.quiet_libtpu names 'localhost' there
+    on a machine without TPUs)."""
+    out = []
+    for names in LAUNCHERS.values():
+        for name in names:
+            value = os.environ.get(name)
+            if value is None or (name == "TPU_WORKER_HOSTNAMES" and "," not in value):
+                continue
+            out.append(f"{name}={value}")
+    return out
+
+
+def _kubernetes_without_package() -> bool:
+    """A pod of a Kubernetes Indexed Job (a JobSet's included) whose other pods jax cannot find:
+    the `kubernetes` package is missing. Pod 0 too: nothing in its environment says whether it
+    is the only pod, and training alone while the others fail would waste the whole job."""
+    if "KUBERNETES_SERVICE_HOST" not in os.environ or not os.environ.get("JOB_COMPLETION_INDEX"):
+        return False
+    import importlib.util
+
+    return importlib.util.find_spec("kubernetes") is None
 
 
 def present_cluster():
@@ -90,17 +133,19 @@ def detect(timeout_seconds: int) -> Launch | None:
     """
     from jax._src import clusters
 
+    _check_numbers()
     env = present_cluster()
     if env is None:
-        if _kubernetes_peer_alone():
+        if _kubernetes_without_package():
             raise DetectionError(
                 f"this process is pod {os.environ['JOB_COMPLETION_INDEX']} of a Kubernetes "
                 "Indexed Job, but jax finds the other pods "
                 "through the Kubernetes API and the `kubernetes` package is not installed: "
                 "install jax[k8s] in the image (launch/k8s/ says how), or pass "
-                "--coordinator_address, --num_processes and --process_id"
+                "--coordinator_address, --num_processes and --process_id (a Job of one pod: "
+                "--coordinator_address=localhost:1234 --num_processes=1 --process_id=0)"
             )
-        if int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1") or 1) > 1:
+        if int(os.environ.get("OMPI_COMM_WORLD_SIZE") or 1) > 1:
             raise DetectionError(
                 f"this process is rank {os.environ.get('OMPI_COMM_WORLD_RANK', '?')} of "
                 f"{os.environ['OMPI_COMM_WORLD_SIZE']} started by Open MPI, whose launcher jax "
@@ -133,4 +178,35 @@ def detect(timeout_seconds: int) -> Launch | None:
         num_processes=count,
         process_id=index,
         local_device_ids=tuple(ids) if ids else None,
+    )
+
+
+def found(launch: Launch | None) -> str | None:
+    """The line a run prints at start when any launcher's variable is set: what cluster
+    detection found (`launch`, from detect), or why this process runs alone and which variables
+    it ignored; None when none is set (nothing to explain)."""
+    if launch is not None:
+        return (
+            f"cluster: {launch.cluster} found {launch.num_processes} processes; this is process "
+            f"{launch.process_id}, joining the coordinator {launch.coordinator_address}"
+        )
+    stray = cluster_variables()
+    if not stray:
+        return None
+    env = present_cluster()
+    if env is not None:
+        why = f"jax's {env.__name__} counts one process here"
+    else:
+        missing = [
+            f"{launcher} needs {', '.join(n for n in names if n not in os.environ)}"
+            for launcher, names in LAUNCHERS.items()
+            if launcher in ("SLURM", "Open MPI") and any(v.split("=")[0] in names for v in stray)
+        ]
+        why = "jax detects no launch here" + (f" ({'; '.join(missing)})" if missing else "")
+        if any(v.startswith(("TPU_WORKER_HOSTNAMES", "TPU_PROCESS_ADDRESSES")) for v in stray):
+            why += "; a TPU slice is detected only on a Cloud TPU VM"
+    return (
+        f"cluster: {', '.join(stray)} set, but {why}: this process runs alone; unset them if "
+        "they are left from another job, or pass --coordinator_address, --num_processes and "
+        "--process_id"
     )

@@ -37,7 +37,7 @@ def folder(cache_dir: str, workdir: str) -> str | None:
     """The cache's folder for compile.cache_dir = `cache_dir`: itself; '' is
     $JAX_COMPILATION_CACHE_DIR where set (the launchers set it beside the workdir, shared by
     runs), else WORKDIR/compile_cache; None for 'off'."""
-    if cache_dir == OFF:
+    if cache_dir.strip().lower() == OFF:  # a special word in any case: OFF made a folder OFF
         return None
     if cache_dir:
         return paths.normal(cache_dir)  # GS://b/c is gs://b/c, the form jax's etils reads

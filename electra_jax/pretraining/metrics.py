@@ -14,13 +14,14 @@ from typing import Any
 
 import jax
 
+from electra_jax.config.schema import ConfigError
 from electra_jax.data import progress
 from electra_jax.model.networks import ElectraSpec, EncoderSpec
 from electra_jax.objectives import registry
 from electra_jax.objectives.catalog import DEFAULT
 from electra_jax.objectives.core import FlopParts
 from electra_jax.pretraining import topology
-from electra_jax.store import filenames, jsonio, paths
+from electra_jax.store import filenames, jsonio, paths, workdir_files
 
 # Dense bfloat16 peak FLOP/s per GPU (vendor figures), matched against jax's device_kind. TPUs'
 # are in topology.GENERATIONS (per chip, with HBM and their sources), one device each.
@@ -98,20 +99,11 @@ def count_flops(
     return train
 
 
-def read_rows(path: str) -> list[dict]:
-    """The rows of a metrics.jsonl, local or gs:// (a half-written last line from a crash is
-    dropped)."""
-    rows = []
-    try:
-        text = paths.read_text(path)
-    except FileNotFoundError:
-        return rows
-    for line in text.splitlines(keepends=True):
-        try:
-            rows.append(jsonio.loads(line))
-        except ValueError:  # half-written (or nested too deep to be a row of ours)
-            break
-    return rows
+def read_rows(path: str, error: type[Exception] = workdir_files.WorkdirFileError) -> list[dict]:
+    """The rows of a metrics.jsonl (or another JSON-lines file of the run), local or gs:// (a
+    half-written last line from a crash is dropped); `error` naming the file and line for
+    anything the run cannot have written (workdir_files.read_rows)."""
+    return workdir_files.read_rows(path, error, by_step=True)
 
 
 # A gs:// workdir's metrics.jsonl and events are uploaded whole at least this often (and at every
@@ -149,7 +141,8 @@ class MetricsWriter:
             from electra_jax.pretraining import wandb_mirror
 
             self._mirror = wandb_mirror.Mirror.start(workdir, config, log)
-        kept = [r for r in read_rows(self.path) if r.get("step", 0) <= resume_step]
+        # ConfigError: train's one line for bad input (a row the run cannot have written).
+        kept = [r for r in read_rows(self.path, ConfigError) if r["step"] <= resume_step]
         # The workdir itself, or for a gs:// one a temporary folder on this host (uploaded).
         self._local = paths.LocalFolder(workdir, prefix="electra_jax-metrics-")
         local_path = os.path.join(self._local.path, filenames.METRICS_FILE)

@@ -151,20 +151,33 @@ class Target:
     def devices(self) -> int:
         return self.chips * self.generation.devices_per_chip * self.num_slices
 
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(int(d) for d in self.topology_name.split(":")[1].split("x"))
+
+    def host_bounds(self) -> tuple[int, int, int]:
+        """The chips of one host of this slice, as libtpu needs them: 2x2 (x1), a v5e / v6e
+        slice of one 8-chip host 2x4, and a slice smaller than a host (v5litepod-1, v5e-2)
+        all of it, which libtpu otherwise refuses as "not divisible" by 2x2."""
+        shape = (*self.shape, 1, 1)[:3]
+        if self.generation.name in ("v5e", "v6e") and shape == (2, 4, 1):
+            return (2, 4, 1)  # v5litepod-8 / v6e-8: one 8-chip host
+        return tuple(min(b, d) for b, d in zip(_HOST, shape, strict=True))
+
     def topology_kwargs(self) -> dict:
         """get_topology_desc's keyword arguments for this slice as it runs."""
         kwargs = {"num_slices": self.num_slices}
         if self.generation.megacore:
             # One jax device per chip, 4 chips per host, as a v4 / v5p slice runs; without
             # these libtpu describes one device per core.
-            kwargs.update(
-                chip_config_name="megacore",
-                chips_per_host_bounds=(2, 2, 1),
-                wrap=(False, False, False),
-            )
-        elif self.generation.name in ("v5e", "v6e") and self.chips == 8:
-            kwargs["chips_per_host_bounds"] = (2, 4, 1)  # v5litepod-8 / v6e-8: one 8-chip host
+            kwargs.update(chip_config_name="megacore", wrap=(False, False, False))
+        if self.generation.megacore or self.host_bounds() != _HOST:
+            kwargs["chips_per_host_bounds"] = self.host_bounds()
         return kwargs
+
+
+# The chips of one host of a TPU slice, libtpu's default (x, y, z).
+_HOST = (2, 2, 1)
 
 
 def _shape(chips: int, dims: int) -> tuple[int, ...]:
@@ -197,8 +210,8 @@ def resolve(name: str, num_slices: int = 1) -> Target:
                 f"--topology={name}: {gen.name} slices are {gen.dims}-D chip grids such as "
                 f"{gen.name}:{'x'.join(map(str, _shape(16, gen.dims)))}; accepted: {ACCEPTED}"
             )
-        return Target(gen, f"{gen.name}:{'x'.join(map(str, shape))}", math.prod(shape),
-                      num_slices, name)  # fmt: skip
+        return _whole_hosts(Target(gen, f"{gen.name}:{'x'.join(map(str, shape))}",
+                                   math.prod(shape), num_slices, name))  # fmt: skip
     if cloud_form and cloud_form.group(1) in by_prefix:
         gen = by_prefix[cloud_form.group(1)]
         count = int(cloud_form.group(2))
@@ -210,8 +223,28 @@ def resolve(name: str, num_slices: int = 1) -> Target:
                 f"and is a power of two of at least {smallest * per_chip}; accepted: {ACCEPTED}"
             )
         shape = _shape(chips, gen.dims)
-        return Target(gen, f"{gen.name}:{'x'.join(map(str, shape))}", chips, num_slices, name)
+        return _whole_hosts(
+            Target(gen, f"{gen.name}:{'x'.join(map(str, shape))}", chips, num_slices, name)
+        )
     raise ConfigError(f"--topology={name} is not a TPU slice name; accepted: {ACCEPTED}")
+
+
+def _whole_hosts(target: Target) -> Target:
+    """`target` when libtpu can describe it: a slice of several hosts is made of whole hosts
+    (v5e:4x3 is not: 3 is no multiple of a host's 2); ConfigError otherwise, naming the form
+    that is."""
+    bounds = target.host_bounds()
+    shape = (*target.shape, 1, 1)[:3]
+    if any(d % b for d, b in zip(shape, bounds, strict=True)):
+        gen = target.generation
+        host = "x".join(map(str, bounds[: len(target.shape)]))
+        example = f"{gen.name}:{'x'.join(map(str, _shape(16, gen.dims)))}"
+        raise ConfigError(
+            f"--topology={target.asked_as} ({target.topology_name}) is no whole number of "
+            f"{gen.name} hosts of {host} chips in each dimension; give a slice that is (e.g. "
+            f"{example}); accepted: {ACCEPTED}"
+        )
+    return target
 
 
 def libtpu_installed() -> bool:
@@ -267,9 +300,16 @@ def compile_only_devices(target: Target) -> list:
     quiet_libtpu(target)
     from jax.experimental import topologies
 
-    desc = topologies.get_topology_desc(
-        platform="tpu", topology_name=target.topology_name, **target.topology_kwargs()
-    )
+    try:
+        desc = topologies.get_topology_desc(
+            platform="tpu", topology_name=target.topology_name, **target.topology_kwargs()
+        )
+    except Exception as e:  # noqa: BLE001 (libtpu's JaxRuntimeError, whose words vary by version)
+        # What resolve accepted and libtpu still refuses: one line, not its traceback.
+        raise ConfigError(
+            f"--topology={target.asked_as}: the TPU compiler cannot describe the slice "
+            f"{target.topology_name} ({' '.join(str(e).split())[:200]}); accepted: {ACCEPTED}"
+        ) from e
     return list(desc.devices)
 
 

@@ -347,9 +347,12 @@ def _write_marker(path: str, kind: str) -> None:
 def _take_remote_lock(path: str, kind: str, flag: str, command: str):
     """The lease lock WORKDIR/.lock of a gs:// workdir (gcs_lock.py), or ConfigError naming its
     live holder."""
-    from electra_jax.store import gcs_lock
+    from electra_jax.store import environment, gcs_lock
 
-    lock = gcs_lock.GcsLock(paths.join(path, LOCK), {"command": command, "kind": kind})
+    try:
+        lock = gcs_lock.GcsLock(paths.join(path, LOCK), {"command": command, "kind": kind})
+    except environment.EnvironmentValueError as e:  # its lease, from the environment
+        raise ConfigError(str(e)) from None
     try:
         lock.acquire()
     except gcs_lock.LockHeld as e:

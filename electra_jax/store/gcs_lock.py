@@ -44,6 +44,9 @@ from electra_jax.store import jsonio
 
 DEFAULT_LEASE_SECONDS = 60.0
 LEASE_ENV = "ELECTRA_JAX_LOCK_LEASE_SECONDS"
+# No run of ours holds a lease longer than a day: a lock object naming a longer one (1e300, which
+# JSON holds as a finite number) would hold the workdir for ever, so it is not taken for ours.
+MAX_LEASE_SECONDS = 86400.0
 # Attempts at taking the lock when other runs keep changing it under us.
 _ATTEMPTS = 5
 
@@ -53,12 +56,13 @@ class LockHeld(Exception):
 
 
 def lease_seconds() -> float:
-    value = os.environ.get(LEASE_ENV, "")
-    try:
-        lease = float(value) if value else DEFAULT_LEASE_SECONDS
-    except ValueError:
-        lease = DEFAULT_LEASE_SECONDS
-    return lease if lease > 0 else DEFAULT_LEASE_SECONDS
+    """$ELECTRA_JAX_LOCK_LEASE_SECONDS, or the default where unset; EnvironmentValueError for a
+    value that is no number of seconds > 0 (it was silently replaced by the default)."""
+    from electra_jax.store import environment
+
+    return environment.positive_seconds(
+        LEASE_ENV, "the gs:// lock's lease", DEFAULT_LEASE_SECONDS, maximum=MAX_LEASE_SECONDS
+    )
 
 
 def split(uri: str) -> tuple[str, str]:
@@ -339,6 +343,11 @@ def record_problem(info: Any) -> str | None:
         return (
             f"its lease_seconds is {jsonio.one_line(repr(lease), 40)}, not a finite number of "
             "seconds > 0"
+        )
+    if lease > MAX_LEASE_SECONDS:
+        return (
+            f"its lease_seconds is {lease:g}, longer than any run's lease (at most "
+            f"{MAX_LEASE_SECONDS:g} s): it would hold the workdir for ever"
         )
     return None
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import codecs
 import errno
 import json
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -54,6 +55,19 @@ def text_problem(error: ValueError) -> str:
             )
         return f"it is not UTF-8 text ({error.reason} at byte {error.start})"
     return one_line(error, 200)
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def without_lone_surrogates(text: str) -> tuple[str, int]:
+    """`text` with each lone surrogate (a JSON "\\ud800" escape is valid JSON, but no UTF-8 text)
+    replaced by U+FFFD, and how many there were. One code point for one: character offsets into
+    the text (a SQuAD answer's) stay right. Every library that encodes to UTF-8 (SentencePiece,
+    tokenizers) fails on one, deep inside."""
+    if text.isascii():  # the common case, in one pass over the bytes
+        return text, 0
+    return _LONE_SURROGATE.subn("\ufffd", text)
 
 
 def json_kind(value: Any) -> str:

@@ -32,11 +32,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import errno
 import fnmatch
 import hashlib
 import os
 import re
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable, Iterator
 from typing import IO
@@ -328,10 +330,47 @@ def open_file(path: str, mode: str = "rb") -> Iterator[IO]:
         yield f
 
 
+class NotAFile(OSError):
+    """A path read as a file that is a folder, a FIFO, a socket or a device: reading it would
+    fail later in words that name no file, or (a FIFO) wait forever for a writer."""
+
+    def __init__(self, path: str, kind: str):
+        code = errno.EISDIR if kind == "a folder" else errno.EINVAL
+        super().__init__(code, f"it is {kind}, not a file")
+        self.filename = path
+        self.kind = kind
+
+
+def _kind_of(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    if stat.S_ISFIFO(mode):
+        return "a named pipe (FIFO)"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "not a regular file"
+
+
+def _open_regular(path: str) -> int:
+    """A read-only descriptor of the regular file at local `path`; NotAFile for anything else.
+    Opened without blocking (a FIFO with no writer would block the open itself) and checked on
+    the descriptor, so that what is checked is what is read."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise NotAFile(path, _kind_of(mode))
+    os.set_blocking(fd, True)
+    return fd
+
+
 def read_bytes(path: str) -> bytes:
-    """The file's bytes; FileNotFoundError when it is absent, as open() raises it."""
+    """The file's bytes; FileNotFoundError when it is absent, as open() raises it; NotAFile
+    when it is a folder, a FIFO, a socket or a device."""
     if not is_remote(path):
-        with open(path, "rb") as f:
+        with os.fdopen(_open_regular(path), "rb") as f:
             return f.read()
     try:
         return _epath(path).read_bytes()

@@ -591,3 +591,39 @@ def test_a_parquet_source_without_pyarrow_is_one_line(monkeypatch):
     ):
         sources.parse("parquet:corpus/*.parquet")
     assert sources.parse("jsonl:corpus/*.jsonl").kind == "jsonl"  # JSON lines need nothing
+
+
+def test_a_field_inside_an_object_is_read_and_its_absence_named(tmp_path):
+    """`jsonl:GLOB:meta/text` was read as part of the glob ("matches no files")."""
+    rows = [{"meta": {"text": "Nested text."}}, {"meta": {"text": None}}]
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    source = f"jsonl:{tmp_path}/*.jsonl:meta/text"
+    assert sources.parse(source).pattern == f"{tmp_path}/*.jsonl"
+    assert list(sources.iter_documents(source)) == [["Nested text."]]
+    (tmp_path / "a.jsonl").write_text('{"meta": {"body": "x"}}\n{"meta": 3}\n')
+    with pytest.raises(DataError, match=r"line 1 has no field 'meta/text' \('meta' has body\)"):
+        list(sources.iter_documents(source))
+    (tmp_path / "a.jsonl").write_text('{"meta": 3}\n')
+    with pytest.raises(DataError, match=r"line 1 has no field 'meta/text' \('meta' is a number\)"):
+        list(sources.iter_documents(source))
+
+
+def test_a_lone_surrogate_in_a_json_line_is_replaced_and_counted(tmp_path):
+    """Valid JSON, no text: it crashed SentencePiece while packing."""
+    (tmp_path / "a.jsonl").write_text('{"text": "a \\ud800 b and \\ud83d\\ude00 c."}\n')
+    stats = sources.SourceStats()
+    docs = list(sources.iter_documents(f"jsonl:{tmp_path}/a.jsonl", stats))
+    assert docs == [["a \ufffd b and \U0001f600 c."]] and stats.bytes_replaced == 1
+    "".join(docs[0]).encode("utf-8")  # every library's encoding of it works
+
+
+def test_a_dictionary_encoded_parquet_text_column_is_text(tmp_path):
+    """A categorical column of strings (pandas' `category`) was refused as "not text"."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    texts = ["First one.", "Second one.", "First one.", None]
+    table = pa.table({"text": pa.array(texts).dictionary_encode()})
+    pq.write_table(table, tmp_path / "a.parquet")
+    assert pa.types.is_dictionary(pq.ParquetFile(tmp_path / "a.parquet").schema_arrow[0].type)
+    docs = list(sources.iter_documents(f"parquet:{tmp_path}/a.parquet"))
+    assert docs == [["First one."], ["Second one."], ["First one."]]

@@ -79,6 +79,16 @@ def test_flipped_labels_under_the_same_data_dir_are_refused_unless_allowed(tmp_p
     assert _model_json(workdir)["inputs"]["data_files"][str(train)] == inputs.file_facts(str(train))
     with pytest.raises(ConfigError, match=r"--allow_change=tokenizer: a fine-tuning's resume may"):
         loop.finetune(config, str(workdir), allow_changes=("tokenizer",))
+    # Finished, then asked again after its dev.tsv changed: refused, saying what changed (it
+    # gave back the old results with exit 0 and no line); allowed, the results with a warning.
+    dev = tmp_path / "SST-2" / "dev.tsv"
+    dev.write_text(dev.read_text() + "the river ran\t1\n")
+    with pytest.raises(ConfigError) as e:
+        loop.finetune(config, str(workdir))
+    assert str(e.value).startswith(
+        f"--workdir {workdir} holds this run, finished on other task files: {dev} changed ("
+    )
+    assert loop.finetune(config, str(workdir), allow_changes=("data_dir",))["steps"] == 12
 
 
 def _pretraining_run(tmp_path, tmp_path_factory):

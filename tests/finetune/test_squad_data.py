@@ -250,3 +250,25 @@ def test_a_file_without_questions_is_refused_naming_it(tmp_path, data):
         f"{squad_data.URL}dev-v1.1.json"
     )
     assert not (tmp_path / "run" / "eval_results.json").exists()
+
+
+def test_a_lone_surrogate_in_a_question_or_context_is_replaced_one_for_one(tmp_path):
+    """Valid JSON, no text: it crashed fine-tuning inside SentencePiece. U+FFFD takes its place,
+    one character for one, so that every answer_start still points at its answer."""
+    data = squad_json(1, "1.1")
+    paragraph = data["data"][0]["paragraphs"][0]
+    paragraph["context"] = "\ud800 " + paragraph["context"]
+    for qa in paragraph["qas"]:
+        qa["question"] = qa["question"] + " \udc80"
+        for answer in qa["answers"]:
+            answer["answer_start"] += 2
+    path = tmp_path / "train-v1.1.json"
+    path.write_text(json.dumps(data))  # as \ud800 escapes
+    examples = squad_data.read_squad(str(path), "1.1")
+    assert examples[0].context.startswith("\ufffd ") and examples[0].question.endswith(" \ufffd")
+    for e in examples:
+        (e.context + e.question).encode("utf-8")
+        (answer,) = e.answers
+        assert e.context[answer.start : answer.start + len(answer.text)] == answer.text
+    tokenizer = sentencepiece(tmp_path, examples, vocab_size=40)
+    assert tokenizer.encode(examples[0].question)  # the crash was here

@@ -176,19 +176,75 @@ def test_kubernetes_job_pods_join_pod_0(start, monkeypatch):
     assert "electra-gpu-workers-0-0.electra-gpu" in asked
 
 
-@pytest.mark.parametrize("index,alone", [("0", True), ("2", False)])
-def test_kubernetes_pod_without_the_kubernetes_package(start, monkeypatch, capsys, index, alone):
+@pytest.mark.parametrize("index", ["0", "2"])
+def test_kubernetes_pod_without_the_kubernetes_package(start, monkeypatch, capsys, index):
+    """Every pod says so, pod 0 too: it trained alone while the others failed."""
     cluster_envs.kubernetes_missing(monkeypatch)
     _set(monkeypatch, {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "JOB_COMPLETION_INDEX": index})
-    if alone:  # pod 0 may be the only one: it trains alone, without jax's warning
-        assert start() == []
-        assert capsys.readouterr().err == ""
-        return
     with pytest.raises(SystemExit) as e:
         start()
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and len(err.splitlines()) == 1
-    assert "pod 2 of a Kubernetes Indexed Job" in err and "jax[k8s]" in err
+    assert f"pod {index} of a Kubernetes Indexed Job" in err and "jax[k8s]" in err
+
+
+def test_a_pod_outside_an_indexed_job_trains_alone_without_a_word(start, monkeypatch, capsys):
+    cluster_envs.kubernetes_missing(monkeypatch)
+    _set(monkeypatch, {"KUBERNETES_SERVICE_HOST": "10.0.0.1"})
+    assert start() == []
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize(
+    "env, says",
+    [
+        ({"SLURM_NTASKS": "2"}, "SLURM needs SLURM_JOB_ID, SLURM_STEP_NODELIST"),
+        ({"SLURM_JOB_ID": "7", "SLURM_NTASKS": "4", "SLURM_PROCID": "0"}, "SLURM_STEP_NODELIST"),
+        ({"TPU_WORKER_HOSTNAMES": "a,b"}, "only on a Cloud TPU VM"),
+        ({"OMPI_COMM_WORLD_RANK": "0"}, "Open MPI needs OMPI_MCA_orte_hnp_uri"),
+    ],
+)
+def test_a_stray_cluster_variable_is_named_and_the_run_goes_on_alone(
+    start, monkeypatch, capsys, env, says
+):
+    _set(monkeypatch, env)
+    assert start() == []
+    [line] = capsys.readouterr().err.strip().splitlines()
+    name, value = next(iter(env.items()))
+    assert line.startswith("cluster: ") and f"{name}={value}" in line
+    assert says in line and "this process runs alone" in line
+
+
+def test_a_found_launch_and_a_cluster_of_one_are_one_line(start, monkeypatch, capsys):
+    _set(monkeypatch, cluster_envs.slurm(ntasks=1, procid=0, localid=0, nodelist="gpu001"))
+    assert start() == []
+    assert "SlurmCluster counts one process here" in capsys.readouterr().err
+    _set(monkeypatch, cluster_envs.slurm(ntasks=2, procid=1, localid=1, nodelist="gpu001"))
+    [call] = start()
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line == (
+        f"cluster: SlurmCluster found 2 processes; this is process 1, joining the coordinator "
+        f"{call['coordinator_address']}"
+    )
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("OMPI_COMM_WORLD_SIZE", "abc"),
+        ("OMPI_COMM_WORLD_RANK", "-1"),
+        ("JOB_COMPLETION_INDEX", "1.5"),
+        ("TPU_WORKER_ID", "²"),
+        ("SLURM_NTASKS", "0"),
+    ],
+)
+def test_a_launchers_number_that_is_none_is_one_line(start, monkeypatch, capsys, name, value):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(SystemExit) as e:
+        start()
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1
+    assert f"environment variable {name}={value!r} is not a whole number" in err
 
 
 def test_a_cluster_that_cannot_say_its_processes_is_one_line(start, monkeypatch, capsys):
@@ -198,7 +254,7 @@ def test_a_cluster_that_cannot_say_its_processes_is_one_line(start, monkeypatch,
         start()
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and len(err.splitlines()) == 1
-    assert "SlurmCluster" in err and "'two'" in err
+    assert "SLURM_NTASKS='two' is not a whole number" in err
 
 
 def test_explicit_flags_win_over_the_cluster(start, monkeypatch):

@@ -131,3 +131,33 @@ def test_a_command_on_a_machine_without_tpus_prints_only_its_line():
     )  # fmt: skip
     assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
     assert "mesh.fsdp=7 does not divide" in out.stderr
+
+
+@needs_libtpu
+@pytest.mark.usefixtures("libtpu_env")
+@pytest.mark.parametrize("name", ["v5e-1", "v5litepod-1", "v6e-1", "v5e:2x1", "v4:1x1x1"])
+def test_a_slice_smaller_than_a_host_is_described(name):
+    """What resolve accepts, the compiler's topology describes: a one-chip v5litepod-1 (a real
+    Cloud type) was accepted and then ended in libtpu's "not divisible by 2x2x1"."""
+    target = topology.resolve(name)
+    assert len(topology.compile_only_devices(target)) == target.chips
+
+
+@pytest.mark.parametrize("name", ["v5e:4x3", "v4:3x4x4", "v6e:3x2"])
+def test_a_slice_of_part_hosts_is_one_line(name):
+    with pytest.raises(ConfigError, match="is no whole number of .* hosts of 2x2") as e:
+        topology.resolve(name)
+    assert topology.ACCEPTED in str(e.value) and "\n" not in str(e.value)
+
+
+@needs_libtpu
+@pytest.mark.usefixtures("libtpu_env")
+def test_what_libtpu_still_refuses_is_one_line(monkeypatch):
+    from jax.experimental import topologies
+
+    def refuse(**kwargs):
+        raise RuntimeError("INVALID_ARGUMENT: no such\nslice")
+
+    monkeypatch.setattr(topologies, "get_topology_desc", refuse)
+    with pytest.raises(ConfigError, match=r"cannot describe the slice v5e:2x2 \(.*no such slice\)"):
+        topology.compile_only_devices(topology.resolve("v5e-4"))

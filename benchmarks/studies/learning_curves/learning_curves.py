@@ -160,6 +160,14 @@ def main(argv=None) -> None:
                 data[name if side == "electra_jax" else f"{name} {side}"] = side_curves
     else:
         data = curves(args.workdirs, args.smooth)
+    if not data:  # name the files read, not only that there is nothing to plot
+        from electra_jax.cli import fail
+
+        files = [os.path.join(w, name) for w in args.workdirs for name in SIDES.values()]
+        absent = [f for f in files if not os.path.exists(f)]
+        said = [f"{f} does not exist" for f in absent]
+        said += [f"{f} holds no row with disc_loss" for f in files if f not in absent]
+        fail(f"{args.out}: nothing to plot: {'; '.join(said)}; nothing was written")
     plot(data, args.out, args.title)
     print(json.dumps(tail_summary(data, args.tail)))
 
