@@ -656,6 +656,9 @@ class _Recorder:
             setup.spec, batch, length, setup.num_slots, config.objective.name
         )["total"]
         breakdown, totals, startup, interval_start = clock
+        unknown_peak = metrics.unknown_peak_line(jax.devices()[0], config.log.peak_flops)
+        if unknown_peak:
+            metrics.log(unknown_peak)
         return cls(
             workdir=workdir,
             manager=manager,

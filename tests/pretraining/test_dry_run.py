@@ -84,6 +84,26 @@ def test_compiled_by_the_tpu_compiler_for_a_slice_that_is_not_here(slices):
 
 @needs_libtpu
 @pytest.mark.usefixtures("libtpu_env")
+def test_tpu7x_compiles_with_a_device_per_tensorcore():
+    """Today's TPU: a tpu7x-8 (4 chips, 8 TensorCores) compiles the run's program on 8 devices
+    of half a chip's HBM each. Where the cost compiles are known to crash the installed
+    libtpu, the summary says so instead of the process dying (the ceiling is then not
+    compiled, which also keeps this test to one compile)."""
+    config = micro_config()
+    config.train.steps_per_call = 1
+    target = topology.resolve("tpu7x-8")
+    crash = dry_run.cost_compiles_crash(target.generation)
+    summary = dry_run.describe(config, target=target, costs=crash is not None)
+    assert summary["device_kind"] == "TPU7x" and summary["devices"] == 8 and summary["chips"] == 4
+    assert summary["hbm_per_device_bytes"] == 96 * 2**30 and summary["fits"]
+    assert summary["ceiling_compile_seconds"] is None
+    if crash:
+        assert summary["mfu_ceiling_from"] == f"none: {crash}"
+        assert "libtpu" in crash and "tpu7x" in crash
+
+
+@needs_libtpu
+@pytest.mark.usefixtures("libtpu_env")
 def test_a_step_that_does_not_fit_is_one_line():
     config = micro_config()
     config.train.batch_size = 2**20
