@@ -116,6 +116,7 @@ def _train(run: resume.Resume, stop_after, watcher) -> dict:
             config.log.profile_steps,
             config.log.profile_num_steps,
             start_step,
+            config.train.steps_per_call,
         )
         bounds = profile.bounds()
         calls = _CompiledCalls(config, setup, mesh, data_iter, stop_after, breakdown, bounds)
