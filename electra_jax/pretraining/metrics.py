@@ -174,6 +174,7 @@ class MetricsWriter:
     def __init__(self, workdir: str, enabled: bool, resume_step: int = 0, config: Any = None):
         self.enabled = enabled
         self.path = paths.join(workdir, filenames.METRICS_FILE)
+        self.previous: list[dict] = []
         self._tb = None
         self._mirror = None
         if not enabled:
@@ -182,7 +183,9 @@ class MetricsWriter:
             from electra_jax.pretraining import wandb_mirror
 
             self._mirror = wandb_mirror.Mirror.start(workdir, config, log)
-        kept = [r for r in read_rows(self.path) if r.get("step", 0) <= resume_step]
+        # All of them, for what a resume lost (timing.resume_columns).
+        self.previous = read_rows(self.path)
+        kept = [r for r in self.previous if r.get("step", 0) <= resume_step]
         # The workdir itself, or for a gs:// one a temporary folder on this host (uploaded).
         self._local = paths.LocalFolder(workdir, prefix="electra_jax-metrics-")
         local_path = os.path.join(self._local.path, filenames.METRICS_FILE)

@@ -107,8 +107,13 @@ def _train(run: resume.Resume, stop_after, watcher) -> dict:
     breakdown = timing.Breakdown()
     try:
         t = timing.now()
+        # The start's own work before the restore, its compiles aside (their own column).
+        compiled = choosing_sec or 0.0
+        if evaluator is not None:
+            compiled += evaluator.compile_seconds
+        prepare_sec = max(t - started - compiled, 0.0)
         state, start_step = _restore(run, setup, manager, data_iter, watcher)
-        startup = {"restore_sec": timing.now() - t}
+        startup = {"restore_sec": timing.now() - t, "prepare_sec": prepare_sec}
         saved = checkpointing.saved_goodput(workdir, start_step) if start_step else None
         totals = timing.Totals.restored(saved, started)
         profile = profiling.Profile(
@@ -145,7 +150,7 @@ def _train(run: resume.Resume, stop_after, watcher) -> dict:
         start_step,
         last_step=calls.last_step,
         evaluator=evaluator,
-        clock=(breakdown, totals, startup, interval_start),
+        clock=(breakdown, totals, startup, interval_start, started),
     )
     try:
         return _steps(calls, recorder, state, start_step, batches, watcher, profile)
@@ -651,21 +656,24 @@ class _Recorder:
     ):
         """The recorder of a run's steps from `start_step` to `last_step`. `clock`: the
         interval's waits (shared with the calls), the goodput totals, the start's own costs
-        for its first row, and when the first interval began."""
+        for its first row, when the first interval began and when this start began (what a
+        resume lost before it goes in its first row too: timing.resume_columns)."""
         batch, length = config.train.batch_size, config.data.seq_length
         flops = metrics.count_flops(
             setup.spec, batch, length, setup.num_slots, config.objective.name
         )["total"]
-        breakdown, totals, startup, interval_start = clock
+        breakdown, totals, startup, interval_start, started = clock
         unknown_peak = metrics.unknown_peak_line(jax.devices()[0], config.log.peak_flops)
         if unknown_peak:
             metrics.log(unknown_peak)
+        writer = metrics.MetricsWriter(
+            workdir, jax.process_index() == 0, resume_step=start_step, config=config
+        )
+        lost = timing.resume_columns(writer.previous, start_step, started - totals.first_start)
         return cls(
             workdir=workdir,
             manager=manager,
-            writer=metrics.MetricsWriter(
-                workdir, jax.process_index() == 0, resume_step=start_step, config=config
-            ),
+            writer=writer,
             data_iter=data_iter,
             skip=config.train.nan_policy == "skip",
             num_steps=config.train.num_steps,
@@ -680,7 +688,7 @@ class _Recorder:
             last_step=last_step,
             breakdown=breakdown,
             totals=totals,
-            startup=startup,
+            startup={**startup, **lost},
         )
 
     def check_finite(self) -> None:
