@@ -5,9 +5,11 @@ through checkpointing.save) rather than by training, which would take most of th
 """
 
 import dataclasses
+import fnmatch
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -707,6 +709,25 @@ def test_a_failed_upload_keeps_the_export_and_says_so(run, tmp_path, monkeypatch
     assert str(e.value).startswith(f"the export is in {out}, but uploading it to someone/")
     assert "(Name or service not known)" in str(e.value) and "\n" not in str(e.value)
     assert sorted(os.listdir(out)) == [*EXPORT_TOP]
+    # The line ends with the one command that uploads the folder as it is: what push sends
+    # (the files export.json lists, and export.json), to the same repository.
+    command = shlex.split(str(e.value).split("upload the folder as it is: ", 1)[1])
+    assert command[:6] == [
+        "hf",
+        "upload",
+        "someone/electra-micro",
+        str(out),
+        ".",
+        "--repo-type=model",
+    ]
+    patterns = [a.split("=", 1)[1] for a in command[6:]]
+    with open(out / "export.json") as f:
+        listed = {*json.load(f)["files"], "export.json"}
+    on_disk = {
+        os.path.relpath(os.path.join(d, n), out) for d, _, names in os.walk(out) for n in names
+    }
+    matched = {f for f in on_disk if any(fnmatch.fnmatch(f, p) for p in patterns)}
+    assert matched == listed
 
 
 def test_cli_push_to_hub_with_a_bad_name_is_one_line(run, tmp_path):
