@@ -26,7 +26,11 @@ from electra_jax.store import filenames, paths
 
 
 def export(
-    workdir: str, out: str, push_to_hub: str | None = None, hub_private: bool = False
+    workdir: str,
+    out: str,
+    push_to_hub: str | None = None,
+    hub_private: bool = False,
+    card_details: bool = False,
 ) -> dict:
     """A workdir's newest checkpoint (or a fine-tuning's saved model) -> OUT, then to the Hub
     repository `push_to_hub` when given (created `hub_private` if missing); returns the
@@ -69,17 +73,19 @@ def export(
         manifest = export_finetuned(workdir, out, name=push_to_hub)
     else:
         pre = load_workdir(workdir)
-        manifest = write_export(pre, out, readme=pretraining_readme(workdir, pre, push_to_hub))
+        readme = pretraining_readme(workdir, pre, push_to_hub, details=card_details)
+        manifest = write_export(pre, out, readme=readme)
     if push_to_hub:
         manifest["hub_url"] = hub.push(out, push_to_hub, manifest, private=hub_private)
     return manifest
 
 
-def pretraining_readme(workdir: str, pre, name: str | None = None) -> str:
+def pretraining_readme(workdir: str, pre, name: str | None = None, details: bool = False) -> str:
     """The model card (hf/card.py) of a pre-training workdir's export at `pre`'s step, from the
     workdir's records: what a fine-tuning records of it (corpus, steps, counted FLOPs, the
-    metrics row), its held-out readings up to that step, its command lines, config.json. `name`:
-    the card's title and the name its example loads (default: the workdir's folder name)."""
+    metrics row), its held-out readings up to that step, config.json, and with `details` its
+    command lines and paths. `name`: the card's title and the name its example loads (default:
+    the workdir's folder name)."""
     from electra_jax.finetune import saved
     from electra_jax.hf import card
     from electra_jax.pretrained import read_run_config
@@ -94,6 +100,7 @@ def pretraining_readme(workdir: str, pre, name: str | None = None) -> str:
         config=read_run_config(workdir),
         heldout=heldout[-1] if heldout else None,
         commands=[r for r in commands if isinstance(r, dict) and r.get("step", 0) <= pre.step],
+        details=details,
     )
 
 
@@ -221,6 +228,13 @@ def _define_flags():
         "created if missing; needs a token (hf auth login, or HF_TOKEN).",
     )
     flags.DEFINE_bool("hub_private", False, "Create the --push_to_hub repository private.")
+    flags.DEFINE_bool(
+        "card_details",
+        False,
+        "Put the run's command lines and the paths of the machine that trained (the workdir, "
+        "the corpus's folders, cache and tokenizer paths) in the pre-training model card; "
+        "left out by default, as the card may go to a public Hub repository.",
+    )
     flags.DEFINE_bool("verbose", False, "Show full tracebacks on errors.")
 
 
@@ -240,7 +254,9 @@ def main(argv) -> None:
     from electra_jax.model.weights import PretrainedError
 
     try:
-        manifest = export(values.workdir, out, values.push_to_hub, values.hub_private)
+        manifest = export(
+            values.workdir, out, values.push_to_hub, values.hub_private, values.card_details
+        )
     except PretrainedError as e:
         if values.verbose:
             raise
