@@ -231,8 +231,8 @@ def cost_compiles_crash(generation) -> str | None:
     if (generation.name, version) not in _COST_COMPILES_CRASH:
         return None
     return (
-        f"libtpu {version}'s compiler crashes on the cost compiles for {generation.name} "
-        "(the run's own program compiles; a newer libtpu may not)"
+        f"libtpu {version}'s compiler crashes on the cost compiles for {generation.name}, "
+        "which are left out (the run's own program compiles; another libtpu tries them)"
     )
 
 

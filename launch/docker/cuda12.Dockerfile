@@ -16,5 +16,7 @@ WORKDIR /electra_jax
 COPY . .
 # jax[k8s] (the kubernetes client): jax's Kubernetes cluster detection asks the API server for
 # the pod's Job, which is how the GPU JobSet's pods find each other. Not editable: the image runs
-# the installed copy. No pip cache: it would only grow the image.
+# the installed copy. No pip cache: it would only grow the image. The lock pins what is installed;
+# setuptools for building the project itself comes into pip's isolated build environment
+# (pyproject.toml's build-system) unpinned and leaves nothing in the image.
 RUN pip install --no-cache-dir -c constraints-cuda12.txt '.[cuda12,gcs,parquet,wandb]' 'jax[k8s]'

@@ -13,4 +13,7 @@ FROM python:3.11-slim-bookworm
 WORKDIR /electra_jax
 COPY . .
 # Not editable: the image runs the installed copy. No pip cache: it would only grow the image.
+# The lock pins what is installed; setuptools for building the project itself comes into
+# pip's isolated build environment (pyproject.toml's build-system) unpinned and leaves nothing
+# in the image.
 RUN pip install --no-cache-dir -c constraints-tpu.txt '.[tpu,gcs,parquet,wandb]'

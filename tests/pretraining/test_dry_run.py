@@ -82,24 +82,19 @@ def test_compiled_by_the_tpu_compiler_for_a_slice_that_is_not_here(slices):
     assert "estimated cycles" in summary["mfu_ceiling_cycles_from"]
 
 
-@needs_libtpu
-@pytest.mark.usefixtures("libtpu_env")
-def test_tpu7x_compiles_with_a_device_per_tensorcore():
-    """Today's TPU: a tpu7x-8 (4 chips, 8 TensorCores) compiles the run's program on 8 devices
-    of half a chip's HBM each. Where the cost compiles are known to crash the installed
-    libtpu, the summary says so instead of the process dying (the ceiling is then not
-    compiled, which also keeps this test to one compile)."""
-    config = micro_config()
-    config.train.steps_per_call = 1
-    target = topology.resolve("tpu7x-8")
-    crash = dry_run.cost_compiles_crash(target.generation)
-    summary = dry_run.describe(config, target=target, costs=crash is not None)
-    assert summary["device_kind"] == "TPU7x" and summary["devices"] == 8 and summary["chips"] == 4
-    assert summary["hbm_per_device_bytes"] == 96 * 2**30 and summary["fits"]
-    assert summary["ceiling_compile_seconds"] is None
-    if crash:
-        assert summary["mfu_ceiling_from"] == f"none: {crash}"
-        assert "libtpu" in crash and "tpu7x" in crash
+def test_the_cost_compiles_known_to_crash_libtpu_are_named(monkeypatch):
+    """TPU7x's cost compiles crash libtpu 0.0.42.1's compiler (SIGSEGV, no exception to catch):
+    the dry run leaves them out there and says why, and tries them with any other libtpu and
+    for every other generation. (A micro dry run for tpu7x-8 takes 23-41 s on 2 shared cores,
+    over the suite's budget for one test; the TPU7x compile the suite runs is
+    test_compiled_costs' matmul.)"""
+    tpu7x, v5e = topology.resolve("tpu7x-8").generation, topology.resolve("v5e:2x2").generation
+    monkeypatch.setattr(dry_run.importlib.metadata, "version", lambda name: "0.0.42.1")
+    reason = dry_run.cost_compiles_crash(tpu7x)
+    assert "libtpu 0.0.42.1" in reason and "tpu7x" in reason and "\n" not in reason
+    assert dry_run.cost_compiles_crash(v5e) is None
+    monkeypatch.setattr(dry_run.importlib.metadata, "version", lambda name: "0.0.43")
+    assert dry_run.cost_compiles_crash(tpu7x) is None
 
 
 @needs_libtpu
