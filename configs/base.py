@@ -15,6 +15,12 @@ fits them ('none' on those slices; remat changes memory and time, not the number
 --config.model.dtype=bfloat16 (not the default until a TPU confirms it): 9.8 GiB a v4 chip instead
 of 16.2, an MFU ceiling of 34% instead of 24% (benchmarks/notes/compile.md, "bfloat16 that pays").
 The paper reports GLUE dev 85.1 for this model. Starts from small.py and overrides what differs.
+
+Saves every 30 minutes as well as every 10,000 steps (checkpoint.every_minutes): 10,000 of this
+model's steps are hours of the slice's time, all lost to a preemption that sends no SIGTERM (a host
+failure, a maintenance event); 30 minutes bounds that loss for one asynchronous save each half hour
+(its blocking part a fraction of a second at tiny's size, benchmarks/RESULTS.md; seconds at most
+here), as Levanter's 15-minute default does. 0 saves by steps only.
 """
 
 import pathlib
@@ -36,4 +42,5 @@ def get_config():
     config.train.batch_size = 256
     config.train.learning_rate = 2e-4
     config.train.remat = "auto"
+    config.checkpoint.every_minutes = 30
     return config

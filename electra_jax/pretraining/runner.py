@@ -40,7 +40,7 @@ from electra_jax.pretraining.program import (
     setup_step,
 )
 from electra_jax.run import workdir as workdir_lib
-from electra_jax.store import checkpoint_steps, checkpointing, filenames, paths
+from electra_jax.store import checkpoint_steps, checkpointing, filenames, paths, timed_saves
 from electra_jax.validate import NonFiniteError
 
 
@@ -560,6 +560,9 @@ def _steps(
             state, done, step_metrics = calls.run(state, step, batches, recorder.flags)
             step = done
             save_due = done % calls.save_every == 0 or done == calls.last_step
+            # checkpoint.every_minutes: asked on every process at the same steps (a collective
+            # answer), before the next batches are read.
+            save_due = save_due or recorder.timed.due(done)
             # The next call's batches are read while the device works on this one, except
             # before a save, which records the iterator's position at step `done`; a
             # preemption puts the position back (`position`) before it saves.
@@ -623,6 +626,7 @@ class _Recorder:
     flops_per_step: float
     peak: float | None
     evaluator: Any  # scoring.Evaluator, or None without held-out evaluation
+    timed: timed_saves.TimedSaves  # checkpoint.every_minutes
     # The waits of the interval since the last row (shared with _CompiledCalls), the run's
     # goodput totals, and what this start cost before its first interval (its first row's).
     breakdown: timing.Breakdown
@@ -685,6 +689,9 @@ class _Recorder:
             last_logged=start_step,
             last_saved=start_step if start_step > 0 else None,
             evaluator=evaluator,
+            timed=timed_saves.TimedSaves(
+                config.checkpoint.every_minutes, config.log.every_steps, start_step
+            ),
             last_step=last_step,
             breakdown=breakdown,
             totals=totals,
@@ -774,6 +781,7 @@ class _Recorder:
         self.save_seconds += seconds
         self.breakdown.add("checkpoint_block_sec", seconds)
         self.last_saved = done
+        self.timed.saved(done)
 
     def close(self, compiled: bool) -> None:
         checkpointing.wait(self.manager)
