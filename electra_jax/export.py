@@ -32,6 +32,7 @@ def export(
     push_to_hub: str | None = None,
     hub_private: bool = False,
     hub_timeout_seconds: float | None = None,
+    card_details: bool = False,
 ) -> dict:
     """A workdir's newest checkpoint (or a fine-tuning's saved model) -> OUT, then to the Hub
     repository `push_to_hub` when given (created `hub_private` if missing); returns the
@@ -94,18 +95,20 @@ def export(
         manifest = export_finetuned(workdir, out, name=push_to_hub)
     else:
         pre = load_workdir(workdir, step)
-        manifest = write_export(pre, out, readme=pretraining_readme(workdir, pre, push_to_hub))
+        readme = pretraining_readme(workdir, pre, push_to_hub, details=card_details)
+        manifest = write_export(pre, out, readme=readme)
     if push_to_hub:
         timeout = hub_timeout_seconds or hub.DEFAULT_TIMEOUT_SECONDS
         manifest["hub_url"] = hub.push(out, push_to_hub, manifest, hub_private, timeout)
     return manifest
 
 
-def pretraining_readme(workdir: str, pre, name: str | None = None) -> str:
+def pretraining_readme(workdir: str, pre, name: str | None = None, details: bool = False) -> str:
     """The model card (hf/card.py) of a pre-training workdir's export at `pre`'s step, from the
     workdir's records: what a fine-tuning records of it (corpus, steps, counted FLOPs, the
-    metrics row), its held-out readings up to that step, its command lines, config.json. `name`:
-    the card's title and the name its example loads (default: the workdir's folder name)."""
+    metrics row), its held-out readings up to that step, config.json, and with `details` its
+    command lines and paths. `name`: the card's title and the name its example loads (default:
+    the workdir's folder name)."""
     from electra_jax.finetune import saved
     from electra_jax.hf import card
     from electra_jax.pretrained import read_run_config
@@ -120,6 +123,7 @@ def pretraining_readme(workdir: str, pre, name: str | None = None) -> str:
         config=read_run_config(workdir),
         heldout=heldout[-1] if heldout else None,
         commands=[r for r in commands if isinstance(r, dict) and r.get("step", 0) <= pre.step],
+        details=details,
     )
 
 
@@ -253,6 +257,13 @@ def _define_flags():
         "--push_to_hub: the upload (the repository's creation and the commit) ends within this "
         "many seconds, finished or not; the export stays in --out either way.",
     )
+    flags.DEFINE_bool(
+        "card_details",
+        False,
+        "Put the run's command lines and the paths of the machine that trained (the workdir, "
+        "the corpus's folders, cache and tokenizer paths) in the pre-training model card; "
+        "left out by default, as the card may go to a public Hub repository.",
+    )
     flags.DEFINE_bool("verbose", False, "Show full tracebacks on errors.")
 
 
@@ -286,6 +297,7 @@ def main(argv) -> None:
             values.push_to_hub,
             values.hub_private,
             values.hub_timeout_seconds,
+            card_details=values.card_details,
         )
     except (PretrainedError, WorkdirFileError) as e:
         if values.verbose:

@@ -12,6 +12,10 @@ _REPORTED = (
     ("checkpoint_block_sec", "blocked on checkpoint saves"),
     ("eval_sec", "held-out evaluation"),
     ("data_wait_sec", "waiting for data"),
+    # A start's first row: before its restore, and what the resume lost (timing.resume_columns).
+    ("prepare_sec", "preparing data and the run"),
+    ("redone_sec", "steps redone after a kill"),
+    ("down_sec", "down between starts"),
 )
 
 
@@ -49,8 +53,8 @@ def report(rows: list[dict], workdir: str) -> str:
         lines.append(f"  {name:<{width}}{_hms(seconds):>10}  {100 * seconds / wall:5.1f}%")
     lost = max(wall - accounted, 0.0)
     lines.append(
-        f"  {'other':<{width}}{_hms(lost):>10}  {100 * lost / wall:5.1f}%  (steps redone after a "
-        "kill, starts before their first row, time between runs, logging)"
+        f"  {'other':<{width}}{_hms(lost):>10}  {100 * lost / wall:5.1f}%  (logging, the "
+        "loop's own time, and starts whose rows predate the columns above)"
     )
     return "\n".join(lines)
 

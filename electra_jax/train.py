@@ -49,7 +49,8 @@ _TOPOLOGY = flags.DEFINE_string(
     None,
     "With --dry_run: compile for this TPU slice with the TPU compiler instead of for this "
     "machine's devices (no TPU needed; the [tpu] extra): a Cloud accelerator name such as "
-    "v4-128, v5p-128, v5litepod-16, v6e-64, or a jax topology name such as v4:4x4x4, v5e:2x2.",
+    "v4-128, v5p-128, v5litepod-16, v6e-64, tpu7x-8, or a jax topology name such as v4:4x4x4, "
+    "v5e:2x2, tpu7x:2x2x1.",
 )
 _CEILING = flags.DEFINE_bool(
     "ceiling",

@@ -5,9 +5,11 @@ through checkpointing.save) rather than by training, which would take most of th
 """
 
 import dataclasses
+import fnmatch
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -20,7 +22,7 @@ import pytest
 
 from electra_jax import export, pretrained
 from electra_jax.data.tokenizer import train_tokenizer
-from electra_jax.hf import previous
+from electra_jax.hf import card, previous
 from electra_jax.hf import write as hf_write
 from electra_jax.model.networks import Electra
 from electra_jax.pretraining import program
@@ -593,8 +595,13 @@ def test_the_pretraining_export_has_a_model_card_from_the_workdirs_records(run, 
             {"step": 9, "command": "python -m electra_jax.train --workdir=run --later"},
         ],
     )
+    # The run's corpus and compilation cache as places of this machine.
+    settings = json.loads((workdir / "config.json").read_text())
+    source = f"text:{tmp_path}/corpus/**/*.txt"
+    settings["data"]["source"], settings["compile"]["cache_dir"] = source, str(tmp_path / "c")
+    (workdir / "config.json").write_text(json.dumps(settings))
     out = tmp_path / "hf"
-    manifest = export.export(str(workdir), str(out))
+    manifest = export.export(str(workdir), str(out), card_details=True)
     readme = (out / "README.md").read_text()
     assert "README.md" in manifest["files"]
     front = _front_matter(readme)
@@ -609,7 +616,7 @@ def test_the_pretraining_export_has_a_model_card_from_the_workdirs_records(run, 
     )["total"]
     for line in (
         "# run",
-        f"- corpus (`data.source`): `{config.data.source}`",
+        f"- corpus (`data.source`): `{source}`",
         f"- steps: 6 of the {config.train.num_steps:,} planned",
         f"- training compute: {6 * flops:.3e} FLOPs",
         "- last logged (step 6): loss 7.25, disc_accuracy 0.875, gen_accuracy 0.125",
@@ -623,13 +630,39 @@ def test_the_pretraining_export_has_a_model_card_from_the_workdirs_records(run, 
     assert json.loads(readme.split("```json\n")[1].split("```")[0]) == json.loads(
         (workdir / "config.json").read_text()
     )
+    # By default (the card may go to a public repository): no path of this machine, no command
+    # line; the corpus by its kind and last part, the rest of the card as it was.
+    export.export(str(workdir), str(out))
+    public = (out / "README.md").read_text()
+    assert str(tmp_path) not in public and "--first" not in public and "--workdir" not in public
+    assert "- command lines: (not shown: export with --card_details)" in public
+    assert "- corpus (`data.source`): `text:.../*.txt`" in public
+    assert "- source: `run (checkpoint 6)`" in public
+    for line in readme.splitlines():
+        if line.startswith(("- held-out", "- steps", "- training compute", "- last logged")):
+            assert line in public, line
     # A later held-out reading of that step (python -m electra_jax.evaluate) is the one shown.
     _write_rows(workdir / "eval.jsonl", [{"step": 6, "eval/disc_auc": 0.7}])
     (workdir / "commands.jsonl").unlink()
-    export.export(str(workdir), str(out))
+    export.export(str(workdir), str(out), card_details=True)
     readme = (out / "README.md").read_text()
     assert "- held-out at step 6: disc_auc 0.7" in readme
     assert "- command: not recorded" in readme
+
+
+@pytest.mark.parametrize(
+    "source, shown",
+    [
+        ("builtin", "builtin"),
+        ("tfds:wikipedia/20230601.en:train", "tfds:wikipedia/20230601.en:train"),
+        ("text:/home/me/wiki/**/*.txt", "text:.../*.txt"),
+        ("parquet:gs://bucket/c4/*.parquet:content", "parquet:.../*.parquet:content"),
+        ("jsonl:corpus.jsonl", "jsonl:corpus.jsonl"),
+        ("text:hf://datasets/org/name/*.txt", "text:hf://datasets/org/name/*.txt"),
+    ],
+)
+def test_a_card_names_the_corpus_without_its_folders(source, shown):
+    assert card.public_corpus(source) == shown
 
 
 class _FakeHub:
@@ -707,6 +740,25 @@ def test_a_failed_upload_keeps_the_export_and_says_so(run, tmp_path, monkeypatch
     assert str(e.value).startswith(f"the export is in {out}, but uploading it to someone/")
     assert "(Name or service not known)" in str(e.value) and "\n" not in str(e.value)
     assert sorted(os.listdir(out)) == [*EXPORT_TOP]
+    # The line ends with the one command that uploads the folder as it is: what push sends
+    # (the files export.json lists, and export.json), to the same repository.
+    command = shlex.split(str(e.value).split("upload the folder as it is: ", 1)[1])
+    assert command[:6] == [
+        "hf",
+        "upload",
+        "someone/electra-micro",
+        str(out),
+        ".",
+        "--repo-type=model",
+    ]
+    patterns = [a.split("=", 1)[1] for a in command[6:]]
+    with open(out / "export.json") as f:
+        listed = {*json.load(f)["files"], "export.json"}
+    on_disk = {
+        os.path.relpath(os.path.join(d, n), out) for d, _, names in os.walk(out) for n in names
+    }
+    matched = {f for f in on_disk if any(fnmatch.fnmatch(f, p) for p in patterns)}
+    assert matched == listed
 
 
 def test_cli_push_to_hub_with_a_bad_name_is_one_line(run, tmp_path):

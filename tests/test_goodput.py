@@ -81,6 +81,8 @@ def test_the_report_accounts_for_the_wall_time():
         {"step": 3, "compile_sec": 10.0, "restore_sec": 2.0, "data_wait_sec": 1.0},
         {"step": 4, "productive_sec": 40.0, "wall_sec": 100.0, "goodput": 0.4},
     ]
+    # What the resume's first row adds, once split out of "other".
+    split = {"prepare_sec": 4.0, "redone_sec": 6.0, "down_sec": 7.0}
     text = goodput.report(rows, "runs/x")
     assert text.splitlines()[0] == (
         "runs/x: step 4, goodput 40.0% (40.0s productive of 1m40s since the first start; "
@@ -89,6 +91,25 @@ def test_the_report_accounts_for_the_wall_time():
     assert "compiling                         30.0s   30.0%" in text
     # 100 - 40 productive - 30 compile - 3 restore - 2 checkpoint - 3 eval - 2 data = 20
     assert "other                             20.0s   20.0%" in text
+    rows[2].update(split)
+    text = goodput.report(rows, "runs/x")
+    assert "preparing data and the run         4.0s    4.0%" in text
+    assert "steps redone after a kill          6.0s    6.0%" in text
+    assert "down between starts                7.0s    7.0%" in text
+    assert "other                              3.0s    3.0%" in text
+
+
+def test_what_a_resume_lost_from_the_rows_before_it():
+    rows = [
+        {"step": 2, "wall_sec": 10.0},
+        {"step": 4, "wall_sec": 20.0},  # the checkpoint resumed from
+        {"step": 6, "wall_sec": 31.0},  # dropped: steps 5 and 6 are done again
+        {"step": 8},  # a row without the columns counts for nothing
+    ]
+    lost = timing.resume_columns(rows, 4, since_first_start=40.0)
+    assert lost == {"redone_sec": 11.0, "down_sec": 9.0}
+    assert timing.resume_columns(rows[:2], 4, 25.0) == {"redone_sec": 0.0, "down_sec": 5.0}
+    assert timing.resume_columns([], 0, 3.0) == {}  # a first start
 
 
 @pytest.mark.parametrize(
@@ -126,6 +147,9 @@ def test_every_row_has_its_breakdown_and_a_resume_goes_on_counting(shared_data, 
         assert 0 < row["productive_sec"] < row["wall_sec"] and 0 < row["goodput"] < 1
     starts = [r["step"] for r in rows if "restore_sec" in r]
     assert starts == [r["step"] for r in rows if "compile_sec" in r] == [1, 5]
+    assert starts == [r["step"] for r in rows if "prepare_sec" in r]
+    # A resume after a clean stop: nothing redone, the time between the two down.
+    assert rows[4]["redone_sec"] == 0 and rows[4]["down_sec"] > 0 and "down_sec" not in rows[0]
     # The save of step 3 blocked the interval of step 4's row, and none blocked step 2's.
     assert rows[3]["checkpoint_block_sec"] > 0 and rows[1]["checkpoint_block_sec"] == 0
     # One clock from the first start: the wall and productive totals go on after the resume.
@@ -196,6 +220,10 @@ def test_a_kill_and_resume_counts_the_restart_as_lost_and_loads_the_step_from_th
     assert redone > 0
     restart = after["restore_sec"] + after["compile_sec"]
     assert lost_after >= lost_before + redone + restart - 1e-6
+    # What the resume's first row says it lost: the rows it dropped took time (row 5's, after
+    # checkpoint 4; 3 and 4's too after checkpoint 2), and the run was down until the restart.
+    assert after["redone_sec"] >= before[5]["wall_sec"] - before[4]["wall_sec"] > 0
+    assert after["down_sec"] > 0 and after["prepare_sec"] >= 0
     # So the goodput after the resume is below what the same totals would give without them.
     assert after["goodput"] < after["productive_sec"] / (after["wall_sec"] - redone - restart)
     # The first start is the one kept: the last checkpoint counts from it.
@@ -206,6 +234,7 @@ def test_a_kill_and_resume_counts_the_restart_as_lost_and_loads_the_step_from_th
     assert report.returncode == 0, report.stderr
     assert f"step 8, goodput {100 * rows[8]['goodput']:.1f}%" in report.stdout
     assert "2 starts in the rows kept" in report.stdout
+    assert "steps redone after a kill" in report.stdout and "down between starts" in report.stdout
 
     # Another model: its step is not in the cache; it is compiled and written there.
     other = {**settings, "model.intermediate_size": 96, "train.num_steps": 2}

@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 
 from electra_jax.pretraining import metrics, runner
+from electra_jax.store import checkpoint_steps
+from tests import held
 from tests.conftest import ROOT, built_once, error_line, subprocess_env
 from tests.pretraining.test_runner import prepare_shared_data
 from tests.test_preemption import _config_file
@@ -179,7 +181,7 @@ _LONG = "--config.train.num_steps=100000"
 def test_a_dead_peer_ends_the_run_within_the_timeout(shared_data, tmp_path):
     config_path = _config_file(tmp_path, shared_data, num_steps=6, every=1000)
     workdir = tmp_path / "w"
-    procs = _start_two(config_path, workdir, "--peer_timeout_seconds=5")
+    procs = _start_two(config_path, workdir, _LONG, "--peer_timeout_seconds=5")
     try:
         _wait_for_rows(workdir, procs[0])
         procs[1].send_signal(signal.SIGKILL)
@@ -199,17 +201,19 @@ def test_a_dead_peer_ends_the_run_within_the_timeout(shared_data, tmp_path):
     assert any(c in err.lower() for c in clues), err[:4000]
 
 
-def _start_two(config_path, workdir, *flags):
+def _start_two(config_path, workdir, *flags, prefixes=((), ())):
+    """Both processes of a run of `config_path`, each `python -m electra_jax.train` or, with its
+    `prefixes` entry, `python -m PREFIX... electra_jax.train` (a hook of tests/ that runs it)."""
     port = _free_port()
     return [
         subprocess.Popen(
             [
                 sys.executable,
                 "-m",
+                *prefixes[i],
                 "electra_jax.train",
                 f"--config={config_path}",
                 f"--workdir={workdir}",
-                _LONG,
                 f"--coordinator_address=127.0.0.1:{port}",
                 "--num_processes=2",
                 f"--process_id={i}",
@@ -236,7 +240,7 @@ def _wait_for_rows(workdir, proc, n=2):
 def test_sigterm_to_one_process_stops_both_at_the_same_step(shared_data, tmp_path):
     config_path = _config_file(tmp_path, shared_data, num_steps=6, every=1000)
     workdir = tmp_path / "w"
-    procs = _start_two(config_path, workdir)
+    procs = _start_two(config_path, workdir, _LONG)
     try:
         _wait_for_rows(workdir, procs[0])
         procs[1].send_signal(signal.SIGTERM)  # as a pre-emptible VM's notice reaches one host
@@ -253,6 +257,50 @@ def test_sigterm_to_one_process_stops_both_at_the_same_step(shared_data, tmp_pat
     position = json.loads((saved / "position" / "position.json").read_text())
     assert position["data"] == {"next_index": step}
     assert max(_losses(workdir)) == step
+
+
+@pytest.mark.slow
+def test_every_minutes_saves_by_process_0_s_clock_and_a_kill_resumes_exactly(
+    runs, shared_data, tmp_path
+):
+    """checkpoint.every_minutes=1 on 2 processes whose clocks disagree (tests/save_clock.py:
+    process 0's moves 40 s a reading, process 1's stands still), every_steps out of reach: both
+    save steps 2 and 4 (readings at the start, at each row and at each save: 40, 80 | 160, 200 |
+    280 s after the start or the last save's 120, 240), killed after step 5 with 4 committed,
+    resumed: the losses of the run never interrupted."""
+    config_path = _config_file(
+        tmp_path, shared_data, num_steps=6, every=1000, extra=["c.checkpoint.every_minutes = 1"]
+    )
+    workdir, hold_dir = tmp_path / "w", tmp_path / "hold"
+    hold_dir.mkdir()
+    clock = ["tests.save_clock", "40"]
+    procs = _start_two(
+        config_path, workdir, prefixes=(["tests.held", str(hold_dir), "step=5", *clock], clock)
+    )
+    try:
+        held.wait_held(hold_dir, procs[0], read_stderr=False)
+        committed = workdir / "checkpoints" / "4" / "commit_success.txt"
+        deadline = time.monotonic() + 120
+        while not committed.exists():  # the asynchronous save of 4, finished behind the hold
+            assert time.monotonic() < deadline and procs[1].poll() is None, "no checkpoint 4"
+            time.sleep(0.05)
+        for p in procs:
+            p.send_signal(signal.SIGKILL)
+        for p in procs:
+            p.wait(timeout=60)
+    finally:
+        for p in procs:
+            p.kill()
+    assert checkpoint_steps.saved_steps(str(workdir)) == [2, 4]
+    for step in (2, 4):
+        state = workdir / "checkpoints" / str(step) / "state"
+        parts = sorted(n for n in os.listdir(state) if n.startswith("ocdbt.process_"))
+        assert parts == ["ocdbt.process_0", "ocdbt.process_1"], (step, parts)
+
+    out = _launch(config_path, workdir, 2, 4)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "resumed from checkpoint 4" in out.stderr
+    assert _losses(workdir) == _losses(runs["two"])
 
 
 @pytest.mark.parametrize(

@@ -610,6 +610,17 @@ KEYS = table(
         resume=FREE,
     ),
     Key(
+        "checkpoint.every_minutes",
+        0.0,
+        (
+            "Also a checkpoint at the first metrics row (log.every_steps) this many minutes after "
+            "the last checkpoint or the start, by process 0's clock for every process; 0: by "
+            "steps only. By the clock alone: checkpoint.every_steps above train.num_steps"
+        ),
+        rule=">= 0",
+        resume=FREE,
+    ),
+    Key(
         "checkpoint.keep",
         3,
         "newest checkpoints kept",

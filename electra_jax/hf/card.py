@@ -8,7 +8,9 @@ the command), config.json (the fine-tuning settings) and eval_results.json (the 
 
 A pre-training export's (`pretraining_card`): from config.json (corpus, objective, batch, the
 settings), the checkpoint's step, the FLOPs counted for it, metrics.jsonl's row of that step,
-the held-out readings (metrics.jsonl and eval.jsonl) and commands.jsonl (the command lines).
+the held-out readings (metrics.jsonl and eval.jsonl) and, when asked for (--card_details),
+commands.jsonl (the command lines) and the workdir's paths: a card may go to a public Hub
+repository, so by default it names the corpus without its folders and no path of the machine.
 
 The front matter's values are written as JSON, which YAML reads as they are.
 """
@@ -153,6 +155,42 @@ def model_card(
 # The held-out readings a pre-training card shows (eval_pass.py has them all), in this order.
 _HELDOUT_SHOWN = ("disc_auc", "disc_auc_frequent", "disc_auc_unigram", "disc_accuracy")
 
+# The config keys that hold a place on the machine that trained (or a bucket): a card may go to
+# a public Hub repository, so they are left out of it unless asked for (`details`).
+_PLACES = ("data.cache_dir", "data.tokenizer", "data.tfds_data_dir", "train.init_from",
+           "compile.cache_dir")  # fmt: skip
+_NOT_SHOWN = "(not shown: export with --card_details)"
+
+
+def public_corpus(source: str | None) -> str | None:
+    """data.source as a card may show it: a TFDS name, builtin and hf:// globs as they are (public
+    names); a file glob by its kind and its last part only ('text:/home/me/wiki/*.txt' ->
+    'text:.../*.txt'), its folders being the machine's or a bucket's."""
+    if not source or ":" not in source or source.startswith("tfds:"):
+        return source
+    kind, rest = source.split(":", 1)
+    if rest.startswith("hf://"):
+        return source
+    column = ""
+    head, sep, tail = rest.rpartition(":")
+    if sep and "/" not in tail:  # GLOB:COLUMN (sources.py's rule)
+        rest, column = head, f":{tail}"
+    last = rest.rstrip("/").rsplit("/", 1)[-1]
+    return f"{kind}:{'.../' if last != rest else ''}{last}{column}"
+
+
+def _public_config(config: dict) -> dict:
+    """config.json's settings without the places of the machine that trained (_PLACES), and
+    data.source as public_corpus gives it."""
+    out = json.loads(json.dumps(config))
+    for key in _PLACES:
+        section, name = key.split(".")
+        if out.get(section, {}).get(name):
+            out[section][name] = _NOT_SHOWN
+    if isinstance(out.get("data"), dict) and out["data"].get("source"):
+        out["data"]["source"] = public_corpus(out["data"]["source"])
+    return out
+
 
 def pretraining_card(
     *,
@@ -161,14 +199,21 @@ def pretraining_card(
     config: dict,
     heldout: dict | None,
     commands: list[dict],
+    details: bool = False,
 ) -> str:
     """README.md text of a pre-training export (OUT/discriminator and OUT/generator).
 
     record: what finetune.saved.pretraining_record reads of the workdir at the exported step
     (the fine-tuned card's "Pre-training" section, the same lines); heldout: the held-out row
     (``eval/`` keys, with its step) at or before that step, or None; commands: commands.jsonl's
-    rows ({step, command}), oldest first.
+    rows ({step, command}), oldest first. Without `details` (export's --card_details) the card
+    names no path of the machine that trained, nor its command lines: the workdir by its name,
+    the corpus by public_corpus, the config's places left out.
     """
+    if not details:
+        record = {**record, "source": f"{name} (checkpoint {record.get('step')})"}
+        record["corpus"] = public_corpus(record.get("corpus"))
+        config = _public_config(config)
     tags = ["electra", "electra_jax", "pretraining"]
     objective = record.get("objective")
     front = {
@@ -183,7 +228,7 @@ def pretraining_card(
         *_head(front, name, summary),
         *_pretraining({"pretraining": record}),
         *_heldout(heldout),
-        *_commands(commands),
+        *(_commands(commands) if details else [f"- command lines: {_NOT_SHOWN}"]),
         "",
         "## Use",
         "",

@@ -9,6 +9,8 @@ large-file handling apply.
 
 from __future__ import annotations
 
+import shlex
+
 from electra_jax.model.weights import PretrainedError
 from electra_jax.store.jsonio import one_line
 
@@ -84,6 +86,19 @@ def push(
         # differ by huggingface_hub version (requests, httpx): none is the export's fault)
         raise PretrainedError(
             f"the export is in {out}, but uploading it to {repo} failed ({one_line(e, 200)}); "
-            f"check the repository's name and your rights to it ({LOGIN}), then export again"
+            f"check the repository's name and your rights to it ({LOGIN}), then upload the "
+            f"folder as it is: {retry_command(out, repo, manifest, private)}"
         ) from e
     return getattr(commit, "commit_url", None) or f"https://huggingface.co/{repo}"
+
+
+def retry_command(out: str, repo: str, manifest: dict, private: bool = False) -> str:
+    """The `hf upload` command (huggingface_hub's CLI) that uploads the finished export in
+    `out` as `push` would: its listed files and export.json only, by top-level folder or name,
+    so that a failed upload needs no second restore and export."""
+    from electra_jax.hf.previous import MANIFEST
+
+    tops = {f.split("/", 1)[0] + "/*" if "/" in f else f for f in [*manifest["files"], MANIFEST]}
+    command = ["hf", "upload", repo, out, ".", "--repo-type=model"]
+    command += [f"--include={pattern}" for pattern in sorted(tops)]
+    return shlex.join(command + (["--private"] if private else []))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import importlib.metadata
 import re
 import time
 
@@ -214,6 +215,27 @@ def _cost_config(config, layers: int, slices: int):
     return cfg
 
 
+# (generation, libtpu version): the TPU compiler of that libtpu dies (SIGSEGV) compiling the
+# unrolled one-step programs the ceilings are costed from, where the run's own program compiles
+# (TPU7x in libtpu 0.0.42.1: any unscanned layer with dropout). A process cannot survive that,
+# so those compiles are left out there, and the summary says why; a newer libtpu tries again.
+_COST_COMPILES_CRASH = {("tpu7x", "0.0.42.1")}
+
+
+def cost_compiles_crash(generation) -> str | None:
+    """Why the cost compiles are left out for `generation` with the installed libtpu, or None."""
+    try:
+        version = importlib.metadata.version("libtpu")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    if (generation.name, version) not in _COST_COMPILES_CRASH:
+        return None
+    return (
+        f"libtpu {version}'s compiler crashes on the cost compiles for {generation.name}, "
+        "which are left out (the run's own program compiles; another libtpu tries them)"
+    )
+
+
 def step_costs(config, vocab_size: int, mesh) -> dict | None:
     """XLA's per-device flops, bytes accessed and optimal_seconds for one step of `config`,
     and the compiler's estimated cycles (compiled_costs.program_cycles: `cycles`, None when a
@@ -312,7 +334,8 @@ def tpu_report(
         ) from None
     memory = _memory(compiled)
     hbm = gen.hbm_bytes_per_device
-    asked, t0 = costs, time.time()
+    crashes = costs and cost_compiles_crash(gen)
+    asked, t0 = costs and not crashes, time.time()
     with _without_persistent_cache():
         costs = step_costs(config, vocab_size, mesh) if asked else None
     ceiling_seconds = round(time.time() - t0, 1) if asked else None
@@ -339,6 +362,8 @@ def tpu_report(
     else:
         cycles_from = "none: no cost compiles, or they do not fit"
     bound, bound_from = None, "none: no cost compiles, or they do not fit"
+    if crashes:
+        cycles_from = bound_from = f"none: {crashes}"
     if costs and costs["optimal_seconds"]:
         bound, bound_from = costs["optimal_seconds"], "the compiler's optimal_seconds"
     elif costs:

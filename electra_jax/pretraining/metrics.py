@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from typing import Any
 
@@ -23,28 +24,60 @@ from electra_jax.objectives.core import FlopParts
 from electra_jax.pretraining import topology
 from electra_jax.store import filenames, jsonio, paths, workdir_files
 
-# Dense bfloat16 peak FLOP/s per GPU (vendor figures), matched against jax's device_kind. TPUs'
-# are in topology.GENERATIONS (per chip, with HBM and their sources), one device each.
-PEAK_FLOPS = {
-    "A100": 312e12,
-    "H100": 989e12,
-    "H200": 989e12,
+# Dense (no 2:4 sparsity) bfloat16 tensor-core peak FLOP/s per GPU, matched against jax's
+# device_kind (the CUDA device name: 'NVIDIA H100 80GB HBM3', 'NVIDIA H100 PCIe', 'NVIDIA L4'),
+# each with the NVIDIA page that publishes it. Where a page gives the figure with sparsity only
+# (marked so), the dense one is half of it. TPUs' are in topology.GENERATIONS (per chip, with HBM
+# and their sources).
+_NVIDIA = "https://www.nvidia.com/en-us/data-center/"
+GPU_PEAKS = {
+    "A100": (312e12, _NVIDIA + "a100/"),
+    # The SXM card (device_kind 'NVIDIA H100 80GB HBM3'); the PCIe card and the NVL (two PCIe
+    # cards over NVLink) run slower clocks: 1,979, 1,513 and 1,671 TFLOP/s with sparsity.
+    "H100": (989e12, _NVIDIA + "h100/"),
+    "H100 PCIe": (756e12, _NVIDIA + "h100/"),
+    "H100 NVL": (835e12, _NVIDIA + "h100/"),
+    "H200": (989e12, _NVIDIA + "h200/"),
+    "H200 NVL": (835e12, _NVIDIA + "h200/"),
+    # HGX B200: 36 PFLOP/s with sparsity for its 8 GPUs. GB200 NVL72: 10 PFLOP/s with sparsity
+    # per superchip of 2 GPUs, which run faster than the HGX ones.
+    "B200": (2250e12, _NVIDIA + "hgx/"),
+    "GB200": (2500e12, _NVIDIA + "gb200-nvl72/"),
+    "L4": (121e12, _NVIDIA + "l4/"),  # 242 TFLOP/s with sparsity
+    "L40S": (362e12, _NVIDIA + "l40s/"),
 }
+
+
+def _gpu_peak(device_kind: str) -> float | None:
+    """The table's peak for a GPU device kind: the longest name that stands whole in it, so
+    that 'H100 PCIe' wins over 'H100', 'L40S' is not taken for 'L4', nor 'GB200' for 'B200'."""
+    for name in sorted(GPU_PEAKS, key=len, reverse=True):
+        if re.search(rf"(?<!\w){re.escape(name)}(?!\w)", device_kind, re.IGNORECASE):
+            return GPU_PEAKS[name][0]
+    return None
 
 
 def peak_flops_per_device(device_kind: str, override: float = 0.0) -> float | None:
     """The configured peak if given, else the tables' entry for this device kind (a TPU
-    generation's per device: its chip's, halved where each core is a device, as on v2 and
-    v3), else None."""
+    generation's per device: its chip's, halved where each core is a device, as on v2, v3 and
+    TPU7x), else None."""
     if override and override > 0:
         return float(override)
     generation = topology.generation_for_kind(device_kind)
     if generation is not None:
         return generation.bf16_flops_per_device
-    for name, peak in PEAK_FLOPS.items():
-        if name.lower() in device_kind.lower():
-            return peak
-    return None
+    return _gpu_peak(device_kind)
+
+
+def unknown_peak_line(device, override: float = 0.0) -> str | None:
+    """One line for an accelerator whose peak no table knows, naming the setting that gives it;
+    None on a CPU (no MFU is expected there) or where the peak is known."""
+    if device.platform == "cpu" or peak_flops_per_device(device.device_kind, override):
+        return None
+    return (
+        f"warning: no peak FLOP/s is known for {device.device_kind!r}, so metrics.jsonl's mfu "
+        "stays empty; set --config.log.peak_flops=<its dense bfloat16 FLOP/s per device>"
+    )
 
 
 def _encoder_flops_per_token(e: EncoderSpec, embedding_size: int, seq_length: int) -> int:
@@ -133,6 +166,7 @@ class MetricsWriter:
     def __init__(self, workdir: str, enabled: bool, resume_step: int = 0, config: Any = None):
         self.enabled = enabled
         self.path = paths.join(workdir, filenames.METRICS_FILE)
+        self.previous: list[dict] = []
         self._tb = None
         self._mirror = None
         if not enabled:
@@ -142,7 +176,9 @@ class MetricsWriter:
 
             self._mirror = wandb_mirror.Mirror.start(workdir, config, log)
         # ConfigError: train's one line for bad input (a row the run cannot have written).
-        kept = [r for r in read_rows(self.path, ConfigError) if r["step"] <= resume_step]
+        # All of them, for what a resume lost (timing.resume_columns).
+        self.previous = read_rows(self.path, ConfigError)
+        kept = [r for r in self.previous if r["step"] <= resume_step]
         # The workdir itself, or for a gs:// one a temporary folder on this host (uploaded).
         self._local = paths.LocalFolder(workdir, prefix="electra_jax-metrics-")
         local_path = os.path.join(self._local.path, filenames.METRICS_FILE)

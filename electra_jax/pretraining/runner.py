@@ -40,7 +40,7 @@ from electra_jax.pretraining.program import (
     setup_step,
 )
 from electra_jax.run import workdir as workdir_lib
-from electra_jax.store import checkpoint_steps, checkpointing, filenames, paths
+from electra_jax.store import checkpoint_steps, checkpointing, filenames, paths, timed_saves
 from electra_jax.validate import NonFiniteError
 
 
@@ -107,8 +107,13 @@ def _train(run: resume.Resume, stop_after, watcher) -> dict:
     breakdown = timing.Breakdown()
     try:
         t = timing.now()
+        # The start's own work before the restore, its compiles aside (their own column).
+        compiled = choosing_sec or 0.0
+        if evaluator is not None:
+            compiled += evaluator.compile_seconds
+        prepare_sec = max(t - started - compiled, 0.0)
         state, start_step = _restore(run, setup, manager, data_iter, watcher)
-        startup = {"restore_sec": timing.now() - t}
+        startup = {"restore_sec": timing.now() - t, "prepare_sec": prepare_sec}
         saved = checkpointing.saved_goodput(workdir, start_step) if start_step else None
         totals = timing.Totals.restored(saved, started)
         profile = profiling.Profile(
@@ -116,6 +121,7 @@ def _train(run: resume.Resume, stop_after, watcher) -> dict:
             config.log.profile_steps,
             config.log.profile_num_steps,
             start_step,
+            config.train.steps_per_call,
         )
         bounds = profile.bounds()
         calls = _CompiledCalls(config, setup, mesh, data_iter, stop_after, breakdown, bounds)
@@ -144,7 +150,7 @@ def _train(run: resume.Resume, stop_after, watcher) -> dict:
         start_step,
         last_step=calls.last_step,
         evaluator=evaluator,
-        clock=(breakdown, totals, startup, interval_start),
+        clock=(breakdown, totals, startup, interval_start, started),
     )
     try:
         return _steps(calls, recorder, state, start_step, batches, watcher, profile)
@@ -554,6 +560,9 @@ def _steps(
             state, done, step_metrics = calls.run(state, step, batches, recorder.flags)
             step = done
             save_due = done % calls.save_every == 0 or done == calls.last_step
+            # checkpoint.every_minutes: asked on every process at the same steps (a collective
+            # answer), before the next batches are read.
+            save_due = save_due or recorder.timed.due(done)
             # The next call's batches are read while the device works on this one, except
             # before a save, which records the iterator's position at step `done`; a
             # preemption puts the position back (`position`) before it saves.
@@ -617,6 +626,7 @@ class _Recorder:
     flops_per_step: float
     peak: float | None
     evaluator: Any  # scoring.Evaluator, or None without held-out evaluation
+    timed: timed_saves.TimedSaves  # checkpoint.every_minutes
     # The waits of the interval since the last row (shared with _CompiledCalls), the run's
     # goodput totals, and what this start cost before its first interval (its first row's).
     breakdown: timing.Breakdown
@@ -650,18 +660,24 @@ class _Recorder:
     ):
         """The recorder of a run's steps from `start_step` to `last_step`. `clock`: the
         interval's waits (shared with the calls), the goodput totals, the start's own costs
-        for its first row, and when the first interval began."""
+        for its first row, when the first interval began and when this start began (what a
+        resume lost before it goes in its first row too: timing.resume_columns)."""
         batch, length = config.train.batch_size, config.data.seq_length
         flops = metrics.count_flops(
             setup.spec, batch, length, setup.num_slots, config.objective.name
         )["total"]
-        breakdown, totals, startup, interval_start = clock
+        breakdown, totals, startup, interval_start, started = clock
+        unknown_peak = metrics.unknown_peak_line(jax.devices()[0], config.log.peak_flops)
+        if unknown_peak:
+            metrics.log(unknown_peak)
+        writer = metrics.MetricsWriter(
+            workdir, jax.process_index() == 0, resume_step=start_step, config=config
+        )
+        lost = timing.resume_columns(writer.previous, start_step, started - totals.first_start)
         return cls(
             workdir=workdir,
             manager=manager,
-            writer=metrics.MetricsWriter(
-                workdir, jax.process_index() == 0, resume_step=start_step, config=config
-            ),
+            writer=writer,
             data_iter=data_iter,
             skip=config.train.nan_policy == "skip",
             num_steps=config.train.num_steps,
@@ -673,10 +689,13 @@ class _Recorder:
             last_logged=start_step,
             last_saved=start_step if start_step > 0 else None,
             evaluator=evaluator,
+            timed=timed_saves.TimedSaves(
+                config.checkpoint.every_minutes, config.log.every_steps, start_step
+            ),
             last_step=last_step,
             breakdown=breakdown,
             totals=totals,
-            startup=startup,
+            startup={**startup, **lost},
         )
 
     def check_finite(self) -> None:
@@ -762,6 +781,7 @@ class _Recorder:
         self.save_seconds += seconds
         self.breakdown.add("checkpoint_block_sec", seconds)
         self.last_saved = done
+        self.timed.saved(done)
 
     def close(self, compiled: bool) -> None:
         checkpointing.wait(self.manager)

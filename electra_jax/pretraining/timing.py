@@ -6,7 +6,9 @@ out) is split into the seconds the loop waited for data, blocked on a checkpoint
 compiled a program; the rest is compute. The held-out evaluation's seconds are reported beside
 it (`eval_sec`). The first row after each start also has what the start cost before the steps:
 `restore_sec` (the checkpoint's restore, or the fresh state's initialisation) and `compile_sec`
-(the programs, from jax's persistent cache where they were there: `compile_cache_hits`).
+(the programs, from jax's persistent cache where they were there: `compile_cache_hits`), what
+came before them (`prepare_sec`: the data, its tokenizer and the step's setup), and for a start
+after others what was lost between (`redone_sec`, `down_sec`: resume_columns).
 
 Goodput is the productive seconds (compute of the steps the run keeps) over the wall seconds
 since the run's first start. Both totals are saved in every checkpoint (the first start's time
@@ -96,6 +98,20 @@ class Totals:
         wall = max(at - self.first_start, 1e-9)
         goodput = self.productive / wall
         return {"productive_sec": self.productive, "wall_sec": wall, "goodput": goodput}
+
+
+def resume_columns(previous: list[dict], resume_step: int, since_first_start: float) -> dict:
+    """What a start `since_first_start` seconds after the run's first one lost before it, from
+    the rows the run had written (`previous`: all of them, those past `resume_step`, which the
+    resume drops, included): `redone_sec`, the wall time those dropped rows took after the last
+    kept one (steps done again now), and `down_sec`, from the last row to this start (the steps
+    after it that no row shows, and the time no process ran). {} without such rows."""
+    walls = [(r["step"], r["wall_sec"]) for r in previous if r.get("wall_sec") is not None]
+    if not walls:
+        return {}
+    last = max(w for _, w in walls)
+    kept = max((w for s, w in walls if s <= resume_step), default=0.0)
+    return {"redone_sec": max(last - kept, 0.0), "down_sec": max(since_first_start - last, 0.0)}
 
 
 def not_compute_note(row: dict, interval: float) -> str:

@@ -74,7 +74,11 @@ class Generation:
 # credible; 1.75 GHz (four such MXUs' worth) is taken instead, the lower and so the more
 # cautious of the two (a lower clock gives a lower ceiling), and tests/pretraining/
 # test_compiled_costs.py holds every generation's compiler-estimated matmul between 60% and 100%
-# of its peak at these clocks (v6e: 70%; the others 88-98%).
+# of its peak at these clocks (v6e: 70%; the others 88-98%). TPU7x (Ironwood): its page publishes
+# two TensorCores a chip, each a jax device of half the chip's figures (its "dual-chiplet"
+# programming model; libtpu describes tpu7x:2x2x1 as 8 devices), and no MXU count or clock; the
+# v6e rule (4 256x256 MXUs' worth per TensorCore) gives 2.2 GHz, at which the compiler's large
+# matmul runs at 83% of the peak (libtpu 0.0.42.1).
 _MXU_RULE = "the documented peak / (MXUs x 2 x MXU cells) FLOPs a cycle; "
 _PAPERS = {
     "v2/v3": "Jouppi et al., A Domain-Specific Supercomputer for Training Deep Neural Networks, "
@@ -111,11 +115,16 @@ GENERATIONS = (
         "https://cloud.google.com/tpu/docs/v6e", 918e12 / (4 * 2 * 256**2),
         _MXU_RULE + "4 256x256 MXUs' worth: the page's two would need 3.5 GHz, see above",
     ),
+    Generation(
+        "tpu7x", ("tpu7x",), "cores", 2, False, 3, 192 * GIB, 2307e12, 7380e9, ("TPU7x",),
+        "https://cloud.google.com/tpu/docs/tpu7x", 2307e12 / (2 * 4 * 2 * 256**2),
+        _MXU_RULE + "per TensorCore 4 256x256 MXUs' worth, as v6e's (none published)",
+    ),
 )  # fmt: skip
 
 ACCEPTED = (
-    "a Cloud accelerator name (v3-512, v4-128, v5litepod-16 or v5e-16, v5p-128, v6e-64) or a jax "
-    "topology name (v4:4x4x4, v5e:2x2, v6e:8x8); generations "
+    "a Cloud accelerator name (v3-512, v4-128, v5litepod-16 or v5e-16, v5p-128, v6e-64, "
+    "tpu7x-8) or a jax topology name (v4:4x4x4, v5e:2x2, v6e:8x8, tpu7x:2x2x1); generations "
     + ", ".join(g.name for g in GENERATIONS)
 )
 INSTALL = "pip install -e '.[tpu]'"
@@ -200,8 +209,8 @@ def resolve(name: str, num_slices: int = 1) -> Target:
         raise ConfigError(f"--num_slices={num_slices} must be >= 1")
     text = name.strip().lower()
     by_prefix = {p: g for g in GENERATIONS for p in (g.name, *g.cloud_names)}
-    jax_form = re.fullmatch(r"(v\w+?):(\d+(?:x\d+)*)", text)
-    cloud_form = re.fullmatch(r"(v\w+?)-(\d+)", text)
+    jax_form = re.fullmatch(r"([a-z]\w*?):(\d+(?:x\d+)*)", text)
+    cloud_form = re.fullmatch(r"([a-z]\w*?)-(\d+)", text)
     if jax_form and jax_form.group(1) in by_prefix:
         gen = by_prefix[jax_form.group(1)]
         shape = tuple(int(d) for d in jax_form.group(2).split("x"))

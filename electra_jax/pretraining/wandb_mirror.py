@@ -7,7 +7,9 @@ writes to metrics.jsonl to `Mirror.log` too, on process 0 only. What W&B is sent
   it with the settings it goes on with;
 - every metrics row, with its step as the `step` field and the x-axis of every chart
   (`define_metric`): a resumed run logs again from its checkpoint's step, which W&B's own
-  step counter, always increasing, would drop.
+  step counter, always increasing, would drop. After a kill, the rows the killed start sent
+  past that checkpoint stay in W&B, so the redone steps show twice there (docs/reliability.md);
+  nothing is removed from W&B.
 
 One W&B run per workdir: its id is kept in WORKDIR/wandb.json (written before `wandb.init`, so
 that a run killed at any point resumes into the same one), and every start attaches to it

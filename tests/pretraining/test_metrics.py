@@ -1,4 +1,5 @@
 import json
+import types
 
 import pytest
 
@@ -83,8 +84,42 @@ def test_peak_lookup_and_override():
     assert metrics.peak_flops_per_device("TPU v3") == 123e12 / 2
     assert metrics.peak_flops_per_device("TPU v5 lite") == 197e12
     assert metrics.peak_flops_per_device("NVIDIA H200") == 989e12
+    assert metrics.peak_flops_per_device("TPU7x") == 2307e12 / 2  # each TensorCore a device
     assert metrics.peak_flops_per_device("cpu") is None
     assert metrics.peak_flops_per_device("cpu", 1e11) == 1e11
+
+
+@pytest.mark.parametrize(
+    "kind, peak",
+    [
+        # jax's device_kind is the CUDA device name.
+        ("NVIDIA H100 80GB HBM3", 989e12),  # the SXM card
+        ("NVIDIA H100 PCIe", 756e12),
+        ("NVIDIA H100 NVL", 835e12),
+        ("NVIDIA A100-SXM4-80GB", 312e12),
+        ("NVIDIA B200", 2250e12),
+        ("NVIDIA GB200", 2500e12),  # not B200's
+        ("NVIDIA L4", 121e12),
+        ("NVIDIA L40S", 362e12),  # not L4's
+        ("NVIDIA L40", None),  # neither
+        ("NVIDIA RTX 6000 Ada Generation", None),
+    ],
+)
+def test_gpu_peaks_by_device_kind(kind, peak):
+    assert metrics.peak_flops_per_device(kind) == peak
+    for _, source in metrics.GPU_PEAKS.values():
+        assert source.startswith("https://www.nvidia.com/")
+
+
+def test_an_accelerator_without_a_peak_is_one_line_naming_the_setting():
+    device = types.SimpleNamespace(platform="gpu", device_kind="NVIDIA L40")
+    line = metrics.unknown_peak_line(device)
+    assert "\n" not in line and "'NVIDIA L40'" in line and "log.peak_flops" in line
+    assert metrics.unknown_peak_line(device, 181e12) is None  # set: nothing to say
+    known = types.SimpleNamespace(platform="gpu", device_kind="NVIDIA L40S")
+    assert metrics.unknown_peak_line(known) is None
+    cpu = types.SimpleNamespace(platform="cpu", device_kind="cpu")
+    assert metrics.unknown_peak_line(cpu) is None  # no MFU is expected on a CPU
 
 
 def test_writer_keeps_rows_up_to_the_resume_step(tmp_path):

@@ -67,6 +67,12 @@ def test_the_trace_holds_exactly_the_chosen_steps(
     tracing = err.index(f"tracing steps {first}-{last}")
     assert "compiled the" in err[:tracing] and "compiled the" not in err[tracing:], err
     assert f"wrote a trace of steps {first}-{last} to {workdir / 'profile'}" in err[tracing:]
+    # What a step of the trace is, and a window off the grid of calls said so, with the one on it.
+    assert "each `train` step of the trace is one call of up to 2 steps" in err
+    off_grid = "are not whole calls of train.steps_per_call=2" in err
+    assert off_grid == (last % 2 == 1)
+    if off_grid:
+        assert "log.profile_steps=3, log.profile_num_steps=4 traces whole calls" in err
 
 
 @pytest.mark.slow

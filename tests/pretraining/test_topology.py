@@ -32,6 +32,8 @@ def libtpu_env(monkeypatch):
         ("v5litepod-16", "v5e:4x4", 16),  # counts chips
         ("v5e-8", "v5e:2x4", 8),
         ("v6e-64", "v6e:8x8", 64),
+        ("tpu7x-8", "tpu7x:2x2x1", 4),  # counts TensorCores: two per chip
+        ("tpu7x-128", "tpu7x:4x4x4", 64),
         ("v4:4x4x4", "v4:4x4x4", 64),  # jax's own names pass through
         ("V5E:2x2", "v5e:2x2", 4),
     ],
@@ -85,6 +87,12 @@ def test_megacore_slices_run_one_device_per_chip():
         len({d.process_index for d in topology.compile_only_devices(topology.resolve("v5e-16"))})
         == 4
     )
+    # TPU7x: each of a chip's two TensorCores is a device, 4 chips a host.
+    target = topology.resolve("tpu7x-16")
+    devices = topology.compile_only_devices(target)
+    assert len(devices) == target.devices == 2 * target.chips == 16
+    assert {d.device_kind for d in devices} == {"TPU7x"}
+    assert len({d.process_index for d in devices}) == 2
     two = topology.resolve("v5e:2x2", num_slices=2)
     devices = topology.compile_only_devices(two)
     assert len(devices) == two.devices == 2 * math.prod((2, 2))
