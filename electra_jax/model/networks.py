@@ -59,8 +59,9 @@ class ElectraSpec:
     # 'einsum' (ours, with dropout on the probabilities), 'pallas' (the same function as a
     # Pallas TPU kernel: flash_attention.py), jax.nn.dot_product_attention's 'xla' / 'cudnn'
     # kernels (fused; they have no dropout on the probabilities), or 'auto': 'pallas' where the
-    # step is compiled for TPU devices (`platform`), else 'einsum' (resolved_attention).
-    attention: str = "einsum"
+    # step is compiled for TPU devices (`platform`), else 'einsum' (resolved_attention): the
+    # schema's default, so that a spec read back from an export equals its run's.
+    attention: str = "auto"
     # Where activations live: a jax.sharding.Sharding whose leading axis splits the batch, or
     # None. FSDP runs set it so that the partitioner keeps every [B, ...] activation split over
     # the batch and gathers weights instead (sharding.py); it changes no number.
