@@ -103,7 +103,7 @@ CHANGED_SINCE_2E04D7E = {
     "train.remat": ("none", "auto"),
 }
 # Keys added since 2e04d7e: their lines are new, the others' still compared.
-ADDED_SINCE_2E04D7E = {"checkpoint.every_minutes"}
+ADDED_SINCE_2E04D7E = {"checkpoint.every_minutes", "export.license"}
 
 
 @pytest.mark.parametrize("name", ["tiny", "small", "base", "large", "gpu_quality", "glue", "squad"])
