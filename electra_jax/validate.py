@@ -9,6 +9,7 @@ against train.num_steps), the objectives' registry, and what a path or URI may b
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 from electra_jax.config import pretrain_keys, schema
@@ -158,6 +159,7 @@ def check_config(config: Any) -> None:
         _require(not why, f"{key}={value} {why}")
     _check_keep_every(config.checkpoint)
     _check_wandb(config.log.wandb_project)
+    _check_license(config.export.license)
     _check_eval(config)
     _check_float32(config)
     _require(
@@ -176,6 +178,17 @@ def check_config(config: Any) -> None:
         not (compile_cache and os.path.exists(compile_cache) and not os.path.isdir(compile_cache)),
         f"compile.cache_dir={compile_cache} is a file, not a folder; choose a folder ('' for "
         "the default, 'off' for none)",
+    )
+
+
+def _check_license(license_id: str) -> None:
+    """export.license: '' or an id of the form the Hub's `license:` metadata takes, so that a
+    card never carries a value the Hub cannot read ('Apache 2.0')."""
+    _require(
+        license_id == "" or re.fullmatch(r"[a-z0-9][a-z0-9.+-]*", license_id) is not None,
+        f"export.license={license_id!r} is not a Hugging Face Hub license id; use one such as "
+        "'apache-2.0', 'mit' or 'cc-by-4.0' (lowercase, no spaces; 'other' for another), or '' "
+        "to state none",
     )
 
 

@@ -151,11 +151,13 @@ fi
 # Python 3.11 in a virtual environment made by uv (docs.astral.sh/uv), which downloads a
 # standalone CPython when the image has none: the runtimes' own Python is 3.10, and uv is how
 # Google's JAX projects on TPU VMs (MaxText, MaxDiffusion) get a newer one. The versions are
-# constraints.txt's, the ones the suite tested.
+# constraints-tpu.txt's, the TPU image's lock (launch/docker/lock.py: every package pip resolves
+# for the TPU extras, libtpu included, pinned, constraints.txt's tested versions among them);
+# constraints.txt is a CPU freeze that pins neither libtpu nor what only the TPU extras pull in.
 venv='~/electra_venv'
 install="$fetch && python3 -m pip install -q --user uv && \
 (test -x $venv/bin/python || ~/.local/bin/uv venv -q --python 3.11 $venv) && \
-~/.local/bin/uv pip install -q --python $venv/bin/python -c ~/electra_jax/constraints.txt \
+~/.local/bin/uv pip install -q --python $venv/bin/python -c ~/electra_jax/constraints-tpu.txt \
 -e ~/electra_jax'[tpu,gcs]'"
 "${tpu[@]}" ssh "$name" --zone="$zone" --worker=all --command="$install"
 

@@ -599,6 +599,7 @@ def test_the_pretraining_export_has_a_model_card_from_the_workdirs_records(run, 
     settings = json.loads((workdir / "config.json").read_text())
     source = f"text:{tmp_path}/corpus/**/*.txt"
     settings["data"]["source"], settings["compile"]["cache_dir"] = source, str(tmp_path / "c")
+    settings.pop("export", None)  # a run older than export.license: no license stated
     (workdir / "config.json").write_text(json.dumps(settings))
     out = tmp_path / "hf"
     manifest = export.export(str(workdir), str(out), card_details=True)
@@ -606,6 +607,8 @@ def test_the_pretraining_export_has_a_model_card_from_the_workdirs_records(run, 
     assert "README.md" in manifest["files"]
     front = _front_matter(readme)
     assert front["library_name"] == "transformers" and "electra_jax" in front["tags"]
+    assert "license" not in front  # never guessed
+    assert "- license: none stated (export.license not set in the run's config)" in readme
     config = micro_config()
     flops = metrics.count_flops(
         run["spec"],
@@ -631,9 +634,13 @@ def test_the_pretraining_export_has_a_model_card_from_the_workdirs_records(run, 
         (workdir / "config.json").read_text()
     )
     # By default (the card may go to a public repository): no path of this machine, no command
-    # line; the corpus by its kind and last part, the rest of the card as it was.
+    # line; the corpus by its kind and last part, the rest of the card as it was. The license
+    # the run states, in the metadata the Hub reads and in the text.
+    settings["export"] = {"license": "apache-2.0"}
+    (workdir / "config.json").write_text(json.dumps(settings))
     export.export(str(workdir), str(out))
     public = (out / "README.md").read_text()
+    assert _front_matter(public)["license"] == "apache-2.0" and "- license: apache-2.0" in public
     assert str(tmp_path) not in public and "--first" not in public and "--workdir" not in public
     assert "- command lines: (not shown: export with --card_details)" in public
     assert "- corpus (`data.source`): `text:.../*.txt`" in public

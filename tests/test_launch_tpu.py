@@ -124,9 +124,12 @@ def _check_install_and_train(calls):
         assert call[:5] == ["compute", "tpus", "tpu-vm", "ssh", "electra"]
         assert "--worker=all" in call and "--zone=us-central2-b" in call
     setup = _flag(install, "command")
-    # Python 3.11 (setup.py's python_requires) in a venv, the tested versions from constraints.
+    # Python 3.11 (setup.py's python_requires) in a venv, the versions of the TPU image's lock,
+    # which pins every package the TPU extras resolve to (libtpu among them).
     assert "uv venv -q --python 3.11 ~/electra_venv" in setup
-    assert "-c ~/electra_jax/constraints.txt" in setup and "'[tpu,gcs]'" in setup
+    assert "-c ~/electra_jax/constraints-tpu.txt" in setup and "'[tpu,gcs]'" in setup
+    lock = (SCRIPT.parents[1] / "constraints-tpu.txt").read_text().splitlines()
+    assert [line for line in lock if line.startswith("libtpu==")], "the lock pins no libtpu"
     command = _flag(train, "command")
     assert "~/electra_venv/bin/python -m electra_jax.train --workdir=gs://b/runs/large" in command
     assert shlex.split(command.split("electra_jax.train", 1)[1])[1:] == TRAIN
@@ -170,7 +173,7 @@ def test_a_missing_slice_is_created_and_this_checkout_shipped(tmp_path):
 def test_the_checkout_is_shipped_without_its_runs_caches_or_virtual_environment(tmp_path):
     checkout = tmp_path / "checkout"
     kept = ["launch/tpu_vm.sh", "launch/_rules.sh", "configs/large.py", "electra_jax/train.py"]
-    kept += ["constraints.txt"]
+    kept += ["constraints-tpu.txt"]
     left = [".venv/bin/python", "venv/bin/python", "runs/large/metrics.jsonl", ".whl/a.whl"]
     left += [".git/HEAD", "electra_jax/__pycache__/train.cpython-311.pyc"]
     for name in kept + left:

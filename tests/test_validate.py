@@ -83,6 +83,9 @@ def test_objective_and_embedding_sharing_are_checked_in_one_line():
         ("data.heldout_examples", -8, "data.heldout_examples=-8 must be a whole number"),
         ("eval.every_steps", -1, "eval.every_steps=-1 must be a whole number"),
         ("checkpoint.keep_every_steps", -2, "checkpoint.keep_every_steps=-2 must be a whole"),
+        ("checkpoint.every_minutes", -1.0, "checkpoint.every_minutes=-1.0 must be >= 0"),
+        ("export.license", "Apache 2.0", "export.license='Apache 2.0' is not a Hugging Face"),
+        ("export.license", "-mit", "export.license='-mit' is not a Hugging Face Hub license"),
     ],
 )
 def test_bad_settings_are_one_line_naming_the_key(key, value, expected):

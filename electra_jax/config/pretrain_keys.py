@@ -706,4 +706,17 @@ KEYS = table(
         resume=FREE,
         cross="a folder; a URI only gs://; 'off' for none",
     ),
+    Key(
+        "export.license",
+        "",
+        (
+            "The license the model card of an export states, as a Hugging Face Hub license id "
+            "('apache-2.0', 'mit', 'cc-by-4.0', 'other', ...), in its metadata and its text; "
+            "'' states none (nothing is guessed, not even from the corpus)"
+        ),
+        # Recorded in config.json with the change, where the export reads it: a license chosen
+        # after the run is set by running it again with --allow_change=export.license.
+        allows="the license the next export's card states",
+        cross="a Hub license id: lowercase letters, digits, '.', '-' and '+'",
+    ),
 )

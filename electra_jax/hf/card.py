@@ -160,6 +160,7 @@ _HELDOUT_SHOWN = ("disc_auc", "disc_auc_frequent", "disc_auc_unigram", "disc_acc
 _PLACES = ("data.cache_dir", "data.tokenizer", "data.tfds_data_dir", "train.init_from",
            "compile.cache_dir")  # fmt: skip
 _NOT_SHOWN = "(not shown: export with --card_details)"
+_NO_LICENSE = "- license: none stated (export.license not set in the run's config)"
 
 
 def public_corpus(source: str | None) -> str | None:
@@ -216,10 +217,10 @@ def pretraining_card(
         config = _public_config(config)
     tags = ["electra", "electra_jax", "pretraining"]
     objective = record.get("objective")
-    front = {
-        "library_name": "transformers",
-        "tags": tags + ([objective] if objective and objective not in tags else []),
-    }
+    # export.license as the run states it, never guessed; absent from a run older than the key.
+    license_id = (config.get("export") or {}).get("license") or ""
+    front = {"library_name": "transformers", **({"license": license_id} if license_id else {})}
+    front["tags"] = tags + ([objective] if objective and objective not in tags else [])
     summary = (
         "An ELECTRA pre-trained with electra_jax: `discriminator/` (ElectraForPreTraining, the "
         "encoder to fine-tune) and `generator/` (ElectraForMaskedLM), each with its tokenizer."
@@ -229,6 +230,7 @@ def pretraining_card(
         *_pretraining({"pretraining": record}),
         *_heldout(heldout),
         *(_commands(commands) if details else [f"- command lines: {_NOT_SHOWN}"]),
+        f"- license: {license_id}" if license_id else _NO_LICENSE,
         "",
         "## Use",
         "",

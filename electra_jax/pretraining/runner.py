@@ -560,9 +560,13 @@ def _steps(
             state, done, step_metrics = calls.run(state, step, batches, recorder.flags)
             step = done
             save_due = done % calls.save_every == 0 or done == calls.last_step
-            # checkpoint.every_minutes: asked on every process at the same steps (a collective
-            # answer), before the next batches are read.
-            save_due = save_due or recorder.timed.due(done)
+            if not save_due and recorder.timed.asks(done):
+                # checkpoint.every_minutes, before the next batches are read: process 0's
+                # answer, which the others wait for (at most orbax's 300 s). Once this call is
+                # done every process has dispatched it, so process 0 is at this question too,
+                # not a first compile or a slow row behind; only this row's read is not hidden.
+                jax.block_until_ready(recorder.flags[-1][1])
+                save_due = recorder.timed.due(done)
             # The next call's batches are read while the device works on this one, except
             # before a save, which records the iterator's position at step `done`; a
             # preemption puts the position back (`position`) before it saves.

@@ -68,10 +68,15 @@ class TimedSaves:
     def _at(self, step: int) -> _Checkpoint:
         return _Checkpoint(step, _ORIGIN + datetime.timedelta(seconds=self._now()))
 
+    def asks(self, step: int) -> bool:
+        """Whether `step` is one the clock is asked at (`due`): a multiple of log.every_steps,
+        when every_minutes > 0."""
+        return self._policy is not None and step % self.log_every == 0
+
     def due(self, step: int) -> bool:
         """Whether `step` saves by the clock: the same answer on every process, process 0's.
-        Every process must ask at the same steps (the multiples of log.every_steps)."""
-        if self._policy is None or step % self.log_every:
+        Every process must ask at the same steps (those `asks` names)."""
+        if not self.asks(step):
             return False
         from orbax.checkpoint import checkpoint_managers, options
 

@@ -164,6 +164,23 @@ def test_a_resume_keeps_the_stored_run_and_records_the_allowed_changes(tmp_path)
         resume.plan(config, path, ("data.source",))
 
 
+def test_a_license_chosen_after_the_run_is_recorded_where_the_export_reads_it(tmp_path):
+    """export.license changes no number, but the export reads it from config.json: a resume
+    changes it only when asked, and records it there."""
+    path = _run_workdir(tmp_path / "w")
+    config = micro_config()
+    config.export.license = "apache-2.0"
+    with pytest.raises(ConfigError, match="--allow_change=export.license"):
+        resume.plan(config, path)
+    run = resume.plan(config, path, ("export.license",))
+    try:
+        run.record(3)
+        stored = json.loads((tmp_path / "w" / "config.json").read_text())
+        assert stored["export"]["license"] == "apache-2.0"
+    finally:
+        run.release()
+
+
 def test_each_start_records_its_command_line_at_its_step(tmp_path):
     # For the export's model card: the command that started the run and those that resumed it.
     new = str(tmp_path / "new")

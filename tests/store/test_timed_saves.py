@@ -21,7 +21,8 @@ def test_a_save_is_due_at_the_first_row_after_the_interval_counted_from_the_last
     clock.t += 119
     assert not timed.due(15)
     clock.t += 1
-    assert not timed.due(16)  # not a row: every process asks only at rows
+    assert not timed.asks(16) and not timed.due(16)  # not a row: every process asks at rows
+    assert timed.asks(20)
     assert timed.due(20)
     timed.saved(20)
     clock.t += 100
@@ -39,7 +40,7 @@ def test_zero_minutes_never_saves_and_reads_no_clock():
 
     timed = timed_saves.TimedSaves(minutes=0, log_every=1, start_step=0, now=lambda: 0.0)
     timed._now = clock
-    assert not any(timed.due(s) for s in range(1, 50))
+    assert not any(timed.asks(s) or timed.due(s) for s in range(1, 50))
 
 
 def test_fractions_of_a_minute_and_the_module_clock_are_used():
