@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 
-from electra_jax.config import pretrain_keys, schema
 from electra_jax.config.schema import ConfigError
 from electra_jax.store import checkpoint_steps, filenames, jsonio, paths
 
@@ -65,8 +64,7 @@ def evaluate_workdir(
             f"--workdir {workdir} is an export (transformers files); python -m "
             "electra_jax.evaluate takes a pre-training workdir, such as the one exported"
         )
-    stored = pretrained.read_run_config(workdir)
-    config = ml_collections.ConfigDict(schema.upgrade(stored, pretrain_keys.KEYS))
+    config = ml_collections.ConfigDict(pretrained.read_run_config(workdir))
     trained_on = not config.data.heldout_examples
     if trained_on:
         metrics.log(

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from electra_jax.config import groups
 from electra_jax.hf.names import DISCRIMINATOR
 from electra_jax.hf.read import HF_PREFIX, read_hf
 from electra_jax.model import networks
@@ -115,7 +116,12 @@ def folder_kind(path: str) -> str | None:
 
 
 def read_run_config(workdir: str) -> dict:
-    """WORKDIR/config.json, the resolved config the run was started with."""
+    """WORKDIR/config.json, the resolved config the run was started with, upgraded: the keys
+    added since the run was stored filled in as schema.Key.absent says the run had them
+    (unrolled layers, one shared embedding, no held-out rows). The one reader of a stored
+    pre-training config; PretrainedError (one line) for a missing, unreadable or damaged one."""
+    from electra_jax.config import pretrain_keys, schema
+
     path = paths.join(workdir, filenames.CONFIG_FILE)
     try:
         config = jsonio.loads(paths.read_bytes(path))
@@ -145,26 +151,27 @@ def read_run_config(workdir: str) -> dict:
                 f"{path}: the {section} section is a JSON {json_kind(config[section])}, not an "
                 "object; restore config.json from a copy of the run"
             )
-    return config
+    # Every config.json has the sizes: one missing is damage (a KeyError), not age.
+    try:
+        for section, fields in (("model", _RUN_SIZES), ("generator", ("hidden_fraction",))):
+            for field in fields:
+                config[section][field]  # noqa: B018
+    except KeyError as e:
+        raise PretrainedError(
+            f"{path} lacks a model field or holds one of the wrong type ({one_line(e, 120)}); "
+            "is it from this version?"
+        ) from None
+    return schema.upgrade(config, pretrain_keys.KEYS)
 
 
-# The sizes of a run config's model section, named as SIZE_LIMITS names them.
-_RUN_SIZES = (
-    "hidden_size",
-    "num_layers",
-    "num_heads",
-    "intermediate_size",
-    "embedding_size",
-    "max_position_embeddings",
-    "type_vocab_size",
-)
+# The sizes of a run config's model section (the shared model shape), named as SIZE_LIMITS
+# names them.
+_RUN_SIZES = tuple(name.partition(".")[2] for name in groups.MODEL_SHAPE)
 
 
 def spec_from_run_config(config: dict, vocab_size: int, where: str) -> networks.ElectraSpec:
-    """The model's spec from a run's config.json (as saved by loop.train)."""
+    """The model's spec from a run's config.json as read_run_config returns it (upgraded)."""
     import ml_collections
-
-    from electra_jax.config import pretrain_keys, schema
 
     for field in _RUN_SIZES:  # before generator_spec computes with them
         if field in config["model"]:
@@ -172,12 +179,6 @@ def spec_from_run_config(config: dict, vocab_size: int, where: str) -> networks.
     try:
         from electra_jax.objectives import registry
 
-        # Every config.json has the sizes: one missing is damage (a KeyError), not age. Keys
-        # added since mean what schema.Key.absent says (unrolled layers, one shared embedding).
-        for section, fields in (("model", _RUN_SIZES), ("generator", ("hidden_fraction",))):
-            for field in fields:
-                config[section][field]  # noqa: B018
-        config = schema.upgrade(config, pretrain_keys.KEYS)
         spec = networks.spec_from_config(
             ml_collections.ConfigDict(config["model"]),
             ml_collections.ConfigDict(config["generator"]),

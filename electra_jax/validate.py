@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from electra_jax.config import pretrain_keys, schema
+from electra_jax.config import groups, pretrain_keys, schema
 from electra_jax.config.schema import ConfigError
 from electra_jax.objectives.catalog import OBJECTIVES
 from electra_jax.store import paths
@@ -136,9 +136,9 @@ def check_config(config: Any) -> None:
     )
     if o.name == "two_stage":
         _check_two_stage(config)
-    warm = o.mle_warmup_steps
+    warm = o.mle_warmup_steps  # a whole number >= 0 by its own rule
     _require(
-        isinstance(warm, int) and not isinstance(warm, bool) and 0 <= warm < t.num_steps,
+        warm < t.num_steps,
         f"objective.mle_warmup_steps={warm!r} must be a whole number of steps from 0 to "
         f"train.num_steps - 1 = {t.num_steps - 1}",
     )
@@ -173,16 +173,12 @@ def check_config(config: Any) -> None:
     )
 
 
-def _whole(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
 def _check_recipe(config: Any) -> None:
     """The sampling temperature and its schedule, and the discriminator's MLM term."""
     o, t = config.objective, config.train
     lo, hi = pretrain_keys.TEMPERATURE
+    # The step counts are whole numbers >= 0 by their own rules (pretrain_keys.py).
     start, steps = o.temperature_start, o.temperature_steps
-    _require(_whole(steps), f"objective.temperature_steps={steps!r} must be a whole number >= 0")
     if steps:
         _require(
             lo <= start <= hi,
@@ -196,7 +192,6 @@ def _check_recipe(config: Any) -> None:
             "steps it comes down over); set both, or leave temperature_start at 0",
         )
     weight, fade = o.disc_mlm_weight, o.disc_mlm_steps
-    _require(_whole(fade), f"objective.disc_mlm_steps={fade!r} must be a whole number >= 0")
     _require(
         not weight or o.name in ("electra", "electra_mlm"),
         f"objective.disc_mlm_weight={weight} adds the discriminator's MLM term to 'electra' "
@@ -214,7 +209,7 @@ def _check_recipe(config: Any) -> None:
     )
     share, share_steps = o.unigram_share, o.unigram_share_steps
     _require(
-        _whole(share_steps) and share_steps <= t.num_steps,
+        share_steps <= t.num_steps,
         f"objective.unigram_share_steps={share_steps!r} must be a whole number in [0, "
         f"train.num_steps={t.num_steps}]",
     )
@@ -232,17 +227,9 @@ def _check_recipe(config: Any) -> None:
 
 def _check_eval(config: Any) -> None:
     """The held-out slice and the evaluation's cadence."""
-    held = config.data.heldout_examples
-    _require(
-        isinstance(held, int) and not isinstance(held, bool) and held >= 0,
-        f"data.heldout_examples={held!r} must be a whole number of rows >= 0 (0: train on all)",
-    )
+    held = config.data.heldout_examples  # both whole numbers >= 0 by their own rules
     ev = config.eval
     every = ev.every_steps
-    _require(
-        isinstance(every, int) and not isinstance(every, bool) and every >= 0,
-        f"eval.every_steps={every!r} must be a whole number of steps >= 0 (0: no evaluation)",
-    )
     batch = ev.batch_size or config.train.batch_size
     _require(
         isinstance(batch, int) and batch > 0,
@@ -261,12 +248,7 @@ def _check_eval(config: Any) -> None:
 def _check_keep_every(checkpoint_cfg: Any) -> None:
     """checkpoint.keep_every_steps: 0 (off) or a multiple of checkpoint.every_steps, since only
     saved steps can be kept."""
-    every, save = checkpoint_cfg.keep_every_steps, checkpoint_cfg.every_steps
-    _require(
-        isinstance(every, int) and not isinstance(every, bool) and every >= 0,
-        f"checkpoint.keep_every_steps={every!r} must be a whole number of steps >= 0 (0 keeps "
-        "only the newest checkpoint.keep)",
-    )
+    every, save = checkpoint_cfg.keep_every_steps, checkpoint_cfg.every_steps  # whole, >= 0
     _require(
         every % save == 0,
         f"checkpoint.keep_every_steps={every} is not a multiple of checkpoint.every_steps="
@@ -280,10 +262,11 @@ def _check_float32(config: Any) -> None:
     factor), held to train.learning_rate's float32 range."""
     t = config.train
     lr, scale = t.learning_rate, t.generator_lr_scale
+    low, high = groups.LEARNING_RATE
     _require(
-        1e-9 <= lr * scale <= 10,
+        low <= lr * scale <= high,
         f"train.generator_lr_scale={scale} gives the generator a learning rate of "
-        f"{lr * scale:g}, outside [1e-09, 10] as train.learning_rate must be",
+        f"{lr * scale:g}, outside [{low:g}, {high:g}] as train.learning_rate must be",
     )
     decay = t.weight_decay
     _require(

@@ -222,9 +222,9 @@ def pretraining_record(init_from: str, pre: Any) -> dict:
     source; for a pre-training workdir also its corpus, objective, step, batch and sequence
     length, its counted training FLOPs up to that step (metrics.count_flops, as the run's MFU
     uses) and the metrics.jsonl row of that step; for an export, its export.json."""
-    from electra_jax.config import pretrain_keys, schema
     from electra_jax.hf.read import HF_PREFIX
     from electra_jax.objectives.core import num_mask_slots
+    from electra_jax.pretrained import read_run_config
     from electra_jax.pretraining import metrics
 
     record: dict = {"source": pre.source, "init_from": init_from}
@@ -243,9 +243,8 @@ def pretraining_record(init_from: str, pre: Any) -> dict:
     record["kind"] = "workdir"
     record["step"] = int(step)
     try:
-        config = read_json(paths.join(path, CONFIG_FILE), "")
-        data, train = config["data"], config["train"]  # sizes: never filled in (KeyError)
-        obj = schema.upgrade(config, pretrain_keys.KEYS)["objective"]  # older: what they meant
+        config = read_run_config(path)  # upgraded: an older one's keys as they meant
+        data, train, obj = config["data"], config["train"], config["objective"]
         name, mask_prob = obj["name"], obj["mask_prob"]
         seq_length, batch_size = int(data["seq_length"]), int(train["batch_size"])
         flops = metrics.count_flops(
