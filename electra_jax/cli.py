@@ -3,13 +3,26 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import re
 import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from absl import flags
+from ml_collections import config_flags
 
+from electra_jax.errors import (
+    CheckpointError,
+    ConfigError,
+    DataError,
+    NonFiniteError,
+    Preempted,
+)
 from electra_jax.store import jsonio
+
+T = TypeVar("T")
 
 # orbax's warnings on opening checkpoints read-only, which is what reading a run's weights is
 # meant to do (pretrained.py, evaluate.py): they say nothing the user can act on.
@@ -125,6 +138,49 @@ def cannot_write(error: OSError, then: str) -> str:
     where = f" {error.filename}" if error.filename else ""
     reason = error.strerror or error
     return f"cannot write{where} ({reason}); {jsonio.write_advice(error)}, {then}"
+
+
+def run_to_the_end(
+    work: Callable[[], T],
+    verbose: bool,
+    write_then: str | None = None,
+    interrupted: Callable[[], None] = end_interrupted,
+) -> T:
+    """What `work()` returns, or how it ended as every command answers it: bad input
+    (ConfigError, DataError, CheckpointError) one `error:` line and exit code 2; a diverged run
+    (NonFiniteError) one line and exit code 1; with `write_then` (what to do once there is
+    room), an environment error while writing (OSError) one line and exit code 2; a signal
+    before the steps began (Preempted) a line and exit code 0; Ctrl-C `interrupted()` (by
+    default `end_interrupted`: one line, exit code 130). With `verbose` each of these but
+    Preempted raises, for the traceback."""
+    try:
+        return work()
+    except (ConfigError, DataError, CheckpointError) as e:
+        if verbose:
+            raise
+        fail(str(e))
+    except NonFiniteError as e:
+        if verbose:
+            raise
+        # Not bad input (exit 2) but a diverged run: exit 1, still one line.
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+    except OSError as e:  # a full disk or a lost mount while writing metrics, config.json, ...
+        if verbose or write_then is None:
+            raise
+        fail(cannot_write(e, write_then))
+    except Preempted as e:
+        # A signal before the steps began: no step ran since the last checkpoint, so nothing
+        # new is lost.
+        print(
+            f"preempted before training started ({e}); run the same command to resume",
+            file=sys.stderr,
+        )
+        sys.exit(0)
+    except KeyboardInterrupt:
+        if verbose:
+            raise
+        interrupted()
 
 
 PRINT_CONFIG_HELP = (
@@ -374,3 +430,51 @@ def parse_flags(argv: list[str]) -> list[str]:
             fail(f"unknown config key in {' '.join(overrides)}{hint}")
         fail(" ".join(text.replace("flag --", "--").split()))
         raise AssertionError("unreachable") from e
+
+
+@dataclasses.dataclass(frozen=True)
+class ConfigCommand:
+    """A command that runs a config file (train, prepare, finetune): the flags each has
+    (--config, --verbose, --print_config; `define` makes them) and how each starts and ends."""
+
+    name: str  # the module users run: "electra_jax.train"
+    example: str  # the config file suggested when --config is missing
+    finetuning: bool  # which family of configs it takes
+    config: Any  # the flags' holders
+    verbose: Any
+    print_config: Any
+
+    @classmethod
+    def define(cls, name: str, config_help: str, example: str, finetuning: bool):
+        """The command's shared flags, defined once at its module's import."""
+        return cls(
+            name,
+            example,
+            finetuning,
+            config_flags.DEFINE_config_file("config", None, config_help, lock_config=True),
+            flags.DEFINE_bool("verbose", False, "Show full tracebacks on errors."),
+            flags.DEFINE_bool("print_config", False, PRINT_CONFIG_HELP),
+        )
+
+    def start(self, argv: list[str], workdir_flag: Any = None, workdir_for: str = ""):
+        """The config to run (command_config), after what every config command checks first:
+        no stray arguments, a --config, and jax's, absl's and orbax's logs quiet unless
+        --verbose (`quiet_logs`); then, given `workdir_flag`, a --workdir (`workdir_for`: what
+        goes there). None when --print_config printed the config: nothing more to do."""
+        if len(argv) > 1:
+            fail(f"unexpected arguments {argv[1:]}; settings go in --config.KEY=VALUE")
+        if self.config.value is None:
+            fail(f"--config is required, e.g. --config={self.example}")
+        if not self.verbose.value:
+            quiet_logs()
+        config = command_config("config", self.name, finetuning=self.finetuning)
+        if self.print_config.value:
+            print_config(config, flags.FLAGS["config"].config_filename)
+            return None
+        if workdir_flag is not None and not workdir_flag.value:
+            fail(f"--workdir is required: {workdir_for}")
+        return config
+
+    def run(self, work: Callable[[], T], write_then: str | None = None, **ends) -> T:
+        """run_to_the_end(work) with this command's --verbose."""
+        return run_to_the_end(work, self.verbose.value, write_then, **ends)

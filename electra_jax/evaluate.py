@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 
-from electra_jax.config.schema import ConfigError
+from electra_jax.errors import ConfigError
 from electra_jax.store import checkpoint_steps, filenames, jsonio, paths
 
 # jax and the modules below import it in the functions that use them, not here: a refusal of a
@@ -173,7 +173,7 @@ def main(argv) -> None:
     from absl import flags
 
     from electra_jax.cli import each_once, fail, quiet_logs
-    from electra_jax.data import DataError
+    from electra_jax.errors import DataError
 
     values = flags.FLAGS
     if not values.verbose:
@@ -193,7 +193,7 @@ def main(argv) -> None:
         each_once("--steps", values.steps, key=int)  # 3 and 03 are one checkpoint
     if values.heldout_examples < 1:
         fail(f"--heldout_examples={values.heldout_examples} must be >= 1")
-    from electra_jax.model.weights import PretrainedError  # flax: after the checks above
+    from electra_jax.errors import PretrainedError
 
     try:
         rows = evaluate_workdir(values.workdir, steps, values.heldout_examples)

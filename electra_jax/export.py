@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import os
 
-from electra_jax.config.schema import ConfigError
+from electra_jax.errors import ConfigError
 from electra_jax.store import filenames, paths
 
 
@@ -33,8 +33,8 @@ def export(
     manifest (with "hub_url" after an upload)."""
     # The checks of --out and --workdir first, without jax and flax (seconds to import), which
     # the writing below and the functions after this one import.
+    from electra_jax.errors import PretrainedError
     from electra_jax.hf.previous import check_out
-    from electra_jax.model.weights import PretrainedError
 
     if paths.is_remote(out):
         # The export's files are written with its own checks against links and foreign files,
@@ -109,6 +109,7 @@ def export_finetuned(workdir: str, out: str, name: str | None = None) -> dict:
     import jax
     from safetensors.numpy import save_file
 
+    from electra_jax.errors import PretrainedError
     from electra_jax.finetune import predictor, saved
     from electra_jax.finetune.glue import regression_targets
     from electra_jax.hf import card, task_heads
@@ -116,7 +117,6 @@ def export_finetuned(workdir: str, out: str, name: str | None = None) -> dict:
     from electra_jax.hf.names import DISCRIMINATOR, WEIGHTS, encoder_to_hf
     from electra_jax.hf.tokenizer_files import write_tokenizer_files
     from electra_jax.hf.write import write_folder
-    from electra_jax.pretrained import PretrainedError
     from electra_jax.store.jsonio import write_json
 
     config, record, family, task = predictor.read_run(workdir)
@@ -237,7 +237,7 @@ def main(argv) -> None:
     if not values.verbose:
         quiet_logs()
     out = values.out or paths.join(values.workdir, filenames.EXPORT_DIR)
-    from electra_jax.model.weights import PretrainedError
+    from electra_jax.errors import PretrainedError
 
     try:
         manifest = export(values.workdir, out, values.push_to_hub, values.hub_private)

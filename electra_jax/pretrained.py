@@ -286,8 +286,8 @@ def restore_params(
 def load_workdir(workdir: str, step: int | None = None) -> Pretrained:
     """The newest checkpoint's (or step `step`'s) parameters, the run's tokenizer and the spec
     from config.json."""
-    from electra_jax.data import DataError
     from electra_jax.data.tokenizer import load_saved
+    from electra_jax.errors import DataError
 
     config = read_run_config(workdir)
     try:

@@ -12,58 +12,14 @@ import os
 from typing import Any
 
 from electra_jax.config import groups, pretrain_keys, schema
-from electra_jax.config.schema import ConfigError
+from electra_jax.errors import ConfigError
 from electra_jax.objectives.catalog import OBJECTIVES
 from electra_jax.store import paths
-
-
-class NonFiniteError(RuntimeError):
-    """A run diverged: its loss, gradient norm or outputs became NaN/Inf. Raised by both runners
-    (pre-training under train.nan_policy='stop', fine-tuning always), whose commands answer it
-    with one line and exit 1; here beside ConfigError, in the one module both import."""
 
 
 def _require(ok: bool, message: str) -> None:
     if not ok:
         raise ConfigError(message)
-
-
-def check_workdir(workdir: str, flag: str = "--workdir", create: bool = True) -> None:
-    """ConfigError naming `workdir` when it cannot be one: a URI other than gs://, a file, a
-    path that is not UTF-8; with `create`, also one that cannot be created or written.
-
-    A gs://BUCKET/PATH workdir is written through the path layer (paths.py); other URIs are
-    refused, since os.makedirs would quietly create a local ./s3:/... tree.
-    """
-    try:
-        workdir.encode("utf-8")
-    except UnicodeEncodeError:
-        shown = workdir.encode("utf-8", "backslashreplace").decode("utf-8")
-        raise ConfigError(
-            f"{flag} {shown} is not valid UTF-8; use a path of UTF-8 characters"
-        ) from None
-    _require(not paths.unwritable(workdir), f"{flag} {workdir} {paths.unwritable(workdir)}")
-    # In a bucket: a path, not an object; with `create`, a probe object is written and removed
-    # (a missing bucket or package, or no access, is one line).
-    try:
-        with paths.remote_errors(workdir, flag):
-            if paths.exists(workdir) and not paths.isdir(workdir):
-                raise ConfigError(
-                    f"{flag} {workdir} is a file, not a folder; choose another {flag}"
-                )
-            if create:
-                paths.makedirs(workdir)
-                probe = paths.join(workdir, f".write_test{os.getpid()}")
-                paths.write_atomic(probe, "ok")
-                paths.remove(probe)
-    except ConfigError:
-        raise
-    except Exception as e:  # OSError; in a bucket a missing package, gcsfs's HTTP errors
-        reason = getattr(e, "strerror", None) or " ".join(str(e).split())[:200]
-        raise ConfigError(
-            f"{flag} {workdir} is not writable ({reason}); {paths.access_advice(workdir)}choose "
-            f"another {flag}"
-        ) from None
 
 
 def _check_two_stage(config: Any) -> None:
@@ -319,7 +275,8 @@ def _check_wandb(project: str) -> None:
 def _check_source(source: str) -> None:
     """The form of data.source, as sources.parse reads it (whether its files exist is checked
     when the data is read)."""
-    from electra_jax.data import DataError, sources
+    from electra_jax.data import sources
+    from electra_jax.errors import DataError
 
     try:
         sources.parse(str(source))

@@ -3,7 +3,7 @@
 import pytest
 
 from electra_jax import validate
-from electra_jax.config.schema import ConfigError
+from electra_jax.errors import ConfigError
 from tests.conftest import micro_config
 
 

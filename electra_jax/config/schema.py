@@ -3,7 +3,7 @@ them: the defaults, a user's config completed with them, per-key checks, an olde
 upgraded, and the rule a resume follows for a key.
 
 A table is a tuple of Keys named 'key' or 'section.key' (one level of sections, as every config
-of electra_jax has). Imports nothing of electra_jax and no jax.
+of electra_jax has). Imports nothing of electra_jax but its errors, and no jax.
 """
 
 from __future__ import annotations
@@ -17,10 +17,7 @@ from typing import Any
 
 import ml_collections
 
-
-class ConfigError(ValueError):
-    """A config value that cannot work; the message names the key and what to do."""
-
+from electra_jax.errors import ConfigError
 
 # What a resume may do with a key (pre-training: pretraining/resume.py; fine-tuning:
 # finetune/prior_run.py; both through run/rerun.py).

@@ -19,8 +19,9 @@ import itertools
 import grain
 import numpy as np
 
-from electra_jax.data import DataError, heldout
+from electra_jax.data import heldout
 from electra_jax.data.shards import ROW_DTYPE, PreparedData
+from electra_jax.errors import DataError
 
 
 @dataclasses.dataclass(frozen=True)

@@ -26,9 +26,10 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 from array_record.python.array_record_module import ArrayRecordWriter
 
-from electra_jax.data import DataError, progress, sources
+from electra_jax.data import progress, sources
 from electra_jax.data import tokenizer as tokenizer_lib
 from electra_jax.data.packing import SentenceEnds, iter_packed
+from electra_jax.errors import DataError
 from electra_jax.store import filenames, jsonio, paths
 
 MANIFEST = "manifest.json"

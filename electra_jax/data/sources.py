@@ -60,7 +60,7 @@ import zlib
 from collections.abc import Iterable, Iterator
 
 from electra_jax.config import pretrain_keys, schema
-from electra_jax.data import DataError
+from electra_jax.errors import DataError
 from electra_jax.store import jsonio
 from electra_jax.store import paths as path_layer  # `paths` names lists of files here
 from electra_jax.store.jsonio import bom_encoding, json_kind, one_line

@@ -12,7 +12,8 @@ import hashlib
 import json
 from collections.abc import Sequence
 
-from electra_jax.data import SPECIAL_PIECES, DataError
+from electra_jax.data import SPECIAL_PIECES
+from electra_jax.errors import DataError
 from electra_jax.store import filenames, jsonio, paths
 
 VOCAB_FILENAME = "vocab.txt"

@@ -16,10 +16,8 @@ from typing import Any
 import numpy as np
 
 from electra_jax.config import finetune_keys, groups, schema
-from electra_jax.config.schema import ConfigError
-from electra_jax.data import DataError
+from electra_jax.errors import ConfigError, DataError, NonFiniteError
 from electra_jax.finetune import squad_data, tasks
-from electra_jax.validate import NonFiniteError
 
 # config.family -> the config file its users start from.
 FAMILY_CONFIGS = {"glue": "configs/glue.py", "squad": "configs/squad.py"}

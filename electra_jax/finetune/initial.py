@@ -12,8 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from electra_jax.config.schema import ConfigError
-from electra_jax.data import DataError
+from electra_jax.errors import ConfigError, DataError, PretrainedError
 from electra_jax.finetune import glue_heads, saved
 from electra_jax.model.networks import (
     ElectraSpec,
@@ -21,7 +20,6 @@ from electra_jax.model.networks import (
     discriminator_embedding_params,
     generator_spec,
 )
-from electra_jax.model.weights import PretrainedError
 from electra_jax.store import paths
 
 

@@ -26,11 +26,11 @@ import jax
 import ml_collections
 import numpy as np
 
+from electra_jax.errors import PretrainedError
 from electra_jax.finetune import features, loop, results, saved, squad_data, squad_eval, tasks
 from electra_jax.finetune.glue import regression_targets
 from electra_jax.finetune.squad import featurizer, inputs
 from electra_jax.model import sharding
-from electra_jax.model.weights import PretrainedError
 from electra_jax.pretrained import length_argument, text_argument, texts_argument
 from electra_jax.store import paths
 
@@ -197,7 +197,7 @@ def is_finetuned(path: str) -> bool:
 def read_run(workdir: str) -> tuple[ml_collections.ConfigDict, dict, Any, Any]:
     """(config, model.json, family, task) of a fine-tuning workdir; PretrainedError naming the
     file when one is missing, damaged, or of a family or task this version does not know."""
-    from electra_jax.config.schema import ConfigError
+    from electra_jax.errors import ConfigError
 
     record = saved.read_model(workdir)
     config_path = paths.join(workdir, saved.CONFIG_FILE)

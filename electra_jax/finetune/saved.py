@@ -28,8 +28,9 @@ from typing import Any
 
 import numpy as np
 
+from electra_jax.errors import PretrainedError
 from electra_jax.model import networks as model_lib
-from electra_jax.model.weights import PretrainedError, check_finite, check_spec
+from electra_jax.model.weights import check_finite, check_spec
 from electra_jax.store import checkpoint_steps, jsonio, paths
 from electra_jax.store.filenames import (  # noqa: F401  (read as saved.X by fine-tuning)
     CONFIG_FILE,
@@ -186,8 +187,8 @@ def save_tokenizer(tokenizer: Any, workdir: str) -> None:
 
 def load_tokenizer(workdir: str, fingerprint: str | None = None):
     """The run's tokenizer from WORKDIR/tokenizer, checked against model.json's fingerprint."""
-    from electra_jax.data import DataError
     from electra_jax.data.tokenizer import load_saved
+    from electra_jax.errors import DataError
 
     folder = paths.join(workdir, TOKENIZER_DIR)
     try:

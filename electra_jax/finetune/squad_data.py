@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from electra_jax.data import DataError
+from electra_jax.errors import DataError
 from electra_jax.store import jsonio
 from electra_jax.store.jsonio import json_kind, one_line
 

@@ -9,7 +9,7 @@ large-file handling apply.
 
 from __future__ import annotations
 
-from electra_jax.model.weights import PretrainedError
+from electra_jax.errors import PretrainedError
 from electra_jax.store.jsonio import one_line
 
 LOGIN = "log in with `hf auth login` or set HF_TOKEN"

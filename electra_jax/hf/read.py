@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from electra_jax.errors import PretrainedError
 from electra_jax.hf.electra_config import DEFAULT_GENERATOR_FRACTION, spec_from_hf
 from electra_jax.hf.names import (
     DISCRIMINATOR,
@@ -29,7 +30,6 @@ from electra_jax.hf.tokenizer_files import read_hf_tokenizer
 from electra_jax.model import networks
 from electra_jax.model.weights import (
     Pretrained,
-    PretrainedError,
     abstract_params,
     check_finite,
     check_params,

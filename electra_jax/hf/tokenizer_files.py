@@ -12,10 +12,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from electra_jax.data import SPECIAL_PIECES, DataError
+from electra_jax.data import SPECIAL_PIECES
 from electra_jax.data.tokenizer import MODEL_FILENAME, Tokenizer
 from electra_jax.data.wordpiece import VOCAB_FILENAME, WordPieceTokenizer
-from electra_jax.model.weights import PretrainedError
+from electra_jax.errors import DataError, PretrainedError
 from electra_jax.store import filenames, jsonio
 
 MODEL_INPUT_NAMES = ["input_ids", "token_type_ids", "attention_mask"]

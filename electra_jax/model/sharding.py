@@ -17,7 +17,16 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from electra_jax.data import progress
+
 BATCH_AXES = ("data", "fsdp")
+
+
+def log(message: str) -> None:
+    """A progress line from process 0, which speaks for the run's processes (both wings')."""
+    if jax.process_index() == 0:
+        progress.print_line(message)
+
 
 # Logical parameter axis -> mesh axis. Only the model width is sharded: it divides every matrix
 # (vocab does not divide evenly, heads can be fewer than devices), and one axis keeps the

@@ -13,16 +13,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from electra_jax.errors import PretrainedError
 from electra_jax.store.jsonio import one_line
 
 # The networks (flax) only where a spec is built into a model (abstract_params): the checks and
 # PretrainedError are read by commands that refuse bad input before importing jax (hf/previous.py).
 if TYPE_CHECKING:
     from electra_jax.model import networks
-
-
-class PretrainedError(ValueError):
-    """A path that does not hold a usable pre-trained model; the message names it, in one line."""
 
 
 # The largest sizes a config file may give: far above any released ELECTRA (Large: hidden 1024,

@@ -12,10 +12,8 @@ import os
 import time
 from typing import Any
 
-import jax
-
-from electra_jax.data import progress
 from electra_jax.model.networks import ElectraSpec, EncoderSpec
+from electra_jax.model.sharding import log  # noqa: F401  (metrics.log: the wing's lines)
 from electra_jax.objectives import registry
 from electra_jax.objectives.catalog import DEFAULT
 from electra_jax.objectives.core import FlopParts
@@ -220,9 +218,3 @@ def progress_line(step: int, num_steps: int, row: dict, seconds_left: float | No
         f"{row['tokens_per_sec']:.0f} tok/s  eta {eta}"
         + (f"  held-out auc {row['eval/disc_auc']:.3f}" if row.get("eval/disc_auc") else "")
     )
-
-
-def log(message: str) -> None:
-    """A progress line from process 0."""
-    if jax.process_index() == 0:
-        progress.print_line(message)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-import flax.struct
 import jax
 import jax.numpy as jnp
 import optax
 
 from electra_jax.data.tokenizer import CLS_ID, MASK_ID, PAD_ID, SEP_ID
 from electra_jax.model.networks import Electra
+from electra_jax.model.optim import TrainState
 from electra_jax.objectives import registry
 from electra_jax.objectives.core import Networks, schedule_value, with_unigram_floor
 from electra_jax.pretraining import eval_pass
@@ -33,14 +33,6 @@ DEFAULT_SPECIAL = SpecialTokens(PAD_ID, CLS_ID, SEP_ID, MASK_ID)
 def special_tokens_of(tokenizer) -> SpecialTokens:
     """A tokenizer's special ids (BERT's WordPiece vocab has them at 0, 101, 102, 103)."""
     return SpecialTokens(tokenizer.pad_id, tokenizer.cls_id, tokenizer.sep_id, tokenizer.mask_id)
-
-
-@flax.struct.dataclass
-class TrainState:
-    step: jax.Array  # int32 scalar: optimizer updates done
-    params: Any
-    opt_state: Any
-    rng: jax.Array  # uint32[2]: the run's base key; step k uses fold_in(rng, k)
 
 
 # The replaced-token head's 1-unit output layer (its bias is the logit every token starts at).

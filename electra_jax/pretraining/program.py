@@ -20,7 +20,7 @@ import ml_collections
 import numpy as np
 
 from electra_jax import validate
-from electra_jax.config.schema import ConfigError
+from electra_jax.errors import ConfigError
 from electra_jax.model import sharding
 from electra_jax.model.networks import (
     Electra,

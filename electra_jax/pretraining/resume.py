@@ -41,7 +41,8 @@ from typing import TYPE_CHECKING, Any
 import ml_collections
 
 from electra_jax.config import pretrain_keys, schema
-from electra_jax.config.schema import ConfigError, flatten
+from electra_jax.config.schema import flatten
+from electra_jax.errors import ConfigError
 from electra_jax.run import rerun
 from electra_jax.run import workdir as workdir_lib
 from electra_jax.run.rerun import MISSING_CONFIG
@@ -369,7 +370,8 @@ def _standing_in(config, prepared) -> str:
 def _recorded_shards(config, workdir: str, tokenizer, stored: dict, absent: Exception):
     """The prepared data of the rows `stored` (the data record) describes
     (shards.recorded); ConfigError naming the record and what fails when it is not proven."""
-    from electra_jax.data import DataError, shards
+    from electra_jax.data import shards
+    from electra_jax.errors import DataError
 
     try:
         return shards.recorded(
@@ -528,8 +530,8 @@ def _place_tokenizer(tok, source: str, workdir: str) -> None:
     very tokenizer is there; ConfigError when another one is."""
     import jax
 
-    from electra_jax.data import DataError
     from electra_jax.data import tokenizer as tokenizer_lib
+    from electra_jax.errors import DataError
 
     folder = os.path.join(workdir, filenames.TOKENIZER_DIR)
     if tokenizer_lib.has_saved(folder):

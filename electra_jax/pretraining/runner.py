@@ -17,7 +17,7 @@ import numpy as np
 
 from electra_jax import validate
 from electra_jax.config import pretrain_keys, schema
-from electra_jax.config.schema import ConfigError
+from electra_jax.errors import ConfigError, NonFiniteError
 from electra_jax.model import layer_stack, sharding
 from electra_jax.model.networks import Electra, abstract_params
 from electra_jax.pretraining import (
@@ -41,7 +41,6 @@ from electra_jax.pretraining.program import (
 )
 from electra_jax.run import workdir as workdir_lib
 from electra_jax.store import checkpoint_steps, checkpointing, filenames, paths
-from electra_jax.validate import NonFiniteError
 
 
 def train(

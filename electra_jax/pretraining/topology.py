@@ -15,7 +15,7 @@ import math
 import os
 import re
 
-from electra_jax.config.schema import ConfigError
+from electra_jax.errors import ConfigError
 
 GIB = 2**30
 

@@ -25,7 +25,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from electra_jax.config.schema import ConfigError
+from electra_jax.errors import ConfigError
 from electra_jax.run import workdir as workdir_lib
 from electra_jax.store import checkpoint_steps, filenames, paths
 from electra_jax.store.jsonio import write_json

@@ -44,6 +44,7 @@ import sys
 import time
 from collections.abc import Callable
 
+from electra_jax.errors import ConfigError
 from electra_jax.store import jsonio, paths
 from electra_jax.store.filenames import (
     CHANGES_FILE,
@@ -72,7 +73,6 @@ from electra_jax.store.filenames import (
     WEIGHTS_FILE,
 )
 from electra_jax.store.jsonio import write_json
-from electra_jax.validate import ConfigError, check_workdir
 
 PRETRAIN, FINETUNE = "pre-training", "fine-tuning"
 KINDS = (PRETRAIN, FINETUNE)
@@ -135,6 +135,45 @@ class Claim:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def check_workdir(workdir: str, flag: str = "--workdir", create: bool = True) -> None:
+    """ConfigError naming `workdir` when it cannot be one: a URI other than gs://, a file, a
+    path that is not UTF-8; with `create`, also one that cannot be created or written.
+
+    A gs://BUCKET/PATH workdir is written through the path layer (paths.py); other URIs are
+    refused, since os.makedirs would quietly create a local ./s3:/... tree.
+    """
+    try:
+        workdir.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = workdir.encode("utf-8", "backslashreplace").decode("utf-8")
+        raise ConfigError(
+            f"{flag} {shown} is not valid UTF-8; use a path of UTF-8 characters"
+        ) from None
+    if paths.unwritable(workdir):
+        raise ConfigError(f"{flag} {workdir} {paths.unwritable(workdir)}")
+    # In a bucket: a path, not an object; with `create`, a probe object is written and removed
+    # (a missing bucket or package, or no access, is one line).
+    try:
+        with paths.remote_errors(workdir, flag):
+            if paths.exists(workdir) and not paths.isdir(workdir):
+                raise ConfigError(
+                    f"{flag} {workdir} is a file, not a folder; choose another {flag}"
+                )
+            if create:
+                paths.makedirs(workdir)
+                probe = paths.join(workdir, f".write_test{os.getpid()}")
+                paths.write_atomic(probe, "ok")
+                paths.remove(probe)
+    except ConfigError:
+        raise
+    except Exception as e:  # OSError; in a bucket a missing package, gcsfs's HTTP errors
+        reason = getattr(e, "strerror", None) or " ".join(str(e).split())[:200]
+        raise ConfigError(
+            f"{flag} {workdir} is not writable ({reason}); {paths.access_advice(workdir)}choose "
+            f"another {flag}"
+        ) from None
 
 
 def _our_by_product(name: str) -> bool:

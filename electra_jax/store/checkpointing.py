@@ -48,12 +48,12 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
+from electra_jax.errors import CheckpointError, Preempted
 from electra_jax.store import paths
-from electra_jax.store.checkpoint_steps import (  # noqa: F401  (CheckpointError: callers' too)
+from electra_jax.store.checkpoint_steps import (  # noqa: F401  (ForeignFolderError: callers' too)
     CORRUPT_SUFFIX,
     POSITION,
     POSITION_FILE,
-    CheckpointError,
     ForeignFolderError,
     checkpoint_dir,
     read_position_file,
@@ -67,14 +67,6 @@ from electra_jax.store.jsonio import write_advice
 # The item of Grain's per-process iterator files in checkpoints written before POSITION.
 _LEGACY_DATA = "data"
 _LEGACY_FILE = re.compile(r"process_(\d+)-of-(\d+)\.json")
-
-
-class Preempted(BaseException):
-    """A termination signal arrived before training started: there is nothing new to save.
-
-    A BaseException, like KeyboardInterrupt, so that no `except Exception` on the way (e.g. the
-    restore's, which would take it for a damaged checkpoint) swallows it.
-    """
 
 
 def preservation_policy(checkpoint_cfg: Any):

@@ -12,12 +12,10 @@ import jax
 import numpy as np
 import pytest
 
-from electra_jax.config.schema import ConfigError
-from electra_jax.data import DataError
 from electra_jax.data.tokenizer import train_tokenizer
+from electra_jax.errors import ConfigError, DataError, NonFiniteError
 from electra_jax.finetune import fit, glue, glue_heads, initial, loop
 from electra_jax.model.networks import Electra, ElectraSpec, EncoderSpec, init_params
-from electra_jax.validate import NonFiniteError
 from tests.conftest import ROOT
 
 FILLER = [
