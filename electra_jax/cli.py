@@ -4,15 +4,23 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import difflib
+import logging
 import os
 import re
+import runpy
 import sys
+import traceback
+import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import ml_collections
 from absl import flags
+from absl import logging as absl_logging
 from ml_collections import config_flags
 
+from electra_jax.config import describe, finetune_keys, pretrain_keys, schema
 from electra_jax.errors import (
     CheckpointError,
     ConfigError,
@@ -20,7 +28,9 @@ from electra_jax.errors import (
     NonFiniteError,
     Preempted,
 )
+from electra_jax.pretraining import topology
 from electra_jax.store import jsonio
+from electra_jax.store.paths import LinkRefused
 
 T = TypeVar("T")
 
@@ -53,12 +63,6 @@ def quiet_logs() -> None:
     whose error the command reports itself (_GCSFS_ECHOES); noise that would bury the one line
     an error is; and libtpu's warnings about a TPU VM's metadata on a machine that is none
     (topology.quiet_libtpu). Other warnings and errors still print."""
-    import logging
-
-    from absl import logging as absl_logging
-
-    from electra_jax.pretraining import topology
-
     topology.quiet_libtpu()  # where the [tpu] extra is installed on a machine without TPUs
     logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
     absl_logging.set_verbosity(absl_logging.WARNING)
@@ -72,8 +76,6 @@ def quiet_logs() -> None:
 
 def fail(message: str) -> None:
     """One `error:` line on stderr and exit code 2 (bad input, not a crash)."""
-    import warnings
-
     print(f"error: {message}", file=sys.stderr)
     # A failed checkpoint save can leave one of orbax's coroutines unawaited; on a loaded machine
     # the interpreter's shutdown then collects it after the error line and warns ("coroutine ...
@@ -131,8 +133,6 @@ def cannot_write(error: OSError, then: str) -> str:
     lost mount, a folder where a file goes): which file, the system's reason, what to do about
     that reason (jsonio.write_advice), then `then`; a write refused because the file is a link
     (paths.LinkRefused) says so, and nothing of free space."""
-    from electra_jax.store.paths import LinkRefused
-
     if isinstance(error, LinkRefused):
         return f"{error}; {then}"
     where = f" {error.filename}" if error.filename else ""
@@ -192,8 +192,6 @@ PRINT_CONFIG_HELP = (
 
 def print_config(config, filename: str) -> None:
     """What `--print_config` prints (config.describe.describe), on stdout."""
-    from electra_jax.config import describe
-
     print(describe.describe(config, filename))
 
 
@@ -214,8 +212,6 @@ def _run_config_file(config_file: str):
     """What a config file's get_config() returns (`FILE:ARG` passes ARG), or _FAILED when it
     raises. The file is the user's own and config_flags has just run it: the failed parse kept
     nothing, so the file runs again to find the cause."""
-    import runpy
-
     path, _, arg = config_file.partition(":")
     try:
         get_config = runpy.run_path(path).get("get_config")
@@ -229,8 +225,6 @@ def _config_type(config_file: str) -> str | None:
 
     Overrides fail against anything else with a misleading "unknown key"; this finds the cause.
     """
-    import ml_collections
-
     value = _run_config_file(config_file)
     if value is _FAILED or isinstance(value, ml_collections.ConfigDict):
         return None
@@ -243,8 +237,6 @@ def loaded_config(config, filename: str):
     config_flags loads the file lazily, so this is where a file that cannot be read, or whose
     get_config() returns something else, is found: before any work starts.
     """
-    import ml_collections
-
     try:
         config.to_dict()
     except OSError:
@@ -262,7 +254,6 @@ def loaded_config(config, filename: str):
 # Which command takes which configs (a config's `family` key marks a fine-tuning config).
 PRETRAINING_CONFIGS = "pre-training configs (configs/tiny.py, small.py, base.py, large.py)"
 FINETUNING_CONFIGS = "fine-tuning configs (configs/glue.py, configs/squad.py)"
-_PRETRAINING_SECTIONS = ("model", "generator", "data", "train", "objective", "checkpoint", "log")
 
 
 def check_family(config, filename: str, command: str, finetuning: bool) -> None:
@@ -283,7 +274,7 @@ def check_family(config, filename: str, command: str, finetuning: bool) -> None:
         return
     if family is not None:
         fail(f"config file {filename} is a fine-tuning config (family {family!r}): {commands}")
-    missing = [name for name in _PRETRAINING_SECTIONS if name not in config]
+    missing = [name for name in pretrain_keys.REQUIRED_SECTIONS if name not in config]
     if missing:
         fail(
             f"config file {filename} has no {', '.join(missing)} section"
@@ -311,8 +302,6 @@ def command_config(flag_name: str, command: str, finetuning: bool):
 def complete(config, finetuning: bool):
     """`config` with the keys of its command's schema it lacks at their defaults (a fine-tuning
     config: its family's, but those the family's config must hold itself)."""
-    from electra_jax.config import finetune_keys, pretrain_keys, schema
-
     if finetuning:
         return finetune_keys.complete(config)
     return schema.complete(config, pretrain_keys.KEYS)
@@ -320,8 +309,6 @@ def complete(config, finetuning: bool):
 
 def _config_keys(config, prefix: str = "") -> list[str]:
     """Every dotted key of a ConfigDict, sections included ('train', 'train.num_steps')."""
-    import ml_collections
-
     keys = []
     for name, value in config.items():
         keys.append(prefix + name)
@@ -334,8 +321,6 @@ def unknown_keys(config, overrides: list[str]) -> list[str]:
     """Of `overrides` (`--config.KEY=VALUE` arguments), the KEYs `config` does not have, each
     with a did-you-mean of the closest key when there is one: ['train.num_step (did you mean
     train.num_steps?)']."""
-    import difflib
-
     known = _config_keys(config)
     out = []
     for arg in overrides:
@@ -352,8 +337,6 @@ def unknown_keys(config, overrides: list[str]) -> list[str]:
 def _raised_in(error: BaseException, config_file: str) -> tuple[BaseException, int, str] | None:
     """(the exception, its line, its function) when `error`, or an exception it was raised from,
     was raised by code of the config file itself: the deepest frame of that file."""
-    import traceback
-
     target = os.path.realpath(config_file.partition(":")[0])
     seen = set()
     chain = []

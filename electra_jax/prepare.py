@@ -25,6 +25,8 @@ import time
 from absl import app, flags
 
 from electra_jax import cli, validate
+from electra_jax.data import shards
+from electra_jax.pretraining import resume
 from electra_jax.run import workdir as workdir_lib
 from electra_jax.store import checkpoint_steps, filenames
 
@@ -61,17 +63,12 @@ def run(config, workdir: str, num_workers: int | None) -> dict:
     tokenizing processes (None: chosen for this host, see ``shards.auto_num_workers``); returns
     a summary dict (the manifest's figures, the prepared directory, whether it was reused,
     seconds taken)."""
-    from electra_jax.data import shards
-
     t0 = time.time()
-    if config.train.init_from:
-        from electra_jax.pretraining import resume
-
-        # A new run will start from these weights: its data is tokenized with their tokenizer,
-        # placed in the workdir as train places it (another one there is refused). A run with
-        # checkpoints keeps its own, as train ignores init_from then.
-        if not checkpoint_steps.has_checkpoints(workdir):
-            resume.load_init_from(config, workdir)
+    # A new run will start from these weights: its data is tokenized with their tokenizer,
+    # placed in the workdir as train places it (another one there is refused). A run with
+    # checkpoints keeps its own, as train ignores init_from then.
+    if config.train.init_from and not checkpoint_steps.has_checkpoints(workdir):
+        resume.load_init_from(config, workdir)
     tokenizer = shards.ensure_tokenizer(
         config.data, os.path.join(workdir, filenames.TOKENIZER_DIR), config.seed
     )

@@ -29,9 +29,14 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import jax
+import ml_collections
 import numpy as np
+import orbax.checkpoint as ocp
 
-from electra_jax.config import groups
+from electra_jax.config import groups, pretrain_keys, schema
+from electra_jax.data.tokenizer import load_saved
+from electra_jax.errors import DataError
 from electra_jax.hf.names import DISCRIMINATOR
 from electra_jax.hf.read import HF_PREFIX, read_hf
 from electra_jax.model import networks
@@ -44,6 +49,9 @@ from electra_jax.model.weights import (  # noqa: F401  (PretrainedError and Pret
     check_size,
     check_spec,
 )
+from electra_jax.objectives import registry
+from electra_jax.run import workdir as workdir_lib
+from electra_jax.run.workdir import DATA_RECORD
 from electra_jax.store import checkpoint_steps, filenames, jsonio, paths
 from electra_jax.store.jsonio import json_kind, one_line
 
@@ -93,8 +101,6 @@ def load_pretrained(path: str) -> Pretrained:
 def folder_kind(path: str) -> str | None:
     """'workdir', 'hf' (an export or a transformers folder), 'fine-tuning' or None, from the
     files present."""
-    from electra_jax.run import workdir as workdir_lib
-
     if workdir_lib.kind_of(path) == workdir_lib.FINETUNE:
         return "fine-tuning"
     if paths.isdir(paths.join(path, filenames.CHECKPOINTS_DIR)):
@@ -120,8 +126,6 @@ def read_run_config(workdir: str) -> dict:
     added since the run was stored filled in as schema.Key.absent says the run had them
     (unrolled layers, one shared embedding, no held-out rows). The one reader of a stored
     pre-training config; PretrainedError (one line) for a missing, unreadable or damaged one."""
-    from electra_jax.config import pretrain_keys, schema
-
     path = paths.join(workdir, filenames.CONFIG_FILE)
     try:
         config = jsonio.loads(paths.read_bytes(path))
@@ -171,14 +175,10 @@ _RUN_SIZES = tuple(name.partition(".")[2] for name in groups.MODEL_SHAPE)
 
 def spec_from_run_config(config: dict, vocab_size: int, where: str) -> networks.ElectraSpec:
     """The model's spec from a run's config.json as read_run_config returns it (upgraded)."""
-    import ml_collections
-
     for field in _RUN_SIZES:  # before generator_spec computes with them
         if field in config["model"]:
             check_size(config["model"][field], f"model.{field}", field, where)
     try:
-        from electra_jax.objectives import registry
-
         spec = networks.spec_from_config(
             ml_collections.ConfigDict(config["model"]),
             ml_collections.ConfigDict(config["generator"]),
@@ -220,9 +220,6 @@ def restore_params(
     Returns:
       (params, step).
     """
-    import jax
-    import orbax.checkpoint as ocp
-
     directory = checkpoint_steps.checkpoint_dir(workdir)
     if not checkpoint_steps.has_checkpoints(workdir):
         raise PretrainedError(
@@ -286,9 +283,6 @@ def restore_params(
 def load_workdir(workdir: str, step: int | None = None) -> Pretrained:
     """The newest checkpoint's (or step `step`'s) parameters, the run's tokenizer and the spec
     from config.json."""
-    from electra_jax.data.tokenizer import load_saved
-    from electra_jax.errors import DataError
-
     config = read_run_config(workdir)
     try:
         tokenizer = load_saved(os.path.join(workdir, filenames.TOKENIZER_DIR))
@@ -315,8 +309,6 @@ class Model:
     """
 
     def __init__(self, pretrained: Pretrained):
-        import jax
-
         self.pretrained = pretrained
         self.spec = dataclasses.replace(
             pretrained.spec, dtype="float32", remat="none", attention="einsum"
@@ -581,8 +573,6 @@ def check_recorded_tokenizer(workdir: str, tokenizer) -> None:
     another tokenizer than WORKDIR/tokenizer holds: the checkpoints were trained with that one,
     and another of the same size would load and tokenize without a word. A workdir without a
     readable record (one from before it) is taken as it is."""
-    from electra_jax.run.workdir import DATA_RECORD
-
     path = paths.join(workdir, DATA_RECORD)
     try:
         record = jsonio.loads(paths.read_bytes(path))

@@ -20,7 +20,7 @@ from electra_jax import cli
 from electra_jax.cli import each_once, fail, one_line_for
 from electra_jax.data import progress
 from electra_jax.errors import CheckpointError, ConfigError
-from electra_jax.pretraining import resume
+from electra_jax.pretraining import cluster, resume, topology
 from electra_jax.run import workdir as workdir_lib
 from electra_jax.validate import check_config
 
@@ -109,8 +109,6 @@ def _check_process_flags() -> None:
 def _topology_target():
     """--topology and --num_slices as a slice to compile for (topology.Target); ConfigError
     for a name no slice has or a missing libtpu, fail() for flags that cannot go together."""
-    from electra_jax.pretraining import topology
-
     if _TOPOLOGY.value is None:
         fail("--num_slices needs --topology (a real run's slices are those of its devices)")
     if not _DRY_RUN.value:
@@ -146,9 +144,8 @@ def _maybe_initialize_distributed() -> None:
     (electra_jax/pretraining/cluster.py); a single process (no cluster, or a cluster of one)
     starts alone.
     """
+    # Heavy (jax, flax or orbax): this module is imported without them (tests/conftest.py).
     import jax
-
-    from electra_jax.pretraining import cluster
 
     startup = _PEER_TIMEOUT.value * 5
     if _COORDINATOR.value:
@@ -194,6 +191,7 @@ def _maybe_initialize_distributed() -> None:
 
 def devices_line() -> str:
     """The run's first log line: where it runs (backend, device kind and count, processes)."""
+    # Heavy (jax, flax or orbax): this module is imported without them (tests/conftest.py).
     import jax
 
     devices = jax.devices()

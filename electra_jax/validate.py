@@ -8,11 +8,13 @@ against train.num_steps), the objectives' registry, and what a path or URI may b
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from typing import Any
 
 from electra_jax.config import groups, pretrain_keys, schema
-from electra_jax.errors import ConfigError
+from electra_jax.data import sources
+from electra_jax.errors import ConfigError, DataError
 from electra_jax.objectives.catalog import OBJECTIVES
 from electra_jax.store import paths
 
@@ -99,13 +101,12 @@ def check_config(config: Any) -> None:
         f"train.num_steps - 1 = {t.num_steps - 1}",
     )
     # Read and written through the path layer (paths.py), which writes gs:// directly.
-    for key, value in (
-        ("data.cache_dir", d.cache_dir),
-        ("train.init_from", t.init_from),
-        ("compile.cache_dir", config.compile.cache_dir),
-    ):
-        why = paths.unwritable(str(value), read=True)
-        _require(not why, f"{key}={value} {why}")
+    for key in pretrain_keys.KEYS:
+        if key.path:
+            section, field = key.name.split(".")
+            value = config[section][field]
+            why = paths.unwritable(str(value), read=True)
+            _require(not why, f"{key.name}={value} {why}")
     _check_keep_every(config.checkpoint)
     _check_wandb(config.log.wandb_project)
     _check_eval(config)
@@ -251,6 +252,7 @@ def _check_attention(m: Any) -> None:
             f"model.attention='cudnn' computes in 16 bits and model.dtype={m.dtype!r}; set "
             "model.dtype='bfloat16' or use model.attention='einsum' (or 'xla')",
         )
+        # Heavy (jax, flax or orbax): this module is imported without them (tests/conftest.py).
         import jax
 
         backend = jax.default_backend()
@@ -263,8 +265,6 @@ def _check_attention(m: Any) -> None:
 
 def _check_wandb(project: str) -> None:
     """A `log.wandb_project` needs wandb installed (the optional [wandb] extra)."""
-    import importlib.util
-
     _require(
         not project or importlib.util.find_spec("wandb") is not None,
         f"log.wandb_project={project!r} needs wandb: pip install -e '.[wandb]' (or set "
@@ -275,9 +275,6 @@ def _check_wandb(project: str) -> None:
 def _check_source(source: str) -> None:
     """The form of data.source, as sources.parse reads it (whether its files exist is checked
     when the data is read)."""
-    from electra_jax.data import sources
-    from electra_jax.errors import DataError
-
     try:
         sources.parse(str(source))
     except DataError as e:

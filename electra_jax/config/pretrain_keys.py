@@ -34,6 +34,10 @@ SECTIONS = {
     ),
 }
 
+# The sections a pre-training config file holds itself (every one has since the first); the
+# later ones (eval, mesh, compile) are completed with their defaults (cli.check_family).
+REQUIRED_SECTIONS = ("model", "generator", "data", "train", "objective", "checkpoint", "log")
+
 KEYS = table(
     shared("seed"),
     Key(
@@ -57,6 +61,7 @@ KEYS = table(
         "",
         "prepared shards; '' keeps them in WORKDIR/data",
         resume=FREE,
+        path=True,
         cross="a folder; a URI only gs:// (validate.check_config)",
     ),
     Key(
@@ -388,6 +393,7 @@ KEYS = table(
         ),
         resume=FREE,  # read by a fresh run only
         cross="a URI only gs://",
+        path=True,
     ),
     Key(
         "train.grad_accum_steps",
@@ -540,5 +546,6 @@ KEYS = table(
         ),
         resume=FREE,
         cross="a folder; a URI only gs://; 'off' for none",
+        path=True,
     ),
 )

@@ -48,7 +48,8 @@ class Key:
     change, what the change lets differ (fine-tuning's --allow_change lists it). families: for
     a command of several families (fine-tuning's GLUE and SQuAD), those that have the key; ()
     all. required: the families whose config must hold the key itself (another family's config
-    given its name is not converted by filling them in).
+    given its name is not converted by filling them in). path: a path or URI the run reads or
+    writes through the path layer (store/paths.py), whose form validate.py checks.
     """
 
     name: str
@@ -64,6 +65,7 @@ class Key:
     allows: str = ""
     families: tuple[str, ...] = ()
     required: tuple[str, ...] = ()
+    path: bool = False
 
     def __post_init__(self):
         if self.resume not in RESUME_RULES:

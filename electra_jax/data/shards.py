@@ -10,6 +10,7 @@ inside ``cache_dir/<key>/`` therefore means the shards are complete.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import errno
 import hashlib
@@ -477,8 +478,7 @@ def _check_shard(directory: str, path: str, expected: int) -> None:
     """Opens a shard's reader (its index only, no records) and compares its record count with
     the manifest's: a file cut short or overwritten fails here, before training starts, rather
     than in a read thread mid-run."""
-    import contextlib
-
+    # array_record: only on the path that uses it (an optional extra, or slow to import).
     from array_record.python.array_record_module import ArrayRecordReader
 
     try:

@@ -43,6 +43,7 @@ class WordPieceTokenizer:
         tokenize_chinese_chars: bool = True,
         model_path: str = "",
     ):
+        # tokenizers: only on the path that uses it (an optional extra, or slow to import).
         from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers
         from tokenizers import Tokenizer as HFTokenizer
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from electra_jax import pretrained
+from electra_jax.data import tokenizer as tokenizer_lib
 from electra_jax.errors import ConfigError, DataError, PretrainedError
 from electra_jax.finetune import glue_heads, saved
 from electra_jax.model.networks import (
@@ -35,9 +37,7 @@ class Initial:
 
 
 def _load_pretrained(path: str):
-    """electra_jax.pretrained.load_pretrained, imported late (tests replace this function)."""
-    from electra_jax import pretrained
-
+    """electra_jax.pretrained.load_pretrained, behind a name of this module (tests replace it)."""
     return pretrained.load_pretrained(path)
 
 
@@ -66,8 +66,6 @@ def _random_spec(model_cfg: Any, vocab_size: int) -> ElectraSpec:
 
 def _task_tokenizer(config, texts: list[str], workdir: str):
     """config.tokenizer, or a SentencePiece model trained on the task's training texts."""
-    from electra_jax.data import tokenizer as tokenizer_lib
-
     if config.tokenizer:
         return tokenizer_lib.Tokenizer.load(config.tokenizer)
     try:

@@ -10,6 +10,7 @@ large-file handling apply.
 from __future__ import annotations
 
 from electra_jax.errors import PretrainedError
+from electra_jax.hf.previous import MANIFEST
 from electra_jax.store.jsonio import one_line
 
 LOGIN = "log in with `hf auth login` or set HF_TOKEN"
@@ -18,6 +19,7 @@ LOGIN = "log in with `hf auth login` or set HF_TOKEN"
 def check(repo: str) -> None:
     """PretrainedError (one line) for a repository id the Hub refuses ('NAME' or
     'NAMESPACE/NAME') or when no Hugging Face token is found; nothing is sent."""
+    # huggingface_hub: only on the path that uses it (an optional extra, or slow to import).
     from huggingface_hub import get_token
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
@@ -37,9 +39,8 @@ def push(out: str, repo: str, manifest: dict, private: bool = False) -> str:
     Raises:
       PretrainedError: the Hub refused or could not be reached (the export stays in `out`).
     """
+    # huggingface_hub: only on the path that uses it (an optional extra, or slow to import).
     from huggingface_hub import HfApi
-
-    from electra_jax.hf.previous import MANIFEST
 
     api = HfApi()
     source = manifest.get("source", out)

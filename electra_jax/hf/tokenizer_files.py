@@ -37,6 +37,7 @@ def sentencepiece_tokenizer_json(tokenizer: Tokenizer) -> str:
     SentencePiece; the special pieces typed literally in text ("[MASK]") become the special ids in
     transformers (its convention, which fill-mask needs) but ordinary characters in ours.
     """
+    # sentencepiece, tokenizers: only on the path that uses them (slow to import).
     from sentencepiece import sentencepiece_model_pb2
     from tokenizers import (
         AddedToken,

@@ -71,6 +71,7 @@ def _files_below(folder: str) -> list[str]:
 
 def _write_networks(pretrained: Pretrained, folder: str) -> None:
     """FOLDER/discriminator and FOLDER/generator."""
+    # safetensors: only on the path that uses it (an optional extra, or slow to import).
     from safetensors.numpy import save_file
 
     spec, tokenizer = pretrained.spec, pretrained.tokenizer

@@ -14,6 +14,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -50,8 +51,6 @@ def make_mesh(mesh_cfg: Any, devices=None) -> Mesh:
     slice's fast interconnect and only the gradients' all-reduce crosses the slower network
     between slices. On CPUs and GPUs the order is jax.devices()'s.
     """
-    from jax.experimental import mesh_utils
-
     devices = list(jax.devices() if devices is None else devices)
     slices = num_slices(devices)
     per_slice = len(devices) // slices

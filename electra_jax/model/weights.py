@@ -110,6 +110,7 @@ class Pretrained:
 
 def abstract_params(spec: networks.ElectraSpec) -> Any:
     """The parameter tree's shapes (jax.ShapeDtypeStruct leaves), computed without allocating."""
+    # Heavy (jax, flax or orbax): this module is imported without them (tests/conftest.py).
     from electra_jax.model import networks
 
     return networks.abstract_params(networks.Electra(spec))[0]
@@ -122,6 +123,7 @@ def check_finite(tensors: Any, where: str) -> None:
     Every reader calls it where the weights are read: a diverged or damaged model would
     otherwise load and answer with NaN probabilities, or start a fine-tuning that cannot learn.
     """
+    # Heavy (jax, flax or orbax): this module is imported without them (tests/conftest.py).
     import jax
 
     if isinstance(tensors, dict) and all(not isinstance(v, dict) for v in tensors.values()):
@@ -146,6 +148,7 @@ def check_finite(tensors: Any, where: str) -> None:
 
 def check_params(params: Any, spec: networks.ElectraSpec, where: str) -> None:
     """Raises PretrainedError unless `params` has exactly the tree and shapes `spec` implies."""
+    # Heavy (jax, flax or orbax): this module is imported without them (tests/conftest.py).
     import jax
 
     expected = abstract_params(spec)

@@ -17,7 +17,7 @@ from electra_jax.model.sharding import log  # noqa: F401  (metrics.log: the wing
 from electra_jax.objectives import registry
 from electra_jax.objectives.catalog import DEFAULT
 from electra_jax.objectives.core import FlopParts
-from electra_jax.pretraining import topology
+from electra_jax.pretraining import topology, wandb_mirror
 from electra_jax.store import filenames, jsonio, paths
 
 # Dense bfloat16 peak FLOP/s per GPU (vendor figures), matched against jax's device_kind. TPUs'
@@ -144,8 +144,6 @@ class MetricsWriter:
         if not enabled:
             return
         if config is not None and config.log.wandb_project:
-            from electra_jax.pretraining import wandb_mirror
-
             self._mirror = wandb_mirror.Mirror.start(workdir, config, log)
         kept = [r for r in read_rows(self.path) if r.get("step", 0) <= resume_step]
         # The workdir itself, or for a gs:// one a temporary folder on this host (uploaded).
@@ -157,6 +155,7 @@ class MetricsWriter:
         self._local.upload(filenames.METRICS_FILE)
         # Never through a link (paths.LinkRefused): the file it points at is not the run's.
         self._file = open(local_path, "a", opener=paths.no_follow_opener)  # noqa: SIM115
+        # tensorboard: only on the path that uses it (an optional extra, or slow to import).
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
         self._tb = EventFileWriter(tb_dir)
@@ -186,6 +185,7 @@ class MetricsWriter:
             self.flush()
 
     def _write_tensorboard(self, step: int, row: dict) -> None:
+        # tensorboard: only on the path that uses it (an optional extra, or slow to import).
         from tensorboard.compat.proto import event_pb2, summary_pb2
 
         values = [

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import optax
 
 from electra_jax.data.tokenizer import CLS_ID, MASK_ID, PAD_ID, SEP_ID
-from electra_jax.model.networks import Electra
+from electra_jax.model.networks import Electra, init_params
 from electra_jax.model.optim import TrainState
 from electra_jax.objectives import registry
 from electra_jax.objectives.core import Networks, schedule_value, with_unigram_floor
@@ -47,8 +47,6 @@ def init_state(
     rtd_bias: the replaced-token head's starting bias (train.rtd_prior_init sets it to the
     prior's logit; 0, the original's zero initialisation, leaves the parameters as drawn).
     """
-    from electra_jax.model.networks import init_params
-
     init_rng, step_rng = jax.random.split(jax.random.PRNGKey(seed))
     params = init_params(model, init_rng)
     if rtd_bias:

@@ -174,6 +174,7 @@ _UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 def _compile_need(fn, state, batch):
     """(bytes per device, compiled), or (XLA's stated need or None, None) where the compiler
     refuses the program for want of memory (RESOURCE_EXHAUSTED)."""
+    # Here, not at the top: program and dry_run import this module (an import circle).
     import jax
 
     from electra_jax.pretraining import dry_run
@@ -211,6 +212,7 @@ def resolve(
     that policy), for the run to call. `limit`: (bytes per device, the devices in words) instead
     of `device_memory`'s (a test's lowered budget). Where no limit is known, 'none' without a
     compile. Raises NothingFits."""
+    # Here, not at the top: program and dry_run import this module (an import circle).
     from electra_jax.pretraining import dry_run, program
     from electra_jax.pretraining.optimizer_step import DEFAULT_SPECIAL
 
@@ -260,6 +262,7 @@ def resolve(
 
 def _made_for(config, mesh) -> dict:
     """What a choice is made for: the devices, the settings that shape memory, jax's version."""
+    # Heavy (jax, flax or orbax): this module is imported without them (tests/conftest.py).
     import jax
 
     devices = list(mesh.devices.flat)
@@ -342,6 +345,7 @@ def for_run(
     """The run's policy for train.remat='auto': the workdir's recorded one when it was made for
     these devices and settings (nothing compiled), else `resolve`'s, recorded (by process 0).
     Logs one line either way (and one saying what changed, when the record was for others)."""
+    # Heavy (jax, flax or orbax): this module is imported without them (tests/conftest.py).
     from electra_jax.model.networks import REMAT_CHOICES
 
     path = os.path.join(workdir, filenames.REMAT_RECORD)

@@ -265,6 +265,7 @@ def compile_only_devices(target: Target) -> list:
     # workers both load it).
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     quiet_libtpu(target)
+    # Heavy (jax, flax or orbax): this module is imported without them (tests/conftest.py).
     from jax.experimental import topologies
 
     desc = topologies.get_topology_desc(

@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import fcntl
 import functools
 import json
 import os
@@ -44,8 +45,10 @@ import sys
 import time
 from collections.abc import Callable
 
+from electra_jax.data.tokenizer import MODEL_FILENAME
+from electra_jax.data.wordpiece import VOCAB_FILENAME
 from electra_jax.errors import ConfigError
-from electra_jax.store import jsonio, paths
+from electra_jax.store import gcs_lock, jsonio, paths
 from electra_jax.store.filenames import (
     CHANGES_FILE,
     CHECKPOINTS_DIR,
@@ -218,9 +221,6 @@ def _is_prepare_output(path: str, visible: set[str]) -> bool:
     """What `prepare` wrote before the marker: tokenizer/ (with a tokenizer's file) and data/."""
     if not visible <= {TOKENIZER_DIR, DATA_DIR} or TOKENIZER_DIR not in visible:
         return False
-    from electra_jax.data.tokenizer import MODEL_FILENAME
-    from electra_jax.data.wordpiece import VOCAB_FILENAME
-
     folder = paths.join(path, TOKENIZER_DIR)
     return paths.isdir(folder) and bool(
         {MODEL_FILENAME, VOCAB_FILENAME} & set(paths.listdir(folder))
@@ -331,8 +331,6 @@ def _holder(lock_path: str) -> str:
 
 
 def _take_lock(path: str, kind: str, flag: str, command: str) -> int:
-    import fcntl
-
     lock_path = os.path.join(path, LOCK)
     try:
         fd = paths.open_no_follow(lock_path, os.O_RDWR | os.O_CREAT)
@@ -386,8 +384,6 @@ def _write_marker(path: str, kind: str) -> None:
 def _take_remote_lock(path: str, kind: str, flag: str, command: str):
     """The lease lock WORKDIR/.lock of a gs:// workdir (gcs_lock.py), or ConfigError naming its
     live holder."""
-    from electra_jax.store import gcs_lock
-
     lock = gcs_lock.GcsLock(paths.join(path, LOCK), {"command": command, "kind": kind})
     try:
         lock.acquire()

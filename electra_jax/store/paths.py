@@ -137,6 +137,7 @@ def normal(path: str) -> str:
 
 
 def _epath(path: str):
+    # Heavy (jax, flax or orbax): this module is imported without them (tests/conftest.py).
     from etils import epath
 
     return epath.Path(normal(path))
@@ -155,6 +156,7 @@ def remote_path(path: str, what: str, error: type[Exception] = ValueError):
     """
     _check_readable(path, what, error)
     try:
+        # Heavy (jax, flax or orbax): this module is imported without them (tests/conftest.py).
         from etils import epath
     except ImportError:
         raise error(
@@ -219,6 +221,7 @@ def _fresh(path: str) -> None:
     """Drops gcsfs's cached listings of `path` and its parent (the fsspec backend's), so that
     what another process or tensorstore wrote there is seen."""
     try:
+        # Heavy (jax, flax or orbax): this module is imported without them (tests/conftest.py).
         from etils.epath.backend import fsspec_backend
 
         fs = fsspec_backend.fs(path)
