@@ -160,6 +160,7 @@ _BY_CONCEPT = {k.name: k for k in _SHARED}
 
 # What a command may change of a shared key; its range (rule, float32, why) stays the group's.
 _OWN = {"name", "default", "doc", "resume", "absent", "cross", "allows", "families", "required"}
+_OWN |= {"path", "memory"}
 
 # The model's shape, in the order both commands show it.
 MODEL_SHAPE = (

@@ -54,6 +54,7 @@ KEYS = table(
         "data.seq_length",
         resume=MODEL,
         cross="at most model.max_position_embeddings",
+        memory=True,
     ),
     shared("vocab_size", "data.vocab_size", resume=MODEL),
     Key(
@@ -134,7 +135,8 @@ KEYS = table(
     ),
     shared("model.initializer_range", resume=MODEL),
     shared("model.layer_norm_eps", resume=MODEL),
-    shared("model.dtype", resume=ALLOW),  # the compute type only: the parameters stay float32
+    # The compute type only: the parameters stay float32.
+    shared("model.dtype", resume=ALLOW, memory=True),
     Key(
         "model.attention",
         "einsum",
@@ -147,6 +149,7 @@ KEYS = table(
         rule=("einsum", "pallas", "xla", "cudnn"),
         resume=MODEL,
         cross="'cudnn' needs model.dtype 'bfloat16' and a GPU; 'pallas' TPU devices",
+        memory=True,
     ),
     Key(
         "model.embedding_sharing",
@@ -171,6 +174,7 @@ KEYS = table(
         rule=(True, False),
         resume=MODEL,
         absent=False,  # a run started before the option holds its layers unrolled
+        memory=True,
     ),
     Key(
         "generator.hidden_fraction",
@@ -337,6 +341,7 @@ KEYS = table(
         "global, over all devices and hosts",
         rule=">= 1",
         cross="divisible by the data-parallel devices and the processes",
+        memory=True,
     ),
     Key(
         "train.learning_rate",
@@ -404,6 +409,7 @@ KEYS = table(
         ),
         resume=FREE,
         cross=">= 1 and divides train.batch_size",
+        memory=True,
     ),
     Key(
         "train.steps_per_call",
@@ -417,6 +423,7 @@ KEYS = table(
         rule=">= 1",
         resume=FREE,
         absent=1,  # one step per call before the option
+        memory=True,
     ),
     Key(
         "train.remat",
@@ -463,6 +470,7 @@ KEYS = table(
         "1 replicates parameters; N or -1 shards them over N or all devices",
         resume=FREE,
         cross=">= 1, or -1 for all devices",
+        memory=True,
     ),
     shared("checkpoint.every_steps"),
     shared("checkpoint.keep"),

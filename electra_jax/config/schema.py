@@ -49,7 +49,9 @@ class Key:
     a command of several families (fine-tuning's GLUE and SQuAD), those that have the key; ()
     all. required: the families whose config must hold the key itself (another family's config
     given its name is not converted by filling them in). path: a path or URI the run reads or
-    writes through the path layer (store/paths.py), whose form validate.py checks.
+    writes through the path layer (store/paths.py), whose form validate.py checks. memory: a
+    setting that shapes the step's memory per device (train.remat='auto' chooses its policy
+    again when one changes: pretraining/remat_auto.py).
     """
 
     name: str
@@ -66,6 +68,7 @@ class Key:
     families: tuple[str, ...] = ()
     required: tuple[str, ...] = ()
     path: bool = False
+    memory: bool = False
 
     def __post_init__(self):
         if self.resume not in RESUME_RULES:

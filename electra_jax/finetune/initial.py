@@ -13,6 +13,7 @@ import dataclasses
 from typing import Any
 
 from electra_jax import pretrained
+from electra_jax.config import finetune_keys
 from electra_jax.data import tokenizer as tokenizer_lib
 from electra_jax.errors import ConfigError, DataError, PretrainedError
 from electra_jax.finetune import glue_heads, saved
@@ -41,16 +42,13 @@ def _load_pretrained(path: str):
     return pretrained.load_pretrained(path)
 
 
-# The fields of config.model a randomly initialised network takes: its discriminator's, then
-# the embeddings' and the initialiser's.
-_ENCODER_FIELDS = ("hidden_size", "num_layers", "num_heads", "intermediate_size")
-_NETWORK_FIELDS = (
-    "embedding_size",
-    "max_position_embeddings",
-    "type_vocab_size",
-    "initializer_range",
-    "layer_norm_eps",
+# The fields of config.model a randomly initialised network takes (every key of the section,
+# config/finetune_keys.py): its encoder's (EncoderSpec's), then the network's (ElectraSpec's).
+_MODEL_FIELDS = tuple(
+    k.name.partition(".")[2] for k in finetune_keys.TABLES["glue"] if k.name.startswith("model.")
 )
+_ENCODER_FIELDS = tuple(f.name for f in dataclasses.fields(EncoderSpec) if f.name in _MODEL_FIELDS)
+_NETWORK_FIELDS = tuple(f for f in _MODEL_FIELDS if f not in _ENCODER_FIELDS)
 
 
 def _random_spec(model_cfg: Any, vocab_size: int) -> ElectraSpec:

@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from electra_jax.config import pretrain_keys
 from electra_jax.errors import ConfigError
 from electra_jax.pretraining import topology
 from electra_jax.store import filenames, jsonio, paths
@@ -47,16 +48,7 @@ ORDER = ("none", "save_matmuls", "save_projections", "save_qkv_ffn", "full")
 
 # The settings besides the devices that shape the step's memory per device: a resume that
 # changes one chooses again.
-RECORDED_SETTINGS = (
-    "train.batch_size",
-    "train.grad_accum_steps",
-    "train.steps_per_call",
-    "mesh.fsdp",
-    "model.dtype",
-    "model.attention",
-    "model.scan_layers",
-    "data.seq_length",
-)
+RECORDED_SETTINGS = tuple(k.name for k in pretrain_keys.KEYS if k.memory)
 _FORMAT = 1
 
 
