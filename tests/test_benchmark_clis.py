@@ -248,7 +248,7 @@ CASES = [
     (
         "glue, a --set value no run can take",
         lambda t: [*_glue_workdir(t, tasks=("RTE",)), "--tasks=RTE", "--set=learning_rate=nan"],
-        "--set: config.learning_rate=nan must be finite",
+        "--set: config.learning_rate=nan must be a finite number",
     ),
     (
         "gpu_data, bogus task",
