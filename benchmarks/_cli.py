@@ -113,7 +113,7 @@ def config(flag: str, path: str):
 def glue_tasks(flag: str, value: str) -> list[str]:
     """The GLUE tasks the comma-separated `value` names, by their names ('sst2' is SST-2); one
     line naming an unknown one and the known ones."""
-    from electra_jax.data import DataError
+    from electra_jax.errors import DataError
     from electra_jax.finetune import tasks
 
     found = []
@@ -223,8 +223,7 @@ def failures(where: str, also: tuple = ()):
     """The block's bad-input errors (the package's ConfigError, DataError, PretrainedError and
     WorkdirFileError, and the classes in `also`) as one line starting with `where`; a
     traceback with --verbose."""
-    from electra_jax.config.schema import ConfigError
-    from electra_jax.data import DataError
+    from electra_jax.errors import ConfigError, DataError
 
     try:
         yield

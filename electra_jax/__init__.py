@@ -28,12 +28,15 @@ def load(path: str) -> Model | TextClassifier | QuestionAnswerer:
     or pairs)` -> labels and probabilities, or STS-B scores) or `QuestionAnswerer` (SQuAD:
     `answer(question, context)` -> spans with scores).
     """
+    # Imported by load only: `import electra_jax` stays without jax (tests/conftest.py).
     from electra_jax.finetune.predictor import is_finetuned
 
     if is_finetuned(path):
+        # Imported by load only: `import electra_jax` stays without jax (tests/conftest.py).
         from electra_jax.finetune.predictor import load as load_finetuned
 
         return load_finetuned(path)
+    # Imported by load only: `import electra_jax` stays without jax (tests/conftest.py).
     from electra_jax.pretrained import load as _load
 
     return _load(path)

@@ -3,13 +3,37 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import difflib
+import logging
 import os
 import re
+import runpy
 import sys
+import traceback
+import warnings
+from collections.abc import Callable
+from typing import Any, TypeVar
 
+import ml_collections
 from absl import flags
+from absl import logging as absl_logging
+from ml_collections import config_flags
 
+from electra_jax import strict_settings
+from electra_jax.config import describe, finetune_keys, pretrain_keys, schema
+from electra_jax.errors import (
+    CheckpointError,
+    ConfigError,
+    DataError,
+    NonFiniteError,
+    Preempted,
+)
+from electra_jax.pretraining import topology
 from electra_jax.store import jsonio
+from electra_jax.store.paths import LinkRefused
+
+T = TypeVar("T")
 
 # orbax's warnings on opening checkpoints read-only, which is what reading a run's weights is
 # meant to do (pretrained.py, evaluate.py): they say nothing the user can act on.
@@ -40,12 +64,6 @@ def quiet_logs() -> None:
     whose error the command reports itself (_GCSFS_ECHOES); noise that would bury the one line
     an error is; and libtpu's warnings about a TPU VM's metadata on a machine that is none
     (topology.quiet_libtpu). Other warnings and errors still print."""
-    import logging
-
-    from absl import logging as absl_logging
-
-    from electra_jax.pretraining import topology
-
     topology.quiet_libtpu()  # where the [tpu] extra is installed on a machine without TPUs
     logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
     absl_logging.set_verbosity(absl_logging.WARNING)
@@ -59,8 +77,6 @@ def quiet_logs() -> None:
 
 def fail(message: str) -> None:
     """One `error:` line on stderr and exit code 2 (bad input, not a crash)."""
-    import warnings
-
     print(f"error: {message}", file=sys.stderr)
     # A failed checkpoint save can leave one of orbax's coroutines unawaited; on a loaded machine
     # the interpreter's shutdown then collects it after the error line and warns ("coroutine ...
@@ -118,13 +134,54 @@ def cannot_write(error: OSError, then: str) -> str:
     lost mount, a folder where a file goes): which file, the system's reason, what to do about
     that reason (jsonio.write_advice), then `then`; a write refused because the file is a link
     (paths.LinkRefused) says so, and nothing of free space."""
-    from electra_jax.store.paths import LinkRefused
-
     if isinstance(error, LinkRefused):
         return f"{error}; {then}"
     where = f" {error.filename}" if error.filename else ""
     reason = error.strerror or error
     return f"cannot write{where} ({reason}); {jsonio.write_advice(error)}, {then}"
+
+
+def run_to_the_end(
+    work: Callable[[], T],
+    verbose: bool,
+    write_then: str | None = None,
+    interrupted: Callable[[], None] = end_interrupted,
+) -> T:
+    """What `work()` returns, or how it ended as every command answers it: bad input
+    (ConfigError, DataError, CheckpointError) one `error:` line and exit code 2; a diverged run
+    (NonFiniteError) one line and exit code 1; with `write_then` (what to do once there is
+    room), an environment error while writing (OSError) one line and exit code 2; a signal
+    before the steps began (Preempted) a line and exit code 0; Ctrl-C `interrupted()` (by
+    default `end_interrupted`: one line, exit code 130). With `verbose` each of these but
+    Preempted raises, for the traceback."""
+    try:
+        return work()
+    except (ConfigError, DataError, CheckpointError) as e:
+        if verbose:
+            raise
+        fail(str(e))
+    except NonFiniteError as e:
+        if verbose:
+            raise
+        # Not bad input (exit 2) but a diverged run: exit 1, still one line.
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+    except OSError as e:  # a full disk or a lost mount while writing metrics, config.json, ...
+        if verbose or write_then is None:
+            raise
+        fail(cannot_write(e, write_then))
+    except Preempted as e:
+        # A signal before the steps began: no step ran since the last checkpoint, so nothing
+        # new is lost.
+        print(
+            f"preempted before training started ({e}); run the same command to resume",
+            file=sys.stderr,
+        )
+        sys.exit(0)
+    except KeyboardInterrupt:
+        if verbose:
+            raise
+        interrupted()
 
 
 PRINT_CONFIG_HELP = (
@@ -136,8 +193,6 @@ PRINT_CONFIG_HELP = (
 
 def print_config(config, filename: str) -> None:
     """What `--print_config` prints (config.describe.describe), on stdout."""
-    from electra_jax.config import describe
-
     print(describe.describe(config, filename))
 
 
@@ -158,8 +213,6 @@ def _run_config_file(config_file: str):
     """What a config file's get_config() returns (`FILE:ARG` passes ARG), or _FAILED when it
     raises. The file is the user's own and config_flags has just run it: the failed parse kept
     nothing, so the file runs again to find the cause."""
-    import runpy
-
     path, _, arg = config_file.partition(":")
     try:
         get_config = runpy.run_path(path).get("get_config")
@@ -173,8 +226,6 @@ def _config_type(config_file: str) -> str | None:
 
     Overrides fail against anything else with a misleading "unknown key"; this finds the cause.
     """
-    import ml_collections
-
     value = _run_config_file(config_file)
     if value is _FAILED or isinstance(value, ml_collections.ConfigDict):
         return None
@@ -187,8 +238,6 @@ def loaded_config(config, filename: str):
     config_flags loads the file lazily, so this is where a file that cannot be read, or whose
     get_config() returns something else, is found: before any work starts.
     """
-    import ml_collections
-
     try:
         config.to_dict()
     except OSError:
@@ -206,7 +255,6 @@ def loaded_config(config, filename: str):
 # Which command takes which configs (a config's `family` key marks a fine-tuning config).
 PRETRAINING_CONFIGS = "pre-training configs (configs/tiny.py, small.py, base.py, large.py)"
 FINETUNING_CONFIGS = "fine-tuning configs (configs/glue.py, configs/squad.py)"
-_PRETRAINING_SECTIONS = ("model", "generator", "data", "train", "objective", "checkpoint", "log")
 
 
 def check_family(config, filename: str, command: str, finetuning: bool) -> None:
@@ -227,7 +275,7 @@ def check_family(config, filename: str, command: str, finetuning: bool) -> None:
         return
     if family is not None:
         fail(f"config file {filename} is a fine-tuning config (family {family!r}): {commands}")
-    missing = [name for name in _PRETRAINING_SECTIONS if name not in config]
+    missing = [name for name in pretrain_keys.REQUIRED_SECTIONS if name not in config]
     if missing:
         fail(
             f"config file {filename} has no {', '.join(missing)} section"
@@ -249,8 +297,6 @@ def command_config(flag_name: str, command: str, finetuning: bool):
         fail(f"config file {filename} cannot be read; check --config")
     config = loaded_config(config, filename)
     check_family(config, filename, command, finetuning=finetuning)
-    from electra_jax import strict_settings
-
     # A key the file sets is checked as an override is: a misspelt one was silently ignored.
     declared, keys = strict_settings.file_keys(config, finetuning)
     unknown = unknown_keys(declared, [f"--config.{k}=" for k in keys])
@@ -265,8 +311,6 @@ def command_config(flag_name: str, command: str, finetuning: bool):
 def complete(config, finetuning: bool):
     """`config` with the keys of its command's schema it lacks at their defaults (a fine-tuning
     config: its family's, but those the family's config must hold itself)."""
-    from electra_jax.config import finetune_keys, pretrain_keys, schema
-
     if finetuning:
         return finetune_keys.complete(config)
     return schema.complete(config, pretrain_keys.KEYS)
@@ -276,11 +320,7 @@ def unknown_keys(config, overrides: list[str]) -> list[str]:
     """Of `overrides` (`--config.KEY=VALUE` arguments), the KEYs `config` does not have, each
     with a did-you-mean of the closest key when there is one: ['train.num_step (did you mean
     train.num_steps?)']."""
-    import difflib
-
-    from electra_jax.strict_settings import config_keys
-
-    known = config_keys(config)
+    known = strict_settings.config_keys(config)
     out = []
     for arg in overrides:
         key = arg.split("=", 1)[0].removeprefix("--config.")
@@ -296,8 +336,6 @@ def unknown_keys(config, overrides: list[str]) -> list[str]:
 def _raised_in(error: BaseException, config_file: str) -> tuple[BaseException, int, str] | None:
     """(the exception, its line, its function) when `error`, or an exception it was raised from,
     was raised by code of the config file itself: the deepest frame of that file."""
-    import traceback
-
     target = os.path.realpath(config_file.partition(":")[0])
     seen = set()
     chain = []
@@ -321,8 +359,6 @@ def parse_flags(argv: list[str]) -> list[str]:
 
     Pass as `app.run(main, flags_parser=parse_flags)`; `--verbose` keeps the traceback.
     """
-    from electra_jax import strict_settings
-
     repeated = strict_settings.repeated_flag(argv, flags.FLAGS)
     if repeated:  # absl would take the later value without a word
         fail(f"{repeated} is given twice; give it once")
@@ -379,3 +415,51 @@ def parse_flags(argv: list[str]) -> list[str]:
             fail(f"unknown config key in {' '.join(overrides)}{hint}")
         fail(" ".join(text.replace("flag --", "--").split()))
         raise AssertionError("unreachable") from e
+
+
+@dataclasses.dataclass(frozen=True)
+class ConfigCommand:
+    """A command that runs a config file (train, prepare, finetune): the flags each has
+    (--config, --verbose, --print_config; `define` makes them) and how each starts and ends."""
+
+    name: str  # the module users run: "electra_jax.train"
+    example: str  # the config file suggested when --config is missing
+    finetuning: bool  # which family of configs it takes
+    config: Any  # the flags' holders
+    verbose: Any
+    print_config: Any
+
+    @classmethod
+    def define(cls, name: str, config_help: str, example: str, finetuning: bool):
+        """The command's shared flags, defined once at its module's import."""
+        return cls(
+            name,
+            example,
+            finetuning,
+            config_flags.DEFINE_config_file("config", None, config_help, lock_config=True),
+            flags.DEFINE_bool("verbose", False, "Show full tracebacks on errors."),
+            flags.DEFINE_bool("print_config", False, PRINT_CONFIG_HELP),
+        )
+
+    def start(self, argv: list[str], workdir_flag: Any = None, workdir_for: str = ""):
+        """The config to run (command_config), after what every config command checks first:
+        no stray arguments, a --config, and jax's, absl's and orbax's logs quiet unless
+        --verbose (`quiet_logs`); then, given `workdir_flag`, a --workdir (`workdir_for`: what
+        goes there). None when --print_config printed the config: nothing more to do."""
+        if len(argv) > 1:
+            fail(f"unexpected arguments {argv[1:]}; settings go in --config.KEY=VALUE")
+        if self.config.value is None:
+            fail(f"--config is required, e.g. --config={self.example}")
+        if not self.verbose.value:
+            quiet_logs()
+        config = command_config("config", self.name, finetuning=self.finetuning)
+        if self.print_config.value:
+            print_config(config, flags.FLAGS["config"].config_filename)
+            return None
+        if workdir_flag is not None and not workdir_flag.value:
+            fail(f"--workdir is required: {workdir_for}")
+        return config
+
+    def run(self, work: Callable[[], T], write_then: str | None = None, **ends) -> T:
+        """run_to_the_end(work) with this command's --verbose."""
+        return run_to_the_end(work, self.verbose.value, write_then, **ends)

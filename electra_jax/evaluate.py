@@ -14,8 +14,13 @@ from __future__ import annotations
 
 import json
 
-from electra_jax.config import pretrain_keys, schema
-from electra_jax.config.schema import ConfigError
+import ml_collections
+from absl import app, flags
+
+from electra_jax.cli import each_once, fail, parse_flags, quiet_logs
+from electra_jax.data.tokenizer import load_saved
+from electra_jax.errors import ConfigError, DataError, PretrainedError
+from electra_jax.run import workdir as workdir_lib
 from electra_jax.store import checkpoint_steps, filenames, jsonio, paths
 
 # jax and the modules below import it in the functions that use them, not here: a refusal of a
@@ -25,6 +30,7 @@ from electra_jax.store import checkpoint_steps, filenames, jsonio, paths
 def read_rows(workdir: str) -> list[dict]:
     """pretraining/scoring.py's `read_rows`: a run's held-out readings by step, those its
     training logged and those this command wrote."""
+    # Heavy (jax, flax or orbax): this module is imported without them (tests/conftest.py).
     from electra_jax.pretraining import scoring
 
     return scoring.read_rows(workdir)
@@ -40,19 +46,17 @@ def evaluate_workdir(
     every row), how many of its rows to read, marked `eval/trained_on: 1`.
     Raises PretrainedError (a workdir that is not a run's, a missing step) or ConfigError.
     """
+    # Heavy (jax, flax or orbax): this module is imported without them (tests/conftest.py).
     import jax
-    import ml_collections
     import orbax.checkpoint as ocp
 
     from electra_jax import pretrained
-    from electra_jax.data.tokenizer import load_saved
     from electra_jax.model import sharding
     from electra_jax.model.networks import Electra
     from electra_jax.objectives.core import num_mask_slots
     from electra_jax.pretraining import metrics, resume
     from electra_jax.pretraining.optimizer_step import special_tokens_of
     from electra_jax.pretraining.scoring import EVAL_FILE, PREFIX, build
-    from electra_jax.run import workdir as workdir_lib
 
     kind = pretrained.folder_kind(workdir)
     if kind == "fine-tuning":
@@ -65,8 +69,7 @@ def evaluate_workdir(
             f"--workdir {workdir} is an export (transformers files); python -m "
             "electra_jax.evaluate takes a pre-training workdir, such as the one exported"
         )
-    stored = pretrained.read_run_config(workdir)
-    config = ml_collections.ConfigDict(schema.upgrade(stored, pretrain_keys.KEYS))
+    config = ml_collections.ConfigDict(pretrained.read_run_config(workdir))
     trained_on = not config.data.heldout_examples
     if trained_on:
         metrics.log(
@@ -125,6 +128,7 @@ def evaluate_workdir(
 
 
 def _init_params(model):
+    # Heavy (jax, flax or orbax): this module is imported without them (tests/conftest.py).
     import jax
 
     from electra_jax.model.networks import init_params
@@ -135,6 +139,7 @@ def _init_params(model):
 def progress(step: int, row: dict) -> str:
     """One line of held-out readings: AUC (frequent pieces, unigram replacements), loss
     against the prior, cosine."""
+    # Heavy (jax, flax or orbax): this module is imported without them (tests/conftest.py).
     from electra_jax.pretraining.scoring import PREFIX
 
     get = lambda k: row.get(PREFIX + k)
@@ -159,8 +164,6 @@ def progress(step: int, row: dict) -> str:
 
 
 def _define_flags():
-    from absl import flags
-
     flags.DEFINE_string("workdir", None, "The pre-training workdir whose checkpoints to evaluate.")
     flags.DEFINE_list("steps", None, "Checkpoint steps to evaluate (default: every one kept).")
     flags.DEFINE_integer(
@@ -172,11 +175,6 @@ def _define_flags():
 
 
 def main(argv) -> None:
-    from absl import flags
-
-    from electra_jax.cli import each_once, fail, quiet_logs
-    from electra_jax.data import DataError
-
     values = flags.FLAGS
     if not values.verbose:
         quiet_logs()
@@ -195,8 +193,6 @@ def main(argv) -> None:
         each_once("--steps", values.steps, key=int)  # 3 and 03 are one checkpoint
     if values.heldout_examples < 1:
         fail(f"--heldout_examples={values.heldout_examples} must be >= 1")
-    from electra_jax.model.weights import PretrainedError  # flax: after the checks above
-
     try:
         rows = evaluate_workdir(values.workdir, steps, values.heldout_examples)
     except (PretrainedError, ConfigError, DataError, ValueError) as e:
@@ -207,10 +203,6 @@ def main(argv) -> None:
 
 
 def cli() -> None:
-    from absl import app
-
-    from electra_jax.cli import parse_flags
-
     _define_flags()
     app.run(main, flags_parser=parse_flags)
 

@@ -22,8 +22,16 @@ import functools
 import os
 import sys
 
-from electra_jax.config.schema import ConfigError
+from absl import app, flags
+
+from electra_jax.cli import fail, parse_flags, quiet_logs
+from electra_jax.errors import ConfigError, PretrainedError
+from electra_jax.hf import card, hub, task_heads
+from electra_jax.hf.previous import check_out
+from electra_jax.hf.tokenizer_files import write_tokenizer_files
+from electra_jax.run import workdir as workdir_lib
 from electra_jax.store import filenames, paths
+from electra_jax.store.jsonio import write_json
 
 
 def export(
@@ -39,9 +47,6 @@ def export(
     manifest (with "hub_url" after an upload)."""
     # The checks of --out and --workdir first, without jax and flax (seconds to import), which
     # the writing below and the functions after this one import.
-    from electra_jax.hf.previous import check_out
-    from electra_jax.model.weights import PretrainedError
-
     if paths.is_remote(out):
         # The export's files are written with its own checks against links and foreign files,
         # which need a filesystem; a bucket gets the finished folder by a copy.
@@ -51,8 +56,6 @@ def export(
             f"local folder (e.g. --out=runs/{name}-hf) and copy it to the bucket afterwards "
             "(gcloud storage cp -r OUT gs://...)"
         )
-    from electra_jax.run import workdir as workdir_lib
-
     try:  # never into a folder a run manages: its next resume would take the export for its own
         workdir_lib.refuse_managed(out, "--out")
     except ConfigError as e:
@@ -69,8 +72,6 @@ def export(
             file=sys.stderr,
         )
     if push_to_hub:
-        from electra_jax.hf import hub
-
         hub.check(push_to_hub)  # and a bad repository name or a missing login
     from electra_jax.store import checkpoint_steps
 
@@ -81,6 +82,7 @@ def export(
         raise PretrainedError(
             f"--workdir {workdir} {what}; give a pre-training or fine-tuning workdir"
         )
+    # Heavy (jax, flax or orbax): this module is imported without them (tests/conftest.py).
     from electra_jax.finetune.predictor import is_finetuned
     from electra_jax.hf.write import write_export
     from electra_jax.pretrained import load_workdir
@@ -109,11 +111,10 @@ def pretraining_readme(workdir: str, pre, name: str | None = None, details: bool
     metrics row), its held-out readings up to that step, config.json, and with `details` its
     command lines and paths. `name`: the card's title and the name its example loads (default:
     the workdir's folder name)."""
+    # Heavy (jax, flax or orbax): this module is imported without them (tests/conftest.py).
     from electra_jax.finetune import saved
-    from electra_jax.hf import card
     from electra_jax.pretrained import read_run_config
     from electra_jax.pretraining import metrics, scoring
-    from electra_jax.run import workdir as workdir_lib
 
     heldout = [r for r in scoring.read_rows(workdir) if r["step"] <= pre.step]
     commands = metrics.read_rows(paths.join(workdir, workdir_lib.COMMANDS_FILE))
@@ -136,18 +137,15 @@ def export_finetuned(workdir: str, out: str, name: str | None = None) -> dict:
       PretrainedError: no saved weights or results, a task or label set this version does not
         have, a head transformers cannot represent (SQuAD's joint or answerability heads).
     """
+    # safetensors: only on the path that uses it (an optional extra, or slow to import).
     import jax
     from safetensors.numpy import save_file
 
     from electra_jax.finetune import predictor, saved
     from electra_jax.finetune.glue import regression_targets
-    from electra_jax.hf import card, task_heads
     from electra_jax.hf.electra_config import hf_config
     from electra_jax.hf.names import DISCRIMINATOR, WEIGHTS, encoder_to_hf
-    from electra_jax.hf.tokenizer_files import write_tokenizer_files
     from electra_jax.hf.write import write_folder
-    from electra_jax.pretrained import PretrainedError
-    from electra_jax.store.jsonio import write_json
 
     config, record, family, task = predictor.read_run(workdir)
     spec = saved.spec_from_json(record.get("spec"), paths.join(workdir, saved.MODEL_FILE))
@@ -238,8 +236,6 @@ def export_finetuned(workdir: str, out: str, name: str | None = None) -> dict:
 def _define_flags():
     # Defined only when run as a program, so that importing this module never clashes with the
     # flags of the train or finetune commands.
-    from absl import flags
-
     flags.DEFINE_string(
         "workdir", None, "The workdir to export: pre-training (newest checkpoint) or fine-tuning."
     )
@@ -268,10 +264,6 @@ def _define_flags():
 
 
 def main(argv) -> None:
-    from absl import flags
-
-    from electra_jax.cli import fail, quiet_logs
-
     values = flags.FLAGS
     if len(argv) > 1:
         fail(f"unexpected arguments {argv[1:]}; use --workdir=... --out=...")
@@ -287,7 +279,6 @@ def main(argv) -> None:
     # WORKDIR@STEP's own default place: WORKDIR/hf holds the newest checkpoint's export.
     default = filenames.EXPORT_DIR if step is None else f"{filenames.EXPORT_DIR}-{step}"
     out = values.out or paths.join(workdir, default)
-    from electra_jax.model.weights import PretrainedError
     from electra_jax.store.workdir_files import WorkdirFileError
 
     try:
@@ -323,10 +314,6 @@ def main(argv) -> None:
 
 
 def cli() -> None:
-    from absl import app
-
-    from electra_jax.cli import parse_flags
-
     _define_flags()
     app.run(main, flags_parser=parse_flags)
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import sys
 
+from electra_jax.store import filenames, paths, workdir_files
+
 _REPORTED = (
     ("compile_sec", "compiling"),
     ("restore_sec", "restoring checkpoints"),
@@ -70,8 +72,6 @@ def _hms(seconds: float) -> str:
 def main(argv: list[str] | None = None) -> int:
     """`python -m electra_jax.goodput WORKDIR`: prints the run's report; one line and exit 2
     for a workdir that has none."""
-    from electra_jax.store import filenames, paths, workdir_files
-
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1 or args[0].startswith("-"):
         print("usage: python -m electra_jax.goodput WORKDIR", file=sys.stderr)

@@ -23,22 +23,15 @@ import sys
 import time
 
 from absl import app, flags
-from ml_collections import config_flags
 
-from electra_jax.cli import (
-    PRINT_CONFIG_HELP,
-    cannot_write,
-    command_config,
-    fail,
-    parse_flags,
-    print_config,
-    quiet_logs,
-)
-from electra_jax.config.schema import ConfigError
+from electra_jax import cli, validate
+from electra_jax.data import shards
+from electra_jax.pretraining import resume
+from electra_jax.run import workdir as workdir_lib
 from electra_jax.store import checkpoint_steps, filenames
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "A get_config() file such as configs/tiny.py.", lock_config=True
+_COMMAND = cli.ConfigCommand.define(
+    "electra_jax.prepare", "A get_config() file such as configs/tiny.py.", "configs/tiny.py", False
 )
 _WORKDIR = flags.DEFINE_string("workdir", None, "The run's workdir (tokenizer/ and data/ go here).")
 _NUM_WORKERS = flags.DEFINE_integer(
@@ -47,8 +40,6 @@ _NUM_WORKERS = flags.DEFINE_integer(
     "Processes that tokenize; 0 chooses for this host and corpus as train does (one per 32 MB "
     "of input, at most one per core). The shards are identical for any number (the parent packs).",
 )
-_VERBOSE = flags.DEFINE_bool("verbose", False, "Show full tracebacks on errors.")
-_PRINT_CONFIG = flags.DEFINE_bool("print_config", False, PRINT_CONFIG_HELP)
 
 # The manifest's figures, in the order they are printed.
 _REPORTED = (
@@ -72,17 +63,12 @@ def run(config, workdir: str, num_workers: int | None) -> dict:
     tokenizing processes (None: chosen for this host, see ``shards.auto_num_workers``); returns
     a summary dict (the manifest's figures, the prepared directory, whether it was reused,
     seconds taken)."""
-    from electra_jax.data import shards
-
     t0 = time.time()
-    if config.train.init_from:
-        from electra_jax.pretraining import resume
-
-        # A new run will start from these weights: its data is tokenized with their tokenizer,
-        # placed in the workdir as train places it (another one there is refused). A run with
-        # checkpoints keeps its own, as train ignores init_from then.
-        if not checkpoint_steps.has_checkpoints(workdir):
-            resume.load_init_from(config, workdir)
+    # A new run will start from these weights: its data is tokenized with their tokenizer,
+    # placed in the workdir as train places it (another one there is refused). A run with
+    # checkpoints keeps its own, as train ignores init_from then.
+    if config.train.init_from and not checkpoint_steps.has_checkpoints(workdir):
+        resume.load_init_from(config, workdir)
     tokenizer = shards.ensure_tokenizer(
         config.data, os.path.join(workdir, filenames.TOKENIZER_DIR), config.seed
     )
@@ -110,50 +96,36 @@ def run(config, workdir: str, num_workers: int | None) -> dict:
 
 
 def main(argv) -> None:
-    if len(argv) > 1:
-        fail(f"unexpected arguments {argv[1:]}; settings go in --config.KEY=VALUE")
-    if _CONFIG.value is None:
-        fail("--config is required, e.g. --config=configs/tiny.py")
-    if not _VERBOSE.value:
-        quiet_logs()
-    config = command_config("config", "electra_jax.prepare", finetuning=False)
-    if _PRINT_CONFIG.value:
-        print_config(config, flags.FLAGS["config"].config_filename)
+    config = _COMMAND.start(argv, _WORKDIR, "the tokenizer and prepared data go there")
+    if config is None:
         return
-    if not _WORKDIR.value:
-        fail("--workdir is required: the tokenizer and prepared data go there")
     if _NUM_WORKERS.value < 0:
-        fail(f"--num_workers={_NUM_WORKERS.value} must be 0 (chosen for this host) or more")
-    from electra_jax import validate
-    from electra_jax.data import DataError
-    from electra_jax.run import workdir as workdir_lib
+        cli.fail(f"--num_workers={_NUM_WORKERS.value} must be 0 (chosen for this host) or more")
 
-    try:
+    def work() -> dict:
         validate.check_config(config)
         # The same lock as train's: a prepare and a train on one workdir would both write
         # tokenizer/ and data/.
         with workdir_lib.claimed(
             _WORKDIR.value, workdir_lib.PRETRAIN, command="electra_jax.prepare"
         ):
-            summary = run(config, _WORKDIR.value, _NUM_WORKERS.value or None)
-    except (DataError, ConfigError) as e:
-        if _VERBOSE.value:
-            raise
-        fail(str(e))
-    except OSError as e:  # a full disk or a file size limit while writing the tokenizer or shards
-        if _VERBOSE.value:
-            raise
-        fail(cannot_write(e, "then run the same command: nothing half-written was kept"))
-    except KeyboardInterrupt:
-        if _VERBOSE.value:
-            raise
-        print(
-            "interrupted; nothing half-written was kept: run the same command to prepare again",
-            file=sys.stderr,
-        )
-        sys.exit(130)
+            return run(config, _WORKDIR.value, _NUM_WORKERS.value or None)
+
+    summary = _COMMAND.run(
+        work, "then run the same command: nothing half-written was kept", interrupted=_interrupted
+    )
     print(json.dumps(summary))
 
 
+def _interrupted() -> None:
+    # Nothing is saved in the background here: an ordinary exit, after the unwinding that
+    # removed what was half-written.
+    print(
+        "interrupted; nothing half-written was kept: run the same command to prepare again",
+        file=sys.stderr,
+    )
+    sys.exit(130)
+
+
 if __name__ == "__main__":
-    app.run(main, flags_parser=parse_flags)
+    app.run(main, flags_parser=cli.parse_flags)

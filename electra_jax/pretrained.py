@@ -29,8 +29,14 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import jax
+import ml_collections
 import numpy as np
+import orbax.checkpoint as ocp
 
+from electra_jax.config import groups, pretrain_keys, schema
+from electra_jax.data.tokenizer import load_saved
+from electra_jax.errors import DataError
 from electra_jax.hf.names import DISCRIMINATOR
 from electra_jax.hf.read import HF_PREFIX, read_hf
 from electra_jax.model import networks
@@ -43,6 +49,9 @@ from electra_jax.model.weights import (  # noqa: F401  (PretrainedError and Pret
     check_size,
     check_spec,
 )
+from electra_jax.objectives import registry
+from electra_jax.run import workdir as workdir_lib
+from electra_jax.run.workdir import DATA_RECORD
 from electra_jax.store import checkpoint_steps, filenames, jsonio, paths
 from electra_jax.store.jsonio import json_kind, one_line
 
@@ -92,8 +101,6 @@ def load_pretrained(path: str) -> Pretrained:
 def folder_kind(path: str) -> str | None:
     """'workdir', 'hf' (an export or a transformers folder), 'fine-tuning' or None, from the
     files present."""
-    from electra_jax.run import workdir as workdir_lib
-
     if workdir_lib.kind_of(path) == workdir_lib.FINETUNE:
         return "fine-tuning"
     if paths.isdir(paths.join(path, filenames.CHECKPOINTS_DIR)):
@@ -115,7 +122,10 @@ def folder_kind(path: str) -> str | None:
 
 
 def read_run_config(workdir: str) -> dict:
-    """WORKDIR/config.json, the resolved config the run was started with."""
+    """WORKDIR/config.json, the resolved config the run was started with, upgraded: the keys
+    added since the run was stored filled in as schema.Key.absent says the run had them
+    (unrolled layers, one shared embedding, no held-out rows). The one reader of a stored
+    pre-training config; PretrainedError (one line) for a missing, unreadable or damaged one."""
     path = paths.join(workdir, filenames.CONFIG_FILE)
     try:
         config = jsonio.loads(paths.read_bytes(path))
@@ -145,39 +155,30 @@ def read_run_config(workdir: str) -> dict:
                 f"{path}: the {section} section is a JSON {json_kind(config[section])}, not an "
                 "object; restore config.json from a copy of the run"
             )
-    return config
+    # Every config.json has the sizes: one missing is damage (a KeyError), not age.
+    try:
+        for section, fields in (("model", _RUN_SIZES), ("generator", ("hidden_fraction",))):
+            for field in fields:
+                config[section][field]  # noqa: B018
+    except KeyError as e:
+        raise PretrainedError(
+            f"{path} lacks a model field or holds one of the wrong type ({one_line(e, 120)}); "
+            "is it from this version?"
+        ) from None
+    return schema.upgrade(config, pretrain_keys.KEYS)
 
 
-# The sizes of a run config's model section, named as SIZE_LIMITS names them.
-_RUN_SIZES = (
-    "hidden_size",
-    "num_layers",
-    "num_heads",
-    "intermediate_size",
-    "embedding_size",
-    "max_position_embeddings",
-    "type_vocab_size",
-)
+# The sizes of a run config's model section (the shared model shape), named as SIZE_LIMITS
+# names them.
+_RUN_SIZES = tuple(name.partition(".")[2] for name in groups.MODEL_SHAPE)
 
 
 def spec_from_run_config(config: dict, vocab_size: int, where: str) -> networks.ElectraSpec:
-    """The model's spec from a run's config.json (as saved by loop.train)."""
-    import ml_collections
-
-    from electra_jax.config import pretrain_keys, schema
-
+    """The model's spec from a run's config.json as read_run_config returns it (upgraded)."""
     for field in _RUN_SIZES:  # before generator_spec computes with them
         if field in config["model"]:
             check_size(config["model"][field], f"model.{field}", field, where)
     try:
-        from electra_jax.objectives import registry
-
-        # Every config.json has the sizes: one missing is damage (a KeyError), not age. Keys
-        # added since mean what schema.Key.absent says (unrolled layers, one shared embedding).
-        for section, fields in (("model", _RUN_SIZES), ("generator", ("hidden_fraction",))):
-            for field in fields:
-                config[section][field]  # noqa: B018
-        config = schema.upgrade(config, pretrain_keys.KEYS)
         spec = networks.spec_from_config(
             ml_collections.ConfigDict(config["model"]),
             ml_collections.ConfigDict(config["generator"]),
@@ -231,9 +232,6 @@ def restore_params(
     Returns:
       (params, step).
     """
-    import jax
-    import orbax.checkpoint as ocp
-
     directory = checkpoint_steps.checkpoint_dir(workdir)
     if not checkpoint_steps.has_checkpoints(workdir):
         damaged = _set_aside(directory)
@@ -305,9 +303,6 @@ def restore_params(
 def load_workdir(workdir: str, step: int | None = None) -> Pretrained:
     """The newest checkpoint's (or step `step`'s) parameters, the run's tokenizer and the spec
     from config.json."""
-    from electra_jax.data import DataError
-    from electra_jax.data.tokenizer import load_saved
-
     config = read_run_config(workdir)
     try:
         tokenizer = load_saved(os.path.join(workdir, filenames.TOKENIZER_DIR))
@@ -334,8 +329,6 @@ class Model:
     """
 
     def __init__(self, pretrained: Pretrained):
-        import jax
-
         self.pretrained = pretrained
         self.spec = dataclasses.replace(
             pretrained.spec, dtype="float32", remat="none", attention="einsum"
@@ -600,8 +593,6 @@ def check_recorded_tokenizer(workdir: str, tokenizer) -> None:
     another tokenizer than WORKDIR/tokenizer holds: the checkpoints were trained with that one,
     and another of the same size would load and tokenize without a word. A workdir without a
     readable record (one from before it) is taken as it is."""
-    from electra_jax.run.workdir import DATA_RECORD
-
     path = paths.join(workdir, DATA_RECORD)
     try:
         record = jsonio.loads(paths.read_bytes(path))

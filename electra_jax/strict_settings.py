@@ -8,7 +8,7 @@ file go through besides their own checks (cli.parse_flags and cli.command_config
   does not declare (`config.train.num_step = 3`, which left train.num_steps at its default) is
   named, with the closest declared key (cli.unknown_keys, an unknown override's did-you-mean).
 
-Imports nothing of the package at module level (cli imports it).
+Imports nothing of the package at module level (cli imports it at its top).
 """
 
 from __future__ import annotations

@@ -15,24 +15,19 @@ import sys
 import threading
 
 from absl import app, flags
-from ml_collections import config_flags
 
-from electra_jax.cli import (
-    PRINT_CONFIG_HELP,
-    cannot_write,
-    command_config,
-    each_once,
-    end_interrupted,
-    fail,
-    one_line_for,
-    parse_flags,
-    print_config,
-    quiet_logs,
-)
+from electra_jax import cli
+from electra_jax.cli import each_once, fail, one_line_for
+from electra_jax.data import progress
+from electra_jax.errors import CheckpointError, ConfigError
+from electra_jax.pretraining import cluster, resume, topology
+from electra_jax.run import workdir as workdir_lib
+from electra_jax.validate import check_config
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "A get_config() file such as configs/tiny.py.", lock_config=True
+_COMMAND = cli.ConfigCommand.define(
+    "electra_jax.train", "A get_config() file such as configs/tiny.py.", "configs/tiny.py", False
 )
+_VERBOSE = _COMMAND.verbose
 _WORKDIR = flags.DEFINE_string("workdir", None, "Where checkpoints, metrics and data go.")
 _DRY_RUN = flags.DEFINE_bool(
     "dry_run", False, "Print a one-line JSON summary (sizes, FLOPs) and train nothing."
@@ -62,8 +57,6 @@ _CEILING = flags.DEFINE_bool(
 _NUM_SLICES = flags.DEFINE_integer(
     "num_slices", 1, "With --topology: that many slices joined over the data-center network."
 )
-_VERBOSE = flags.DEFINE_bool("verbose", False, "Show full tracebacks on errors.")
-_PRINT_CONFIG = flags.DEFINE_bool("print_config", False, PRINT_CONFIG_HELP)
 _COORDINATOR = flags.DEFINE_string(
     "coordinator_address",
     None,
@@ -117,8 +110,6 @@ def _check_process_flags() -> None:
 def _topology_target():
     """--topology and --num_slices as a slice to compile for (topology.Target); ConfigError
     for a name no slice has or a missing libtpu, fail() for flags that cannot go together."""
-    from electra_jax.pretraining import topology
-
     if _TOPOLOGY.value is None:
         fail("--num_slices needs --topology (a real run's slices are those of its devices)")
     if not _DRY_RUN.value:
@@ -154,9 +145,8 @@ def _maybe_initialize_distributed() -> None:
     (electra_jax/pretraining/cluster.py); a single process (no cluster, or a cluster of one)
     starts alone.
     """
+    # Heavy (jax, flax or orbax): this module is imported without them (tests/conftest.py).
     import jax
-
-    from electra_jax.pretraining import cluster
 
     startup = _PEER_TIMEOUT.value * 5
     if _COORDINATOR.value:
@@ -205,6 +195,7 @@ def _maybe_initialize_distributed() -> None:
 
 def devices_line() -> str:
     """The run's first log line: where it runs (backend, device kind and count, processes)."""
+    # Heavy (jax, flax or orbax): this module is imported without them (tests/conftest.py).
     import jax
 
     devices = jax.devices()
@@ -217,19 +208,8 @@ def devices_line() -> str:
 
 
 def main(argv) -> None:
-    if len(argv) > 1:
-        fail(f"unexpected arguments {argv[1:]}; settings go in --config.KEY=VALUE")
-    if _CONFIG.value is None:
-        fail("--config is required, e.g. --config=configs/tiny.py")
-    if not _VERBOSE.value:
-        quiet_logs()
-    from electra_jax.config.schema import ConfigError
-    from electra_jax.data import DataError
-    from electra_jax.validate import NonFiniteError, check_config
-
-    config = command_config("config", "electra_jax.train", finetuning=False)
-    if _PRINT_CONFIG.value:
-        print_config(config, flags.FLAGS["config"].config_filename)
+    config = _COMMAND.start(argv)
+    if config is None:
         return
     target = None
     if _TOPOLOGY.value is not None or _NUM_SLICES.value != 1:
@@ -243,8 +223,6 @@ def main(argv) -> None:
             "--allow_change", [k.strip() for k in _ALLOW_CHANGE.value.split(",") if k.strip()]
         )
     )
-    from electra_jax.store.checkpoint_steps import CheckpointError
-
     with one_line_for(ConfigError, CheckpointError, verbose=_VERBOSE.value):
         # Before jax, flax and orbax are imported: bad settings are answered in a blink.
         check_config(config)
@@ -254,19 +232,16 @@ def main(argv) -> None:
             # resume of it would refuse (resume.check: its checkpoints/, config.json, settings
             # and step). The run then claims it for good and asks again (resume.plan), a lock
             # another run holds included.
-            from electra_jax.pretraining import resume
-            from electra_jax.run import workdir as workdir_lib
-
             workdir_lib.claim(_WORKDIR.value, workdir_lib.PRETRAIN, lock=False)
             resume.check(config, _WORKDIR.value, allow)
+    # jax, flax and orbax: only once the settings are known to be good.
     from electra_jax.pretraining import dry_run, runner
     from electra_jax.store import checkpointing
-    from electra_jax.store.checkpointing import Preempted
 
     if not _VERBOSE.value:
         checkpointing.quiet_write_failures()  # orbax's threads' reports of a full disk
 
-    try:
+    def work() -> None:
         if _DRY_RUN.value:
             summary = dry_run.describe(
                 config, compile=_COMPILE.value, target=target, costs=_CEILING.value
@@ -274,39 +249,14 @@ def main(argv) -> None:
             print(json.dumps(summary))
             return
         _maybe_initialize_distributed()
-        from electra_jax.data import progress
-
         # Printed before the run's first line (data preparation's or the loop's), not beside the
         # one line of an error that ends it first.
         progress.announce(devices_line())
         command = shlex.join(["python", "-m", "electra_jax.train", *sys.argv[1:]])
         runner.train(config, _WORKDIR.value, allow_changes=allow, command=command)
-    except (ConfigError, DataError, CheckpointError) as e:
-        if _VERBOSE.value:
-            raise
-        fail(str(e))
-    except NonFiniteError as e:
-        if _VERBOSE.value:
-            raise
-        # Not bad input (exit 2) but a diverged run: exit 1, still one line.
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
-    except OSError as e:  # a full disk or a lost mount while writing metrics, config.json, ...
-        if _VERBOSE.value:
-            raise
-        fail(cannot_write(e, "then run the same command to resume from the last checkpoint"))
-    except Preempted as e:
-        # A signal during startup: no step ran since the last checkpoint, so nothing is lost.
-        print(
-            f"preempted before training started ({e}); run the same command to resume",
-            file=sys.stderr,
-        )
-        sys.exit(0)
-    except KeyboardInterrupt:
-        if _VERBOSE.value:
-            raise
-        end_interrupted()
+
+    _COMMAND.run(work, "then run the same command to resume from the last checkpoint")
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=parse_flags)
+    app.run(main, flags_parser=cli.parse_flags)

@@ -8,63 +8,21 @@ against train.num_steps), the objectives' registry, and what a path or URI may b
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 from typing import Any
 
-from electra_jax.config import pretrain_keys, schema
-from electra_jax.config.schema import ConfigError
+from electra_jax.config import groups, pretrain_keys, schema
+from electra_jax.data import sources
+from electra_jax.errors import ConfigError, DataError
 from electra_jax.objectives.catalog import OBJECTIVES
 from electra_jax.store import paths
-
-
-class NonFiniteError(RuntimeError):
-    """A run diverged: its loss, gradient norm or outputs became NaN/Inf. Raised by both runners
-    (pre-training under train.nan_policy='stop', fine-tuning always), whose commands answer it
-    with one line and exit 1; here beside ConfigError, in the one module both import."""
 
 
 def _require(ok: bool, message: str) -> None:
     if not ok:
         raise ConfigError(message)
-
-
-def check_workdir(workdir: str, flag: str = "--workdir", create: bool = True) -> None:
-    """ConfigError naming `workdir` when it cannot be one: a URI other than gs://, a file, a
-    path that is not UTF-8; with `create`, also one that cannot be created or written.
-
-    A gs://BUCKET/PATH workdir is written through the path layer (paths.py); other URIs are
-    refused, since os.makedirs would quietly create a local ./s3:/... tree.
-    """
-    try:
-        workdir.encode("utf-8")
-    except UnicodeEncodeError:
-        shown = workdir.encode("utf-8", "backslashreplace").decode("utf-8")
-        raise ConfigError(
-            f"{flag} {shown} is not valid UTF-8; use a path of UTF-8 characters"
-        ) from None
-    _require(not paths.unwritable(workdir), f"{flag} {workdir} {paths.unwritable(workdir)}")
-    # In a bucket: a path, not an object; with `create`, a probe object is written and removed
-    # (a missing bucket or package, or no access, is one line).
-    try:
-        with paths.remote_errors(workdir, flag):
-            if paths.exists(workdir) and not paths.isdir(workdir):
-                raise ConfigError(
-                    f"{flag} {workdir} is a file, not a folder; choose another {flag}"
-                )
-            if create:
-                paths.makedirs(workdir)
-                probe = paths.join(workdir, f".write_test{os.getpid()}")
-                paths.write_atomic(probe, "ok")
-                paths.remove(probe)
-    except ConfigError:
-        raise
-    except Exception as e:  # OSError; in a bucket a missing package, gcsfs's HTTP errors
-        reason = getattr(e, "strerror", None) or " ".join(str(e).split())[:200]
-        raise ConfigError(
-            f"{flag} {workdir} is not writable ({reason}); {paths.access_advice(workdir)}choose "
-            f"another {flag}"
-        ) from None
 
 
 def _check_two_stage(config: Any) -> None:
@@ -143,20 +101,19 @@ def check_config(config: Any) -> None:
     )
     if o.name == "two_stage":
         _check_two_stage(config)
-    warm = o.mle_warmup_steps
+    warm = o.mle_warmup_steps  # a whole number >= 0 by its own rule
     _require(
-        isinstance(warm, int) and not isinstance(warm, bool) and 0 <= warm < t.num_steps,
+        warm < t.num_steps,
         f"objective.mle_warmup_steps={warm!r} must be a whole number of steps from 0 to "
         f"train.num_steps - 1 = {t.num_steps - 1}",
     )
     # Read and written through the path layer (paths.py), which writes gs:// directly.
-    for key, value in (
-        ("data.cache_dir", d.cache_dir),
-        ("train.init_from", t.init_from),
-        ("compile.cache_dir", config.compile.cache_dir),
-    ):
-        why = paths.unwritable(str(value), read=True)
-        _require(not why, f"{key}={value} {why}")
+    for key in pretrain_keys.KEYS:
+        if key.path:
+            section, field = key.name.split(".")
+            value = config[section][field]
+            why = paths.unwritable(str(value), read=True)
+            _require(not why, f"{key.name}={value} {why}")
     _check_keep_every(config.checkpoint)
     _check_wandb(config.log.wandb_project)
     _check_license(config.export.license)
@@ -192,16 +149,12 @@ def _check_license(license_id: str) -> None:
     )
 
 
-def _whole(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
 def _check_recipe(config: Any) -> None:
     """The sampling temperature and its schedule, and the discriminator's MLM term."""
     o, t = config.objective, config.train
     lo, hi = pretrain_keys.TEMPERATURE
+    # The step counts are whole numbers >= 0 by their own rules (pretrain_keys.py).
     start, steps = o.temperature_start, o.temperature_steps
-    _require(_whole(steps), f"objective.temperature_steps={steps!r} must be a whole number >= 0")
     if steps:
         _require(
             lo <= start <= hi,
@@ -215,7 +168,6 @@ def _check_recipe(config: Any) -> None:
             "steps it comes down over); set both, or leave temperature_start at 0",
         )
     weight, fade = o.disc_mlm_weight, o.disc_mlm_steps
-    _require(_whole(fade), f"objective.disc_mlm_steps={fade!r} must be a whole number >= 0")
     _require(
         not weight or o.name in ("electra", "electra_mlm"),
         f"objective.disc_mlm_weight={weight} adds the discriminator's MLM term to 'electra' "
@@ -233,7 +185,7 @@ def _check_recipe(config: Any) -> None:
     )
     share, share_steps = o.unigram_share, o.unigram_share_steps
     _require(
-        _whole(share_steps) and share_steps <= t.num_steps,
+        share_steps <= t.num_steps,
         f"objective.unigram_share_steps={share_steps!r} must be a whole number in [0, "
         f"train.num_steps={t.num_steps}]",
     )
@@ -251,17 +203,9 @@ def _check_recipe(config: Any) -> None:
 
 def _check_eval(config: Any) -> None:
     """The held-out slice and the evaluation's cadence."""
-    held = config.data.heldout_examples
-    _require(
-        isinstance(held, int) and not isinstance(held, bool) and held >= 0,
-        f"data.heldout_examples={held!r} must be a whole number of rows >= 0 (0: train on all)",
-    )
+    held = config.data.heldout_examples  # both whole numbers >= 0 by their own rules
     ev = config.eval
     every = ev.every_steps
-    _require(
-        isinstance(every, int) and not isinstance(every, bool) and every >= 0,
-        f"eval.every_steps={every!r} must be a whole number of steps >= 0 (0: no evaluation)",
-    )
     batch = ev.batch_size or config.train.batch_size
     _require(
         isinstance(batch, int) and batch > 0,
@@ -280,12 +224,7 @@ def _check_eval(config: Any) -> None:
 def _check_keep_every(checkpoint_cfg: Any) -> None:
     """checkpoint.keep_every_steps: 0 (off) or a multiple of checkpoint.every_steps, since only
     saved steps can be kept."""
-    every, save = checkpoint_cfg.keep_every_steps, checkpoint_cfg.every_steps
-    _require(
-        isinstance(every, int) and not isinstance(every, bool) and every >= 0,
-        f"checkpoint.keep_every_steps={every!r} must be a whole number of steps >= 0 (0 keeps "
-        "only the newest checkpoint.keep)",
-    )
+    every, save = checkpoint_cfg.keep_every_steps, checkpoint_cfg.every_steps  # whole, >= 0
     _require(
         every % save == 0,
         f"checkpoint.keep_every_steps={every} is not a multiple of checkpoint.every_steps="
@@ -299,10 +238,11 @@ def _check_float32(config: Any) -> None:
     factor), held to train.learning_rate's float32 range."""
     t = config.train
     lr, scale = t.learning_rate, t.generator_lr_scale
+    low, high = groups.LEARNING_RATE
     _require(
-        1e-9 <= lr * scale <= 10,
+        low <= lr * scale <= high,
         f"train.generator_lr_scale={scale} gives the generator a learning rate of "
-        f"{lr * scale:g}, outside [1e-09, 10] as train.learning_rate must be",
+        f"{lr * scale:g}, outside [{low:g}, {high:g}] as train.learning_rate must be",
     )
     decay = t.weight_decay
     _require(
@@ -331,6 +271,7 @@ def _check_attention(m: Any) -> None:
             f"model.attention='cudnn' computes in 16 bits and model.dtype={m.dtype!r}; set "
             "model.dtype='bfloat16' or use model.attention='einsum' (or 'xla')",
         )
+        # Heavy (jax, flax or orbax): this module is imported without them (tests/conftest.py).
         import jax
 
         backend = jax.default_backend()
@@ -343,8 +284,6 @@ def _check_attention(m: Any) -> None:
 
 def _check_wandb(project: str) -> None:
     """A `log.wandb_project` needs wandb installed (the optional [wandb] extra)."""
-    import importlib.util
-
     _require(
         not project or importlib.util.find_spec("wandb") is not None,
         f"log.wandb_project={project!r} needs wandb: pip install -e '.[wandb]' (or set "
@@ -355,8 +294,6 @@ def _check_wandb(project: str) -> None:
 def _check_source(source: str) -> None:
     """The form of data.source, as sources.parse reads it (whether its files exist is checked
     when the data is read)."""
-    from electra_jax.data import DataError, sources
-
     try:
         sources.parse(str(source))
     except DataError as e:

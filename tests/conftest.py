@@ -194,10 +194,71 @@ def heavy_imports_at_exit(module: str, *args: str) -> tuple[str, str]:
     return out.stdout.split("\n")[0], out.stderr
 
 
-def heavy_imports_of(module: str) -> list[str]:
-    """Which of HEAVY_MODULES importing `module` imports, in a fresh interpreter (this one has
+# The modules that import none of HEAVY_MODULES, listed once: the commands, what they check and
+# read before the heavy imports (so that bad input is answered in a blink), and what prepare's
+# worker processes and the Python API's first import read. tests/test_jax_free.py holds them to it;
+# every other module of the package may import jax at its top.
+JAX_FREE_MODULES = (
+    "electra_jax",
+    "electra_jax.cli",
+    "electra_jax.errors",
+    "electra_jax.train",
+    "electra_jax.prepare",
+    "electra_jax.evaluate",
+    "electra_jax.export",
+    "electra_jax.goodput",
+    "electra_jax.finetune.__main__",
+    "electra_jax.validate",
+    "electra_jax.config.describe",
+    "electra_jax.config.finetune_keys",
+    "electra_jax.config.groups",
+    "electra_jax.config.pretrain_keys",
+    "electra_jax.config.schema",
+    "electra_jax.data",
+    "electra_jax.data.heldout",
+    "electra_jax.data.packing",
+    "electra_jax.data.progress",
+    "electra_jax.data.shards",
+    "electra_jax.data.sources",
+    "electra_jax.data.tokenizer",
+    "electra_jax.data.wordpiece",
+    "electra_jax.finetune.checks",
+    "electra_jax.finetune.family",
+    "electra_jax.finetune.features",
+    "electra_jax.finetune.glue_metrics",
+    "electra_jax.finetune.reading",
+    "electra_jax.finetune.squad_data",
+    "electra_jax.finetune.squad_eval",
+    "electra_jax.finetune.tasks",
+    "electra_jax.hf.card",
+    "electra_jax.hf.hub",
+    "electra_jax.hf.previous",
+    "electra_jax.hf.task_heads",
+    "electra_jax.hf.tokenizer_files",
+    "electra_jax.model.weights",
+    "electra_jax.objectives.catalog",
+    "electra_jax.pretraining.cluster",
+    "electra_jax.pretraining.resume",
+    "electra_jax.pretraining.timing",
+    "electra_jax.pretraining.topology",
+    "electra_jax.pretraining.wandb_mirror",
+    "electra_jax.run.rerun",
+    "electra_jax.run.workdir",
+    "electra_jax.store.checkpoint_steps",
+    "electra_jax.store.filenames",
+    "electra_jax.store.gcs_lock",
+    "electra_jax.store.jsonio",
+    "electra_jax.store.paths",
+)
+
+
+def heavy_imports_of(*modules: str) -> list[str]:
+    """Which of HEAVY_MODULES importing `modules` imports, in a fresh interpreter (this one has
     them already): what a command's early refusals rely on being []."""
-    code = f"import sys; import {module}; print(sorted(set({HEAVY_MODULES!r}) & set(sys.modules)))"
+    code = (
+        f"import sys; import {', '.join(modules)}; "
+        f"print(sorted(set({HEAVY_MODULES!r}) & set(sys.modules)))"
+    )
     out = run_python("-c", code)
     assert out.returncode == 0, out.stderr[-2000:]
     return ast.literal_eval(out.stdout.strip())

@@ -248,7 +248,7 @@ CASES = [
     (
         "glue, a --set value no run can take",
         lambda t: [*_glue_workdir(t, tasks=("RTE",)), "--tasks=RTE", "--set=learning_rate=nan"],
-        "--set: config.learning_rate=nan must be finite",
+        "--set: config.learning_rate=nan must be a finite number",
     ),
     (
         "gpu_data, bogus task",
@@ -317,8 +317,7 @@ def test_run_ends_the_packages_bad_input_errors_in_one_line_however_deep(capsys,
     resumed with changed settings, a task file that went missing mid-study) is one line, exit 2;
     --verbose keeps the traceback; other errors are not bad input and pass through."""
     from benchmarks import _cli
-    from electra_jax.config.schema import ConfigError
-    from electra_jax.data import DataError
+    from electra_jax.errors import ConfigError, DataError
 
     def deep(error):
         def main():

@@ -159,7 +159,7 @@ def test_a_tokenizer_other_than_the_runs_is_refused_before_the_rows_are_read(tmp
     """The held-out rows are tokenized with WORKDIR/tokenizer: one the run did not train with
     (its data_record.json names another) is refused before any row is prepared."""
     from electra_jax.data.tokenizer import train_tokenizer
-    from electra_jax.model.weights import PretrainedError
+    from electra_jax.errors import PretrainedError
     from tests.conftest import micro_config
 
     workdir = tmp_path / "run"

@@ -17,8 +17,8 @@ import pytest
 
 import electra_jax
 from electra_jax import export
+from electra_jax.errors import PretrainedError
 from electra_jax.finetune import loop, saved
-from electra_jax.model.weights import PretrainedError
 from tests.conftest import ROOT, SHARED, subprocess_env
 from tests.finetune import test_squad_loop
 from tests.finetune.test_loop import _config, _sst2

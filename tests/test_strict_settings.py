@@ -7,7 +7,7 @@ from absl import flags
 
 from electra_jax import cli, strict_settings, validate
 from electra_jax.config import finetune_keys
-from electra_jax.config.schema import ConfigError
+from electra_jax.errors import ConfigError
 from electra_jax.pretraining import compile_cache
 from tests.micro import micro_config
 

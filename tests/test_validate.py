@@ -3,7 +3,7 @@
 import pytest
 
 from electra_jax import validate
-from electra_jax.config.schema import ConfigError
+from electra_jax.errors import ConfigError
 from tests.conftest import micro_config
 
 
@@ -50,7 +50,7 @@ def test_objective_and_embedding_sharing_are_checked_in_one_line():
         ("data.single_segment_prob", 2.0, "data.single_segment_prob=2.0 must be in [0, 1]"),
         ("data.short_seq_prob", -1.0, "data.short_seq_prob=-1.0 must be in [0, 1]"),
         ("generator.layers_fraction", 0.0, "generator.layers_fraction=0.0 must be in (0, 1]"),
-        ("model.type_vocab_size", 0, "model.type_vocab_size=0 must be >= 1"),
+        ("model.type_vocab_size", 0, "model.type_vocab_size=0 must be >= 2"),
         ("model.intermediate_size", 0, "model.intermediate_size=0 must be >= 1"),
         ("model.dropout_rate", 1.0, "model.dropout_rate=1.0 must be in [0, 1)"),
         ("train.adam_b2", 1.0, "train.adam_b2=1.0 must be in [0, 1)"),
@@ -74,15 +74,15 @@ def test_objective_and_embedding_sharing_are_checked_in_one_line():
         ("objective.temperature", 1e-30, "objective.temperature=1e-30 must be in [0.001, 1000"),
         ("objective.temperature_start", 2.0, "needs objective.temperature_steps > 0"),
         ("objective.temperature_steps", 3, "objective.temperature_start=0.0, which must be in"),
-        ("objective.temperature_steps", -1, "objective.temperature_steps=-1 must be a whole"),
+        ("objective.temperature_steps", -1, "objective.temperature_steps=-1 must be >= 0"),
         ("objective.disc_mlm_weight", -1.0, "objective.disc_mlm_weight=-1.0 must be >= 0"),
         ("objective.disc_mlm_steps", 99, "objective.disc_mlm_steps=99 must not exceed"),
         ("objective.unigram_share", 1.5, "objective.unigram_share=1.5 must be in [0, 1]"),
         ("objective.unigram_share_steps", 3, "fades objective.unigram_share, which is 0"),
-        ("objective.unigram_share_steps", -1, "objective.unigram_share_steps=-1 must be a whole"),
-        ("data.heldout_examples", -8, "data.heldout_examples=-8 must be a whole number"),
-        ("eval.every_steps", -1, "eval.every_steps=-1 must be a whole number"),
-        ("checkpoint.keep_every_steps", -2, "checkpoint.keep_every_steps=-2 must be a whole"),
+        ("objective.unigram_share_steps", -1, "objective.unigram_share_steps=-1 must be >= 0"),
+        ("data.heldout_examples", -8, "data.heldout_examples=-8 must be >= 0: 0 trains"),
+        ("eval.every_steps", -1, "eval.every_steps=-1 must be >= 0"),
+        ("checkpoint.keep_every_steps", -2, "checkpoint.keep_every_steps=-2 must be >= 0"),
         ("checkpoint.every_minutes", -1.0, "checkpoint.every_minutes=-1.0 must be >= 0"),
         ("export.license", "Apache 2.0", "export.license='Apache 2.0' is not a Hugging Face"),
         ("export.license", "-mit", "export.license='-mit' is not a Hugging Face Hub license"),

@@ -13,10 +13,10 @@ import dataclasses
 
 import ml_collections
 
-from electra_jax.config import schema
+from electra_jax.config import groups, schema
 from electra_jax.config.schema import ALLOW, FREE, KEEP, Key
 
-_STRINGS = ("float32", "bfloat16")
+_GLUE, _SQUAD = ("glue",), ("squad",)
 
 
 def _key(name, default, doc, **rules) -> Key:
@@ -24,15 +24,32 @@ def _key(name, default, doc, **rules) -> Key:
     return Key(name, default, doc, **{"resume": KEEP, **rules})
 
 
-_PAPER = "0: the paper's for the model's size"
+def _shared(concept, name="", **own) -> Key:
+    """A key pre-training has too (config/groups.py: its range), as fine-tuning holds it."""
+    return groups.shared(concept, name, **{"resume": KEEP, **own})
+
+
+_PAPER = "0 is the paper's for the model's size"
+# In the order the families' configs show them (a family's table keeps its own keys, in this
+# order); `required`: a family's config must hold the key itself.
 _DECLARED = schema.table(
     _key("family", "glue", "the task family: picks the runner's data, head and scorer"),
-    # GLUE's own: the task (tasks.get_task knows the names), how it is read and trained.
+    # The task (tasks.get_task knows GLUE's names; squad_data.py SQuAD's versions).
     _key(
         "task",
         "SST-2",
         "CoLA, SST-2, MRPC, STS-B, QQP, MNLI, QNLI, RTE or WNLI",
         cross="a GLUE task (finetune/tasks.py)",
+        families=_GLUE,
+        required=_GLUE,
+    ),
+    _key(
+        "version",
+        "1.1",
+        "'1.1' or '2.0' (2.0 adds unanswerable questions)",
+        cross="a SQuAD version (finetune/squad_data.py)",
+        families=_SQUAD,
+        required=_SQUAD,
     ),
     _key(
         "data_dir",
@@ -40,8 +57,14 @@ _DECLARED = schema.table(
         "the task's GLUE TSVs (or GLUE's root); '' reads TFDS glue/<task>",
         resume=ALLOW,
         allows="the task's files (or config.data_dir)",
+        required=_SQUAD,
     ),
-    _key("tfds_data_dir", "", "TFDS data_dir when data_dir is ''; '' is TFDS's default"),
+    _key(
+        "tfds_data_dir",
+        "",
+        "TFDS data_dir when data_dir is ''; '' is TFDS's default",
+        families=_GLUE,
+    ),
     _key(
         "init_from",
         "",
@@ -49,20 +72,14 @@ _DECLARED = schema.table(
         resume=ALLOW,
         allows="the pre-trained weights (or config.init_from)",
     ),
-    _key(
-        "seed",
-        0,
-        "one seed for the head's init, dropout and the data order",
-        rule="[0, 4294967296)",
-        why="the random key takes 32 bits",
-    ),
+    _shared("seed", doc="one seed for the head's init, dropout and the data order"),
     _key(
         "learning_rate",
         0.0,
         "peak; 0 = the paper's for the size: 3e-4 S, 1e-4 B, 5e-5 L",
         rule=">= 0",
         why=_PAPER,
-        cross="0, or at least 1e-9",
+        cross="0, or at least config/groups.LEARNING_RATE's lowest",
     ),
     _key(
         "layer_decay",
@@ -85,22 +102,10 @@ _DECLARED = schema.table(
         "linear warm-up over this share of the steps, then linear decay",
         rule="[0, 1)",
     ),
-    _key("weight_decay", 0.01, "AdamW, not on LayerNorm parameters or biases", rule=">= 0"),
-    _key(
-        "adam_eps",
-        1e-6,
-        "Adam's epsilon (b1 0.9, b2 0.999)",
-        rule="[1e-30, 1]",
-        why="smaller rounds to 0 in float32 and 0/0 is NaN",
-    ),
-    _key("adam_bias_correction", False, "the original optimizer has none"),
-    _key(
-        "clip_norm",
-        1.0,
-        "global gradient-norm clipping, as the original",
-        rule="[1e-30, 1e30]",
-        why="gradients are scaled by it in float32",
-    ),
+    _shared("weight_decay", doc="AdamW, not on LayerNorm parameters or biases"),
+    _shared("adam_eps", doc="Adam's epsilon (b1 0.9, b2 0.999)"),
+    _shared("adam_bias_correction"),
+    _shared("clip_norm", doc="global gradient-norm clipping, as the original"),
     _key(
         "batch_size",
         32,
@@ -113,64 +118,62 @@ _DECLARED = schema.table(
         0.0,
         "0 = the task's: 3, or 10 for RTE and STS-B",
         rule=">= 0",
-        why="0: the task's",
+        why="0 is the task's",
+        required=_GLUE + _SQUAD,
     ),
-    _key("seq_length", 128, "[CLS] A [SEP] B [SEP], the longer text cut first", rule=">= 8"),
     _key(
         "max_train_examples",
         0,
         "> 0 caps the training set (a fixed random subset); 0 = all",
         rule=">= 0",
-        why="0: all",
+        why="0 is all",
     ),
     _key(
         "double_unordered",
         True,
         "MRPC and STS-B also train on (B, A): the relation is symmetric",
+        families=_GLUE,
     ),
     _key(
         "scale_regression_targets",
         True,
         "STS-B trains on score / 5 in [0, 1] as the original; predictions are reported on 0-5",
+        families=_GLUE,
     ),
-    _key(
-        "dropout_rate",
-        0.1,
-        "hidden, attention and classifier dropout",
-        rule="[0, 0.999999999]",
-        why="the kept units are scaled by 1 / (1 - rate)",
-    ),
-    _key(
-        "dtype",
-        "float32",
-        "compute type: 'float32' or 'bfloat16'; params stay float32",
-        rule=_STRINGS,
-    ),
-    # SQuAD's own: the version, the windows, the heads and the decoding.
-    _key(
-        "version",
-        "1.1",
-        "'1.1' or '2.0' (2.0 adds unanswerable questions)",
-        cross="a SQuAD version (finetune/squad_data.py)",
-    ),
+    _shared("model.dropout_rate", "dropout_rate", doc="hidden, attention and classifier dropout"),
+    _shared("model.dtype", "dtype"),
+    _shared("seq_length", doc="[CLS] A [SEP] B [SEP], the longer text cut first"),
+    # SQuAD's own: the windows, the heads and the decoding.
     _key(
         "doc_stride",
         128,
         "a long context's next window starts this many tokens later",
         rule=">= 1",
+        families=_SQUAD,
+        required=_SQUAD,
     ),
-    _key("max_query_length", 64, "longer questions keep their first 64 tokens", rule=">= 1"),
+    _key(
+        "max_query_length",
+        64,
+        "longer questions keep their first 64 tokens",
+        rule=">= 1",
+        families=_SQUAD,
+        required=_SQUAD,
+    ),
     _key(
         "joint_prediction",
         True,
         "the end conditioned on the start (the original's); False: independent start and end "
         "layers, as BERT",
+        families=_SQUAD,
     ),
     _key(
         "head_size",
         512,
         "hidden width of the joint end layer and of the answerable layer",
         rule=">= 1",
+        families=_SQUAD,
+        required=_SQUAD,
     ),
     _key(
         "n_best_size",
@@ -178,15 +181,33 @@ _DECLARED = schema.table(
         "starts, and ends per start, each window keeps; answers ranked",
         rule=">= 1",
         cross="at most seq_length",
+        families=_SQUAD,
+        required=_SQUAD,
     ),
-    _key("max_answer_length", 30, "longest answer in tokens", rule=">= 1"),
-    _key("answerable_weight", 0.5, "2.0: weight of the answerability loss", rule=">= 0"),
+    _key(
+        "max_answer_length",
+        30,
+        "longest answer in tokens",
+        rule=">= 1",
+        families=_SQUAD,
+        required=_SQUAD,
+    ),
+    _key(
+        "answerable_weight",
+        0.5,
+        "2.0: weight of the answerability loss",
+        rule=">= 0",
+        families=_SQUAD,
+        required=_SQUAD,
+    ),
     _key(
         "null_threshold",
         -2.75,
         '2.0: answer "" when the no-answer logit exceeds this',
         rule=">= -1e30",
         why="any finite number",
+        families=_SQUAD,
+        required=_SQUAD,
     ),
     # Both families again.
     _key(
@@ -203,14 +224,8 @@ _DECLARED = schema.table(
         rule=">= 1",
         resume=FREE,
     ),
-    _key(
-        "checkpoint.every_steps",
-        1000,
-        "steps between checkpoints (the last step always has one)",
-        rule=">= 1",
-        resume=FREE,
-    ),
-    _key("checkpoint.keep", 2, "the newest this many are kept", rule=">= 1", resume=FREE),
+    _shared("checkpoint.every_steps", default=1000, resume=FREE),
+    _shared("checkpoint.keep", default=2, doc="the newest this many are kept", resume=FREE),
     # Random init only (init_from = ''): the tokenizer and the network's shape.
     _key(
         "tokenizer",
@@ -218,55 +233,19 @@ _DECLARED = schema.table(
         "a SentencePiece model dir or file; '' trains one on the task's text",
         cross="'' unless init_from is '' (a pre-trained model brings its own)",
     ),
-    _key(
-        "vocab_size",
-        4096,
-        "pieces of that trained tokenizer",
-        rule=">= 6",
-        why="the 5 special pieces and at least one more",
+    _shared("vocab_size", default=4096, doc="pieces of that trained tokenizer"),
+    *groups.model_shape(
+        resume=KEEP,
+        docs={
+            "model.hidden_size": "width of the encoder's states",
+            "model.num_layers": "transformer layers",
+            "model.max_position_embeddings": (
+                "positions the embedding table holds: the longest seq_length"
+            ),
+        },
     ),
-    _key("model.hidden_size", 256, "width of the encoder's states", rule=">= 1"),
-    _key("model.num_layers", 12, "transformer layers", rule=">= 1"),
-    _key(
-        "model.num_heads",
-        4,
-        "attention heads; they divide hidden_size",
-        rule=">= 1",
-    ),
-    _key("model.intermediate_size", 1024, "feed-forward width", rule=">= 1"),
-    _key(
-        "model.embedding_size",
-        128,
-        "E; projected to hidden_size where they differ",
-        rule=">= 1",
-    ),
-    _key(
-        "model.max_position_embeddings",
-        512,
-        "positions the embedding table holds: the longest seq_length",
-        rule=">= 8",
-    ),
-    _key(
-        "model.type_vocab_size",
-        2,
-        "segment embeddings (A and B)",
-        rule=">= 2",
-        why="segments A and B",
-    ),
-    _key(
-        "model.initializer_range",
-        0.02,
-        "truncated-normal std (the head's too)",
-        rule="[1e-30, 1000]",
-        why="squared in LayerNorm's float32 variance",
-    ),
-    _key(
-        "model.layer_norm_eps",
-        1e-12,
-        "added to LayerNorm's variance",
-        rule="[1e-30, 1]",
-        why="smaller rounds to 0 in float32",
-    ),
+    _shared("model.initializer_range", doc="truncated-normal std (the head's too)"),
+    _shared("model.layer_norm_eps"),
 )
 
 # Where SQuAD's default or doc differs from GLUE's (or its rule: SQuAD has no task's epochs).
@@ -295,37 +274,14 @@ _SQUAD_DIFFERS = {
     "model.initializer_range": {"doc": "truncated-normal std of the encoder's weights"},
 }
 
-_COMMON_HEAD = (
-    "family {} data_dir {}init_from seed learning_rate layer_decay layer_decay_exponents "
-)
-_COMMON_OPT = "warmup_fraction weight_decay adam_eps adam_bias_correction clip_norm batch_size "
-_TAIL = (
-    "eval_batch_size log_every_steps checkpoint.every_steps checkpoint.keep tokenizer vocab_size "
-    "model.hidden_size model.num_layers model.num_heads model.intermediate_size "
-    "model.embedding_size model.max_position_embeddings model.type_vocab_size "
-    "model.initializer_range model.layer_norm_eps"
-)
-_ORDER = {
-    "glue": _COMMON_HEAD.format("task", "tfds_data_dir ")
-    + _COMMON_OPT
-    + "num_epochs seq_length max_train_examples double_unordered scale_regression_targets "
-    + "dropout_rate dtype "
-    + _TAIL,
-    "squad": _COMMON_HEAD.format("version", "")
-    + _COMMON_OPT
-    + "num_epochs max_train_examples dropout_rate dtype seq_length doc_stride "
-    + "max_query_length joint_prediction head_size n_best_size max_answer_length "
-    + "answerable_weight null_threshold "
-    + _TAIL,
-}
-
 
 def _family_table(family: str, differs: dict) -> tuple[Key, ...]:
-    declared = schema.by_name(_DECLARED)
+    """The keys `family` has, in the declared order, with `differs`' changes."""
     return schema.table(
         *(
-            dataclasses.replace(declared[name], **differs.get(name, {}))
-            for name in _ORDER[family].split()
+            dataclasses.replace(key, **differs.get(key.name, {}))
+            for key in _DECLARED
+            if not key.families or family in key.families
         )
     )
 
@@ -342,22 +298,10 @@ SECTIONS = {
     "model": "ELECTRA-Small's discriminator (configs/small.py)",
 }
 
-# The keys a family's config must hold itself: another family's config given `--config.family`
-# is not converted by filling them in (finetune/checks.py refuses it in one line).
+# The keys a family's config must hold itself (Key.required): another family's config given
+# `--config.family` is not converted by filling them in (finetune/checks.py refuses it in one line).
 REQUIRED = {
-    "glue": ("task", "num_epochs"),
-    "squad": (
-        "version",
-        "data_dir",
-        "num_epochs",
-        "doc_stride",
-        "max_query_length",
-        "n_best_size",
-        "max_answer_length",
-        "answerable_weight",
-        "null_threshold",
-        "head_size",
-    ),
+    family: tuple(k.name for k in keys if family in k.required) for family, keys in TABLES.items()
 }
 
 # Read by a random init only (init_from = ''): a pre-trained model brings its own.

@@ -7,14 +7,12 @@ Imports nothing of electra_jax but the schema, and no jax.
 
 from __future__ import annotations
 
+from electra_jax.config.groups import LEARNING_RATE, LEARNING_RATE_WHY, model_shape, shared
 from electra_jax.config.schema import ALLOW, FREE, MODEL, Key, table
 
 # Settings that enter float32 arithmetic on the device are held to the range in which that
-# arithmetic means something (Key.float32): a value finite in Python can still round to 0, 1 or
-# inf there, or drown everything else.
-_TINY = 1e-30  # well inside float32's normal range (from 1.2e-38): devices flush smaller to 0
+# arithmetic means something (Key.float32; the shared keys' in config/groups.py).
 _STEPS = 2**31 - 1  # optax and the loop count steps in int32
-_DROPOUT_TOP = 1 - 1e-9  # the dropout mask keeps a unit if 32 random bits fall below (1-rate) 2^32
 # Sampling divides float32 logits (|logit| up to ~1e3) by the temperature: below 1e-3 they
 # overflow to inf and the softmax to NaN; above 1e3 every vocabulary is uniform anyway.
 TEMPERATURE = (1e-3, 1e3)
@@ -36,14 +34,12 @@ SECTIONS = {
     ),
 }
 
+# The sections a pre-training config file holds itself (every one has since the first); the
+# later ones (eval, mesh, compile) are completed with their defaults (cli.check_family).
+REQUIRED_SECTIONS = ("model", "generator", "data", "train", "objective", "checkpoint", "log")
+
 KEYS = table(
-    Key(
-        "seed",
-        0,
-        "one seed for initialisation, data order and every step's randomness",
-        # jax's keys and Grain's shuffle take 32 bits: 2**32 would repeat seed 0's run.
-        rule="[0, 2**32)",
-    ),
+    shared("seed"),
     Key(
         "data.source",
         "builtin",
@@ -53,26 +49,20 @@ KEYS = table(
         ),
         cross="its form: data.sources.parse (validate.check_config)",
     ),
-    Key(
+    shared(
+        "seq_length",
         "data.seq_length",
-        128,
-        "tokens per example, [CLS] and [SEP]s included",
         resume=MODEL,
-        cross="from 8 to model.max_position_embeddings",
+        cross="at most model.max_position_embeddings",
+        memory=True,
     ),
-    Key(
-        "data.vocab_size",
-        30522,
-        "SentencePiece pieces, the five specials included (BERT's size)",
-        rule=">= 6",
-        why="the 5 special pieces and at least one more",
-        resume=MODEL,
-    ),
+    shared("vocab_size", "data.vocab_size", resume=MODEL),
     Key(
         "data.cache_dir",
         "",
         "prepared shards; '' keeps them in WORKDIR/data",
         resume=FREE,
+        path=True,
         cross="a folder; a URI only gs:// (validate.check_config)",
     ),
     Key(
@@ -131,109 +121,22 @@ KEYS = table(
             "consecutive rows spread evenly over the corpus, the same for every seed; a multiple "
             "of the evaluation batch. 0 trains on every row (and leaves nothing to evaluate on)"
         ),
+        rule=">= 0",
+        why="0 trains on every row",
         absent=0,  # a run started before the held-out slice trained on every row
-        cross="a whole number >= 0, a multiple of the evaluation batch when eval.every_steps > 0",
+        cross="a multiple of the evaluation batch when eval.every_steps > 0",
     ),
-    Key(
-        "model.hidden_size",
-        256,
-        "width of the discriminator's states",
-        rule=">= 1",
-        resume=MODEL,
-        cross="divisible by model.num_heads",
-    ),
-    Key(
-        "model.num_layers",
-        12,
-        (
-            "transformer layers of the discriminator (the generator's too, times "
-            "generator.layers_fraction)"
-        ),
-        rule=">= 1",
-        resume=MODEL,
-    ),
-    Key(
-        "model.num_heads",
-        4,
-        "attention heads; they divide hidden_size",
-        rule=">= 1",
-        resume=MODEL,
-    ),
-    Key(
-        "model.intermediate_size",
-        1024,
-        "feed-forward width",
-        rule=">= 1",
-        resume=MODEL,
-    ),
-    Key(
-        "model.embedding_size",
-        128,
-        "E; projected to hidden_size where they differ",
-        rule=">= 1",
-        resume=MODEL,
-    ),
-    Key(
-        "model.max_position_embeddings",
-        512,
-        "positions the embedding table holds: the longest data.seq_length",
-        rule=">= 8",
-        resume=MODEL,
-    ),
-    Key(
-        "model.type_vocab_size",
-        2,
-        "segment embeddings (A and B)",
-        rule=">= 1",
-        resume=MODEL,
-    ),
-    Key(
-        "model.dropout_rate",
-        0.1,
-        "dropout on the embeddings and every layer's outputs",
-        rule="[0, 1)",
-        float32=(0.0, _DROPOUT_TOP),
-        why="the kept units are scaled by 1 / (1 - rate)",
-        resume=MODEL,
-    ),
-    Key(
+    *model_shape(resume=MODEL),
+    shared("model.dropout_rate", resume=MODEL),
+    shared(
         "model.attention_dropout_rate",
-        0.1,
-        "dropout on the attention probabilities ('einsum' and 'pallas')",
-        rule="[0, 1)",
-        float32=(0.0, _DROPOUT_TOP),
-        why="the kept probabilities are scaled by 1 / (1 - rate)",
         resume=MODEL,
         cross="0 for model.attention 'xla' and 'cudnn'",
     ),
-    Key(
-        "model.initializer_range",
-        0.02,
-        "truncated-normal std",
-        rule="> 0",
-        float32=(_TINY, 1e3),
-        why="the initial weights' products are squared in LayerNorm's variance, in float32",
-        resume=MODEL,
-    ),
-    Key(
-        "model.layer_norm_eps",
-        1e-12,
-        "added to LayerNorm's variance",
-        rule="> 0",
-        float32=(_TINY, 1.0),
-        why=(
-            "it is added to the variance under a square root: smaller rounds to 0 in float32, and "
-            "a constant input divides by 0"
-        ),
-        resume=MODEL,
-    ),
-    Key(
-        "model.dtype",
-        "float32",
-        "compute type: 'float32' or 'bfloat16'; params stay float32",
-        rule=("float32", "bfloat16"),
-        resume=ALLOW,  # the compute type only: the parameters stay float32
-    ),
+    shared("model.initializer_range", resume=MODEL),
+    shared("model.layer_norm_eps", resume=MODEL),
+    # The compute type only: the parameters stay float32.
+    shared("model.dtype", resume=ALLOW, memory=True),
     Key(
         "model.attention",
         "auto",
@@ -247,6 +150,7 @@ KEYS = table(
         rule=("auto", "einsum", "pallas", "xla", "cudnn"),
         resume=MODEL,
         cross="'cudnn' needs model.dtype 'bfloat16' and a GPU; 'pallas' TPU devices",
+        memory=True,
     ),
     Key(
         "model.embedding_sharing",
@@ -271,6 +175,7 @@ KEYS = table(
         rule=(True, False),
         resume=MODEL,
         absent=False,  # a run started before the option holds its layers unrolled
+        memory=True,
     ),
     Key(
         "generator.hidden_fraction",
@@ -317,7 +222,8 @@ KEYS = table(
             "'adversarial': steps of maximum-likelihood training before the policy gradient takes"
             " over (the paper states no warm start: 0)"
         ),
-        cross="a whole number from 0 to train.num_steps - 1",
+        rule=">= 0",
+        cross="at most train.num_steps - 1",
     ),
     Key(
         "objective.mask_prob",
@@ -368,7 +274,8 @@ KEYS = table(
         "objective.temperature_steps",
         0,
         "steps the temperature comes down over from temperature_start; 0: no schedule",
-        cross="a whole number from 0 to train.num_steps",
+        rule=">= 0",
+        cross="at most train.num_steps",
     ),
     Key(
         "objective.disc_mlm_weight",
@@ -388,7 +295,8 @@ KEYS = table(
         "objective.disc_mlm_steps",
         0,
         "steps disc_mlm_weight fades to 0 over; 0: constant",
-        cross="a whole number from 0 to train.num_steps",
+        rule=">= 0",
+        cross="at most train.num_steps",
     ),
     Key(
         "objective.unigram_share",
@@ -407,7 +315,8 @@ KEYS = table(
         "objective.unigram_share_steps",
         0,
         "steps unigram_share fades to 0 over; 0: constant",
-        cross="a whole number from 0 to train.num_steps; 0 unless unigram_share > 0",
+        rule=">= 0",
+        cross="at most train.num_steps; 0 unless unigram_share > 0",
     ),
     Key(
         "objective.sampler",
@@ -433,18 +342,15 @@ KEYS = table(
         "global, over all devices and hosts",
         rule=">= 1",
         cross="divisible by the data-parallel devices and the processes",
+        memory=True,
     ),
     Key(
         "train.learning_rate",
         0.0005,
         "peak",
         rule="> 0",
-        float32=(1e-9, 10.0),
-        why=(
-            "an Adam step moves each weight by about the learning rate; float32 rounds a smaller "
-            "step away against weights of ~0.02, and a larger one throws them past anything "
-            "trained"
-        ),
+        float32=LEARNING_RATE,
+        why=LEARNING_RATE_WHY,
     ),
     Key(
         "train.warmup_steps",
@@ -454,51 +360,12 @@ KEYS = table(
         float32=(0, _STEPS),
         why=_INT32_STEP,
     ),
-    Key(
-        "train.weight_decay",
-        0.01,
-        "AdamW's, not on LayerNorm parameters or biases",
-        rule=">= 0",
-        cross="weight_decay x learning_rate < 1",
-    ),
-    Key(
-        "train.clip_norm",
-        1.0,
-        "global gradient-norm clipping",
-        rule="> 0",
-        float32=(_TINY, 1e30),
-        why="gradients are scaled by it in float32",
-    ),
-    Key(
-        "train.adam_b1",
-        0.9,
-        "Adam's first-moment decay",
-        rule="[0, 1)",
-        below_one_in_float32=True,
-    ),
-    Key(
-        "train.adam_b2",
-        0.999,
-        "Adam's second-moment decay",
-        rule="[0, 1)",
-        below_one_in_float32=True,
-    ),
-    Key(
-        "train.adam_eps",
-        1e-06,
-        "Adam's epsilon",
-        rule="> 0",
-        float32=(_TINY, 1.0),
-        why=(
-            "it divides the update of every weight no batch touched yet, whose moments are 0: "
-            "smaller rounds to 0 in float32 and 0/0 is NaN"
-        ),
-    ),
-    Key(
-        "train.adam_bias_correction",
-        False,
-        "the original optimizer has none",
-    ),
+    shared("weight_decay", "train.weight_decay", cross="weight_decay x learning_rate < 1"),
+    shared("clip_norm", "train.clip_norm"),
+    shared("adam_b1", "train.adam_b1"),
+    shared("adam_b2", "train.adam_b2"),
+    shared("adam_eps", "train.adam_eps"),
+    shared("adam_bias_correction", "train.adam_bias_correction"),
     Key(
         "train.generator_lr_scale",
         1.0,
@@ -532,6 +399,7 @@ KEYS = table(
         ),
         resume=FREE,  # read by a fresh run only
         cross="a URI only gs://",
+        path=True,
     ),
     Key(
         "train.grad_accum_steps",
@@ -542,6 +410,7 @@ KEYS = table(
         ),
         resume=FREE,
         cross=">= 1 and divides train.batch_size",
+        memory=True,
     ),
     Key(
         "train.steps_per_call",
@@ -555,6 +424,7 @@ KEYS = table(
         rule=">= 1",
         resume=FREE,
         absent=1,  # one step per call before the option
+        memory=True,
     ),
     Key(
         "train.remat",
@@ -601,14 +471,9 @@ KEYS = table(
         "1 replicates parameters; N or -1 shards them over N or all devices",
         resume=FREE,
         cross=">= 1, or -1 for all devices",
+        memory=True,
     ),
-    Key(
-        "checkpoint.every_steps",
-        10000,
-        "steps between checkpoints (the last step always has one)",
-        rule=">= 1",
-        resume=FREE,
-    ),
+    shared("checkpoint.every_steps"),
     Key(
         "checkpoint.every_minutes",
         0.0,
@@ -620,13 +485,7 @@ KEYS = table(
         rule=">= 0",
         resume=FREE,
     ),
-    Key(
-        "checkpoint.keep",
-        3,
-        "newest checkpoints kept",
-        rule=">= 1",
-        resume=FREE,
-    ),
+    shared("checkpoint.keep"),
     Key(
         "checkpoint.keep_every_steps",
         0,
@@ -635,16 +494,18 @@ KEYS = table(
             "every_steps), never deleted, for downstream evaluation along the run; 0 keeps only "
             "the newest `keep`"
         ),
+        rule=">= 0",
+        why="0 keeps only the newest checkpoint.keep",
         resume=FREE,
-        cross="a whole number >= 0, a multiple of checkpoint.every_steps",
+        cross="a multiple of checkpoint.every_steps",
     ),
     Key(
         "eval.every_steps",
         10000,
         "0: no evaluation",
+        rule=">= 0",
         resume=FREE,
         absent=0,  # no evaluation before the option
-        cross="a whole number >= 0",
     ),
     Key(
         "eval.batch_size",
@@ -705,6 +566,7 @@ KEYS = table(
         ),
         resume=FREE,
         cross="a folder; a URI only gs://; 'off' for none",
+        path=True,
     ),
     Key(
         "export.license",

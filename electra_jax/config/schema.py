@@ -3,7 +3,7 @@ them: the defaults, a user's config completed with them, per-key checks, an olde
 upgraded, and the rule a resume follows for a key.
 
 A table is a tuple of Keys named 'key' or 'section.key' (one level of sections, as every config
-of electra_jax has). Imports nothing of electra_jax and no jax.
+of electra_jax has). Imports nothing of electra_jax but its errors, and no jax.
 """
 
 from __future__ import annotations
@@ -17,10 +17,7 @@ from typing import Any
 
 import ml_collections
 
-
-class ConfigError(ValueError):
-    """A config value that cannot work; the message names the key and what to do."""
-
+from electra_jax.errors import ConfigError
 
 # What a resume may do with a key (pre-training: pretraining/resume.py; fine-tuning:
 # finetune/prior_run.py; both through run/rerun.py).
@@ -48,7 +45,13 @@ class Key:
     rule a cross-key check (validate.py, finetune/checks.py) holds it to, for the reader.
     below_one_in_float32: a rate that must stay below 1 once rounded to float32 (Adam's decay
     rates: one that rounds to 1 freezes its moment). allows: for a key a resume ALLOWs to
-    change, what the change lets differ (fine-tuning's --allow_change lists it).
+    change, what the change lets differ (fine-tuning's --allow_change lists it). families: for
+    a command of several families (fine-tuning's GLUE and SQuAD), those that have the key; ()
+    all. required: the families whose config must hold the key itself (another family's config
+    given its name is not converted by filling them in). path: a path or URI the run reads or
+    writes through the path layer (store/paths.py), whose form validate.py checks. memory: a
+    setting that shapes the step's memory per device (train.remat='auto' chooses its policy
+    again when one changes: pretraining/remat_auto.py).
     """
 
     name: str
@@ -62,6 +65,10 @@ class Key:
     cross: str = ""
     below_one_in_float32: bool = False
     allows: str = ""
+    families: tuple[str, ...] = ()
+    required: tuple[str, ...] = ()
+    path: bool = False
+    memory: bool = False
 
     def __post_init__(self):
         if self.resume not in RESUME_RULES:
@@ -241,70 +248,52 @@ def _type_message(key: Key, value: Any, where: str) -> str:
     return f"{where}{key.name}={value!r} must be {_KIND_NAMES[key.kind]}"
 
 
-# The two commands word a failed range differently (each's tests and users know its words):
-# pre-training refuses a NaN or Inf anywhere first ("must be a finite number"), then says "must be
-# >= 1" or "must be in [0, 1)", the reason after a colon; fine-tuning names the key
-# "config.KEY", says "must be a whole number finite and >= 1", the reason in parentheses.
-TRAIN, FINETUNE = "train", "finetune"
-
-
-def check_values(config: Any, keys: Sequence[Key], dialect: str = TRAIN) -> None:
-    """ConfigError (one line naming the key) for the first value of `config` that is not of its
-    key's kind, not finite, outside its range or float32 range, or not one of its choices. Keys
-    `config` lacks are not checked (`complete` fills them first)."""
-    where = "config." if dialect == FINETUNE else ""
+def check_values(config: Any, keys: Sequence[Key], prefix: str = "") -> None:
+    """ConfigError (one line naming the key) for the first value of `config` that is not finite,
+    not of its key's kind, outside its range or float32 range, or not one of its choices. Keys
+    `config` lacks are not checked (`complete` fills them first). `prefix` is how the command's
+    messages spell a key ('config.' for fine-tuning's top-level keys); the wording is the same."""
     present = [k for k in keys if _has(config, k.name)]
-    if dialect == TRAIN:
-        for key in present:
-            value = _value(config, key.name)
-            if isinstance(value, float) and not math.isfinite(value):
-                raise ConfigError(f"{key.name}={value} must be a finite number")
+    for key in present:  # a NaN or Inf anywhere first: no range holds it
+        value = _value(config, key.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{prefix}{key.name}={value} must be a finite number")
     for key in present:
         value = _value(config, key.name)
         if not _kind_ok(key, value):
             if isinstance(key.rule, tuple) and key.kind is not bool:
-                raise ConfigError(_choice_message(key, value, where))
-            raise ConfigError(_type_message(key, value, where))
+                raise ConfigError(_choice_message(key, value, prefix))
+            raise ConfigError(_type_message(key, value, prefix))
         if isinstance(key.rule, tuple):
             if value not in key.rule:
-                raise ConfigError(_choice_message(key, value, where))
-        elif key.rule:
-            _check_range(key, value, key.rule, where, dialect)
+                raise ConfigError(_choice_message(key, value, prefix))
+        elif key.rule and not in_range(value, key.rule):
+            interval = "in " if key.rule[0] in "([" else ""
+            raise ConfigError(f"{prefix}{key.name}={value} must be {interval}{key.rule}{_why(key)}")
         if key.float32 is not None:
             low, high = key.float32
             if not low <= value <= high:
-                because = f": {key.why}" if key.why else ""
                 raise ConfigError(
-                    f"{key.name}={value} must be in [{_num(low)}, {_num(high)}]{because}"
+                    f"{prefix}{key.name}={value} must be in [{_num(low)}, {_num(high)}]{_why(key)}"
                 )
         if key.below_one_in_float32 and isinstance(value, float):
-            _check_decay_rate(key, value)
+            _check_decay_rate(key, value, prefix)
+
+
+def _why(key: Key) -> str:
+    return f": {key.why}" if key.why else ""
 
 
 def _choice_message(key: Key, value: Any, where: str) -> str:
     return f"{where}{key.name}={value!r} is not a choice; use {choices_text(key.rule)}"
 
 
-def _check_range(key: Key, value: Any, rule: str, where: str, dialect: str) -> None:
-    finite = isinstance(value, float) and math.isfinite(value) or isinstance(value, int)
-    if finite and in_range(value, rule):
-        return
-    interval = rule[0] in "(["
-    if dialect == FINETUNE:
-        kind = "a whole number " if key.kind is int else ""
-        what = f"in {rule}" if interval else f"finite and {rule}"
-        note = f" ({key.why})" if key.why else ""
-        raise ConfigError(f"{where}{key.name}={value!r} must be {kind}{what}{note}")
-    because = f": {key.why}" if key.why else ""
-    raise ConfigError(f"{key.name}={value} must be {'in ' if interval else ''}{rule}{because}")
-
-
-def _check_decay_rate(key: Key, value: float) -> None:
+def _check_decay_rate(key: Key, value: float, prefix: str) -> None:
     # With no bias correction a rate that rounds to 1 keeps the moment at 0 forever.
     if struct.unpack("f", struct.pack("f", value))[0] >= 1:
         raise ConfigError(
-            f"{key.name}={value} rounds to 1.0 in float32, which freezes Adam's moment at its "
-            "start; use at most 0.9999999"
+            f"{prefix}{key.name}={value} rounds to 1.0 in float32, which freezes Adam's moment "
+            "at its start; use at most 0.9999999"
         )
 
 

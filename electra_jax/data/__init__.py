@@ -6,14 +6,7 @@ importing this package stays cheap; only what its tokenizers share lives here: t
 and the special pieces.
 """
 
-
-class DataError(ValueError):
-    """Bad data input (a source, a tokenizer file, a config value) that the user must fix.
-
-    The message is one self-contained line: it names the file or source and says what to do, so
-    the command-line entry point can print it without a traceback.
-    """
-
+from electra_jax.errors import DataError
 
 # Ids 0-4 of every SentencePiece model this package trains, and the names BERT's WordPiece
 # vocabularies give the same tokens.

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from electra_jax.data import DataError
+from electra_jax.errors import DataError
 
 BLOCK = 16  # rows per held-out block (2,048 tokens at seq_length 128)
 

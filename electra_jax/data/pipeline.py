@@ -15,12 +15,14 @@ import bisect
 import dataclasses
 import functools
 import itertools
+import resource
 
 import grain
 import numpy as np
 
-from electra_jax.data import DataError, heldout
+from electra_jax.data import heldout
 from electra_jax.data.shards import ROW_DTYPE, PreparedData
+from electra_jax.errors import DataError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,8 +46,6 @@ def make_room_for_shards(num_shards: int, directory: str) -> None:
     `num_shards` shards needs: ArrayRecord keeps each shard it has read from open, and a shuffled
     epoch reads them all. The soft limit (1024 by default on Linux) is raised up to the hard
     one, which needs no privilege; DataError (one line, the way out) when even that is short."""
-    import resource
-
     need = num_shards + _OTHER_OPEN_FILES
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY or soft >= need:

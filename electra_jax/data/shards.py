@@ -10,6 +10,7 @@ inside ``cache_dir/<key>/`` therefore means the shards are complete.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import errno
 import hashlib
@@ -26,9 +27,10 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 from array_record.python.array_record_module import ArrayRecordWriter
 
-from electra_jax.data import DataError, progress, sources
+from electra_jax.data import progress, sources
 from electra_jax.data import tokenizer as tokenizer_lib
 from electra_jax.data.packing import SentenceEnds, iter_packed
+from electra_jax.errors import DataError
 from electra_jax.store import filenames, jsonio, paths
 
 MANIFEST = "manifest.json"
@@ -476,8 +478,7 @@ def _check_shard(directory: str, path: str, expected: int) -> None:
     """Opens a shard's reader (its index only, no records) and compares its record count with
     the manifest's: a file cut short or overwritten fails here, before training starts, rather
     than in a read thread mid-run."""
-    import contextlib
-
+    # array_record: only on the path that uses it (an optional extra, or slow to import).
     from array_record.python.array_record_module import ArrayRecordReader
 
     try:

@@ -64,7 +64,7 @@ import zlib
 from collections.abc import Iterable, Iterator
 
 from electra_jax.config import pretrain_keys, schema
-from electra_jax.data import DataError
+from electra_jax.errors import DataError
 from electra_jax.store import jsonio
 from electra_jax.store import paths as path_layer  # `paths` names lists of files here
 from electra_jax.store.jsonio import bom_encoding, json_kind, one_line
@@ -482,6 +482,7 @@ def _needs_pyarrow(source: str) -> DataError:
 
 def _import_pyarrow(source: str):
     try:
+        # pyarrow: only on the path that uses it (an optional extra, or slow to import).
         import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError:
@@ -669,6 +670,7 @@ def _parse_tfds(arg: str) -> tuple[str, str]:
 
 def _import_tfds(source: str):
     try:
+        # tensorflow_datasets: only on the path that uses it (an optional extra, or slow to import).
         import tensorflow_datasets as tfds
     except ImportError:
         raise DataError(
@@ -694,6 +696,7 @@ def _build_command(name: str, opts: SourceOptions) -> str:
 def _tf_examples(builder, split: str):
     """Examples through tf.data, for datasets prepared as TFRecord (the TFDS default)."""
     try:
+        # tensorflow: only on the path that uses it (an optional extra, or slow to import).
         import tensorflow as tf
     except ImportError:
         raise DataError(
@@ -703,6 +706,7 @@ def _tf_examples(builder, split: str):
         ) from None
     # TensorFlow would otherwise reserve most of every GPU's memory, which JAX needs.
     tf.config.set_visible_devices([], "GPU")
+    # tensorflow_datasets: only on the path that uses it (an optional extra, or slow to import).
     import tensorflow_datasets as tfds
 
     ds = builder.as_dataset(split=split, shuffle_files=False)

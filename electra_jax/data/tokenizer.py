@@ -26,7 +26,8 @@ from collections.abc import Callable, Iterable, Sequence
 import numpy as np
 import sentencepiece as spm
 
-from electra_jax.data import SPECIAL_PIECES, DataError, wordpiece
+from electra_jax.data import SPECIAL_PIECES, wordpiece
+from electra_jax.errors import DataError
 from electra_jax.store import paths
 
 PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = 0, 1, 2, 3, 4

@@ -12,7 +12,8 @@ import hashlib
 import json
 from collections.abc import Sequence
 
-from electra_jax.data import SPECIAL_PIECES, DataError
+from electra_jax.data import SPECIAL_PIECES
+from electra_jax.errors import DataError
 from electra_jax.store import filenames, jsonio, paths
 
 VOCAB_FILENAME = "vocab.txt"
@@ -42,6 +43,7 @@ class WordPieceTokenizer:
         tokenize_chinese_chars: bool = True,
         model_path: str = "",
     ):
+        # tokenizers: only on the path that uses it (an optional extra, or slow to import).
         from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers
         from tokenizers import Tokenizer as HFTokenizer
 

@@ -15,11 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from electra_jax.config import finetune_keys, schema
-from electra_jax.config.schema import ConfigError
-from electra_jax.data import DataError
+from electra_jax.config import finetune_keys, groups, schema
+from electra_jax.errors import ConfigError, DataError, NonFiniteError
 from electra_jax.finetune import squad_data, tasks
-from electra_jax.validate import NonFiniteError
 
 # config.family -> the config file its users start from.
 FAMILY_CONFIGS = {"glue": "configs/glue.py", "squad": "configs/squad.py"}
@@ -35,14 +33,15 @@ def check_common(config) -> None:
     """The rules every fine-tuning config obeys (a family checks its own fields after these);
     ConfigError (one line naming the key) for the first value that cannot work."""
     c = config
-    schema.check_values(c, finetune_keys.checked(c), schema.FINETUNE)
-    # As pre-training's (train.learning_rate's float32 range): an Adam step moves a weight by
-    # about the learning rate, which float32 rounds away below 1e-9 against weights of ~0.02. A
-    # huge rate is no float32 nonsense but a run that diverges, which the loop stops with one line.
+    schema.check_values(c, finetune_keys.checked(c), prefix="config.")
+    # Pre-training's lowest learning rate (groups.LEARNING_RATE): float32 rounds a smaller Adam
+    # step away against the weights. A huge rate is no float32 nonsense but a run that diverges,
+    # which the loop stops with one line.
+    lowest = groups.LEARNING_RATE[0]
     require(
-        c.learning_rate == 0 or c.learning_rate >= 1e-9,
+        c.learning_rate == 0 or c.learning_rate >= lowest,
         f"config.learning_rate={c.learning_rate!r} must be 0 (the paper's for the model's size) "
-        "or at least 1e-9: float32 rounds a smaller Adam step away against the weights",
+        f"or at least {lowest:g}: float32 rounds a smaller Adam step away against the weights",
     )
     require(
         not (c.init_from and c.tokenizer),

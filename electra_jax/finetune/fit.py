@@ -22,9 +22,8 @@ import optax
 from electra_jax.finetune import checks
 from electra_jax.finetune.family import ORDER_STREAM
 from electra_jax.model import sharding
-from electra_jax.model.optim import layerwise_lr_multipliers, make_finetune_optimizer
-from electra_jax.pretraining.metrics import log
-from electra_jax.pretraining.optimizer_step import TrainState
+from electra_jax.model.optim import TrainState, layerwise_lr_multipliers, make_finetune_optimizer
+from electra_jax.model.sharding import log
 from electra_jax.store import checkpointing
 
 # The ELECTRA paper's fine-tuning learning rate and layer-wise decay by model size (its Table 7),

@@ -12,8 +12,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from electra_jax.config.schema import ConfigError
-from electra_jax.data import DataError
+from electra_jax import pretrained
+from electra_jax.config import finetune_keys
+from electra_jax.data import tokenizer as tokenizer_lib
+from electra_jax.errors import ConfigError, DataError, PretrainedError
 from electra_jax.finetune import glue_heads, saved
 from electra_jax.model.networks import (
     ElectraSpec,
@@ -21,7 +23,6 @@ from electra_jax.model.networks import (
     discriminator_embedding_params,
     generator_spec,
 )
-from electra_jax.model.weights import PretrainedError
 from electra_jax.store import paths
 
 
@@ -37,22 +38,17 @@ class Initial:
 
 
 def _load_pretrained(path: str):
-    """electra_jax.pretrained.load_pretrained, imported late (tests replace this function)."""
-    from electra_jax import pretrained
-
+    """electra_jax.pretrained.load_pretrained, behind a name of this module (tests replace it)."""
     return pretrained.load_pretrained(path)
 
 
-# The fields of config.model a randomly initialised network takes: its discriminator's, then
-# the embeddings' and the initialiser's.
-_ENCODER_FIELDS = ("hidden_size", "num_layers", "num_heads", "intermediate_size")
-_NETWORK_FIELDS = (
-    "embedding_size",
-    "max_position_embeddings",
-    "type_vocab_size",
-    "initializer_range",
-    "layer_norm_eps",
+# The fields of config.model a randomly initialised network takes (every key of the section,
+# config/finetune_keys.py): its encoder's (EncoderSpec's), then the network's (ElectraSpec's).
+_MODEL_FIELDS = tuple(
+    k.name.partition(".")[2] for k in finetune_keys.TABLES["glue"] if k.name.startswith("model.")
 )
+_ENCODER_FIELDS = tuple(f.name for f in dataclasses.fields(EncoderSpec) if f.name in _MODEL_FIELDS)
+_NETWORK_FIELDS = tuple(f for f in _MODEL_FIELDS if f not in _ENCODER_FIELDS)
 
 
 def _random_spec(model_cfg: Any, vocab_size: int) -> ElectraSpec:
@@ -68,8 +64,6 @@ def _random_spec(model_cfg: Any, vocab_size: int) -> ElectraSpec:
 
 def _task_tokenizer(config, texts: list[str], workdir: str):
     """config.tokenizer, or a SentencePiece model trained on the task's training texts."""
-    from electra_jax.data import tokenizer as tokenizer_lib
-
     if config.tokenizer:
         return tokenizer_lib.Tokenizer.load(config.tokenizer)
     try:

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from electra_jax.config.schema import ConfigError
+from electra_jax.errors import ConfigError
 from electra_jax.finetune import saved
 from electra_jax.run import rerun
 from electra_jax.run import workdir as workdir_lib

@@ -21,7 +21,7 @@ import ml_collections
 import numpy as np
 
 from electra_jax.config import finetune_keys
-from electra_jax.config.schema import ConfigError
+from electra_jax.errors import ConfigError
 from electra_jax.finetune import (
     checks,
     fit,
@@ -36,7 +36,7 @@ from electra_jax.finetune.family import Data, Family
 from electra_jax.finetune.glue import GLUE
 from electra_jax.finetune.squad import SQUAD
 from electra_jax.model import sharding
-from electra_jax.pretraining.metrics import log
+from electra_jax.model.sharding import log
 from electra_jax.store import checkpoint_steps, checkpointing, jsonio, paths
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (GLUE, SQUAD)}

@@ -26,12 +26,13 @@ import jax
 import ml_collections
 import numpy as np
 
+from electra_jax.errors import ConfigError, PretrainedError
 from electra_jax.finetune import features, loop, results, saved, squad_data, squad_eval, tasks
 from electra_jax.finetune.glue import regression_targets
 from electra_jax.finetune.squad import featurizer, inputs
 from electra_jax.model import sharding
-from electra_jax.model.weights import PretrainedError
 from electra_jax.pretrained import length_argument, text_argument, texts_argument
+from electra_jax.run import workdir as workdir_lib
 from electra_jax.store import paths
 
 
@@ -184,8 +185,6 @@ class QuestionAnswerer(Finetuned):
 
 def is_finetuned(path: str) -> bool:
     """Whether `path` is a fine-tuning workdir (its marker says so, or it has model.json)."""
-    from electra_jax.run import workdir as workdir_lib
-
     path = os.fspath(path)
     if not paths.isdir(path):
         return False
@@ -197,8 +196,6 @@ def is_finetuned(path: str) -> bool:
 def read_run(workdir: str) -> tuple[ml_collections.ConfigDict, dict, Any, Any]:
     """(config, model.json, family, task) of a fine-tuning workdir; PretrainedError naming the
     file when one is missing, damaged, or of a family or task this version does not know."""
-    from electra_jax.config.schema import ConfigError
-
     record = saved.read_model(workdir)
     config_path = paths.join(workdir, saved.CONFIG_FILE)
     config = ml_collections.ConfigDict(saved.read_json(config_path, "restore it from a copy"))

@@ -17,12 +17,12 @@ import dataclasses
 from typing import Any
 
 from electra_jax.config import finetune_keys
-from electra_jax.config.schema import ConfigError, flatten
+from electra_jax.config.schema import flatten
+from electra_jax.errors import ConfigError, PretrainedError
 from electra_jax.finetune import saved
 from electra_jax.finetune.family import Family
 from electra_jax.finetune.glue import GLUE
 from electra_jax.finetune.squad import SQUAD
-from electra_jax.model.weights import PretrainedError
 from electra_jax.run import rerun
 from electra_jax.run import workdir as workdir_lib
 from electra_jax.store import checkpoint_steps, filenames, paths

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from electra_jax.data import DataError
+from electra_jax.errors import DataError
 from electra_jax.finetune import squad_data, tasks
 from electra_jax.finetune.family import Data, fixed_subset
 

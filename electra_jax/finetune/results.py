@@ -11,7 +11,7 @@ import jax
 import numpy as np
 
 from electra_jax.finetune import checks, saved
-from electra_jax.pretraining.metrics import log
+from electra_jax.model.sharding import log
 from electra_jax.store import jsonio, paths
 
 

@@ -28,8 +28,14 @@ from typing import Any
 
 import numpy as np
 
+from electra_jax.data.tokenizer import MODEL_FILENAME, load_saved
+from electra_jax.errors import DataError, PretrainedError
+from electra_jax.hf.read import HF_PREFIX
 from electra_jax.model import networks as model_lib
-from electra_jax.model.weights import PretrainedError, check_finite, check_spec
+from electra_jax.model.weights import check_finite, check_spec
+from electra_jax.objectives.core import num_mask_slots
+from electra_jax.pretrained import read_run_config
+from electra_jax.pretraining import metrics
 from electra_jax.store import checkpoint_steps, jsonio, paths
 from electra_jax.store.filenames import (  # noqa: F401  (read as saved.X by fine-tuning)
     CONFIG_FILE,
@@ -115,6 +121,7 @@ def unflatten(tensors: dict[str, np.ndarray]) -> dict:
 def save_weights(workdir: str, params: dict) -> str:
     """WORKDIR/model.safetensors from a parameter tree, atomically; returns its path. In a
     bucket, written to a local temporary file first, then uploaded in one upload."""
+    # safetensors: only on the path that uses it (an optional extra, or slow to import).
     from safetensors.numpy import save_file
 
     path = paths.join(workdir, WEIGHTS_FILE)
@@ -125,6 +132,7 @@ def save_weights(workdir: str, params: dict) -> str:
 def load_weights(workdir: str, expected: dict) -> dict:
     """WORKDIR/model.safetensors as a nested tree of float32 numpy arrays, checked against the
     shapes of `expected` (a tree of arrays or ShapeDtypeStructs)."""
+    # safetensors: only on the path that uses it (an optional extra, or slow to import).
     from safetensors import SafetensorError
     from safetensors.numpy import load_file
 
@@ -170,12 +178,8 @@ def save_tokenizer(tokenizer: Any, workdir: str) -> None:
     trained for the run is trained into that folder). Written into a temporary folder that is
     renamed into place; in a bucket, written locally and then uploaded file by file, spm.model
     last (its presence says the set is whole)."""
-    from electra_jax.data.tokenizer import MODEL_FILENAME
-
     folder = paths.join(workdir, TOKENIZER_DIR)
     if paths.isdir(folder):
-        from electra_jax.data.tokenizer import load_saved
-
         try:
             if load_saved(folder).fingerprint == tokenizer.fingerprint:
                 return
@@ -186,9 +190,6 @@ def save_tokenizer(tokenizer: Any, workdir: str) -> None:
 
 def load_tokenizer(workdir: str, fingerprint: str | None = None):
     """The run's tokenizer from WORKDIR/tokenizer, checked against model.json's fingerprint."""
-    from electra_jax.data import DataError
-    from electra_jax.data.tokenizer import load_saved
-
     folder = paths.join(workdir, TOKENIZER_DIR)
     try:
         tokenizer = load_saved(folder)
@@ -222,11 +223,6 @@ def pretraining_record(init_from: str, pre: Any) -> dict:
     source; for a pre-training workdir also its corpus, objective, step, batch and sequence
     length, its counted training FLOPs up to that step (metrics.count_flops, as the run's MFU
     uses) and the metrics.jsonl row of that step; for an export, its export.json."""
-    from electra_jax.config import pretrain_keys, schema
-    from electra_jax.hf.read import HF_PREFIX
-    from electra_jax.objectives.core import num_mask_slots
-    from electra_jax.pretraining import metrics
-
     record: dict = {"source": pre.source, "init_from": init_from}
     path, _ = checkpoint_steps.split_step(init_from)
     if path.startswith(HF_PREFIX):
@@ -243,9 +239,8 @@ def pretraining_record(init_from: str, pre: Any) -> dict:
     record["kind"] = "workdir"
     record["step"] = int(step)
     try:
-        config = read_json(paths.join(path, CONFIG_FILE), "")
-        data, train = config["data"], config["train"]  # sizes: never filled in (KeyError)
-        obj = schema.upgrade(config, pretrain_keys.KEYS)["objective"]  # older: what they meant
+        config = read_run_config(path)  # upgraded: an older one's keys as they meant
+        data, train, obj = config["data"], config["train"], config["objective"]
         name, mask_prob = obj["name"], obj["mask_prob"]
         seq_length, batch_size = int(data["seq_length"]), int(train["batch_size"])
         flops = metrics.count_flops(

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from electra_jax.data import DataError
+from electra_jax.errors import DataError
 from electra_jax.store import jsonio
 from electra_jax.store.jsonio import json_kind, one_line
 
@@ -182,6 +182,7 @@ def encode_with_offsets(
     if hasattr(tokenizer, "encode_batch_with_offsets"):  # WordPiece
         encoded = tokenizer.encode_batch_with_offsets(texts)
     else:  # data.tokenizer.Tokenizer: SentencePiece reports character offsets itself
+        # sentencepiece: only on the path that uses it (an optional extra, or slow to import).
         import sentencepiece as spm
 
         processor = spm.SentencePieceProcessor(model_proto=tokenizer.model_proto)

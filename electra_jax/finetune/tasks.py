@@ -21,7 +21,7 @@ import math
 import os
 from collections.abc import Sequence
 
-from electra_jax.data import DataError
+from electra_jax.errors import DataError
 from electra_jax.store import jsonio
 
 

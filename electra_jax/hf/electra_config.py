@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from electra_jax.errors import PretrainedError
 from electra_jax.hf.names import ARCHITECTURES, DISCRIMINATOR, GENERATOR
 from electra_jax.model import networks
-from electra_jax.model.weights import PretrainedError, check_size
+from electra_jax.model.weights import check_size
 from electra_jax.store.jsonio import one_line
 
 # A single discriminator folder has no generator: one is initialised at the paper's Small width.

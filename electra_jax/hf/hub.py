@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import shlex
 
-from electra_jax.model.weights import PretrainedError
+from electra_jax.errors import PretrainedError
+from electra_jax.hf.previous import MANIFEST
+from electra_jax.store import deadline
 from electra_jax.store.jsonio import one_line
 
 LOGIN = "log in with `hf auth login` or set HF_TOKEN"
@@ -29,6 +31,7 @@ class HubTimeout(PretrainedError):
 def check(repo: str) -> None:
     """PretrainedError (one line) for a repository id the Hub refuses ('NAME' or
     'NAMESPACE/NAME') or when no Hugging Face token is found; nothing is sent."""
+    # huggingface_hub: only on the path that uses it (an optional extra, or slow to import).
     from huggingface_hub import get_token
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
@@ -55,10 +58,8 @@ def push(
       HubTimeout: no end within the deadline (the export stays in `out`).
       PretrainedError: the Hub refused or could not be reached (the export stays in `out`).
     """
+    # huggingface_hub: only on the path that uses it (an optional extra, or slow to import).
     from huggingface_hub import HfApi, constants
-
-    from electra_jax.hf.previous import MANIFEST
-    from electra_jax.store import deadline
 
     api = HfApi()
     source = manifest.get("source", out)

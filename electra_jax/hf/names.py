@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from electra_jax.errors import PretrainedError
 from electra_jax.model import layer_stack, networks
-from electra_jax.model.weights import PretrainedError
 from electra_jax.store import filenames
 
 NETWORKS = filenames.EXPORT_NETWORKS

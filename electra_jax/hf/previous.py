@@ -12,7 +12,7 @@ from typing import Any
 
 from electra_jax.data.tokenizer import MODEL_FILENAME
 from electra_jax.data.wordpiece import VOCAB_FILENAME
-from electra_jax.model.weights import PretrainedError
+from electra_jax.errors import PretrainedError
 from electra_jax.store import filenames, jsonio
 from electra_jax.store.jsonio import json_kind, one_line
 

@@ -12,10 +12,16 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
+import zipfile
 from typing import Any
 
+import jax
 import numpy as np
 
+from electra_jax.data.tokenizer import MODEL_FILENAME, describe
+from electra_jax.data.wordpiece import VOCAB_FILENAME
+from electra_jax.errors import PretrainedError
 from electra_jax.hf.electra_config import DEFAULT_GENERATOR_FRACTION, spec_from_hf
 from electra_jax.hf.names import (
     DISCRIMINATOR,
@@ -29,7 +35,6 @@ from electra_jax.hf.tokenizer_files import read_hf_tokenizer
 from electra_jax.model import networks
 from electra_jax.model.weights import (
     Pretrained,
-    PretrainedError,
     abstract_params,
     check_finite,
     check_params,
@@ -61,6 +66,7 @@ def read_hf_tensors(folder: str) -> dict[str, np.ndarray]:
     model.safetensors (or its sharded index) is read with safetensors' numpy API; a
     pytorch_model.bin only when torch is installed (unpickling it needs torch).
     """
+    # safetensors: only on the path that uses it (an optional extra, or slow to import).
     from safetensors.numpy import load_file
 
     single, index = os.path.join(folder, WEIGHTS), os.path.join(folder, WEIGHTS_INDEX)
@@ -130,14 +136,12 @@ def _shard_names(index: str) -> list[str]:
 
 
 def _read_torch_bin(path: str) -> dict[str, np.ndarray]:
-    import pickle
-    import zipfile
-
     convert = (
         f"convert it to {WEIGHTS} where the source is trusted (transformers' "
         "save_pretrained(dir, safe_serialization=True))"
     )
     try:
+        # torch: only on the path that uses it (an optional extra, or slow to import).
         import torch
     except ImportError:
         raise PretrainedError(
@@ -245,9 +249,6 @@ def _check_same_tokenizer(tokenizer: Any, where: dict[str, str]) -> None:
     """PretrainedError when the generator's folder holds a tokenizer other than the
     discriminator's: the two networks share their embeddings, so their weights belong to one
     tokenizer (a folder without tokenizer files takes the discriminator's)."""
-    from electra_jax.data.tokenizer import MODEL_FILENAME, describe
-    from electra_jax.data.wordpiece import VOCAB_FILENAME
-
     folder = where[GENERATOR]
     if not any(os.path.isfile(os.path.join(folder, n)) for n in (MODEL_FILENAME, VOCAB_FILENAME)):
         return
@@ -267,8 +268,6 @@ def _with_fresh_generator(params: dict, spec: networks.ElectraSpec, seed: int = 
     embedding projection's kernel, Glorot-uniform as in the original; LayerNorm scales 1, biases
     0; drawn with numpy, because compiling Flax's init for this takes seconds.
     """
-    import jax
-
     rng = np.random.default_rng(seed)
 
     def init(path, leaf) -> np.ndarray:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from electra_jax.model.weights import PretrainedError
+from electra_jax.errors import PretrainedError
 
 SEQUENCE_CLASSIFICATION = "ElectraForSequenceClassification"
 QUESTION_ANSWERING = "ElectraForQuestionAnswering"

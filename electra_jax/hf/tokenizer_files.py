@@ -12,10 +12,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from electra_jax.data import SPECIAL_PIECES, DataError
+from electra_jax.data import SPECIAL_PIECES
 from electra_jax.data.tokenizer import MODEL_FILENAME, Tokenizer
 from electra_jax.data.wordpiece import VOCAB_FILENAME, WordPieceTokenizer
-from electra_jax.model.weights import PretrainedError
+from electra_jax.errors import DataError, PretrainedError
 from electra_jax.store import filenames, jsonio
 
 MODEL_INPUT_NAMES = ["input_ids", "token_type_ids", "attention_mask"]
@@ -37,6 +37,7 @@ def sentencepiece_tokenizer_json(tokenizer: Tokenizer) -> str:
     SentencePiece; the special pieces typed literally in text ("[MASK]") become the special ids in
     transformers (its convention, which fill-mask needs) but ordinary characters in ours.
     """
+    # sentencepiece, tokenizers: only on the path that uses them (slow to import).
     from sentencepiece import sentencepiece_model_pb2
     from tokenizers import (
         AddedToken,

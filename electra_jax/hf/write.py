@@ -25,6 +25,7 @@ import tempfile
 
 from safetensors import SafetensorError
 
+from electra_jax.errors import PretrainedError
 from electra_jax.hf.electra_config import hf_config
 from electra_jax.hf.names import DISCRIMINATOR, GENERATOR, NETWORKS, WEIGHTS, params_to_hf
 from electra_jax.hf.previous import (
@@ -39,7 +40,7 @@ from electra_jax.hf.previous import (
 )
 from electra_jax.hf.tokenizer_files import write_tokenizer_files
 from electra_jax.model import networks
-from electra_jax.model.weights import Pretrained, PretrainedError
+from electra_jax.model.weights import Pretrained
 from electra_jax.store import filenames, paths
 from electra_jax.store.jsonio import one_line, write_advice, write_json
 
@@ -70,6 +71,7 @@ def _files_below(folder: str) -> list[str]:
 
 def _write_networks(pretrained: Pretrained, folder: str) -> None:
     """FOLDER/discriminator and FOLDER/generator."""
+    # safetensors: only on the path that uses it (an optional extra, or slow to import).
     from safetensors.numpy import save_file
 
     spec, tokenizer = pretrained.spec, pretrained.tokenizer

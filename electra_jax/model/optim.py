@@ -10,12 +10,23 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
 from electra_jax.model.networks import LAYERS
+
+
+@flax.struct.dataclass
+class TrainState:
+    """What one optimizer step updates, for pre-training and fine-tuning alike."""
+
+    step: jax.Array  # int32 scalar: optimizer updates done
+    params: Any
+    opt_state: Any
+    rng: jax.Array  # uint32[2]: the run's base key; step k uses fold_in(rng, k)
 
 
 def learning_rate_schedule(peak: float, warmup_steps: int, num_steps: int) -> optax.Schedule:

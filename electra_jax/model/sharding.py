@@ -14,10 +14,20 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from electra_jax.data import progress
+
 BATCH_AXES = ("data", "fsdp")
+
+
+def log(message: str) -> None:
+    """A progress line from process 0, which speaks for the run's processes (both wings')."""
+    if jax.process_index() == 0:
+        progress.print_line(message)
+
 
 # Logical parameter axis -> mesh axis. Only the model width is sharded: it divides every matrix
 # (vocab does not divide evenly, heads can be fewer than devices), and one axis keeps the
@@ -41,8 +51,6 @@ def make_mesh(mesh_cfg: Any, devices=None) -> Mesh:
     slice's fast interconnect and only the gradients' all-reduce crosses the slower network
     between slices. On CPUs and GPUs the order is jax.devices()'s.
     """
-    from jax.experimental import mesh_utils
-
     devices = list(jax.devices() if devices is None else devices)
     slices = num_slices(devices)
     per_slice = len(devices) // slices

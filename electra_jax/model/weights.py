@@ -13,16 +13,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from electra_jax.errors import PretrainedError
 from electra_jax.store.jsonio import one_line
 
 # The networks (flax) only where a spec is built into a model (abstract_params): the checks and
 # PretrainedError are read by commands that refuse bad input before importing jax (hf/previous.py).
 if TYPE_CHECKING:
     from electra_jax.model import networks
-
-
-class PretrainedError(ValueError):
-    """A path that does not hold a usable pre-trained model; the message names it, in one line."""
 
 
 # The largest sizes a config file may give: far above any released ELECTRA (Large: hidden 1024,
@@ -113,6 +110,7 @@ class Pretrained:
 
 def abstract_params(spec: networks.ElectraSpec) -> Any:
     """The parameter tree's shapes (jax.ShapeDtypeStruct leaves), computed without allocating."""
+    # Heavy (jax, flax or orbax): this module is imported without them (tests/conftest.py).
     from electra_jax.model import networks
 
     return networks.abstract_params(networks.Electra(spec))[0]
@@ -125,6 +123,7 @@ def check_finite(tensors: Any, where: str) -> None:
     Every reader calls it where the weights are read: a diverged or damaged model would
     otherwise load and answer with NaN probabilities, or start a fine-tuning that cannot learn.
     """
+    # Heavy (jax, flax or orbax): this module is imported without them (tests/conftest.py).
     import jax
 
     if isinstance(tensors, dict) and all(not isinstance(v, dict) for v in tensors.values()):
@@ -149,6 +148,7 @@ def check_finite(tensors: Any, where: str) -> None:
 
 def check_params(params: Any, spec: networks.ElectraSpec, where: str) -> None:
     """Raises PretrainedError unless `params` has exactly the tree and shapes `spec` implies."""
+    # Heavy (jax, flax or orbax): this module is imported without them (tests/conftest.py).
     import jax
 
     expected = abstract_params(spec)

@@ -108,6 +108,7 @@ def present_cluster():
     The same walk as jax's ClusterEnv.auto_detect_unset_distributed_params: the registered
     environments in jax's order, opt-in ones (mpi4py) skipped, the first present one wins.
     """
+    # jax's private module: only where this is asked.
     from jax._src import clusters
 
     for env in clusters.ClusterEnv._cluster_types:
@@ -131,6 +132,7 @@ def detect(timeout_seconds: int) -> Launch | None:
     recognize (a later pod of a Kubernetes Indexed Job without the `kubernetes` package, Open
     MPI 5's ranks) rather than let each train alone.
     """
+    # jax's private module: only where this is asked.
     from jax._src import clusters
 
     _check_numbers()

@@ -69,6 +69,7 @@ def _reset() -> None:
     before (a notebook, a test) would go on writing to the previous folder. jax has no public
     way to reopen it; without the private one the previous folder stays in use."""
     try:
+        # jax's private module: only where this is asked.
         from jax._src import compilation_cache
     except ImportError:  # pragma: no cover - a jax without the module
         return

@@ -14,7 +14,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from electra_jax.config.schema import ConfigError
+from electra_jax.errors import ConfigError
 from electra_jax.model import sharding
 from electra_jax.model.networks import abstract_params, network_param_counts
 from electra_jax.pretraining import compiled_costs, metrics, remat_auto, topology

@@ -13,15 +13,13 @@ import re
 import time
 from typing import Any
 
-import jax
-
-from electra_jax.config.schema import ConfigError
-from electra_jax.data import progress
+from electra_jax.errors import ConfigError
 from electra_jax.model.networks import ElectraSpec, EncoderSpec
+from electra_jax.model.sharding import log  # noqa: F401  (metrics.log: the wing's lines)
 from electra_jax.objectives import registry
 from electra_jax.objectives.catalog import DEFAULT
 from electra_jax.objectives.core import FlopParts
-from electra_jax.pretraining import topology
+from electra_jax.pretraining import topology, wandb_mirror
 from electra_jax.store import filenames, jsonio, paths, workdir_files
 
 # Dense (no 2:4 sparsity) bfloat16 tensor-core peak FLOP/s per GPU, matched against jax's
@@ -172,8 +170,6 @@ class MetricsWriter:
         if not enabled:
             return
         if config is not None and config.log.wandb_project:
-            from electra_jax.pretraining import wandb_mirror
-
             self._mirror = wandb_mirror.Mirror.start(workdir, config, log)
         # ConfigError: train's one line for bad input (a row the run cannot have written).
         # All of them, for what a resume lost (timing.resume_columns).
@@ -188,6 +184,7 @@ class MetricsWriter:
         self._local.upload(filenames.METRICS_FILE)
         # Never through a link (paths.LinkRefused): the file it points at is not the run's.
         self._file = open(local_path, "a", opener=paths.no_follow_opener)  # noqa: SIM115
+        # tensorboard: only on the path that uses it (an optional extra, or slow to import).
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
         self._tb = EventFileWriter(tb_dir)
@@ -217,6 +214,7 @@ class MetricsWriter:
             self.flush()
 
     def _write_tensorboard(self, step: int, row: dict) -> None:
+        # tensorboard: only on the path that uses it (an optional extra, or slow to import).
         from tensorboard.compat.proto import event_pb2, summary_pb2
 
         values = [
@@ -249,9 +247,3 @@ def progress_line(step: int, num_steps: int, row: dict, seconds_left: float | No
         f"{row['tokens_per_sec']:.0f} tok/s  eta {eta}"
         + (f"  held-out auc {row['eval/disc_auc']:.3f}" if row.get("eval/disc_auc") else "")
     )
-
-
-def log(message: str) -> None:
-    """A progress line from process 0."""
-    if jax.process_index() == 0:
-        progress.print_line(message)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-import flax.struct
 import jax
 import jax.numpy as jnp
 import optax
 
 from electra_jax.data.tokenizer import CLS_ID, MASK_ID, PAD_ID, SEP_ID
-from electra_jax.model.networks import Electra
+from electra_jax.model.networks import Electra, init_params
+from electra_jax.model.optim import TrainState
 from electra_jax.objectives import registry
 from electra_jax.objectives.core import Networks, schedule_value, with_unigram_floor
 from electra_jax.pretraining import eval_pass
@@ -35,14 +35,6 @@ def special_tokens_of(tokenizer) -> SpecialTokens:
     return SpecialTokens(tokenizer.pad_id, tokenizer.cls_id, tokenizer.sep_id, tokenizer.mask_id)
 
 
-@flax.struct.dataclass
-class TrainState:
-    step: jax.Array  # int32 scalar: optimizer updates done
-    params: Any
-    opt_state: Any
-    rng: jax.Array  # uint32[2]: the run's base key; step k uses fold_in(rng, k)
-
-
 # The replaced-token head's 1-unit output layer (its bias is the logit every token starts at).
 RTD_OUTPUT = "discriminator_predictions_dense_prediction"
 
@@ -55,8 +47,6 @@ def init_state(
     rtd_bias: the replaced-token head's starting bias (train.rtd_prior_init sets it to the
     prior's logit; 0, the original's zero initialisation, leaves the parameters as drawn).
     """
-    from electra_jax.model.networks import init_params
-
     init_rng, step_rng = jax.random.split(jax.random.PRNGKey(seed))
     params = init_params(model, init_rng)
     if rtd_bias:

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import contextlib
 
+import jax
+
 from electra_jax.pretraining import metrics
 from electra_jax.store import filenames, paths
 
@@ -72,8 +74,6 @@ class Profile:
         if not self.wanted:
             yield
             return
-        import jax
-
         if step == self.first - 1 and not self.active:
             self._start()
         if not self.active:
@@ -86,8 +86,6 @@ class Profile:
             self.stop()
 
     def _start(self) -> None:
-        import jax
-
         # The target itself, or for a gs:// one a temporary folder on this host (uploaded).
         self._local = paths.LocalFolder(self.target, prefix="electra_jax-profile-")
         jax.profiler.start_trace(self._local.path, create_perfetto_trace=True)
@@ -103,8 +101,6 @@ class Profile:
         """Ends the trace (at its last step, or when the run stops inside it) and writes it."""
         if not self.active:
             return
-        import jax
-
         jax.profiler.stop_trace()
         self.active, self.wanted = False, False
         self._local.upload()

@@ -20,7 +20,7 @@ import ml_collections
 import numpy as np
 
 from electra_jax import validate
-from electra_jax.config.schema import ConfigError
+from electra_jax.errors import ConfigError
 from electra_jax.model import sharding
 from electra_jax.model.networks import (
     Electra,
@@ -33,7 +33,7 @@ from electra_jax.model.networks import (
 from electra_jax.model.optim import make_optimizer
 from electra_jax.objectives import registry
 from electra_jax.objectives.core import num_mask_slots
-from electra_jax.pretraining import remat_auto
+from electra_jax.pretraining import metrics, remat_auto
 from electra_jax.pretraining.optimizer_step import (
     DEFAULT_SPECIAL,
     SpecialTokens,
@@ -148,8 +148,6 @@ def setup_step(
     if config.train.remat == remat_auto.AUTO:
         # The setup of the policy remat_auto chooses for these devices, its program compiled.
         choice = remat_auto.resolve(config, vocab_size, mesh, special, unigram_cdf)
-        from electra_jax.pretraining import metrics
-
         metrics.log(choice.line)
         config = remat_auto.with_policy(config, choice.policy)
     key = _setup_key(config, vocab_size, mesh, special, unigram_cdf)

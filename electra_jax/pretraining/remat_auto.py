@@ -32,7 +32,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from electra_jax.config.schema import ConfigError
+from electra_jax.config import pretrain_keys
+from electra_jax.errors import ConfigError
 from electra_jax.pretraining import topology
 from electra_jax.store import filenames, jsonio, paths
 
@@ -47,16 +48,7 @@ ORDER = ("none", "save_matmuls", "save_projections", "save_qkv_ffn", "full")
 
 # The settings besides the devices that shape the step's memory per device: a resume that
 # changes one chooses again.
-RECORDED_SETTINGS = (
-    "train.batch_size",
-    "train.grad_accum_steps",
-    "train.steps_per_call",
-    "mesh.fsdp",
-    "model.dtype",
-    "model.attention",
-    "model.scan_layers",
-    "data.seq_length",
-)
+RECORDED_SETTINGS = tuple(k.name for k in pretrain_keys.KEYS if k.memory)
 _FORMAT = 1
 
 
@@ -174,6 +166,7 @@ _UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 def _compile_need(fn, state, batch):
     """(bytes per device, compiled), or (XLA's stated need or None, None) where the compiler
     refuses the program for want of memory (RESOURCE_EXHAUSTED)."""
+    # Here, not at the top: program and dry_run import this module (an import circle).
     import jax
 
     from electra_jax.pretraining import dry_run
@@ -211,6 +204,7 @@ def resolve(
     that policy), for the run to call. `limit`: (bytes per device, the devices in words) instead
     of `device_memory`'s (a test's lowered budget). Where no limit is known, 'none' without a
     compile. Raises NothingFits."""
+    # Here, not at the top: program and dry_run import this module (an import circle).
     from electra_jax.pretraining import dry_run, program
     from electra_jax.pretraining.optimizer_step import DEFAULT_SPECIAL
 
@@ -260,6 +254,7 @@ def resolve(
 
 def _made_for(config, mesh) -> dict:
     """What a choice is made for: the devices, the settings that shape memory, jax's version."""
+    # Heavy (jax, flax or orbax): this module is imported without them (tests/conftest.py).
     import jax
 
     devices = list(mesh.devices.flat)
@@ -342,6 +337,7 @@ def for_run(
     """The run's policy for train.remat='auto': the workdir's recorded one when it was made for
     these devices and settings (nothing compiled), else `resolve`'s, recorded (by process 0).
     Logs one line either way (and one saying what changed, when the record was for others)."""
+    # Heavy (jax, flax or orbax): this module is imported without them (tests/conftest.py).
     from electra_jax.model.networks import REMAT_CHOICES
 
     path = os.path.join(workdir, filenames.REMAT_RECORD)

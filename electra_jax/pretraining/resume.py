@@ -41,7 +41,10 @@ from typing import TYPE_CHECKING, Any
 import ml_collections
 
 from electra_jax.config import pretrain_keys, schema
-from electra_jax.config.schema import ConfigError, flatten
+from electra_jax.config.schema import flatten
+from electra_jax.data import shards, sources
+from electra_jax.data import tokenizer as tokenizer_lib
+from electra_jax.errors import ConfigError, DataError
 from electra_jax.run import rerun
 from electra_jax.run import workdir as workdir_lib
 from electra_jax.run.rerun import MISSING_CONFIG
@@ -54,18 +57,19 @@ if TYPE_CHECKING:
 # jax, orbax and the metrics (which import them) are imported where they are used: `check`, the
 # refusals of a resume, is asked by the command line before it imports them.
 
-# The --allow_change key that lets each field of the data record differ on a resume; the config
-# keys among them are refused earlier, by check_same_run, unless allowed.
-_DATA_ALLOW = {
-    "format": "data.source",
-    "source": "data.source",
-    "source_fingerprint": "data.source",
-    "tokenizer_fingerprint": "data.tokenizer",
-    "seq_length": "data.seq_length",
-    "seed": "seed",
-    "single_segment_prob": "data.single_segment_prob",
-    "short_seq_prob": "data.short_seq_prob",
-}
+_KEY_NAMES = frozenset(k.name for k in pretrain_keys.KEYS)
+
+
+def _data_allow(field: str) -> str:
+    """The --allow_change key that lets the data record's `field` differ on a resume: the config
+    key of its name ('seq_length': data.seq_length, 'seed'), of its stem ('tokenizer_fingerprint':
+    data.tokenizer), else data.source (the corpus: its content key, the row format). The config
+    keys among them are refused earlier, by check_same_run, unless allowed."""
+    stem = field.removesuffix("_fingerprint")
+    for name in (f"data.{field}", field, f"data.{stem}"):
+        if name in _KEY_NAMES:
+            return name
+    return "data.source"
 
 
 @dataclasses.dataclass
@@ -93,7 +97,7 @@ class Resume:
         """Before any data is prepared (process 0): ConfigError when a resumed run's corpus or
         tokenizer is not what it started from (data_record.json) and --allow_change does not name
         the change. `tokenizer`: the run's, as shards.ensure_tokenizer gives it."""
-        from electra_jax.data import shards, sources
+        # Heavy (jax, flax or orbax): this module is imported without them (tests/conftest.py).
         from electra_jax.pretraining import metrics
 
         cfg = self.config
@@ -121,9 +125,9 @@ class Resume:
         if not differ:
             self.data = None
             return
-        refused = [k for k in differ if _DATA_ALLOW.get(k, "data.source") not in self.allow]
+        refused = [k for k in differ if _data_allow(k) not in self.allow]
         if refused:
-            keys = sorted({_DATA_ALLOW.get(k, "data.source") for k in refused})
+            keys = sorted({_data_allow(k) for k in refused})
             raise ConfigError(
                 f"resuming {self.workdir}: {_data_changes(refused, differ, stored, now, cfg)} "
                 f"since the run started ({path}), so it would go on training on other rows "
@@ -138,6 +142,7 @@ class Resume:
         the run goes on with (process 0): config.json for a new run; for a resumed one, the
         allowed changes (config_changes.jsonl and config.json), or a config.json that was
         missing."""
+        # Heavy (jax, flax or orbax): this module is imported without them (tests/conftest.py).
         import jax
 
         from electra_jax.pretraining import metrics
@@ -176,6 +181,7 @@ class Resume:
     def _record_data(self, resumed_at: int | None) -> None:
         """data_record.json for a new run, a run started before it, or an allowed change (which
         config_changes.jsonl records too)."""
+        # Heavy (jax, flax or orbax): this module is imported without them (tests/conftest.py).
         from electra_jax.pretraining import metrics
 
         if self.data is None:
@@ -272,6 +278,7 @@ def plan(
     change; init_from unusable) or CheckpointError (only damaged checkpoints), the workdir
     released again.
     """
+    # Heavy (jax, flax or orbax): this module is imported without them (tests/conftest.py).
     from electra_jax.pretraining import metrics
 
     new = flatten(config.to_dict())  # the settings asked for, {"a.b": value}, read once
@@ -340,8 +347,6 @@ def prepared_data(
     (when given); ConfigError when it does not. For every process of a run (process 0 says so
     in `Resume.check_data`) and for `evaluate`, which reads the held-out rows of a run's
     shards."""
-    from electra_jax.data import shards, sources
-
     directory = cache_dir(config, workdir)
     try:
         return shards.prepare(
@@ -369,8 +374,6 @@ def _standing_in(config, prepared) -> str:
 def _recorded_shards(config, workdir: str, tokenizer, stored: dict, absent: Exception):
     """The prepared data of the rows `stored` (the data record) describes
     (shards.recorded); ConfigError naming the record and what fails when it is not proven."""
-    from electra_jax.data import DataError, shards
-
     try:
         return shards.recorded(
             config.data, tokenizer, cache_dir(config, workdir), config.seed, stored["fields"]
@@ -508,6 +511,7 @@ def load_init_from(config: ml_collections.ConfigDict, workdir: str):
       ConfigError: init_from unusable; data.tokenizer given beside it; another tokenizer in the
         workdir. Nothing in the workdir is changed.
     """
+    # Heavy (jax, flax or orbax): this module is imported without them (tests/conftest.py).
     from electra_jax import pretrained
 
     path = config.train.init_from
@@ -526,10 +530,8 @@ def load_init_from(config: ml_collections.ConfigDict, workdir: str):
 def _place_tokenizer(tok, source: str, workdir: str) -> None:
     """Puts `tok` (the tokenizer of the weights `source` names) in WORKDIR/tokenizer, unless that
     very tokenizer is there; ConfigError when another one is."""
+    # Heavy (jax, flax or orbax): this module is imported without them (tests/conftest.py).
     import jax
-
-    from electra_jax.data import DataError
-    from electra_jax.data import tokenizer as tokenizer_lib
 
     folder = os.path.join(workdir, filenames.TOKENIZER_DIR)
     if tokenizer_lib.has_saved(folder):
@@ -552,6 +554,7 @@ def _place_tokenizer(tok, source: str, workdir: str) -> None:
 
 def mismatch_message(e: checkpointing.CheckpointMismatch, workdir: str) -> str:
     """One line for a checkpoint of another model or optimizer, naming the settings involved."""
+    # Heavy (jax, flax or orbax): this module is imported without them (tests/conftest.py).
     from electra_jax.store import checkpointing
 
     names = [line.split(":", 1)[0] for line in e.differences]

@@ -14,10 +14,12 @@ from typing import Any
 import jax
 import ml_collections
 import numpy as np
+from jax.experimental import multihost_utils
 
 from electra_jax import validate
 from electra_jax.config import pretrain_keys, schema
-from electra_jax.config.schema import ConfigError
+from electra_jax.data import heldout, pipeline, shards
+from electra_jax.errors import ConfigError, NonFiniteError
 from electra_jax.model import layer_stack, sharding
 from electra_jax.model.networks import Electra, abstract_params
 from electra_jax.pretraining import (
@@ -41,7 +43,6 @@ from electra_jax.pretraining.program import (
 )
 from electra_jax.run import workdir as workdir_lib
 from electra_jax.store import checkpoint_steps, checkpointing, filenames, paths, timed_saves
-from electra_jax.validate import NonFiniteError
 
 
 def train(
@@ -210,8 +211,6 @@ def _unigram_cdf(config, prepared, special, vocab_size: int):
     training rows the held-out evaluation counts its pieces on), else None."""
     if not config.objective.unigram_share > 0:
         return None
-    from electra_jax.data import heldout, pipeline
-
     sample = pipeline.training_sample(prepared, config.data.heldout_examples)
     return heldout.unigram_cdf(sample["input_ids"], vocab_size, tuple(special))
 
@@ -256,8 +255,6 @@ def _data(config, workdir: str, run: resume.Resume | None = None):
     instead of making their own. A resumed run's corpus and tokenizer are checked against what
     the run started from (`run.check_data`) before anything is prepared.
     """
-    from electra_jax.data import pipeline, shards
-
     is_main = jax.process_index() == 0
     if not is_main:
         _barrier("electra_jax_prepared")
@@ -288,8 +285,6 @@ def _data(config, workdir: str, run: resume.Resume | None = None):
 def _barrier(name: str) -> None:
     """Every process waits here until all have arrived (a no-op in a single-process run)."""
     if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
         multihost_utils.sync_global_devices(name)
 
 

@@ -15,7 +15,7 @@ import math
 import os
 import re
 
-from electra_jax.config.schema import ConfigError
+from electra_jax.errors import ConfigError
 
 GIB = 2**30
 
@@ -307,6 +307,7 @@ def compile_only_devices(target: Target) -> list:
     # workers both load it).
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     quiet_libtpu(target)
+    # Heavy (jax, flax or orbax): this module is imported without them (tests/conftest.py).
     from jax.experimental import topologies
 
     try:

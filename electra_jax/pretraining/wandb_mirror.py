@@ -47,6 +47,7 @@ class Mirror:
         if not project:
             return None
         try:
+            # wandb: only on the path that uses it (an optional extra, or slow to import).
             import wandb
 
             record_path = paths.join(workdir, workdir_lib.WANDB_FILE)

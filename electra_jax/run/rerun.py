@@ -25,7 +25,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from electra_jax.config.schema import ConfigError
+from electra_jax.errors import ConfigError
 from electra_jax.run import workdir as workdir_lib
 from electra_jax.store import checkpoint_steps, filenames, paths
 from electra_jax.store.jsonio import write_json
@@ -135,6 +135,7 @@ def compare(
 
 def claim_workdir(workdir: str, kind: str, command: str):
     """The workdir, locked by process 0 for the run; every process agrees before going on."""
+    # Heavy (jax, flax or orbax): this module is imported without them (tests/conftest.py).
     import jax
     import numpy as np
 
@@ -144,6 +145,7 @@ def claim_workdir(workdir: str, kind: str, command: str):
     except ConfigError as e:
         error = e
     if jax.process_count() > 1:
+        # Heavy (jax, flax or orbax): this module is imported without them (tests/conftest.py).
         from jax.experimental import multihost_utils
 
         ok = np.asarray(multihost_utils.process_allgather(np.int32(error is None)))
@@ -197,6 +199,7 @@ def change_row(step: int, changes: dict[str, tuple[Any, Any]]) -> dict:
 def record_changes(workdir: str, step: int, changes: dict, config: dict) -> None:
     """Appends the allowed `changes` ({key: (from, to)}) at `step` to config_changes.jsonl and
     rewrites config.json with `config`, the settings the run goes on with (process 0 only)."""
+    # Heavy (jax, flax or orbax): this module is imported without them (tests/conftest.py).
     import jax
 
     if jax.process_index() != 0:

@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import fcntl
 import functools
 import json
 import os
@@ -44,7 +45,10 @@ import sys
 import time
 from collections.abc import Callable
 
-from electra_jax.store import jsonio, paths
+from electra_jax.data.tokenizer import MODEL_FILENAME
+from electra_jax.data.wordpiece import VOCAB_FILENAME
+from electra_jax.errors import ConfigError
+from electra_jax.store import environment, gcs_lock, jsonio, paths
 from electra_jax.store.filenames import (
     CHANGES_FILE,
     CHECKPOINTS_DIR,
@@ -72,7 +76,6 @@ from electra_jax.store.filenames import (
     WEIGHTS_FILE,
 )
 from electra_jax.store.jsonio import write_json
-from electra_jax.validate import ConfigError, check_workdir
 
 PRETRAIN, FINETUNE = "pre-training", "fine-tuning"
 KINDS = (PRETRAIN, FINETUNE)
@@ -137,6 +140,45 @@ class Claim:
         self.release()
 
 
+def check_workdir(workdir: str, flag: str = "--workdir", create: bool = True) -> None:
+    """ConfigError naming `workdir` when it cannot be one: a URI other than gs://, a file, a
+    path that is not UTF-8; with `create`, also one that cannot be created or written.
+
+    A gs://BUCKET/PATH workdir is written through the path layer (paths.py); other URIs are
+    refused, since os.makedirs would quietly create a local ./s3:/... tree.
+    """
+    try:
+        workdir.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = workdir.encode("utf-8", "backslashreplace").decode("utf-8")
+        raise ConfigError(
+            f"{flag} {shown} is not valid UTF-8; use a path of UTF-8 characters"
+        ) from None
+    if paths.unwritable(workdir):
+        raise ConfigError(f"{flag} {workdir} {paths.unwritable(workdir)}")
+    # In a bucket: a path, not an object; with `create`, a probe object is written and removed
+    # (a missing bucket or package, or no access, is one line).
+    try:
+        with paths.remote_errors(workdir, flag):
+            if paths.exists(workdir) and not paths.isdir(workdir):
+                raise ConfigError(
+                    f"{flag} {workdir} is a file, not a folder; choose another {flag}"
+                )
+            if create:
+                paths.makedirs(workdir)
+                probe = paths.join(workdir, f".write_test{os.getpid()}")
+                paths.write_atomic(probe, "ok")
+                paths.remove(probe)
+    except ConfigError:
+        raise
+    except Exception as e:  # OSError; in a bucket a missing package, gcsfs's HTTP errors
+        reason = getattr(e, "strerror", None) or " ".join(str(e).split())[:200]
+        raise ConfigError(
+            f"{flag} {workdir} is not writable ({reason}); {paths.access_advice(workdir)}choose "
+            f"another {flag}"
+        ) from None
+
+
 def _our_by_product(name: str) -> bool:
     """Files our tools put in a workdir beside a run's own: the write probe, the marker's
     temporary while process 0 writes it (jsonio.write_atomic's `<file>.tmp<pid>`: the other
@@ -179,9 +221,6 @@ def _is_prepare_output(path: str, visible: set[str]) -> bool:
     """What `prepare` wrote before the marker: tokenizer/ (with a tokenizer's file) and data/."""
     if not visible <= {TOKENIZER_DIR, DATA_DIR} or TOKENIZER_DIR not in visible:
         return False
-    from electra_jax.data.tokenizer import MODEL_FILENAME
-    from electra_jax.data.wordpiece import VOCAB_FILENAME
-
     folder = paths.join(path, TOKENIZER_DIR)
     return paths.isdir(folder) and bool(
         {MODEL_FILENAME, VOCAB_FILENAME} & set(paths.listdir(folder))
@@ -292,8 +331,6 @@ def _holder(lock_path: str) -> str:
 
 
 def _take_lock(path: str, kind: str, flag: str, command: str) -> int:
-    import fcntl
-
     lock_path = os.path.join(path, LOCK)
     try:
         fd = paths.open_no_follow(lock_path, os.O_RDWR | os.O_CREAT)
@@ -347,8 +384,6 @@ def _write_marker(path: str, kind: str) -> None:
 def _take_remote_lock(path: str, kind: str, flag: str, command: str):
     """The lease lock WORKDIR/.lock of a gs:// workdir (gcs_lock.py), or ConfigError naming its
     live holder."""
-    from electra_jax.store import environment, gcs_lock
-
     try:
         lock = gcs_lock.GcsLock(paths.join(path, LOCK), {"command": command, "kind": kind})
     except environment.EnvironmentValueError as e:  # its lease, from the environment

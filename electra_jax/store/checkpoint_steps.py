@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 
+from electra_jax.errors import CheckpointError
 from electra_jax.store import filenames, paths
 
 # A step's folder as this run names it: ASCII digits, no leading zero. orbax takes for a step
@@ -54,10 +55,6 @@ CORRUPT_SUFFIX = ".corrupt"
 # The item (folder) holding the input position and the layout that saved it, and its file.
 POSITION = "position"
 POSITION_FILE = "position.json"
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that exists but cannot be used."""
 
 
 # What orbax takes for a step (STEP_NAME is what this run writes).

@@ -47,13 +47,15 @@ from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
+from orbax.checkpoint import checkpoint_managers as policies
 
+from electra_jax.errors import CheckpointError, Preempted
 from electra_jax.store import paths
-from electra_jax.store.checkpoint_steps import (  # noqa: F401  (CheckpointError: callers' too)
+from electra_jax.store.checkpoint_steps import (  # noqa: F401  (ForeignFolderError: callers' too)
     CORRUPT_SUFFIX,
     POSITION,
     POSITION_FILE,
-    CheckpointError,
     ForeignFolderError,
     checkpoint_dir,
     read_position_file,
@@ -69,20 +71,10 @@ _LEGACY_DATA = "data"
 _LEGACY_FILE = re.compile(r"process_(\d+)-of-(\d+)\.json")
 
 
-class Preempted(BaseException):
-    """A termination signal arrived before training started: there is nothing new to save.
-
-    A BaseException, like KeyboardInterrupt, so that no `except Exception` on the way (e.g. the
-    restore's, which would take it for a damaged checkpoint) swallows it.
-    """
-
-
 def preservation_policy(checkpoint_cfg: Any):
     """Which finished checkpoints survive a save: the newest `checkpoint.keep`, and with
     `checkpoint.keep_every_steps` = K > 0 also every step that is a multiple of K (for
     evaluating downstream along a run); orbax deletes the others."""
-    from orbax.checkpoint import checkpoint_managers as policies
-
     newest = policies.LatestN(n=checkpoint_cfg.keep)
     # Pre-training's section has keep_every_steps; fine-tuning's (configs/glue.py) has none.
     every = int(checkpoint_cfg.keep_every_steps) if "keep_every_steps" in checkpoint_cfg else 0
@@ -305,8 +297,6 @@ def _move_aside(manager: ocp.CheckpointManager, step: int) -> str:
         paths.move_dir(src, dst)  # in a bucket: copied, then deleted
     if jax.process_count() > 1:
         # Every process must see the rename before any of them lists the steps again.
-        from jax.experimental import multihost_utils
-
         multihost_utils.sync_global_devices(f"electra_jax_move_aside_{step}")
     manager.reload()
     return dst
@@ -738,8 +728,6 @@ class PreemptionWatcher:
     def requested(self, step: int) -> bool:
         """Whether to stop after `step`; on multi-host runs the same answer on every process."""
         if self.multihost:
-            from jax.experimental import multihost_utils
-
             return multihost_utils.reached_preemption_sync_point(step)
         return self._flag
 

@@ -6,7 +6,7 @@ layout (hf/write.py) behind. A leaf: it imports nothing, so any module may use i
 
 The names inside a folder of one format stay with the module that owns the format: the
 tokenizer's files (data/tokenizer.py, data/wordpiece.py), a checkpoint's items (checkpointing.py),
-the prepared shards' manifest (data/prepare.py) and transformers' weight files (hf/names.py);
+the prepared shards' manifest (data/shards.py) and transformers' weight files (hf/names.py);
 each is spelled there once.
 
 A pre-training workdir holds CONFIG_FILE, TOKENIZER_DIR/, DATA_DIR/ (the prepared shards, unless

@@ -91,6 +91,7 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _client():
+    # Heavy (jax, flax or orbax): this module is imported without them (tests/conftest.py).
     from google.cloud import storage
 
     # With STORAGE_EMULATOR_HOST set (tests), the client talks to that server anonymously.
@@ -98,6 +99,7 @@ def _client():
 
 
 def _errors():
+    # Heavy (jax, flax or orbax): this module is imported without them (tests/conftest.py).
     from google.api_core import exceptions
 
     return exceptions

@@ -139,6 +139,7 @@ def normal(path: str) -> str:
 
 
 def _epath(path: str):
+    # Heavy (jax, flax or orbax): this module is imported without them (tests/conftest.py).
     from etils import epath
 
     return epath.Path(normal(path))
@@ -157,6 +158,7 @@ def remote_path(path: str, what: str, error: type[Exception] = ValueError):
     """
     _check_readable(path, what, error)
     try:
+        # Heavy (jax, flax or orbax): this module is imported without them (tests/conftest.py).
         from etils import epath
     except ImportError:
         raise error(
@@ -221,6 +223,7 @@ def _fresh(path: str) -> None:
     """Drops gcsfs's cached listings of `path` and its parent (the fsspec backend's), so that
     what another process or tensorstore wrote there is seen."""
     try:
+        # Heavy (jax, flax or orbax): this module is imported without them (tests/conftest.py).
         from etils.epath.backend import fsspec_backend
 
         fs = fsspec_backend.fs(path)

@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from electra_jax.data import DataError, heldout
+from electra_jax.data import heldout
+from electra_jax.errors import DataError
 
 
 @pytest.mark.parametrize(

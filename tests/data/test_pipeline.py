@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from etils import epath
 
-from electra_jax.data import DataError
 from electra_jax.data import shards as prepare_lib
 from electra_jax.data.pipeline import make_iterator
+from electra_jax.errors import DataError
 
 from .test_shards import SEQ, _read_rows, make_cfg, make_corpus
 
@@ -183,7 +183,7 @@ def test_shard_damaged_after_loading_raises_one_line_naming_it(prepared, tmp_pat
 
 _READ_ALL_SHARDS = """
 import resource, sys
-from electra_jax.data import DataError
+from electra_jax.errors import DataError
 from electra_jax.data import shards
 from electra_jax.data.pipeline import make_iterator
 soft, hard = int(sys.argv[2]), int(sys.argv[3])

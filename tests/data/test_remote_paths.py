@@ -19,10 +19,11 @@ from etils.epath import gpath
 from fsspec import AbstractFileSystem
 
 from electra_jax import validate
-from electra_jax.config.schema import ConfigError
-from electra_jax.data import DataError, sources
 from electra_jax.data import shards as prepare_lib
+from electra_jax.data import sources
 from electra_jax.data.tokenizer import Tokenizer, train_tokenizer
+from electra_jax.errors import ConfigError, DataError
+from electra_jax.run import workdir
 from tests.conftest import ROOT, micro_config, subprocess_env
 from tests.data.test_shards import make_cfg, make_corpus
 from tests.data.test_tokenizer import _small_corpus
@@ -312,7 +313,7 @@ def test_workdirs_and_caches_on_stores_other_than_gcs_are_refused_before_any_wri
     # preconditions for the lock, so it is refused, and nothing local is made for it.
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigError) as e:
-        validate.check_workdir("s3://bkt/runs/small")
+        workdir.check_workdir("s3://bkt/runs/small")
     message = str(e.value)
     assert message.startswith("--workdir s3://bkt/runs/small is a s3:// URI, which electra_jax")
     assert "give gs://BUCKET/PATH" in message

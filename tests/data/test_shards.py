@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 from array_record.python.array_record_module import ArrayRecordReader
 
-from electra_jax.data import DataError, sources
 from electra_jax.data import shards as prepare_lib
+from electra_jax.data import sources
 from electra_jax.data.tokenizer import Tokenizer
+from electra_jax.errors import DataError
 from tests.conftest import ROOT, SHARED, subprocess_env
 
 SEQ = 64

@@ -14,7 +14,8 @@ import tracemalloc
 
 import pytest
 
-from electra_jax.data import DataError, sources
+from electra_jax.data import sources
+from electra_jax.errors import DataError
 from electra_jax.store import paths
 
 

@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from electra_jax.data import DataError, sources
+from electra_jax.data import sources
+from electra_jax.errors import DataError
 
 tfds = pytest.importorskip(
     "tensorflow_datasets", reason="tensorflow-datasets not installed: pip install -e '.[test]'"

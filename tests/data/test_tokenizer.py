@@ -13,9 +13,10 @@ from pydoc_data.topics import topics
 import numpy as np
 import pytest
 
-from electra_jax.data import DataError, sources
+from electra_jax.data import sources
 from electra_jax.data import tokenizer as tokenizer_lib
 from electra_jax.data.tokenizer import Tokenizer, train_tokenizer
+from electra_jax.errors import DataError
 from tests import held
 from tests.conftest import ROOT, subprocess_env
 

@@ -106,8 +106,8 @@ def test_malformed_row_is_one_line_and_exit_2_before_jax(tmp_path):
 @pytest.mark.parametrize(
     "flag,expected",
     [
-        ("--config.num_epochs=inf", "config.num_epochs=inf must be finite and >= 0"),
-        ("--config.learning_rate=nan", "config.learning_rate=nan must be finite and >= 0"),
+        ("--config.num_epochs=inf", "config.num_epochs=inf must be a finite number"),
+        ("--config.learning_rate=nan", "config.learning_rate=nan must be a finite number"),
     ],
 )
 def test_a_non_finite_setting_is_one_line_and_exit_2(tmp_path, flag, expected):

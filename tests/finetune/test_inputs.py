@@ -12,7 +12,7 @@ import numpy as np
 import optax
 import pytest
 
-from electra_jax.config.schema import ConfigError
+from electra_jax.errors import ConfigError
 from electra_jax.finetune import fit, initial, inputs, loop, saved
 from electra_jax.pretraining.optimizer_step import TrainState
 from electra_jax.store import checkpoint_steps, checkpointing

@@ -12,12 +12,10 @@ import jax
 import numpy as np
 import pytest
 
-from electra_jax.config.schema import ConfigError
-from electra_jax.data import DataError
 from electra_jax.data.tokenizer import train_tokenizer
+from electra_jax.errors import ConfigError, DataError, NonFiniteError
 from electra_jax.finetune import fit, glue, glue_heads, initial, loop
 from electra_jax.model.networks import Electra, ElectraSpec, EncoderSpec, init_params
-from electra_jax.validate import NonFiniteError
 from tests.conftest import ROOT
 
 FILLER = [
@@ -180,14 +178,22 @@ def test_finetune_from_pretrained_regression(tmp_path, monkeypatch):
     "overrides,error,expected",
     [
         ({"task": "SST3"}, ConfigError, r"config.task='SST3' is not a GLUE task"),
-        ({"learning_rate": -1e-4}, ConfigError, r"config.learning_rate=-0.0001 must be finite"),
+        (
+            {"learning_rate": -1e-4},
+            ConfigError,
+            r"config.learning_rate=-0.0001 must be >= 0: 0 is the paper's",
+        ),
         ({"layer_decay": 1.5}, ConfigError, r"config.layer_decay=1.5 must be in \[0, 1\]"),
         # Finite but meaningless in float32 arithmetic.
         ({"learning_rate": 1e-12}, ConfigError, r"config.learning_rate=1e-12 must be 0 .* or at"),
         ({"adam_eps": 1e-40}, ConfigError, r"config.adam_eps=1e-40 must be in \[1e-30, 1\]"),
         ({"dropout_rate": 0.9999999999}, ConfigError, r"config.dropout_rate=0.9999999999 must"),
-        ({"num_epochs": math.inf}, ConfigError, r"config.num_epochs=inf must be finite and >= 0"),
-        ({"warmup_fraction": math.nan}, ConfigError, r"config.warmup_fraction=nan must be in"),
+        ({"num_epochs": math.inf}, ConfigError, r"config.num_epochs=inf must be a finite number"),
+        (
+            {"warmup_fraction": math.nan},
+            ConfigError,
+            r"config.warmup_fraction=nan must be a finite number",
+        ),
         ({"model.type_vocab_size": 1}, ConfigError, r"config.model.type_vocab_size=1 must be"),
         ({"layer_decay_exponents": "bert"}, ConfigError, r"config.layer_decay_exponents='bert'"),
         ({"data_dir": "/nonexistent/glue"}, DataError, r"'/nonexistent/glue' is not a directory"),

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from electra_jax.config.schema import ConfigError
+from electra_jax.errors import ConfigError
 from electra_jax.finetune import loop, prior_run, saved
 from electra_jax.run import workdir
 from electra_jax.store import checkpointing

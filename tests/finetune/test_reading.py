@@ -3,9 +3,8 @@
 import ml_collections
 import pytest
 
-from electra_jax.data import DataError
+from electra_jax.errors import DataError
 from electra_jax.finetune import reading, tasks
-from tests.conftest import heavy_imports_of
 from tests.finetune.test_loop import _sst2
 from tests.finetune.test_squad_data import write_squad
 
@@ -54,8 +53,3 @@ def test_a_task_without_training_examples_is_one_line(tmp_path):
     sst2 = _sst2(tmp_path / "SST-2", n_train=0, n_dev=2)
     with pytest.raises(DataError, match=r"train.tsv has no examples \(only a header row\)"):
         reading.read_glue(_config(sst2), tasks.get_task("SST-2"))
-
-
-def test_importing_it_imports_neither_jax_nor_flax():
-    # What the command's early answer to a bad task file relies on.
-    assert heavy_imports_of("electra_jax.finetune.reading") == []

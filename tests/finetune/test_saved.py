@@ -12,9 +12,8 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 import electra_jax
-from electra_jax.config.schema import ConfigError
+from electra_jax.errors import ConfigError, PretrainedError
 from electra_jax.finetune import loop, predictor, saved
-from electra_jax.model.weights import PretrainedError
 from tests import held
 from tests.conftest import ROOT, subprocess_env
 from tests.finetune import test_squad_loop

@@ -7,9 +7,9 @@ import random
 import numpy as np
 import pytest
 
-from electra_jax.data import DataError
 from electra_jax.data.tokenizer import train_tokenizer
 from electra_jax.data.wordpiece import WordPieceTokenizer
+from electra_jax.errors import DataError
 from electra_jax.finetune import squad_data
 
 NAMES = ["anna", "boris", "carla", "dmitri", "elena", "felix", "greta", "hugo"]

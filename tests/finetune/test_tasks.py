@@ -6,7 +6,7 @@ import types
 import numpy as np
 import pytest
 
-from electra_jax.data import DataError
+from electra_jax.errors import DataError
 from electra_jax.finetune import tasks
 from tests.conftest import SHARED
 

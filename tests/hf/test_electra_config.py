@@ -4,10 +4,10 @@ import dataclasses
 
 import pytest
 
+from electra_jax.errors import PretrainedError
 from electra_jax.hf import electra_config as hf_config_lib
 from electra_jax.hf.names import DISCRIMINATOR, GENERATOR
 from electra_jax.model.networks import generator_spec, spec_from_config
-from electra_jax.model.weights import PretrainedError
 from tests.conftest import micro_config
 
 WHERE = {DISCRIMINATOR: "d", GENERATOR: "g"}  # the folders

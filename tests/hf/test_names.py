@@ -4,10 +4,10 @@ import jax
 import numpy as np
 import pytest
 
+from electra_jax.errors import PretrainedError
 from electra_jax.hf import names
 from electra_jax.hf.electra_config import hf_config
 from electra_jax.model.networks import Electra, init_params, spec_from_config
-from electra_jax.model.weights import PretrainedError
 from tests.conftest import micro_config
 
 torch = pytest.importorskip("torch")

@@ -1,20 +1,13 @@
-"""hf/previous.py: what an export folder holds before an export writes into it, read without
-jax (the export command's refusals of a bad --out rely on it)."""
+"""hf/previous.py: what an export folder's manifest says is ours."""
 
-from tests.conftest import heavy_imports_of
+import json
 
-
-def test_importing_it_imports_neither_jax_nor_flax():
-    assert heavy_imports_of("electra_jax.hf.previous") == []
+from electra_jax.hf import previous
 
 
 def test_the_paths_a_manifest_lists_that_no_export_writes(tmp_path):
     """An export.json of ours that lists a user's file: named, so the export can say it leaves
     it as it is (a folder is ours only for the files we wrote)."""
-    import json
-
-    from electra_jax.hf import previous
-
     assert previous.listed_not_ours(str(tmp_path)) == []  # no manifest
     manifest = {
         "format": previous.FORMAT,

@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 
+from electra_jax.errors import PretrainedError
 from electra_jax.hf import read
 from electra_jax.hf.electra_config import hf_config
 from electra_jax.hf.names import DISCRIMINATOR
 from electra_jax.model.networks import spec_from_config
-from electra_jax.model.weights import PretrainedError
 from tests.conftest import micro_config
 
 torch = pytest.importorskip("torch")

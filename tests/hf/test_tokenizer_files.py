@@ -4,8 +4,8 @@ import pytest
 
 from electra_jax.data.tokenizer import train_tokenizer
 from electra_jax.data.wordpiece import VOCAB_FILENAME, WordPieceTokenizer
+from electra_jax.errors import PretrainedError
 from electra_jax.hf import tokenizer_files
-from electra_jax.model.weights import PretrainedError
 from tests.test_export import TEXTS, _sentences
 
 transformers = pytest.importorskip("transformers")

@@ -5,9 +5,10 @@ import numpy as np
 import pytest
 
 from electra_jax.data.wordpiece import WordPieceTokenizer
+from electra_jax.errors import PretrainedError
 from electra_jax.hf import previous, write
 from electra_jax.model.networks import Electra, init_params, spec_from_config
-from electra_jax.model.weights import Pretrained, PretrainedError
+from electra_jax.model.weights import Pretrained
 from tests.conftest import micro_config
 from tests.hf.test_read import SPECIALS
 

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from electra_jax.config.schema import ConfigError
+from electra_jax.errors import ConfigError
 from electra_jax.model import flash_attention as fa
 from electra_jax.model import kernels
 from electra_jax.model.networks import ElectraSpec, EncoderSpec, TransformerLayer

@@ -6,7 +6,7 @@ import re
 import jax
 import pytest
 
-from electra_jax.config.schema import ConfigError
+from electra_jax.errors import ConfigError
 from electra_jax.pretraining import dry_run, topology
 from tests.conftest import micro_config, run_command
 from tests.pretraining.test_topology import libtpu_env, needs_libtpu  # noqa: F401  (a fixture)

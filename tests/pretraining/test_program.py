@@ -6,7 +6,7 @@ import collections
 import jax
 import pytest
 
-from electra_jax.config.schema import ConfigError
+from electra_jax.errors import ConfigError
 from electra_jax.model import sharding
 from electra_jax.pretraining import program
 from tests.conftest import micro_config

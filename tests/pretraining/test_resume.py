@@ -7,12 +7,11 @@ import pathlib
 import pytest
 
 from electra_jax.config import pretrain_keys, schema
-from electra_jax.config.schema import ConfigError, flatten
-from electra_jax.data import DataError
+from electra_jax.config.schema import flatten
+from electra_jax.errors import CheckpointError, ConfigError, DataError
 from electra_jax.pretraining import resume, runner
 from electra_jax.run import workdir
 from electra_jax.store import checkpointing
-from electra_jax.store.checkpointing import CheckpointError
 from tests.conftest import micro_config
 from tests.pretraining.test_runner import config_with, prepare_shared_data
 

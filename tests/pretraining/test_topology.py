@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from electra_jax.config.schema import ConfigError
+from electra_jax.errors import ConfigError
 from electra_jax.pretraining import topology
 from tests.conftest import run_python
 

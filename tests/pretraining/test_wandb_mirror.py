@@ -9,7 +9,8 @@ import struct
 import pytest
 
 from electra_jax import validate
-from electra_jax.config.schema import ConfigError, flatten
+from electra_jax.config.schema import flatten
+from electra_jax.errors import ConfigError
 from electra_jax.pretraining import metrics
 from tests.conftest import micro_config
 

@@ -6,7 +6,7 @@ import pathlib
 
 import pytest
 
-from electra_jax.config.schema import ConfigError
+from electra_jax.errors import ConfigError
 from electra_jax.run import rerun, workdir
 from electra_jax.store import checkpointing
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from electra_jax.config.schema import ConfigError
+from electra_jax.errors import ConfigError
 from electra_jax.run import workdir
 from electra_jax.store import paths
 from tests.conftest import ROOT, subprocess_env

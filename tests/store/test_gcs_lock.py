@@ -108,7 +108,7 @@ def test_a_dead_holder_on_this_host_is_taken_over_at_once_with_one_line(gcs):
 def test_a_lock_object_that_is_not_our_record_is_named_with_the_way_out(gcs, content, problem):
     """Neither "in use by a run (pid ? on host ?)" nor "cannot be written": what is wrong with
     the object, and what to do; the object is left as it is."""
-    from electra_jax.config.schema import ConfigError
+    from electra_jax.errors import ConfigError
     from electra_jax.run import workdir
 
     uri = f"{gcs}/run/.lock"

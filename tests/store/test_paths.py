@@ -10,7 +10,7 @@ import pathlib
 import pytest
 
 import electra_jax
-from electra_jax.data import DataError
+from electra_jax.errors import DataError
 from electra_jax.store import paths
 
 

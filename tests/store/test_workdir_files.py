@@ -20,7 +20,7 @@ def _file(tmp_path, text: str | bytes):
 def test_every_commands_one_line_meets_it():
     """A ConfigError: train, prepare, finetune (a pre-training workdir's metrics.jsonl read for
     its init_from's record), evaluate and the benchmarks end it in their one line."""
-    from electra_jax.config.schema import ConfigError
+    from electra_jax.errors import ConfigError
 
     assert issubclass(WorkdirFileError, ConfigError)
 
