@@ -196,7 +196,7 @@ def main() -> None:
         for item in _cli.settings("--set", args.set):
             _cli.set_field("--set", config, item, sections=True)
     _cli.checked(config)
-    from electra_jax.pretraining import dry_run, topology
+    from electra_jax.pretraining import dry_run, fit, topology
 
     with _cli.failures("--topology"):
         topology.resolve(args.topology)
@@ -235,7 +235,7 @@ def main() -> None:
         "clock_hz": generation.clock_hz, "matmul_flops": matmul_flops,
         "share_of_peak": program.cycles and share_of_peak(matmul_flops, program.cycles, generation),
         "xla_flops": costs.get("flops"), "xla_bytes_accessed": costs.get("bytes accessed"),
-        "remat": remat, **dry_run._memory(compiled),
+        "remat": remat, **fit.memory(compiled),
         **({"layer_kept_bytes": layer_kept_bytes(config, args.topology, args.layer)}
            if args.layer else {}),
     }))  # fmt: skip

@@ -9,11 +9,10 @@ others wait; every host writes its part of each checkpoint.
 
 Meant for a TPU v3-512, v5p-128 or v4-128 slice. train.remat='auto' compiles the step for the run's
 devices and takes the fastest remat policy whose step fits them (remat changes no number of the run,
-only memory and time): on a v4-128 'save_projections', 24.2 of a chip's 32 GiB, where without remat
-the step needs 38.6; the TPU compiler's plans without remat are 10.8 of each v3 core's 16 GiB and
-39.3 of a v5p chip's 95 (benchmarks/RESULTS.md, "The paper configs compiled for their slices";
-benchmarks/notes/remat.md). A v6e-64 needs remat too (full remat: 12.0 of 32 GiB; auto's choice
-there not compiled yet). It computes in bfloat16, as base.py does and says why
+only memory and time): on a v4-128 'none', 19.2 of a chip's 32 GiB in bfloat16 (in float32 it took
+'save_projections' at 24.2, where without remat the step needs 38.6; benchmarks/RESULTS.md, "The
+paper configs compiled for their slices"; benchmarks/notes/remat.md). It computes in bfloat16, as
+base.py does and says why
 (--config.model.dtype=float32 computes in float32), with the Pallas attention kernel on TPU
 (model.attention='auto'). Before booking another slice,
 compile for it: add --dry_run --topology=SLICE (README, "Will it fit?"); it chooses as the run does.

@@ -17,8 +17,14 @@ import numpy as np
 from electra_jax.errors import ConfigError
 from electra_jax.model import sharding
 from electra_jax.model.networks import abstract_params, network_param_counts
-from electra_jax.pretraining import compiled_costs, metrics, remat_auto, topology
-from electra_jax.pretraining.program import abstract_arguments, build, checked_mesh, setup_step
+from electra_jax.pretraining import compiled_costs, fit, metrics, remat_auto, topology
+from electra_jax.pretraining.program import (
+    abstract_arguments,
+    build,
+    checked_mesh,
+    resolve_remat,
+    setup_step,
+)
 
 
 def describe(
@@ -85,7 +91,7 @@ def _resolved(config, vocab_size: int, mesh) -> tuple:
     the policy compiled, and for 'auto' the line saying why and the seconds its compiles took)."""
     if config.train.remat != remat_auto.AUTO:
         return config, {"remat": config.train.remat}
-    choice = remat_auto.resolve(config, vocab_size, mesh, unigram_cdf=_uniform(vocab_size))
+    choice = resolve_remat(config, vocab_size, mesh, unigram_cdf=_uniform(vocab_size))
     metrics.log(choice.line)  # as the run logs it; the summary carries it too
     fields = {"remat": choice.policy, "remat_auto": choice.line, "remat_auto_seconds": None}
     if choice.trials:
@@ -137,23 +143,6 @@ def _without_persistent_cache():
         jax.config.update("jax_enable_compilation_cache", before)
 
 
-def _memory(compiled) -> dict:
-    """Per-device bytes at the step's peak: arguments + outputs - donated aliases + temporaries
-    (state, batch, activations, gradients, optimizer update)."""
-    mem = compiled.memory_analysis()
-    total = (
-        mem.argument_size_in_bytes
-        + mem.output_size_in_bytes
-        - mem.alias_size_in_bytes
-        + mem.temp_size_in_bytes
-    )
-    return {
-        "memory_per_device_bytes": int(total),
-        "memory_state_bytes": int(mem.argument_size_in_bytes),
-        "memory_temp_bytes": int(mem.temp_size_in_bytes),
-    }
-
-
 def _costs(compiled) -> dict:
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list | tuple) else cost
@@ -181,7 +170,7 @@ def compile_report(config: ml_collections.ConfigDict, vocab_size: int) -> dict:
         "devices": mesh.size,
         "mesh": dict(mesh.shape),
         **auto,
-        **_memory(compiled),
+        **fit.memory(compiled),
         "xla_flops_per_step": xla_flops,
         # With 'auto', the choice's compiles, the reported program's among them.
         "compile_seconds": round(seconds or auto.get("remat_auto_seconds") or 0.0, 1),
@@ -276,25 +265,6 @@ def step_costs(config, vocab_size: int, mesh) -> dict | None:
     return costs
 
 
-def _fix_hint(config, mesh) -> str:
-    """What to change so that a step fits: only the settings not already at their lightest."""
-    batch, accum = config.train.batch_size, config.train.grad_accum_steps
-    dp = sharding.data_parallel_size(mesh)
-    hints = [
-        f"a smaller batch per device (train.batch_size={batch} over {dp} devices: {batch // dp} "
-        f"rows, {batch // dp // accum} per micro-batch)"
-    ]
-    if batch // dp // accum > 1:
-        hints.append(f"more micro-batches (train.grad_accum_steps={accum})")
-    if mesh.shape["fsdp"] < mesh.size // sharding.num_slices(mesh.devices.flat):
-        hints.append(f"sharded parameters (mesh.fsdp={config.mesh.fsdp}; -1 is all of a slice)")
-    if config.train.remat not in ("full", remat_auto.AUTO):  # 'auto' has tried 'full'
-        hints.append(f"recomputation (train.remat={config.train.remat!r}; 'auto' or 'full')")
-    if config.model.dtype != "bfloat16":
-        hints.append(f"bfloat16 compute (model.dtype={config.model.dtype!r})")
-    return "; or ".join(hints)
-
-
 def _gib(n: float) -> str:
     return f"{n / topology.GIB:.2f} GiB"
 
@@ -330,9 +300,9 @@ def tpu_report(
         have = f"{found.group(2)}G available" if found else f"{_gib(gen.hbm_bytes_per_device)}"
         raise DoesNotFit(
             f"does not fit {target.asked_as} ({gen.name}): a device needs {need}, it has "
-            f"{have} (XLA: RESOURCE_EXHAUSTED); try {_fix_hint(config, mesh)}"
+            f"{have} (XLA: RESOURCE_EXHAUSTED); try {fit.fix_hint(config, mesh)}"
         ) from None
-    memory = _memory(compiled)
+    memory = fit.memory(compiled)
     hbm = gen.hbm_bytes_per_device
     crashes = costs and cost_compiles_crash(gen)
     asked, t0 = costs and not crashes, time.time()

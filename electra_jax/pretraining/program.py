@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -33,7 +34,7 @@ from electra_jax.model.networks import (
 from electra_jax.model.optim import make_optimizer
 from electra_jax.objectives import registry
 from electra_jax.objectives.core import num_mask_slots
-from electra_jax.pretraining import metrics, remat_auto
+from electra_jax.pretraining import fit, metrics, remat_auto
 from electra_jax.pretraining.optimizer_step import (
     DEFAULT_SPECIAL,
     SpecialTokens,
@@ -147,7 +148,7 @@ def setup_step(
         raise ValueError("objective.unigram_share > 0: give setup_step the corpus's unigram_cdf")
     if config.train.remat == remat_auto.AUTO:
         # The setup of the policy remat_auto chooses for these devices, its program compiled.
-        choice = remat_auto.resolve(config, vocab_size, mesh, special, unigram_cdf)
+        choice = resolve_remat(config, vocab_size, mesh, special, unigram_cdf)
         metrics.log(choice.line)
         config = remat_auto.with_policy(config, choice.policy)
     key = _setup_key(config, vocab_size, mesh, special, unigram_cdf)
@@ -269,3 +270,67 @@ def eval_every(config) -> int:
 
 def eval_batch_size(config) -> int:
     return config.eval.batch_size or config.train.batch_size
+
+
+# Choices made in this process, newest last, by the auto config's setup key and the limit: a
+# second run of the same config (the Python API, a test) takes it without compiling the
+# candidates again. A few are kept, as program.py keeps setups: each holds an executable.
+_CHOICES: collections.OrderedDict[tuple, remat_auto.Choice] = collections.OrderedDict()
+_CHOICES_KEPT = 4
+
+
+def resolve_remat(
+    config,
+    vocab_size: int,
+    mesh,
+    special=None,
+    unigram_cdf=None,
+    limit: tuple[int | None, str] | None = None,
+) -> remat_auto.Choice:
+    """Chooses train.remat for 'auto' on `mesh`'s devices: compiles the program the run calls
+    most (abstract_arguments) under each policy of remat_auto.ORDER until one fits
+    (remat_auto.choose), and leaves the chosen one's compiled program in its setup (setup_step
+    of the config with that policy), for the run to call. `limit`: (bytes per device, the
+    devices in words) instead of remat_auto.device_memory's (a test's lowered budget). Where no
+    limit is known, 'none' without a compile. Raises remat_auto.NothingFits."""
+    special = DEFAULT_SPECIAL if special is None else special
+    devices = list(mesh.devices.flat)
+    limit_bytes, where = limit if limit is not None else remat_auto.device_memory(devices)
+    if limit_bytes is None:
+        return remat_auto.Choice(
+            "none",
+            f"train.remat=auto: 'none' for {where}: no memory limit is known for "
+            f"{devices[0].platform} devices, so nothing was compiled to choose",
+        )
+    key = (_setup_key(config, vocab_size, mesh, special, unigram_cdf), limit_bytes)
+    if key in _CHOICES:
+        _CHOICES.move_to_end(key)
+        return _CHOICES[key]
+
+    compiles = []
+
+    def measure(policy: str):
+        cfg = remat_auto.with_policy(config, policy)
+        setup = setup_step(cfg, vocab_size, mesh, special, unigram_cdf)
+        name, fn, state, batch = abstract_arguments(setup, cfg, mesh)
+        compiled = setup.compiled.get(name)  # compiled earlier in this process
+        if compiled is not None:
+            return fit.memory(compiled)["memory_per_device_bytes"], compiled
+        compiles.append(policy)
+        return fit.compile_need(fn, state, batch)
+
+    t0 = time.time()
+    choice = remat_auto.choose(
+        measure, limit_bytes, where, fit.fix_hint(config, mesh), remat_auto.ORDER
+    )
+    seconds = time.time() - t0
+    cfg = remat_auto.with_policy(config, choice.policy)
+    setup = setup_step(cfg, vocab_size, mesh, special, unigram_cdf)
+    name, *_ = abstract_arguments(setup, cfg, mesh)
+    setup.compiled[name] = choice.compiled
+    done = f"{len(compiles)} compile{'' if len(compiles) == 1 else 's'}, {seconds:.1f}s"
+    choice = dataclasses.replace(choice, line=f"{choice.line} ({done})", seconds=seconds)
+    _CHOICES[key] = choice
+    while len(_CHOICES) > _CHOICES_KEPT:
+        _CHOICES.popitem(last=False)
+    return choice

@@ -4,7 +4,7 @@ Before anything is allocated, the run compiles its step ahead of time for its ow
 the policies of ORDER, fastest first ('none', the named policies, 'full' last: each recomputes
 more of a layer in the backward pass and keeps less of it), and takes the first whose memory
 per device (XLA's memory_analysis: arguments + outputs - aliases + temporaries, as
-dry_run._memory counts it) fits the device's: on TPU the chip's HBM (topology.py's table), on GPU
+fit.memory counts it) fits the device's: on TPU the chip's HBM (topology.py's table), on GPU
 the allocator's limit (device.memory_stats()['bytes_limit']). Where no limit is known (CPU) it
 takes 'none' without compiling, and says so. One line names the choice and why; the chosen
 policy's compiled program is the one the run then calls (program.StepSetup.compiled), not
@@ -23,12 +23,9 @@ and the memory of one base and one large layer under each policy).
 
 from __future__ import annotations
 
-import collections
 import copy
 import dataclasses
 import os
-import re
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -106,7 +103,7 @@ def choose(
     measure(policy) -> (bytes per device, compiled program), or (the temporaries XLA said it
     needs, or None; None) where the compiler refused the program for want of memory; it is
     called in order and not past the first fit. `where`: the devices, in words ('64 x TPU
-    v4'); `hint`: what else could make a step fit (dry_run._fix_hint), for NothingFits, raised
+    v4'); `hint`: what else could make a step fit (fit.fix_hint), for NothingFits, raised
     when no policy fits.
     """
     trials = []
@@ -157,96 +154,6 @@ def with_policy(config, policy: str):
     with resolved.unlocked():
         resolved.train.remat = policy
     return resolved
-
-
-_EXCEEDS = re.compile(r"\(([\d.]+)([KMGT])\) exceeds available HBM")
-_UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-
-
-def _compile_need(fn, state, batch):
-    """(bytes per device, compiled), or (XLA's stated need or None, None) where the compiler
-    refuses the program for want of memory (RESOURCE_EXHAUSTED)."""
-    # Here, not at the top: program and dry_run import this module (an import circle).
-    import jax
-
-    from electra_jax.pretraining import dry_run
-
-    try:
-        compiled = fn.lower(state, batch).compile()
-    except jax.errors.JaxRuntimeError as e:
-        if "RESOURCE_EXHAUSTED" not in str(e):
-            raise
-        found = _EXCEEDS.search(" ".join(str(e).split()))
-        # XLA's figures count in binary units ('36.73G' is GiB).
-        need = round(float(found.group(1)) * _UNITS[found.group(2)]) if found else None
-        return need, None
-    return dry_run._memory(compiled)["memory_per_device_bytes"], compiled
-
-
-# Choices made in this process, newest last, by the auto config's setup key and the limit: a
-# second run of the same config (the Python API, a test) takes it without compiling the
-# candidates again. A few are kept, as program.py keeps setups: each holds an executable.
-_CHOICES: collections.OrderedDict[tuple, Choice] = collections.OrderedDict()
-_CHOICES_KEPT = 4
-
-
-def resolve(
-    config,
-    vocab_size: int,
-    mesh,
-    special=None,
-    unigram_cdf=None,
-    limit: tuple[int | None, str] | None = None,
-) -> Choice:
-    """Chooses train.remat for 'auto' on `mesh`'s devices: compiles the program the run calls
-    most (program.abstract_arguments) under each policy of ORDER until one fits (`choose`), and
-    leaves the chosen one's compiled program in its setup (program.setup_step of the config with
-    that policy), for the run to call. `limit`: (bytes per device, the devices in words) instead
-    of `device_memory`'s (a test's lowered budget). Where no limit is known, 'none' without a
-    compile. Raises NothingFits."""
-    # Here, not at the top: program and dry_run import this module (an import circle).
-    from electra_jax.pretraining import dry_run, program
-    from electra_jax.pretraining.optimizer_step import DEFAULT_SPECIAL
-
-    special = DEFAULT_SPECIAL if special is None else special
-    devices = list(mesh.devices.flat)
-    limit_bytes, where = limit if limit is not None else device_memory(devices)
-    if limit_bytes is None:
-        return Choice(
-            "none",
-            f"train.remat=auto: 'none' for {where}: no memory limit is known for "
-            f"{devices[0].platform} devices, so nothing was compiled to choose",
-        )
-    key = (program._setup_key(config, vocab_size, mesh, special, unigram_cdf), limit_bytes)
-    if key in _CHOICES:
-        _CHOICES.move_to_end(key)
-        return _CHOICES[key]
-
-    compiles = []
-
-    def measure(policy: str):
-        cfg = with_policy(config, policy)
-        setup = program.setup_step(cfg, vocab_size, mesh, special, unigram_cdf)
-        name, fn, state, batch = program.abstract_arguments(setup, cfg, mesh)
-        compiled = setup.compiled.get(name)  # compiled earlier in this process
-        if compiled is not None:
-            return dry_run._memory(compiled)["memory_per_device_bytes"], compiled
-        compiles.append(policy)
-        return _compile_need(fn, state, batch)
-
-    t0 = time.time()
-    choice = choose(measure, limit_bytes, where, dry_run._fix_hint(config, mesh), ORDER)
-    seconds = time.time() - t0
-    cfg = with_policy(config, choice.policy)
-    setup = program.setup_step(cfg, vocab_size, mesh, special, unigram_cdf)
-    name, *_ = program.abstract_arguments(setup, cfg, mesh)
-    setup.compiled[name] = choice.compiled
-    done = f"{len(compiles)} compile{'' if len(compiles) == 1 else 's'}, {seconds:.1f}s"
-    choice = dataclasses.replace(choice, line=f"{choice.line} ({done})", seconds=seconds)
-    _CHOICES[key] = choice
-    while len(_CHOICES) > _CHOICES_KEPT:
-        _CHOICES.popitem(last=False)
-    return choice
 
 
 # ------------------------------------------------------------------------ the workdir's record
@@ -327,15 +234,14 @@ def read_record(path: str, log: Callable[[str], None]) -> dict | None:
 def for_run(
     workdir: str,
     config,
-    vocab_size: int,
     mesh,
-    special,
-    unigram_cdf,
+    resolve: Callable[[], Choice],
     log: Callable[[str], None],
     is_main: bool,
 ) -> Choice:
     """The run's policy for train.remat='auto': the workdir's recorded one when it was made for
-    these devices and settings (nothing compiled), else `resolve`'s, recorded (by process 0).
+    these devices and settings (nothing compiled), else `resolve()`'s (program.resolve_remat for
+    the run's step, which compiles), recorded (by process 0).
     Logs one line either way (and one saying what changed, when the record was for others)."""
     # Heavy (jax, flax or orbax): this module is imported without them (tests/conftest.py).
     from electra_jax.model.networks import REMAT_CHOICES
@@ -355,7 +261,7 @@ def for_run(
             return choice
         what = "; ".join(changed) or f"its policy {record['policy']!r} is not one of this version"
         log(f"train.remat=auto: choosing again: {what} (since {path})")
-    choice = resolve(config, vocab_size, mesh, special, unigram_cdf)
+    choice = resolve()
     log(choice.line)
     if is_main:
         trials = [

@@ -39,6 +39,7 @@ from electra_jax.pretraining.program import (
     eval_batch_size,
     eval_every,
     init_on_mesh,
+    resolve_remat,
     setup_step,
 )
 from electra_jax.run import workdir as workdir_lib
@@ -195,10 +196,8 @@ def _setup(run: resume.Resume, vocab_size: int, mesh, special, unigram) -> tuple
     choice = remat_auto.for_run(
         run.workdir,
         config,
-        vocab_size,
         mesh,
-        special,
-        unigram,
+        lambda: resolve_remat(config, vocab_size, mesh, special, unigram),
         log=metrics.log,
         is_main=jax.process_index() == 0,
     )

@@ -9,7 +9,7 @@ import pytest
 
 from electra_jax.config import pretrain_keys, schema
 from electra_jax.model import networks, sharding
-from electra_jax.pretraining import dry_run, program, remat_auto, runner, topology
+from electra_jax.pretraining import dry_run, fit, program, remat_auto, runner, topology
 from electra_jax.pretraining.optimizer_step import DEFAULT_SPECIAL
 from electra_jax.store import filenames
 from tests.conftest import micro_config
@@ -72,7 +72,7 @@ def test_nothing_fitting_is_one_line_naming_what_else_to_change():
     config = micro_config()
     config.train.remat = "auto"
     mesh = sharding.make_mesh(config.mesh)
-    hint = dry_run._fix_hint(config, mesh)
+    hint = fit.fix_hint(config, mesh)
     assert "train.batch_size" in hint and "train.remat" not in hint  # auto tried every policy
     measure, asked = _fake(dict.fromkeys(remat_auto.ORDER, 40.0))
     with pytest.raises(remat_auto.NothingFits) as e:
@@ -88,8 +88,8 @@ def test_without_a_known_limit_it_is_none_and_nothing_is_compiled(monkeypatch):
     config = micro_config()
     config.train.remat = "auto"
     mesh = sharding.make_mesh(config.mesh)
-    monkeypatch.setattr(remat_auto, "_compile_need", None)  # a compile would fail
-    choice = remat_auto.resolve(config, config.data.vocab_size, mesh)
+    monkeypatch.setattr(fit, "compile_need", None)  # a compile would fail
+    choice = program.resolve_remat(config, config.data.vocab_size, mesh)
     assert choice.policy == "none" and choice.trials == () and choice.compiled is None
     assert "no memory limit is known for cpu devices, so nothing was compiled" in choice.line
 
@@ -115,7 +115,7 @@ def test_a_real_choice_for_a_compile_only_tpu_slice_and_the_dry_run_reports_it(m
     mesh = program.checked_mesh(config, process_count=1, devices=devices)
     vocab, uniform = config.data.vocab_size, dry_run._uniform(config.data.vocab_size)
     with dry_run._without_persistent_cache():
-        first = remat_auto.resolve(config, vocab, mesh, unigram_cdf=uniform)
+        first = program.resolve_remat(config, vocab, mesh, unigram_cdf=uniform)
     assert first.policy == "none" and len(first.trials) == 1, first.line
     assert "for 4 x TPU v5 lite (16.00 GiB each): 'none' " in first.line
     need = first.trials[0].need_bytes
@@ -131,7 +131,7 @@ def test_a_real_choice_for_a_compile_only_tpu_slice_and_the_dry_run_reports_it(m
         remat_auto.with_policy(config, "full"), vocab, mesh, unigram_cdf=uniform
     )
     # The program reported is the one compiled to choose, held by the chosen policy's setup.
-    reported = dry_run._memory(chosen.compiled["step"])["memory_per_device_bytes"]
+    reported = fit.memory(chosen.compiled["step"])["memory_per_device_bytes"]
     assert chosen.spec.remat == "full" and reported == summary["memory_per_device_bytes"]
 
 
@@ -147,11 +147,9 @@ def test_the_record_is_reused_on_the_same_devices_and_the_choice_made_again_on_o
     mesh = sharding.make_mesh(config.mesh)
     lines = []
 
-    def for_run():
+    def for_run(resolve=lambda: program.resolve_remat(config, config.data.vocab_size, mesh)):
         lines.clear()
-        return remat_auto.for_run(
-            str(tmp_path), config, config.data.vocab_size, mesh, None, None, lines.append, True
-        )
+        return remat_auto.for_run(str(tmp_path), config, mesh, resolve, lines.append, True)
 
     assert for_run().policy == "none"  # a CPU: no limit known, nothing compiled
     record = _record(tmp_path)
@@ -162,10 +160,8 @@ def test_the_record_is_reused_on_the_same_devices_and_the_choice_made_again_on_o
     # The same devices and settings: the recorded policy, and no candidate compiled.
     record["policy"] = "save_projections"
     (tmp_path / filenames.REMAT_RECORD).write_text(json.dumps(record))
-    monkeypatch.setattr(remat_auto, "resolve", None)  # a choice made again would fail
-    assert for_run().policy == "save_projections"
+    assert for_run(resolve=None).policy == "save_projections"  # choosing again would fail
     assert len(lines) == 1 and "'save_projections', as chosen for these devices" in lines[0]
-    monkeypatch.undo()
 
     # Other devices: chosen again, with one line saying what changed, and recorded.
     record["made_for"]["devices"] = {"kind": "TPU v4", "count": 64, "memory_per_device_bytes": GIB}
