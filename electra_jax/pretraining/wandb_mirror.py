@@ -31,6 +31,11 @@ from typing import Any
 from electra_jax.run import workdir as workdir_lib
 from electra_jax.store import jsonio, paths
 
+# W&B's start and its final uploads end within these (seconds); a start that cannot is one
+# warning line and the run goes on without the mirror.
+INIT_TIMEOUT_SECONDS = 90.0
+FINISH_TIMEOUT_SECONDS = 300.0
+
 
 class Mirror:
     """An open W&B run that rows are logged to."""
@@ -66,7 +71,15 @@ class Mirror:
                 dir=_wandb_dir(workdir),
                 config=config.to_dict(),
                 # Our progress lines stay ours: W&B neither prints nor captures the terminal.
-                settings=wandb.Settings(silent=True, console="off"),
+                # Stated deadlines (docs/reliability.md, "Every network call has a deadline"):
+                # its start (W&B's own default, said here), and its uploads at the end, which by
+                # default block until done; what they leave is in WORKDIR/wandb for `wandb sync`.
+                settings=wandb.Settings(
+                    silent=True,
+                    console="off",
+                    init_timeout=INIT_TIMEOUT_SECONDS,
+                    finish_timeout=FINISH_TIMEOUT_SECONDS,
+                ),
             )
             run.config.update(config.to_dict(), allow_val_change=True)  # a resume's changes
             run.define_metric("step")

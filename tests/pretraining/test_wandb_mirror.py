@@ -157,3 +157,26 @@ def test_a_project_without_wandb_installed_is_refused_before_the_run(monkeypatch
         validate.check_config(config)
     config.log.wandb_project = ""
     validate.check_config(config)
+
+
+def test_wandb_starts_and_finishes_within_stated_deadlines(tmp_path, monkeypatch):
+    """W&B's start and its final uploads are given the deadlines docs/reliability.md states,
+    instead of a finish that blocks until every upload is done."""
+    import wandb
+
+    from electra_jax.pretraining import wandb_mirror
+
+    asked = {}
+
+    def fake_init(**kwargs):
+        asked.update(kwargs)
+        raise RuntimeError("no network here")  # the mirror's one warning line, no run
+
+    monkeypatch.setattr(wandb, "init", fake_init)
+    config = micro_config()
+    config.log.wandb_project = "electra-jax-test"
+    warnings = []
+    assert wandb_mirror.Mirror.start(str(tmp_path), config, warnings.append) is None
+    assert asked["settings"].init_timeout == wandb_mirror.INIT_TIMEOUT_SECONDS == 90.0
+    assert asked["settings"].finish_timeout == wandb_mirror.FINISH_TIMEOUT_SECONDS > 0
+    assert len(warnings) == 1 and "no network here" in warnings[0]
