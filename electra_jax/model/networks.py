@@ -297,9 +297,12 @@ def platform(spec: ElectraSpec) -> str:
 PALLAS_FROM_SEQ_LENGTH = 512
 PALLAS_FROM_HIDDEN_SIZE = 768
 # The TPU generations (topology.GENERATIONS' names) the kernel runs on: those libtpu compiles it
-# for in the suite (tests/model/test_flash_attention.py). Mosaic refuses v3's bfloat16 matmuls
-# (E2001, "Unsupported matmul RHS type"); v2 is older still, and TPU7x is not compiled yet.
-PALLAS_GENERATIONS = ("v4", "v5e", "v5p", "v6e")
+# for in the suite at its default blocks (tests/model/test_flash_attention.py). Mosaic refuses
+# v3's bfloat16 matmuls (E2001, "Unsupported matmul RHS type"); v2 is older still; on v6e the
+# suite compiles it at 128 x 128 blocks only, not the default 256 x 512 of 512 tokens (and
+# libtpu 0.0.42.1 dies compiling large's bfloat16 step for v6e-64 with or without it: the
+# cause is not found yet); TPU7x is not compiled yet.
+PALLAS_GENERATIONS = ("v4", "v5e", "v5p")
 
 
 def resolved_attention(

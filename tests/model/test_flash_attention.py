@@ -309,15 +309,15 @@ def test_auto_takes_the_kernel_on_tpu_where_it_wins_and_einsum_elsewhere():
 
 
 def test_the_kernel_is_chosen_and_accepted_only_on_the_generations_it_compiles_for():
-    """PALLAS_GENERATIONS are the generations the compile test above covers. On a TPU v3 slice
+    """PALLAS_GENERATIONS are the generations the compile test above covers at the default
+    blocks. On a TPU v3 slice
     (Mosaic refuses its bfloat16 matmuls) 'auto' builds the XLA core and 'pallas' is one line;
     on v4 'auto' at base's size builds the kernel."""
     from electra_jax.model import networks
     from electra_jax.pretraining.program import build, checked_mesh
 
-    compiled = {
-        topology.resolve(name).generation.name for name in ("v4-8", "v5e-4", "v5p-8", "v6e-4")
-    }
+    # The compile test's generations at the default blocks (v6e's there are 128 x 128).
+    compiled = {topology.resolve(name).generation.name for name in ("v4-8", "v5e-4", "v5p-8")}
     assert compiled == set(networks.PALLAS_GENERATIONS)
     config = micro_config()
     with config.unlocked():
