@@ -42,7 +42,7 @@ import ml_collections
 
 from electra_jax.config import pretrain_keys, schema
 from electra_jax.config.schema import flatten
-from electra_jax.data import shards, sources
+from electra_jax.data import mixture, shards, sources
 from electra_jax.data import tokenizer as tokenizer_lib
 from electra_jax.errors import ConfigError, DataError
 from electra_jax.run import rerun
@@ -107,7 +107,8 @@ class Resume:
             now = {
                 "format": 1,
                 "fields": shards.key_fields(cfg.data, tokenizer, cfg.seed),
-                "files": sources.from_config(cfg.data).files(),
+                "files": mixture.corpus_files(cfg.data),
+                **shards.mixture_record(cfg.data, tokenizer, cfg.seed),
             }
         except sources.SourceAbsent as e:
             if stored is None:
@@ -348,6 +349,10 @@ def prepared_data(
     in `Resume.check_data`) and for `evaluate`, which reads the held-out rows of a run's
     shards."""
     directory = cache_dir(config, workdir)
+    if config.data.mixture:  # each part's shards; a part gone has no stand-in
+        return shards.prepare_mixture(
+            config.data, tokenizer, directory, config.seed, num_workers=num_workers
+        )
     try:
         return shards.prepare(
             config.data, tokenizer, directory, config.seed, num_workers=num_workers
@@ -438,6 +443,9 @@ def _data_changes(keys: list[str], differ: dict, stored: dict, now: dict, cfg) -
         old, new = differ[key]
         if key == "source_fingerprint":
             parts.append(_corpus_change(stored.get("files"), now.get("files"), cfg.data.source))
+        elif key == "mixture_fingerprint":
+            files = stored.get("files"), now.get("files")
+            parts.append(_corpus_change(*files, cfg.data.mixture, key="data.mixture"))
         elif key == "tokenizer_fingerprint":
             parts.append("the tokenizer is another than the one the run started with")
         elif key == "format":
@@ -447,9 +455,11 @@ def _data_changes(keys: list[str], differ: dict, stored: dict, now: dict, cfg) -
     return "; ".join(parts)
 
 
-def _corpus_change(old: list | None, new: list | None, source: str) -> str:
-    """The files added, removed or resized under data.source, or what is known."""
-    where = f"the corpus under data.source '{source}' changed"
+def _corpus_change(
+    old: list | None, new: list | None, source: str, key: str = "data.source"
+) -> str:
+    """The files added, removed or resized under data.source (`key`), or what is known."""
+    where = f"the corpus under {key} '{source}' changed"
     if old is None or new is None:
         return f"{where} (its content key is not the one recorded)"
     before, after = dict(map(tuple, old)), dict(map(tuple, new))
