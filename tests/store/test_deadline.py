@@ -85,7 +85,7 @@ def test_a_bucket_that_never_answers_ends_a_read_and_a_listing_at_their_deadline
     silent_address, monkeypatch
 ):
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", silent_address)
-    monkeypatch.setenv(deadline.TIMEOUT_ENV, "0.5")
+    monkeypatch.setenv(deadline.TIMEOUT_ENV, "0.25")
     monkeypatch.delenv("TENSORSTORE_CURL_LOW_SPEED_TIME_SECONDS", raising=False)
     # Without the deadline gcsfs waits for ever (aiohttp with timeout=None): the guard fails.
     out = run_python("-c", _BUCKET_PROBE, timeout=90)
@@ -93,8 +93,8 @@ def test_a_bucket_that_never_answers_ends_a_read_and_a_listing_at_their_deadline
     read, listed, low_speed = out.stdout.strip().splitlines()
     for said, path in ((read, "gs://bucket/run/config.json"), (listed, "gs://bucket/corpus")):
         line, seconds = said.split(" | ")
-        assert line == f"{path}: no answer within 0.5s ({deadline.TIMEOUT_ENV})"
-        assert float(seconds[:-1]) < 30  # 6 tries of 0.5 s, and the interpreter's pace
+        assert line == f"{path}: no answer within 0.25s ({deadline.TIMEOUT_ENV})"
+        assert float(seconds[:-1]) < 30  # 6 tries of 0.25 s, and the interpreter's pace
     assert low_speed == "1"  # tensorstore (orbax's checkpoints) ends a silent request too
 
 
@@ -122,12 +122,12 @@ def test_a_hub_that_never_answers_a_listing_ends_the_glob_at_its_deadline(
     monkeypatch.setenv("HF_ENDPOINT", half_answering_hub)
     monkeypatch.setenv("HF_TOKEN", "hf_not_a_real_token")
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.setenv(deadline.TIMEOUT_ENV, "0.5")
+    monkeypatch.setenv(deadline.TIMEOUT_ENV, "0.25")
     # huggingface_hub asks for the listing with no timeout: without the deadline it waits for
     # ever, and the guard fails.
     out = run_python("-c", _HUB_PROBE, timeout=90)
     assert out.returncode == 0, out.stderr[-3000:]
     line, seconds = out.stdout.strip().split(" | ")
     pattern = f"hf://datasets/{HUB_DATASET}/**/*.txt"
-    assert line == f"{pattern}: no answer within 0.5s ({deadline.TIMEOUT_ENV})"
-    assert float(seconds[:-1]) < 30  # 6 tries of 0.5 s, and the interpreter's pace
+    assert line == f"{pattern}: no answer within 0.25s ({deadline.TIMEOUT_ENV})"
+    assert float(seconds[:-1]) < 30  # 6 tries of 0.25 s, and the interpreter's pace
