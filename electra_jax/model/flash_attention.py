@@ -7,8 +7,9 @@ time: on TPU attention_core's [B, heads, L, L] float32 arrays go through HBM, wh
 compiler counted as ~30% of a base layer's cycles (benchmarks/notes/compile.md).
 
 - Layout: the kernels read q, k, v and write the output token-major, [B, L, heads x d], the
-  projections' own layout (the transposes to and from attention_core's heads-first arguments
-  cancel against the model's), a block holding `heads_per_block` heads' lanes side by side:
+  layout one dot from x [B, L, H] writes (the model's projections on this path:
+  `flash_attention_tokens`; `flash_attention` takes attention_core's heads-first arguments and
+  moves them), a block holding `heads_per_block` heads' lanes side by side:
   two heads of ELECTRA's 64 fill the TPU's 128 lanes, where one heads-first [L, 64] block
   would be padded to 128 in HBM and VMEM (twice the bytes) and cost relayout copies.
 - Forward: one `pallas_call` over (batch, head groups, query blocks, key blocks). With one key
