@@ -7,8 +7,9 @@ time: on TPU attention_core's [B, heads, L, L] float32 arrays go through HBM, wh
 compiler counted as ~30% of a base layer's cycles (benchmarks/notes/compile.md).
 
 - Layout: the kernels read q, k, v and write the output token-major, [B, L, heads x d], the
-  projections' own layout (the transposes to and from attention_core's heads-first arguments
-  cancel against the model's), a block holding `heads_per_block` heads' lanes side by side:
+  layout one dot from x [B, L, H] writes (the model's projections on this path:
+  `flash_attention_tokens`; `flash_attention` takes attention_core's heads-first arguments and
+  moves them), a block holding `heads_per_block` heads' lanes side by side:
   two heads of ELECTRA's 64 fill the TPU's 128 lanes, where one heads-first [L, 64] block
   would be padded to 128 in HBM and VMEM (twice the bytes) and cost relayout copies.
 - Forward: one `pallas_call` over (batch, head groups, query blocks, key blocks). With one key
@@ -528,13 +529,6 @@ def _pallas(call: _Call, kernel, out_shape, scratch, interpret: bool):
     )
 
 
-def _shape_of(q, rate, block_q, block_k) -> _Shape:
-    """The _Shape of heads-first q [B, heads, L, d]."""
-    batch, heads, length, head_dim = q.shape
-    return _Shape(batch, heads, length, head_dim, q.dtype.itemsize, float(rate), block_q,
-                  block_k)  # fmt: skip
-
-
 def _prefetch(key, rate, batch_offset):
     """uint32 [3], the kernels' scalar-prefetch (SMEM) input: dropout_bits' two seed words of
     `key` (zeros at rate 0, where no bit is drawn) and the shard's first batch row."""
@@ -594,9 +588,7 @@ _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
 def _token_major(x):
-    """[B, heads, L, d] -> [B, L, heads x d]: the kernels' layout (XLA cancels this transpose
-    against the one that made the heads-first q, k, v from the projections' token-major
-    output; the output's, against the output projection's)."""
+    """[B, heads, L, d] -> [B, L, heads x d]: the kernels' layout."""
     b, heads, length, d = x.shape
     return jnp.swapaxes(x, 1, 2).reshape(b, length, heads * d)
 
@@ -607,12 +599,49 @@ def _heads_first(x, heads: int):
     return jnp.swapaxes(x.reshape(b, length, heads, width // heads), 1, 2)
 
 
-def _attention(q, k, v, bias, key, batch_offset, shape: _Shape, interpret: bool):
-    """The kernels on [B, heads, L, d] q, k, v of one device (its batch rows from
+def _attention(q, k, v, bias, key, batch_offset, heads: int, rate: float, blocks, interpret):
+    """The kernels on token-major q, k, v [B, L, heads x d] of one device (its batch rows from
     `batch_offset` on): the output, alike."""
+    batch, length, width = q.shape
+    shape = _Shape(batch, heads, length, width // heads, q.dtype.itemsize, float(rate), *blocks)
     prefetch = _prefetch(key, shape.rate, batch_offset)
-    out = _flash(*map(_token_major, (q, k, v)), bias, prefetch, shape, interpret)
-    return _heads_first(out, shape.heads)
+    return _flash(q, k, v, bias, prefetch, shape, bool(interpret))
+
+
+def flash_attention_tokens(q, k, v, bias, key, rate: float, *, heads: int, block_q=None,
+                           block_k=None, interpret: bool = False, batch_sharding=None):  # fmt: skip
+    """`flash_attention` on token-major q, k, v [B, L, heads x d], the kernels' own layout:
+    what projections that write each of q, k, v as one [B, L, H] array hand over without a
+    move of heads (networks.SelfAttention on the Pallas path). Returns [B, L, heads x d] in
+    q's dtype; the other arguments as `flash_attention`'s."""
+    b, length, width = q.shape
+    if k.shape != q.shape or v.shape != q.shape or bias.shape != (b, 1, 1, length):
+        raise ValueError(
+            f"flash_attention: q, k, v must be [B, L, heads x d] alike and bias [B, 1, 1, L]; "
+            f"got q {q.shape}, k {k.shape}, v {v.shape}, bias {bias.shape}"
+        )
+    if heads < 1 or width % heads:
+        raise ValueError(f"flash_attention: {heads} heads do not divide the width {width}")
+    blocks = _checked_blocks(length, block_q, block_k)
+    bias = bias.astype(jnp.float32)
+    if batch_sharding is None:
+        return _attention(q, k, v, bias, key, 0, heads, rate, blocks, interpret)
+    mesh, axes = batch_sharding.mesh, batch_sharding.spec[0]
+    names = (axes,) if isinstance(axes, str) else tuple(axes)
+    whole = jax.sharding.PartitionSpec()
+    # A batch the devices do not divide (the model's init traces one row; a run's batches are
+    # checked to divide them) runs whole on every device.
+    shards = math.prod(mesh.shape[a] for a in names)
+    split = whole if b % shards else jax.sharding.PartitionSpec(axes)
+
+    def local(q, k, v, bias, key):
+        # The shard's index over the batch's axes, major to minor, as the spec splits it.
+        offset = jax.lax.axis_index(axes) * q.shape[0] if split != whole else 0
+        return _attention(q, k, v, bias, key, offset, heads, rate, blocks, interpret)
+
+    # check_vma off: a pallas_call's outputs carry no varying-axes types to check.
+    return jax.shard_map(local, mesh=mesh, in_specs=(split,) * 4 + (whole,), out_specs=split,
+                         check_vma=False)(q, k, v, bias, key)  # fmt: skip
 
 
 def flash_attention(q, k, v, bias, key, rate: float, *, block_q=None, block_k=None,
@@ -643,25 +672,8 @@ def flash_attention(q, k, v, bias, key, rate: float, *, block_q=None, block_k=No
             f"flash_attention: q, k, v must be [B, heads, L, d] alike and bias [B, 1, 1, L]; "
             f"got q {q.shape}, k {k.shape}, v {v.shape}, bias {bias.shape}"
         )
-    block_q, block_k = _checked_blocks(length, block_q, block_k)
-    bias = bias.astype(jnp.float32)
-    if batch_sharding is None:
-        shape = _shape_of(q, rate, block_q, block_k)
-        return _attention(q, k, v, bias, key, 0, shape, bool(interpret))
-    mesh, axes = batch_sharding.mesh, batch_sharding.spec[0]
-    names = (axes,) if isinstance(axes, str) else tuple(axes)
-    whole = jax.sharding.PartitionSpec()
-    # A batch the devices do not divide (the model's init traces one row; a run's batches are
-    # checked to divide them) runs whole on every device.
-    shards = math.prod(mesh.shape[a] for a in names)
-    split = whole if b % shards else jax.sharding.PartitionSpec(axes)
-
-    def local(q, k, v, bias, key):
-        # The shard's index over the batch's axes, major to minor, as the spec splits it.
-        offset = jax.lax.axis_index(axes) * q.shape[0] if split != whole else 0
-        shape = _shape_of(q, rate, block_q, block_k)
-        return _attention(q, k, v, bias, key, offset, shape, bool(interpret))
-
-    # check_vma off: a pallas_call's outputs carry no varying-axes types to check.
-    return jax.shard_map(local, mesh=mesh, in_specs=(split,) * 4 + (whole,), out_specs=split,
-                         check_vma=False)(q, k, v, bias, key)  # fmt: skip
+    out = flash_attention_tokens(
+        *map(_token_major, (q, k, v)), bias, key, rate, heads=heads, block_q=block_q,
+        block_k=block_k, interpret=interpret, batch_sharding=batch_sharding,
+    )  # fmt: skip
+    return _heads_first(out, heads)

@@ -154,9 +154,10 @@ def spec_from_config(
 
 
 # The names a layer gives its tensors (jax.ad_checkpoint.checkpoint_name), by which the remat
-# policies below keep or recompute them: q, k and v [B, heads, L, d] (the fused projection's
-# output, its bias added and its heads moved first), the attention core's probabilities
-# [B, heads, L, L] float32 (kernels.attention_core, before dropout) and output [B, heads, L, d],
+# policies below keep or recompute them: q, k and v in the layout the attention core reads
+# ([B, heads, L, d]; the Pallas kernels' [B, L, heads x d]), their biases added; the core's
+# probabilities [B, heads, L, L] float32 (kernels.attention_core, before dropout) and output
+# (in q's layout),
 # the attention's output projection [B * L, H], the FFN's intermediate pre-activation [B, L, F]
 # and its output [B, L, H] (before dropout).
 QKV = "qkv"
@@ -290,12 +291,14 @@ def platform(spec: ElectraSpec) -> str:
 
 
 # 'auto' takes the Pallas kernel from this sequence length and width on: where the TPU
-# compiler's estimated cycles of a discriminator layer, forward and backward in bfloat16, put it
-# ahead of the XLA core (base and large at 512: 15% and 11% fewer cycles on v4, base 9% on v5e);
-# below, the flat projections it reads cost more than the [L, L] arrays it saves (small on v5e:
-# 5% more cycles at 128, 16% at 256, 3% at 512). benchmarks/notes/compile.md, "Pallas by default".
+# compiler's estimated cycles of a discriminator layer (32 x L, forward and backward, bfloat16,
+# the kernel at its roofline) put it ahead of the XLA core. At 512 tokens, with the kernel's
+# token-major projections: large 9.76M against 14.06M cycles on v4, base 6.62M against 10.10M,
+# a 256-wide layer (base's and large's generators) 1.91M against 2.95M on v4 and 2.97M against
+# 4.36M on v5e. At 128 tokens the two are even (small on v5e, float32: 0.78M each), so below
+# 512 it stays with the XLA core. benchmarks/notes/compile.md, "Projections for the kernel".
 PALLAS_FROM_SEQ_LENGTH = 512
-PALLAS_FROM_HIDDEN_SIZE = 768
+PALLAS_FROM_HIDDEN_SIZE = 256
 # The TPU generations (topology.GENERATIONS' names) the kernel runs on: those libtpu compiles it
 # for in the suite at its default blocks (tests/model/test_flash_attention.py). Mosaic refuses
 # v3's bfloat16 matmuls (E2001, "Unsupported matmul RHS type"); v2 is older still; on v6e the
@@ -513,15 +516,41 @@ class _tpu_projections:  # noqa: N801 (a namespace of two functions)
         )
 
 
+class _token_projections:  # noqa: N801 (a namespace of two functions)
+    """q, k, v and the output projection for the Pallas kernels, which read and write token-major
+    [B, L, heads x d]: one dot each between x [B, L, H] and its [H, heads x d] slice of the
+    kernel, so each of q, k, v is written once, whole, where the kernel reads it. The flat
+    path's one [B * L, 3H] result had to be cut into q, k and v (a strided copy of each, and a
+    concatenate of their gradients) before the kernels could read it (benchmarks/notes/
+    compile.md, "Projections without copies")."""
+
+    @staticmethod
+    def qkv(x, kernel, bias, dtype):
+        """x [B, L, H], kernel [H, 3, heads, d], bias [3, heads, d] -> q, k, v [B, L, heads d]."""
+        width = kernel.shape[0]
+        x = x.astype(dtype)
+        # split, not indexing, as in _flat_projections: one concatenate for the gradient.
+        kernels_ = jnp.split(kernel.astype(dtype).reshape(width, 3, -1), 3, axis=1)
+        biases = jnp.split(bias.astype(dtype).reshape(3, -1), 3)
+        return tuple(x @ w[:, 0] + c[0] for w, c in zip(kernels_, biases, strict=True))
+
+    @staticmethod
+    def output(context, kernel, bias):
+        """context [B, L, heads x d], kernel [heads, d, H], bias [H] -> [B, L, H]."""
+        dtype = context.dtype
+        return context @ kernel.reshape(-1, kernel.shape[-1]).astype(dtype) + bias.astype(dtype)
+
+
 class SelfAttention(nn.Module):
     """Multi-head self-attention; scores and softmax in float32.
 
     Heads lead the layout ([B, heads, L, head_dim]) so every contraction is a batched matmul with
     batch dimensions first. How q, k, v and the output are projected depends on the platform
-    (`platform(spec)`): on TPU with the einsum core, one dot per tensor straight between
-    x [B, L, H] and the heads-first layout (`_tpu_projections`); elsewhere, and for the Pallas
-    kernels, one fused [B * L, H] x [H, 3 * H] matmul and a transpose (`_flat_projections`).
-    Both compute the same function of the same parameters (qkv_kernel [H, 3, heads, head_dim],
+    (`platform(spec)`) and the core: on TPU with the einsum core, one dot per tensor straight
+    between x [B, L, H] and the heads-first layout (`_tpu_projections`); for the Pallas kernels,
+    one dot per tensor into their token-major [B, L, heads x d] (`_token_projections`);
+    elsewhere, one fused [B * L, H] x [H, 3 * H] matmul and a transpose (`_flat_projections`).
+    All compute the same function of the same parameters (qkv_kernel [H, 3, heads, head_dim],
     output_kernel [heads, head_dim, H]).
     """
 
@@ -546,15 +575,13 @@ class SelfAttention(nn.Module):
             jnp.float32,
         )
         out_bias = self.param("output_bias", nn.initializers.zeros, (e.hidden_size,), jnp.float32)
-        tpu = platform(s) == "tpu"
         attention = resolved_attention(s.attention, s.platform, x.shape[1], x.shape[2])
-        # The Pallas kernels read and write the flat projection's own token-major layout
-        # (flash_attention: its moves to and from heads-first cancel against the flat ones'),
-        # so they keep the flat projections on TPU too.
-        flat = not tpu or attention == "pallas"
-        projections = _flat_projections if flat else _tpu_projections
-        # Named in the heads-first layout the attention core reads, for the remat policies: a
-        # policy that keeps them recomputes neither the projection nor the moves of heads.
+        if attention == "pallas":  # token-major, the kernels' layout
+            projections = _token_projections
+        else:
+            projections = _tpu_projections if platform(s) == "tpu" else _flat_projections
+        # Named in the layout the attention core reads, for the remat policies: a policy that
+        # keeps them recomputes neither the projection nor the moves of heads.
         q, k, v = (
             checkpoint_name(t, QKV)
             for t in projections.qkv(x, qkv_kernel, qkv_bias, jnp.dtype(s.dtype))
@@ -575,7 +602,8 @@ class SelfAttention(nn.Module):
 
     def _pallas(self, q, k, v, attention_bias, deterministic):
         """attention_core's function (its dropout mask too) as Pallas TPU kernels that keep the
-        [L, L] scores in VMEM; q, k, v [B, heads, L, head_dim] -> the same, in q's dtype."""
+        [L, L] scores in VMEM; token-major q, k, v [B, L, heads x d] -> the same, in q's
+        dtype."""
         if self.spec.platform is not None:
             # Where the step's devices are known (program.build, the layer benchmark). A
             # shape-only trace without them (abstract_params, for a dry run's parameter counts
@@ -583,13 +611,14 @@ class SelfAttention(nn.Module):
             # of non-TPU devices was refused before either (program.checked_mesh).
             check_attention_platform(self.spec.attention, self.spec.platform)
         # Imported here: Pallas loads only in the runs that use it.
-        from electra_jax.model.flash_attention import flash_attention
+        from electra_jax.model.flash_attention import flash_attention_tokens
 
         rate = 0.0 if deterministic else self.spec.attention_dropout_rate
         key = self.make_rng("dropout") if rate else jax.random.key(0)
-        return flash_attention(
-            q, k, v, attention_bias, key, rate, batch_sharding=self.spec.batch_sharding
-        )
+        return flash_attention_tokens(
+            q, k, v, attention_bias, key, rate, heads=self.encoder.num_heads,
+            batch_sharding=self.spec.batch_sharding,
+        )  # fmt: skip
 
     def _fused(self, q, k, v, attention_bias, deterministic):
         """jax.nn.dot_product_attention ('xla' or 'cudnn') on q, k, v [B, heads, L, head_dim]

@@ -93,8 +93,9 @@ def test_the_dropout_mask_is_attention_cores_element_for_element():
     assert 0.2 < 1 - keep.mean() < 0.3
 
     def flash(q, k, v, bias, batch_offset):
-        shape = fa._shape_of(q, rate, 128, 128)
-        return fa._attention(q, k, v, bias, key, batch_offset, shape, True)
+        tokens = map(fa._token_major, (q, k, v))
+        out = fa._attention(*tokens, bias, key, batch_offset, heads, rate, (128, 128), True)
+        return fa._heads_first(out, heads)
 
     out, dq, dk, dv = _value_and_grads(lambda q, k, v: flash(q, k, v, bias, 0), q, k, eye, eye)
     np.testing.assert_array_equal(np.asarray(out) != 0, keep)
@@ -294,7 +295,8 @@ def test_auto_takes_the_kernel_on_tpu_where_it_wins_and_einsum_elsewhere():
     assert resolved_attention("auto", "tpu", long, wide) == "pallas"
     assert resolved_attention("auto", "tpu", 4 * long, 2 * wide) == "pallas"
     assert resolved_attention("auto", "tpu", long // 2, wide) == "einsum"
-    assert resolved_attention("auto", "tpu", long, wide // 3) == "einsum"  # base's generator
+    assert resolved_attention("auto", "tpu", long, wide // 2) == "einsum"
+    assert resolved_attention("auto", "tpu", 512, 256) == "pallas"  # base's and large's generators
     for platform in ("cpu", "gpu", None):
         assert resolved_attention("auto", platform, long, wide) == "einsum"
     assert resolved_attention("pallas", "tpu", 128, 128) == "pallas"

@@ -361,6 +361,44 @@ def test_tpu_projections_compute_the_flat_ones_function():
     assert projections == [[x.shape, (64, 2, 32)]] * 3, projections
 
 
+def test_token_projections_compute_the_flat_ones_function():
+    """The Pallas kernels' projections (one dot per q, k, v into token-major [B, L, heads x d],
+    one out of it) give the flat path's q, k, v, output and parameter gradients, moved to the
+    kernels' layout, to float32 rounding, from the same parameters."""
+    from electra_jax.model.flash_attention import _token_major
+    from electra_jax.model.networks import _flat_projections, _token_projections
+
+    keys = jax.random.split(jax.random.PRNGKey(5), 6)
+    x = jax.random.normal(keys[0], (2, 16, 64))
+    qkv_kernel = jax.random.normal(keys[1], (64, 3, 2, 32))
+    qkv_bias = jax.random.normal(keys[2], (3, 2, 32))
+    out_kernel = jax.random.normal(keys[3], (2, 32, 64))
+    out_bias = jax.random.normal(keys[4], (64,))
+    weights = jax.random.normal(keys[5], (2, 16, 64))
+
+    def layer(params, tokens: bool):
+        qkv_kernel, qkv_bias, out_kernel, out_bias = params
+        if tokens:
+            q, k, v = _token_projections.qkv(x, qkv_kernel, qkv_bias, jnp.float32)
+            context = q * k + v  # any function of q, k, v that keeps the layout
+            out = _token_projections.output(context, out_kernel, out_bias)
+        else:
+            q, k, v = _flat_projections.qkv(x, qkv_kernel, qkv_bias, jnp.float32)
+            context = q * k + v
+            out = _flat_projections.output(context, out_kernel, out_bias)
+            q, k, v = map(_token_major, (q, k, v))
+        return jnp.sum(out * weights), (q, k, v, out)
+
+    params = (qkv_kernel, qkv_bias, out_kernel, out_bias)
+    grad = jax.jit(jax.grad(layer, has_aux=True), static_argnums=1)
+    (flat_grads, flat), (token_grads, tokens) = grad(params, False), grad(params, True)
+    for a, b in zip(jax.tree.leaves(tokens), jax.tree.leaves(flat), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-4)
+    for a, b in zip(token_grads, flat_grads, strict=True):
+        assert a.shape == b.shape
+        np.testing.assert_allclose(a, b, atol=1e-5 * float(jnp.max(jnp.abs(b))))
+
+
 def test_bfloat16_layers_keep_no_float32_activations():
     """In bfloat16, what the scanned layers keep for their backward pass (the stacked residuals
     of every layer) holds no float32 array of a token's width or more: probabilities, layer
