@@ -1,5 +1,9 @@
 """What a run continues from, asked once before any work: `plan(config, workdir, allow)`.
 
+The command line plans without the claim, before it imports jax (bad settings and a workdir a
+resume refuses are answered in a blink); the runner then claims the workdir (`take`) and asks
+again only what another process may have changed before the lock.
+
 A workdir with checkpoints is resumed with the model it was trained with and, but for the settings
 a resume may change freely (Key.resume in config/pretrain_keys.py) and those allowed (train's
 --allow_change), the settings it was started with; the allowed changes are recorded in
@@ -54,8 +58,8 @@ from electra_jax.store.jsonio import write_json
 if TYPE_CHECKING:
     from electra_jax.store import checkpointing
 
-# jax, orbax and the metrics (which import them) are imported where they are used: `check`, the
-# refusals of a resume, is asked by the command line before it imports them.
+# jax, orbax and the metrics (which import them) are imported where they are used: `plan`
+# without the claim, the refusals of a resume, is asked by the command line before it imports them.
 
 _KEY_NAMES = frozenset(k.name for k in pretrain_keys.KEYS)
 
@@ -81,7 +85,7 @@ class Resume:
     config: ml_collections.ConfigDict
     changes: dict[str, tuple[Any, Any]]  # allowed changes since config.json: {key: (old, new)}
     init_from: Any  # train.init_from's weights (pretrained.Pretrained) for a new run, else None
-    claim: Any  # workdir.Claim: the workdir, locked by process 0 until `release`
+    claim: Any  # workdir.Claim: the workdir, locked by process 0 until `release`; None: unclaimed
     resumes: bool = False  # the workdir holds checkpoints
     allow: tuple[str, ...] = ()  # --allow_change
     command: str | None = None  # the command line, for workdir.COMMANDS_FILE (None: the API's)
@@ -92,6 +96,12 @@ class Resume:
     # The prepared data (prepare.PreparedData) that stands in for a corpus gone since the run
     # started, found by `check_data`; None when the corpus is there.
     recorded: Any = None
+    # What `plan` saw, for `take` to ask again only what changed since: the config as asked
+    # (completed), config.json (None: absent or not read), the lines of what is kept not yet
+    # logged (plan without the claim logs nothing).
+    asked: ml_collections.ConfigDict | None = None
+    stored: dict | None = None
+    said: list[str] = dataclasses.field(default_factory=list)
 
     def check_data(self, tokenizer) -> None:
         """Before any data is prepared (process 0): ConfigError when a resumed run's corpus or
@@ -269,49 +279,78 @@ def plan(
     workdir: str,
     allow: tuple[str, ...] = (),
     command: str | None = None,
+    claim: bool = True,
 ) -> Resume:
-    """Claims the workdir and answers what the run continues from: the config as it will run,
-    the allowed changes (config keys in `allow`), train.init_from's weights. `command`, the
-    command line, is recorded with the step it starts at (`Resume.record`).
+    """Claims the workdir and answers what the run continues from: the config (completed and
+    checked by the caller: schema.complete, validate.check_config) as it will run, the allowed
+    changes (config keys in `allow`), train.init_from's weights. `command`, the command line, is
+    recorded with the step it starts at (`Resume.record`).
+
+    With `claim` False, the same answer without jax, the lock, a log line or init_from's weights
+    (Resume.claim None): what the command line asks before it imports jax; the runner then
+    claims it (`take`), asking again only what another process may have changed meanwhile. With
+    `claim`, the two at once.
 
     Raises ConfigError (the workdir is another run's, or in use; a setting the resume may not
     change; init_from unusable) or CheckpointError (only damaged checkpoints), the workdir
     released again.
     """
-    # Heavy (jax, flax or orbax): this module is imported without them (tests/conftest.py).
-    from electra_jax.pretraining import metrics
-
     new = flatten(config.to_dict())  # the settings asked for, {"a.b": value}, read once
-    opened = rerun.open_run(workdir, PRETRAINING, tuple(allow), new)
+    allow = tuple(allow)
+    opened = rerun.open_run(workdir, PRETRAINING, allow, new, claim=False)
+    planned = _settled(config, new, opened, allow, command, log=None)
+    return take(planned) if claim else planned
+
+
+def take(planned: Resume) -> Resume:
+    """The Resume `plan` answered without the claim, its workdir now claimed for the run.
+
+    Only what another process may have changed before the lock is asked again: the checkpoints
+    (surveyed again) and config.json; when they are as `planned` saw them, its answer stands
+    (the newest checkpoint's step checked again), else the plan is settled anew. Then the lines
+    of what is kept are logged and init_from's weights loaded. Raises as `plan` does, the
+    workdir released again.
+    """
+    new = flatten(planned.asked.to_dict())
+    opened = rerun.open_run(planned.workdir, PRETRAINING, planned.allow, new)
     try:
-        run = _settled(config, new, opened, tuple(allow), command, log=metrics.log)
-        if not run.resumes and run.config.train.init_from:  # a resumed run goes on from its own
-            run.init_from = load_init_from(run.config, workdir)
+        if (opened.resumes, opened.stored) != (planned.resumes, planned.stored):
+            run = _settled(planned.asked, new, opened, planned.allow, planned.command, _log)
+        else:
+            run = dataclasses.replace(planned, claim=opened.claim, said=[])
+            for line in planned.said:
+                _log(line)
+            _check_newest(run)
+        _load_init_from(run)
     except BaseException:
         opened.release()
         raise
     return run
 
 
-def check(config: ml_collections.ConfigDict, workdir: str, allow: tuple[str, ...] = ()) -> None:
-    """What `plan` refuses of the workdir as it is, without claiming it and without jax: its
-    checkpoints/ (survey, only damaged ones), config.json, the settings a resume may not change,
-    train.num_steps and the phase switches against the newest checkpoint. For the command line,
-    before it imports jax; `plan` asks it all again once the workdir is claimed. Raises
-    ConfigError or CheckpointError; writes nothing, logs nothing."""
-    new = flatten(config.to_dict())
-    opened = rerun.open_run(workdir, PRETRAINING, tuple(allow), new, claim=False)
-    _settled(config, new, opened, tuple(allow), None, log=None)
+def _log(line: str) -> None:
+    """metrics.log: the run's log line."""
+    # Heavy (jax, flax or orbax): this module is imported without them (tests/conftest.py).
+    from electra_jax.pretraining import metrics
+
+    metrics.log(line)
+
+
+def _load_init_from(run: Resume) -> None:
+    """train.init_from's weights for a new run (a resumed one goes on from its own)."""
+    if not run.resumes and run.config.train.init_from:
+        run.init_from = load_init_from(run.config, run.workdir)
 
 
 def _settled(config, new: dict, opened: rerun.Rerun, allow, command, log) -> Resume:
-    """The Resume of an opened workdir (`new`: the settings asked for, flat): the stored run's
-    layout kept, its settings held to the new ones, the newest checkpoint's step checked.
-    `log`: gets the lines of what is kept (None: not said)."""
+    """The Resume of an opened workdir (`config`: as asked, completed; `new`: it flat): the
+    stored run's layout kept, its settings held to the new ones, the newest checkpoint's step
+    checked. `log`: gets the lines of what is kept (None: they wait in Resume.said)."""
+    asked, said = config, []
     changes = {}
     if opened.stored is not None:
         old = flatten(opened.stored)
-        kept = _checkpoint_layout(old, new, log)
+        kept = _checkpoint_layout(old, new, log or said.append)
         if kept:
             new.update(kept)
             config = config.copy_and_resolve_references()
@@ -323,10 +362,16 @@ def _settled(config, new: dict, opened: rerun.Rerun, allow, command, log) -> Res
         changes = check_same_run(old, new, opened.config_path, allow)
     workdir, resumes = opened.workdir, opened.resumes
     run = Resume(workdir, config, changes, None, opened.claim, resumes, allow, command)
-    if resumes:
-        # The newest checkpoint's step: the restore checks the one it resumes from again.
-        run.check_step(checkpoint_steps.saved_steps(workdir)[-1])
+    run.asked, run.stored, run.said = asked, opened.stored, said
+    _check_newest(run)
     return run
+
+
+def _check_newest(run: Resume) -> None:
+    """Resume.check_step of the newest checkpoint (the restore checks the one it resumes from
+    again)."""
+    if run.resumes:
+        run.check_step(checkpoint_steps.saved_steps(run.workdir)[-1])
 
 
 def cache_dir(config: ml_collections.ConfigDict, workdir: str) -> str:

@@ -73,8 +73,17 @@ def train(
     """
     config = schema.complete(config, pretrain_keys.KEYS)
     validate.check_config(config)
-    run = resume.plan(config, workdir, tuple(allow_changes), command)
+    planned = resume.plan(config, workdir, tuple(allow_changes), command, claim=False)
+    return train_planned(planned, stop_after)
+
+
+def train_planned(run: resume.Resume, stop_after: int | None = None) -> dict:
+    """`train` of the run `resume.plan` answered (its config completed, checked and settled);
+    planned without the claim (the command line's, before jax), its workdir is claimed here
+    (resume.take), so that nothing planned is asked twice. Released when the run ends."""
     try:
+        if run.claim is None:
+            run = resume.take(run)
         # Before the data is prepared and the step compiled: minutes for a real corpus.
         _check_outputs(run.workdir)
         if run.init_from is not None:

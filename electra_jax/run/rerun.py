@@ -71,7 +71,7 @@ class Rerun:
     """The answer of `open_run`: the claimed workdir and what it holds."""
 
     workdir: str
-    claim: Any  # workdir.Claim: the workdir, locked by process 0 until `release`; or None
+    claim: Any  # workdir.Claim: the workdir, locked by process 0 until `release`; None: unclaimed
     rules: Rules
     resumes: bool  # the workdir holds checkpoints
     stored: dict | None  # config.json, nested; None when absent (or written over: a new start)
@@ -94,9 +94,13 @@ def open_run(
     keys --allow_change may name). Raises ConfigError (the workdir is another's or in use, an
     --allow_change name is no key, config.json unreadable or gone from a run) or CheckpointError
     (only damaged checkpoints), the workdir released again. With `claim` False, the answer
-    without the claim: what a command line asks before it imports jax, the run's own
-    open_run asking again once the workdir is claimed."""
-    claim = claim_workdir(workdir, rules.kind, rules.command) if claim else None
+    without the claim (Rerun.claim None): the claim's checks (workdir.claim without the lock),
+    nothing written, for a command line before it imports jax; the run claims it later."""
+    if claim:
+        held = claim_workdir(workdir, rules.kind, rules.command)
+    else:
+        workdir_lib.claim(workdir, rules.kind, lock=False)  # its checks; nothing written
+        held = None
     try:
         names = set(new) | ({MISSING_CONFIG} if rules.may_lose_config else set())
         unknown = [k for k in allow if k not in names]
@@ -112,10 +116,10 @@ def open_run(
             if stored is None:
                 rules.without_config(workdir, resumes, tuple(allow))
     except BaseException:
-        if claim is not None:
-            claim.release()
+        if held is not None:
+            held.release()
         raise
-    return Rerun(workdir, claim, rules, resumes, stored)
+    return Rerun(workdir, held, rules, resumes, stored)
 
 
 def compare(

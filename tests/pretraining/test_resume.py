@@ -131,6 +131,40 @@ def test_a_new_workdir_starts_over_with_the_config_as_given(tmp_path):
     resume.plan(micro_config(), str(tmp_path / "new")).release()  # free again
 
 
+def test_a_plan_without_the_claim_writes_nothing_and_is_claimed_as_the_workdir_then_is(
+    tmp_path,
+):
+    """The command line's plan (claim=False) writes nothing; `take` claims the workdir and asks
+    again what another process may have changed before the lock: its checkpoints and config.json."""
+    path = _run_workdir(tmp_path / "w", steps=("3",))
+    before = sorted(os.listdir(path))
+    planned = resume.plan(micro_config(), path, claim=False)
+    assert planned.claim is None and planned.resumes and sorted(os.listdir(path)) == before
+    run = resume.take(planned)
+    try:
+        assert run.claim is not None and run.config is planned.config
+        with pytest.raises(ConfigError, match="is in use by"):
+            resume.plan(micro_config(), path)
+    finally:
+        run.release()
+    # A checkpoint beyond train.num_steps saved since the plan: refused at the claim.
+    config = micro_config()
+    config.train.num_steps = 4
+    planned = resume.plan(config, path, claim=False)
+    os.makedirs(os.path.join(path, "checkpoints", "6"))
+    with pytest.raises(ConfigError, match="train.num_steps=4 is below step 6"):
+        resume.take(planned)
+    # Another model's run started in a new workdir since the plan: held to it at the claim.
+    new = tmp_path / "new"
+    planned = resume.plan(micro_config(), str(new), claim=False)
+    other = micro_config()
+    other.model.hidden_size *= 2
+    _run_workdir(new, _stored(other))
+    with pytest.raises(ConfigError, match="describes a different model"):
+        resume.take(planned)
+    resume.plan(other, str(new)).release()  # the refusals released the workdir
+
+
 def test_a_resume_keeps_the_stored_run_and_records_the_allowed_changes(tmp_path):
     path = _run_workdir(tmp_path / "w")
     config = micro_config()
