@@ -222,7 +222,13 @@ def main() -> None:
     generation = topology.resolve(args.topology).generation
     rows = compiled_costs.instructions(hlo)
     program = compiled_costs.program_cycles(hlo, generation)
-    parts = by_part(rows, generation, compiled_costs.matmul_flops(lowered.as_text(debug_info=True)))
+    flops = compiled_costs.matmul_flops(lowered.as_text(debug_info=True))
+    if not args.layer:
+        # The lowered step is the whole mesh's program and the compiled one a device's: each
+        # device runs its share of the batch's matmuls (data and FSDP split them evenly).
+        share = len(topology.compile_only_devices(topology.resolve(args.topology)))
+        flops = [(name, f / share) for name, f in flops]
+    parts = by_part(rows, generation, flops)
     costs = dry_run._costs(compiled)
     matmul_flops = sum(s["flops"] for s in parts)
     print(json.dumps({

@@ -9,14 +9,13 @@ others wait; every host writes its part of each checkpoint.
 
 Meant for a TPU v3-512, v5p-128 or v4-128 slice. train.remat='auto' compiles the step for the run's
 devices and takes the fastest remat policy whose step fits them (remat changes no number of the run,
-only memory and time): on a v4-128 'none', 19.2 of a chip's 32 GiB in bfloat16 (in float32 it took
-'save_projections' at 24.2, where without remat the step needs 38.6; benchmarks/RESULTS.md, "The
-paper configs compiled for their slices"; benchmarks/notes/remat.md). It computes in bfloat16, as
-base.py does and says why
-(--config.model.dtype=float32 computes in float32), with the Pallas attention kernel on TPU
-(model.attention='auto'). Before booking another slice,
-compile for it: add --dry_run --topology=SLICE (README, "Will it fit?"); it chooses as the run does.
-On GPUs, a multi-node cluster (batch 2048 does not fit one device). This is the paper's
+only memory and time): on a v4-128 'none', 19.2 of a chip's 32 GiB in bfloat16 (in float32 it takes
+'save_projections' at 22.9, where without remat the step needs 37.8 of temporaries alone;
+benchmarks/RESULTS.md, "The paper configs compiled for their slices"; benchmarks/notes/remat.md).
+It computes in bfloat16, as base.py does and says why (--config.model.dtype=float32 computes in
+float32), with the Pallas attention kernel on TPU (model.attention='auto'). Before booking another
+slice, compile for it: add --dry_run --topology=SLICE (README, "Will it fit?"); it chooses as the
+run does. On GPUs, a multi-node cluster (batch 2048 does not fit one device). This is the paper's
 "ELECTRA-400K" (GLUE dev 88.6); the released ELECTRA-Large is the 1.75M-step variant: add
 --config.train.num_steps=1750000. Masks 25% of tokens, as the paper found better for Large. Starts
 from small.py and overrides what differs.

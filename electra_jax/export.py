@@ -108,9 +108,9 @@ def export(
 def pretraining_readme(workdir: str, pre, name: str | None = None, details: bool = False) -> str:
     """The model card (hf/card.py) of a pre-training workdir's export at `pre`'s step, from the
     workdir's records: what a fine-tuning records of it (corpus, steps, counted FLOPs, the
-    metrics row), its held-out readings up to that step, config.json, and with `details` its
-    command lines and paths. `name`: the card's title and the name its example loads (default:
-    the workdir's folder name)."""
+    metrics row), its held-out readings up to that step, config.json (upgraded: read_run_config),
+    and with `details` its command lines and paths. `name`: the card's title and the name its
+    example loads (default: the workdir's folder name)."""
     # Heavy (jax, flax or orbax): this module is imported without them (tests/conftest.py).
     from electra_jax.finetune import saved
     from electra_jax.pretrained import read_run_config

@@ -29,10 +29,10 @@ def _study(name):
     return f"benchmarks.studies.{name}.{name}"
 
 
-def _glue_workdir(tmp_path, steps=(), record=None, tasks=()):
+def _glue_workdir(tmp_path, steps=(), record=None, tasks=(), at=""):
     """A folder with a pre-training record (config.json, or `record`) and a folder per step in
     `steps` under checkpoints/, and a GLUE root with a train.tsv and dev.tsv of each of `tasks`
-    (else empty)."""
+    (else empty); the command line names the folder with `at` after it (a step: '@7')."""
     workdir, data = tmp_path / "pretrained", tmp_path / "glue"
     workdir.mkdir()
     (workdir / "config.json").write_text(json.dumps(record or {"model": {}}))
@@ -43,7 +43,7 @@ def _glue_workdir(tmp_path, steps=(), record=None, tasks=()):
         (data / task).mkdir()
         for name in ("train.tsv", "dev.tsv"):
             (data / task / name).write_text("index\tsentence1\tsentence2\tlabel\n")
-    return ["benchmarks/glue.py", f"--workdir={workdir}", f"--data_dir={data}", "--out=x"]
+    return ["benchmarks/glue.py", f"--workdir={workdir}{at}", f"--data_dir={data}", "--out=x"]
 
 
 # (case, argv from tmp_path, what the one line says)
@@ -60,7 +60,7 @@ CASES = [
     ),
     (
         "glue, a step the workdir did not save",
-        lambda t: [*_glue_workdir(t, steps=(3, 12)), f"--workdir={t}/pretrained@7"],
+        lambda t: _glue_workdir(t, steps=(3, 12), at="@7"),
         "--workdir {t}/pretrained@7: {t}/pretrained/checkpoints has no checkpoint of step 7; "
         "it has 3, 12",
     ),
@@ -191,6 +191,11 @@ CASES = [
         "argument --batch: 0 is out of range",
     ),
     (
+        "train_step, a flag given twice",
+        lambda t: ["benchmarks/train_step.py", "--batch=2", "--batch", "4"],
+        "--batch is given twice (as --batch=2 and --batch)",
+    ),
+    (
         "train_step, an unknown --set key",
         lambda t: ["benchmarks/train_step.py", "--set=model.no_such=1"],
         "model.no_such is not a config key",
@@ -237,7 +242,7 @@ CASES = [
     ),
     (
         "glue, a step written in other digits",
-        lambda t: [*_glue_workdir(t), f"--workdir={t}/pretrained@²"],
+        lambda t: _glue_workdir(t, at="@²"),
         "--workdir {t}/pretrained@² does not exist",
     ),
     (

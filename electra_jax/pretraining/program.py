@@ -24,6 +24,7 @@ from electra_jax import validate
 from electra_jax.errors import ConfigError
 from electra_jax.model import sharding
 from electra_jax.model.networks import (
+    PALLAS_GENERATIONS,
     Electra,
     ElectraSpec,
     abstract_params,
@@ -34,7 +35,7 @@ from electra_jax.model.networks import (
 from electra_jax.model.optim import make_optimizer
 from electra_jax.objectives import registry
 from electra_jax.objectives.core import num_mask_slots
-from electra_jax.pretraining import fit, metrics, remat_auto
+from electra_jax.pretraining import fit, metrics, remat_auto, topology
 from electra_jax.pretraining.optimizer_step import (
     DEFAULT_SPECIAL,
     SpecialTokens,
@@ -62,6 +63,8 @@ def build(config: ml_collections.ConfigDict, vocab_size: int, mesh=None):
     )
     if mesh is not None:
         spec = dataclasses.replace(spec, platform=mesh.devices.flat[0].platform)
+        if spec.attention == "auto" and _generation(mesh) not in PALLAS_GENERATIONS:
+            spec = dataclasses.replace(spec, attention="einsum")  # a chip the kernel skips
     attention = resolved_attention(
         spec.attention, spec.platform, config.data.seq_length, spec.discriminator.hidden_size
     )
@@ -234,6 +237,15 @@ def init_on_mesh(setup: StepSetup):
     return setup.init_fn()
 
 
+def _generation(mesh) -> str | None:
+    """The TPU generation of `mesh`'s devices (topology.GENERATIONS' name), None off TPUs."""
+    device = mesh.devices.flat[0]
+    if device.platform != "tpu":
+        return None
+    generation = topology.generation_for_kind(device.device_kind)
+    return generation.name if generation is not None else None
+
+
 def checked_mesh(config: ml_collections.ConfigDict, process_count: int, devices=None):
     """The run's mesh over all devices (or `devices`: a slice's compile-only ones, from
     topology.py); ConfigError when it or the batch does not fit them, or model.attention cannot
@@ -244,7 +256,9 @@ def checked_mesh(config: ml_collections.ConfigDict, process_count: int, devices=
         raise ConfigError(f"{e}; choose a mesh.fsdp that divides it") from e
     # Here, where the devices are first known (before the data is prepared), as well as where
     # the layer is traced (SelfAttention._pallas), which also covers callers without a mesh.
-    check_attention_platform(config.model.attention, mesh.devices.flat[0].platform)
+    check_attention_platform(
+        config.model.attention, mesh.devices.flat[0].platform, _generation(mesh)
+    )
     validate.check_batch(
         config.train.batch_size,
         sharding.data_parallel_size(mesh),

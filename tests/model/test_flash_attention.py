@@ -306,3 +306,32 @@ def test_auto_takes_the_kernel_on_tpu_where_it_wins_and_einsum_elsewhere():
     spec = _layer_spec(platform="tpu", attention="auto")
     hlo = _layer_grad(spec, 1, None, mesh).as_text()
     assert 'custom_call_target="tpu_custom_call"' not in hlo
+
+
+def test_the_kernel_is_chosen_and_accepted_only_on_the_generations_it_compiles_for():
+    """PALLAS_GENERATIONS are the generations the compile test above covers at the default
+    blocks. On a TPU v3 slice
+    (Mosaic refuses its bfloat16 matmuls) 'auto' builds the XLA core and 'pallas' is one line;
+    on v4 'auto' at base's size builds the kernel."""
+    from electra_jax.model import networks
+    from electra_jax.pretraining.program import build, checked_mesh
+
+    # The compile test's generations at the default blocks (v6e's there are 128 x 128).
+    compiled = {topology.resolve(name).generation.name for name in ("v4-8", "v5e-4", "v5p-8")}
+    assert compiled == set(networks.PALLAS_GENERATIONS)
+    config = micro_config()
+    with config.unlocked():
+        config.data.seq_length = config.model.max_position_embeddings = 512
+        config.model.hidden_size = config.model.embedding_size = 768
+        config.model.num_heads = 12
+    for slice_name, kernel in (("v3-8", False), ("v4-8", True)):
+        devices = topology.compile_only_devices(topology.resolve(slice_name))
+        mesh = checked_mesh(config, process_count=1, devices=devices)
+        spec = build(config, config.data.vocab_size, mesh)[0]
+        assert (spec.batch_sharding is not None) == kernel, slice_name
+    with config.unlocked():
+        config.model.attention = "pallas"
+    devices = topology.compile_only_devices(topology.resolve("v3-8"))
+    with pytest.raises(ConfigError, match=r"^model.attention='pallas' runs on TPU v4, v5e") as e:
+        checked_mesh(config, process_count=1, devices=devices)
+    assert "\n" not in str(e.value) and "TPU v3" in str(e.value)
