@@ -54,6 +54,12 @@ def task_files(files: Sequence[str], tfds: dict | None) -> dict:
     return {"data_files": data_record(files), "tfds": tfds}
 
 
+def hold_files(run: rerun.Resume, files: Sequence[str], tfds: dict | None) -> None:
+    """Holds the task's files (`files`; TFDS's `tfds`) read on a resume to the run's record:
+    ConfigError for other files unless --allow_change=data_dir."""
+    run.hold_inputs({**(TASK_FILES.read(run) or {}), **task_files(files, tfds)})
+
+
 def weights_digest(params: dict) -> str:
     """SHA-256 over a nested dict of arrays: each leaf's path, dtype, shape and bytes, in sorted
     order (the same weights give the same digest wherever they were read from)."""
@@ -151,9 +157,11 @@ TASK_FILES = TaskFiles()
 def hold_weights(run: rerun.Resume, encoder) -> None:
     """Holds the pre-trained encoder read on a resume to the run's record of it (where it has
     one): ConfigError for other weights unless --allow_change=init_from."""
-    pinned = (run.inputs or TASK_FILES.read(run) or {}).get("init_from")
+    current = run.inputs or TASK_FILES.read(run) or {}
+    pinned = current.get("init_from")
     if pinned is not None:
-        run.hold_inputs({"init_from": {**pinned, "weights_sha256": weights_digest(encoder)}})
+        digest = weights_digest(encoder)
+        run.hold_inputs({**current, "init_from": {**pinned, "weights_sha256": digest}})
 
 
 def check_finished(run: rerun.Resume, files: Sequence[str], tfds: dict | None) -> str | None:

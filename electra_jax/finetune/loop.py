@@ -145,7 +145,7 @@ def _finetune(
     resuming = record is not None
     has_checkpoint = resuming and run.resumes
     if resuming:  # what model.json's "inputs" becomes is written once the resumed step is known
-        run.hold_inputs(inputs.task_files(files, tfds))
+        inputs.hold_files(run, files, tfds)
         init = initial.resumed_model(config, workdir, record, not has_checkpoint, run.allow)
         if init.encoder_params is not None:
             inputs.hold_weights(run, init.encoder_params)

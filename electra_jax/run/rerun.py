@@ -140,11 +140,11 @@ class Resume:
         return paths.join(self.workdir, filenames.CONFIG_FILE)
 
     def hold_inputs(self, now: dict) -> None:
-        """Holds `now`, a record of what the run reads from outside its workdir as it reads it,
-        to the run's (Rules.record; or to what an earlier call set to write): ConfigError in the
-        command's words for a field that differs unless --allow_change names its key; else
-        `inputs` is what to write (the record joined with `now`; a run without a record gets
-        `now`) and `inputs_changes` gains the allowed changes."""
+        """Holds `now`, the record of what the run reads from outside its workdir as it reads
+        it, to the run's (Rules.record; or to what an earlier call set to write): ConfigError in
+        the command's words for a field that differs unless --allow_change names its key; else
+        `inputs` is what to write (`now`, its None values left out; None while the record
+        stands) and `inputs_changes` gains the allowed changes."""
         record = self.rules.record
         recorded = self.inputs if self.inputs is not None else record.read(self)
         if recorded is not None:
@@ -158,7 +158,7 @@ class Resume:
             if not differ:
                 return
             self.inputs_changes.update(differ)
-        self.inputs = {k: v for k, v in {**(recorded or {}), **now}.items() if v is not None}
+        self.inputs = {k: v for k, v in now.items() if v is not None}
 
     def record(self, step: int | None) -> None:
         """Once the state is restored (`step`: its step; None for a new run), writes what the

@@ -154,7 +154,7 @@ def test_inputs_are_held_to_their_record_and_an_allowed_change_kept_to_write(tmp
     with pytest.raises(ConfigError, match="other files"):
         run.hold_inputs({"corpus": "a", "files": 3})
     run.allow = ("data.seed",)
-    run.hold_inputs({"corpus": "a", "files": 3, "new": None})
+    run.hold_inputs({"corpus": "a", "files": 3, "gone": None})
     assert run.inputs == {"corpus": "a", "files": 3} and run.inputs_changes == {"files": (2, 3)}
     # A run without a record gets one.
     fresh = rerun.Resume(str(tmp_path), _config(), _Rules())
