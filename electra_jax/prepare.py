@@ -5,7 +5,9 @@ Prepares a run's data ahead of training: trains (or loads) the SentencePiece mod
 tokenizes and packs ``data.source`` on N worker processes (by default as many as the corpus's
 size warrants on this host, as ``train`` does), and writes the ArrayRecord shards and
 ``manifest.json`` into ``data.cache_dir`` (default ``WORKDIR/data``), then prints the manifest's
-figures as one JSON line; progress lines go to stderr. ``train`` with the same config
+figures as one JSON line; progress lines go to stderr. A ``data.mixture`` gets one tokenizer
+trained on a sample of the blend by weight, and each source's shards in a folder of its own:
+the JSON line's ``mixture`` lists each part's figures. ``train`` with the same config
 and workdir finds the shards by their content key and starts training at once.
 
 Multi-host runs: put the workdir (or ``data.cache_dir``) on storage every host mounts (NFS,
@@ -25,7 +27,7 @@ import time
 from absl import app, flags
 
 from electra_jax import cli, validate
-from electra_jax.data import shards
+from electra_jax.data import mixture, shards
 from electra_jax.pretraining import resume
 from electra_jax.run import workdir as workdir_lib
 from electra_jax.store import checkpoint_steps, filenames
@@ -74,25 +76,56 @@ def run(config, workdir: str, num_workers: int | None) -> dict:
     )
     t_tok = time.time()
     cache_dir = config.data.cache_dir or os.path.join(workdir, filenames.DATA_DIR)
-    key16 = shards.content_key(config.data, tokenizer, config.seed)[:16]
-    reused = os.path.isfile(os.path.join(os.path.abspath(cache_dir), key16, shards.MANIFEST))
-    prepared = shards.prepare(
-        config.data,
-        tokenizer,
-        cache_dir,
-        config.seed,
-        num_workers=num_workers,
-        min_examples=int(config.train.batch_size),
-    )
+    mix = mixture.of_config(config.data)
+    if mix is None:
+        reused = _reused(config.data, tokenizer, cache_dir, config.seed)
+        prepared = shards.prepare(
+            config.data,
+            tokenizer,
+            cache_dir,
+            config.seed,
+            num_workers=num_workers,
+            min_examples=int(config.train.batch_size),
+        )
+        summary = _figures(prepared, reused)
+        packed = [] if reused else [prepared]
+    else:
+        reused_parts = [
+            _reused(mixture.part_config(config.data, p), tokenizer, cache_dir, config.seed)
+            for p in mix.parts
+        ]
+        blend = shards.prepare_mixture(
+            config.data, tokenizer, cache_dir, config.seed, num_workers=num_workers
+        )
+        # Each part's figures, with its name and share of the blend's rows.
+        summary = {
+            "mixture": [
+                {"name": p.name, "share": share, **_figures(prepared, reused)}
+                for p, share, prepared, reused in zip(
+                    mix.parts, mix.shares, blend.parts, reused_parts, strict=True
+                )
+            ]
+        }
+        packed = [p for p, reused in zip(blend.parts, reused_parts, strict=True) if not reused]
     t_end = time.time()
-    summary = {k: prepared.manifest.get(k) for k in _REPORTED}
-    summary["directory"] = prepared.directory
-    summary["reused"] = reused
     summary["tokenizer_seconds"] = round(t_tok - t0, 2)
     summary["pack_seconds"] = round(t_end - t_tok, 2)
-    if not reused and t_end > t_tok:
-        summary["tokens_per_second"] = round(prepared.manifest["tokens"] / (t_end - t_tok))
+    if packed and t_end > t_tok:
+        tokens = sum(p.manifest["tokens"] for p in packed)
+        summary["tokens_per_second"] = round(tokens / (t_end - t_tok))
     return summary
+
+
+def _reused(data_cfg, tokenizer, cache_dir: str, seed: int) -> bool:
+    """Whether the prepared data of `data_cfg` is in `cache_dir` already."""
+    key16 = shards.content_key(data_cfg, tokenizer, seed)[:16]
+    return os.path.isfile(os.path.join(os.path.abspath(cache_dir), key16, shards.MANIFEST))
+
+
+def _figures(prepared, reused: bool) -> dict:
+    """The manifest's figures of one prepared corpus, its folder and whether it was reused."""
+    figures = {k: prepared.manifest.get(k) for k in _REPORTED}
+    return {**figures, "directory": prepared.directory, "reused": reused}
 
 
 def main(argv) -> None:

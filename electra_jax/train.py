@@ -231,7 +231,7 @@ def main(argv) -> None:
             # And a workdir the run's claim would refuse (a file, a folder that is not ours or is
             # of the other kind, a link out), then what a resume of it would refuse (its
             # checkpoints/, config.json, settings and step): the plan without the claim, nothing
-            # written. The runner claims it for good (resume.take) and asks again only what
+            # written. The runner claims it for good (rerun.take) and asks again only what
             # another process may change before the lock.
             planned = resume.plan(config, _WORKDIR.value, allow, command, claim=False)
     # jax, flax and orbax: only once the settings are known to be good.

@@ -14,7 +14,7 @@ import re
 from typing import Any
 
 from electra_jax.config import groups, pretrain_keys, schema
-from electra_jax.data import sources
+from electra_jax.data import mixture, sources
 from electra_jax.errors import ConfigError, DataError
 from electra_jax.objectives.catalog import OBJECTIVES
 from electra_jax.store import paths
@@ -125,6 +125,7 @@ def check_config(config: Any) -> None:
     )
     _check_attention(config.model)
     _check_source(d.source)
+    mixture.check(d)
     _require(
         not (d.cache_dir and os.path.exists(d.cache_dir) and not os.path.isdir(d.cache_dir)),
         f"data.cache_dir={d.cache_dir} is a file, not a folder; choose a folder (or '' for "

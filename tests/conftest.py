@@ -216,6 +216,7 @@ JAX_FREE_MODULES = (
     "electra_jax.config.schema",
     "electra_jax.data",
     "electra_jax.data.heldout",
+    "electra_jax.data.mixture",
     "electra_jax.data.packing",
     "electra_jax.data.progress",
     "electra_jax.data.shards",

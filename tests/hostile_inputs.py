@@ -219,10 +219,10 @@ def _train(ctx: Context, workdir, *overrides) -> list:
     return TRAIN + [f"--config={ctx.config}", f"--workdir={workdir}", *overrides]
 
 
-def train_setting(name: str, override: str, contains: str) -> Case:
+def train_setting(name: str, override: str, contains: str, *more: str) -> Case:
     return Case(
         name,
-        lambda ctx: (_train(ctx, ctx.fresh("w"), override), []),
+        lambda ctx: (_train(ctx, ctx.fresh("w"), override) + list(more), []),
         contains=contains,
     )
 
@@ -991,6 +991,17 @@ def cases() -> list[Case]:
         train_setting("unknown source", "--config.data.source=wikipedia", "data.source"),
         train_setting(
             "source matching nothing", "--config.data.source=text:/nonexistent/*.txt", "/nonexist"
+        ),
+        train_setting(  # the table's config names its corpus in data.source
+            "mixture beside data.source",
+            "--config.data.mixture=builtin:0.7;text:/nonexistent/*.txt:0.3",
+            "both name the corpus",
+        ),
+        train_setting(
+            "mixture weight 0",
+            "--config.data.source=builtin",
+            "data.mixture: the weight of 'text:/nonexistent/*.txt:0' is '0'",
+            "--config.data.mixture=builtin:0.7;text:/nonexistent/*.txt:0",
         ),
         train_setting("seed -1", "--config.seed=-1", "seed=-1"),
         # ---- train: workdirs that are not ours, or not ours to take now

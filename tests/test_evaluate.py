@@ -82,6 +82,38 @@ def test_training_evaluates_on_schedule_and_resumes_with_the_same_readings(
 
 
 @pytest.mark.slow
+def test_a_mixture_reads_each_parts_heldout_rows_and_keeps_its_corpus(shared_data, tmp_path):
+    """A 0.7 / 0.3 mixture of two text files: the held-out readings over both parts and each
+    part's own (`eval/NAME/...`); a resume with other weights, or with a part's file changed,
+    is refused in one line naming data.mixture."""
+    from electra_jax.errors import ConfigError
+    from tests.data.test_shards import make_corpus
+
+    folder = make_corpus(str(tmp_path / "corpus"), num_topics=12)[len("text:") : -len("/*.txt")]
+    cfg = _eval_config(shared_data)
+    cfg.data.cache_dir = str(tmp_path / "cache")  # the parts' shards: not the shared ones
+    cfg.data.heldout_examples = 16  # of each part: the 32 rows of the other tests' program
+    cfg.data.mixture = f"a=text:{folder}/part0.txt:0.7;b=text:{folder}/part1.txt:0.3"
+    workdir = tmp_path / "run"
+    runner.train(cfg, str(workdir), stop_after=2)
+    row = metrics.read_rows(str(workdir / "metrics.jsonl"))[-1]
+    for name in ("", "a/", "b/"):
+        assert 0.0 <= row[f"eval/{name}disc_auc"] <= 1.0, name
+        assert set(row) >= {k.replace("eval/", f"eval/{name}") for k in EVAL_KEYS}
+    assert row["eval/a/disc_loss"] != row["eval/b/disc_loss"]
+    record = json.loads((workdir / "data_record.json").read_text())
+    assert [(p["name"], p["weight"]) for p in record["mixture"]] == [("a", 0.7), ("b", 0.3)]
+    reweighted = cfg.copy_and_resolve_references()
+    reweighted.data.mixture = cfg.data.mixture.replace("0.7", "0.5").replace("0.3", "0.5")
+    with pytest.raises(ConfigError, match="data.mixture=.*--allow_change=data.mixture"):
+        runner.train(reweighted, str(workdir))
+    with open(f"{folder}/part1.txt", "a") as f:
+        f.write("\n\nOne more document.\n")
+    with pytest.raises(ConfigError, match="corpus under data.mixture .* changed: resized: part1"):
+        runner.train(cfg, str(workdir))
+
+
+@pytest.mark.slow
 def test_a_run_from_before_the_heldout_slice_resumes_on_every_row(shared_data, tmp_path, capsys):
     """A run whose config.json lacks data.heldout_examples trained on every row: it resumes on
     every row (exactly as a run with the slice off), and evaluate says it read seen rows."""

@@ -668,6 +668,10 @@ def test_the_pretraining_export_has_a_model_card_from_the_workdirs_records(run, 
         ("parquet:gs://bucket/c4/*.parquet:content", "parquet:.../*.parquet:content"),
         ("jsonl:corpus.jsonl", "jsonl:corpus.jsonl"),
         ("text:hf://datasets/org/name/*.txt", "text:hf://datasets/org/name/*.txt"),
+        (
+            "wiki=text:/home/me/wiki/*.txt:0.7; builtin:0.3",
+            "wiki=text:.../*.txt:0.7;builtin=builtin:0.3",
+        ),
     ],
 )
 def test_a_card_names_the_corpus_without_its_folders(source, shown):

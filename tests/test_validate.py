@@ -71,6 +71,8 @@ def test_objective_and_embedding_sharing_are_checked_in_one_line():
         ("data.source", "text:", "data.source 'text:' is not a known source"),
         ("data.source", "parquet::text", "data.source 'parquet::text' is not a known source"),
         ("data.source", "jsonl:", "data.source 'jsonl:' is not a known source"),
+        ("data.mixture", "builtin:1", "data.mixture: 'builtin:1' names 1 source(s)"),
+        ("data.mixture", "builtin:1;jsonl::2", "data.mixture: data.source 'jsonl:' is not a"),
         ("objective.temperature", 1e-30, "objective.temperature=1e-30 must be in [0.001, 1000"),
         ("objective.temperature_start", 2.0, "needs objective.temperature_steps > 0"),
         ("objective.temperature_steps", 3, "objective.temperature_start=0.0, which must be in"),
@@ -109,6 +111,15 @@ def test_every_kind_of_source_is_accepted_by_form():
     ):
         config = micro_config()
         config.data.source = source
+        validate.check_config(config)
+
+
+def test_a_mixture_is_checked_by_form_and_refused_beside_a_data_source():
+    config = micro_config()
+    config.data.mixture = "builtin:0.7;books=text:corpus/**/*.txt:0.3"
+    validate.check_config(config)
+    config.data.source = "text:corpus/**/*.txt"
+    with pytest.raises(ConfigError, match=r"data.mixture=.* and data.source=.* both name the corp"):
         validate.check_config(config)
 
 

@@ -49,6 +49,18 @@ KEYS = table(
         ),
         cross="its form: data.sources.parse (validate.check_config)",
     ),
+    Key(
+        "data.mixture",
+        "",
+        (
+            "several sources drawn by weight, 'SOURCE:WEIGHT;SOURCE:WEIGHT' (each a data.source "
+            "form, optionally NAME=SOURCE:WEIGHT); '' reads data.source alone"
+        ),
+        cross=(
+            "two or more sources, each once, weights > 0; data.source left at its default "
+            "(data.mixture.check, in validate.check_config)"
+        ),
+    ),
     shared(
         "seq_length",
         "data.seq_length",

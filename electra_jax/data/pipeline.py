@@ -7,6 +7,11 @@ processes P, and two processes train on the same numbers as one. The iterator's 
 counter (Grain's ``next_index``: global batches read), the same on every process and for any P: a
 checkpoint saves it once (checkpointing.POSITION), and a run resumes from it on another number of
 processes at the same global batch.
+
+A mixture (data.mixture, shards.PreparedMixture) changes only the stream of rows: each part's
+training rows shuffled and repeated as one corpus's (with a seed of its own), blended by index
+(mixture.locate), so row k of the stream is still a function of (seed, k) alone and all of the
+above holds as it is.
 """
 
 from __future__ import annotations
@@ -16,12 +21,13 @@ import dataclasses
 import functools
 import itertools
 import resource
+import sys
 
 import grain
 import numpy as np
 
-from electra_jax.data import heldout
-from electra_jax.data.shards import ROW_DTYPE, PreparedData
+from electra_jax.data import heldout, mixture
+from electra_jax.data.shards import ROW_DTYPE, PreparedData, PreparedMixture
 from electra_jax.errors import DataError
 
 
@@ -116,6 +122,57 @@ class _TrainSource:
         return f"_TrainSource({self._source!r}, {len(self._rows)} rows)"
 
 
+class _Blend:
+    """The parts' streams of rows as one endless random-access source: row k is row j of part
+    i's stream, (i, j) = mixture.locate(k, proportions)."""
+
+    def __init__(self, streams: list, proportions: tuple[int, ...]):
+        self._streams, self._proportions = streams, tuple(proportions)
+
+    def __len__(self) -> int:
+        return sys.maxsize
+
+    def __getitem__(self, index):
+        part, row = mixture.locate(int(index), self._proportions)
+        return self._streams[part][row]
+
+    def __repr__(self) -> str:
+        return f"_Blend({len(self._streams)} parts, proportions {self._proportions})"
+
+
+def _part_seed(seed: int, part: int) -> int:
+    """The shuffle seed of a mixture's part: an order of its own, the same on every host."""
+    return int(np.random.default_rng([seed & (2**64 - 1), 3, part]).integers(2**32))
+
+
+def _rows(prepared: PreparedData, seed: int, heldout_examples: int) -> grain.MapDataset:
+    """The training rows of one prepared corpus, shuffled, repeated endlessly and parsed."""
+    source = _ShardSource(prepared)
+    if heldout_examples:
+        rows = heldout.heldout_rows(prepared.num_examples, heldout_examples)
+        source = _TrainSource(source, heldout.TrainRows(prepared.num_examples, rows))
+    ds = grain.MapDataset.source(source)
+    # Shuffle, then repeat: Grain's shuffle reseeds with seed + epoch for indices past the first
+    # epoch, so each epoch has its own order. Shuffle seeds must fit in 32 bits.
+    ds = ds.shuffle(seed=seed % 2**32).repeat(None)
+    return ds.map(_ParseRow(prepared.seq_length, prepared.directory))
+
+
+def _blended_rows(blend: PreparedMixture, seed: int, heldout_examples: int) -> grain.MapDataset:
+    """The stream of a mixture's rows: each part's as `_rows` gives it (with a seed of its
+    own), blended by mixture.locate. A part needs a row left after its held-out slice."""
+    streams = []
+    for i, (name, part) in enumerate(zip(blend.names, blend.parts, strict=True)):
+        try:
+            heldout.check_size(
+                part.num_examples, heldout_examples, 1, part.manifest.get("source", part.directory)
+            )
+        except DataError as e:
+            raise mixture.in_part(name, e) from None
+        streams.append(_rows(part, _part_seed(seed, i), heldout_examples))
+    return grain.MapDataset.source(_Blend(streams, blend.proportions))
+
+
 class _ParseRow(grain.transforms.Map):
     """Record bytes -> int32 [2, seq_length] (input ids, segment ids)."""
 
@@ -148,7 +205,7 @@ def _to_features(rows: np.ndarray, pad_id: int) -> dict[str, np.ndarray]:
 
 
 def make_dataset(
-    prepared: PreparedData,
+    prepared: PreparedData | PreparedMixture,
     global_batch_size: int,
     seed: int,
     process_index: int = 0,
@@ -163,24 +220,19 @@ def make_dataset(
             f"train.batch_size={global_batch_size} must be a positive multiple of the number of "
             f"processes ({process_count})"
         )
-    source_name = prepared.manifest.get("source", prepared.directory)
-    if prepared.num_examples < global_batch_size:
-        raise DataError(
-            f"data.source '{source_name}' gave {prepared.num_examples} examples of "
-            f"{prepared.seq_length} tokens, fewer than one batch (train.batch_size="
-            f"{global_batch_size}); add text or lower train.batch_size / data.seq_length"
-        )
-    heldout.check_size(prepared.num_examples, heldout_examples, global_batch_size, source_name)
     local_batch = global_batch_size // process_count
-    source = _ShardSource(prepared)
-    if heldout_examples:
-        rows = heldout.heldout_rows(prepared.num_examples, heldout_examples)
-        source = _TrainSource(source, heldout.TrainRows(prepared.num_examples, rows))
-    ds = grain.MapDataset.source(source)
-    # Shuffle, then repeat: Grain's shuffle reseeds with seed + epoch for indices past the first
-    # epoch, so each epoch has its own order. Shuffle seeds must fit in 32 bits.
-    ds = ds.shuffle(seed=seed % 2**32).repeat(None)
-    ds = ds.map(_ParseRow(prepared.seq_length, prepared.directory))
+    if isinstance(prepared, PreparedMixture):
+        ds = _blended_rows(prepared, seed, heldout_examples)
+    else:
+        source_name = prepared.manifest.get("source", prepared.directory)
+        if prepared.num_examples < global_batch_size:
+            raise DataError(
+                f"data.source '{source_name}' gave {prepared.num_examples} examples of "
+                f"{prepared.seq_length} tokens, fewer than one batch (train.batch_size="
+                f"{global_batch_size}); add text or lower train.batch_size / data.seq_length"
+            )
+        heldout.check_size(prepared.num_examples, heldout_examples, global_batch_size, source_name)
+        ds = _rows(prepared, seed, heldout_examples)
     ds = ds.batch(local_batch, drop_remainder=True)
     # Local batch k of the stream belongs to global step k // P and to process k % P.
     ds = ds[process_index::process_count]
@@ -188,7 +240,7 @@ def make_dataset(
 
 
 def make_iterator(
-    prepared: PreparedData,
+    prepared: PreparedData | PreparedMixture,
     global_batch_size: int,
     seed: int,
     process_index: int = 0,
@@ -200,7 +252,8 @@ def make_iterator(
     """An endless, checkpointable iterator of this process's batches.
 
     Args:
-      prepared: from ``prepare``.
+      prepared: from ``shards.prepare``, or ``shards.prepare_mixture`` (its parts blended by
+        weight, each with its own held-out slice).
       global_batch_size: rows per step over all processes; a multiple of process_count.
       seed: fixes the order (a global shuffle, different in every epoch).
       process_index, process_count: this JAX process and how many there are.
@@ -259,10 +312,19 @@ def heldout_batches(
 
 
 def training_sample(
-    prepared: PreparedData, heldout_examples: int, limit: int = 4096
+    prepared: PreparedData | PreparedMixture, heldout_examples: int, limit: int = 4096
 ) -> dict[str, np.ndarray]:
     """Up to `limit` training rows spread evenly over the corpus order (never a held-out row):
-    the batch dict of ``read_rows``, for corpus statistics such as the frequent pieces."""
+    the batch dict of ``read_rows``, for corpus statistics such as the frequent pieces. Of a
+    mixture, each part's share of `limit` by weight (mixture.counts), parts in order."""
+    if isinstance(prepared, PreparedMixture):
+        shares = mixture.counts(limit, prepared.proportions)
+        samples = [
+            training_sample(part, heldout_examples, n)
+            for part, n in zip(prepared.parts, shares, strict=True)
+            if n
+        ]
+        return {k: np.concatenate([s[k] for s in samples]) for k in samples[0]}
     held = heldout.heldout_rows(prepared.num_examples, heldout_examples)
     train = heldout.TrainRows(prepared.num_examples, held)
     picks = heldout.spread_rows(len(train), limit)

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 from array_record.python.array_record_module import ArrayRecordWriter
 
-from electra_jax.data import progress, sources
+from electra_jax.data import mixture, progress, sources
 from electra_jax.data import tokenizer as tokenizer_lib
 from electra_jax.data.packing import SentenceEnds, iter_packed
 from electra_jax.errors import DataError
@@ -82,9 +82,10 @@ class PreparedData:
     pad_id: int
 
 
-def _stream_seed(seed: int, stream: int) -> np.random.Generator:
+def _stream_seed(seed: int, stream: int, *more: int) -> np.random.Generator:
     # SeedSequence needs non-negative entropy; masking keeps negative seeds usable and distinct.
-    return np.random.default_rng([seed & (2**64 - 1), stream])
+    # `more` parts the stream further (data.mixture's part index).
+    return np.random.default_rng([seed & (2**64 - 1), stream, *more])
 
 
 def _require_local(directory: str, field: str) -> None:
@@ -136,13 +137,19 @@ def ensure_tokenizer(data_cfg, tokenizer_dir: str, seed: int) -> tokenizer_lib.T
         tok = tokenizer_lib.load_saved(tokenizer_dir)
     else:
         n = int(data_cfg.tokenizer_sample_sentences)
-        stats = sources.SourceStats()
-        docs = sources.from_config(data_cfg).documents(stats)
         # The phase is named after the folder it fills (WORKDIR/tokenizer).
         report = progress.Progress(filenames.TOKENIZER_DIR)
-        sentences = _reported_sentences(docs, stats, report, _TOKENIZER_SCAN_FACTOR * n)
+        mix = mixture.of_config(data_cfg)
+        if mix is None:
+            stats = sources.SourceStats()
+            docs = sources.from_config(data_cfg).documents(stats)
+            sentences = _reported_sentences(docs, stats, report, _TOKENIZER_SCAN_FACTOR * n)
+            sentences = itertools.islice(sentences, _TOKENIZER_SCAN_FACTOR * n)
+        else:
+            sentences = weighted_sample(data_cfg, mix, n, seed, report)
+            n = max(1, len(sentences))  # the sample is drawn: SentencePiece takes all of it
         tok = tokenizer_lib.train_tokenizer(
-            itertools.islice(sentences, _TOKENIZER_SCAN_FACTOR * n),
+            sentences,
             tokenizer_dir,
             vocab_size=int(data_cfg.vocab_size),
             character_coverage=float(data_cfg.character_coverage),
@@ -156,6 +163,32 @@ def ensure_tokenizer(data_cfg, tokenizer_dir: str, seed: int) -> tokenizer_lib.T
             f"{data_cfg.vocab_size}; set data.vocab_size={tok.vocab_size} or use another tokenizer"
         )
     return tok
+
+
+def weighted_sample(
+    data_cfg, mix: mixture.Mixture, n: int, seed: int, report: progress.Progress | None = None
+) -> list[str]:
+    """The tokenizer's sample of a mixture: of `n` sentences, each part's share by weight
+    (mixture.counts), drawn uniformly from the first 10x that many of its sentences with the
+    seed's tokenizer stream for that part, parts in the spec's order. A part with fewer
+    sentences gives all it has. So the pieces are learnt from the blend the run trains on,
+    not from whichever corpus is largest."""
+    report = report or progress.Progress(filenames.TOKENIZER_DIR)
+    options = sources.SourceOptions.from_config(data_cfg)
+    sample: list[str] = []
+    for i, (part, k) in enumerate(zip(mix.parts, mixture.counts(n, mix.proportions), strict=True)):
+        if k == 0:
+            continue
+        stats = sources.SourceStats()
+        try:
+            docs = sources.parse(part.source, options).documents(stats)
+            cap = _TOKENIZER_SCAN_FACTOR * k
+            read = itertools.islice(_reported_sentences(docs, stats, report, cap), cap)
+            rng = _stream_seed(seed, _TOKENIZER_STREAM, i)
+            sample += tokenizer_lib.reservoir_sample(read, k, rng)
+        except DataError as e:
+            raise mixture.in_part(part.name, e) from None
+    return sample
 
 
 def _reported_sentences(
@@ -216,8 +249,49 @@ def _hash(fields: dict) -> str:
 def key_fields(data_cfg, tokenizer: tokenizer_lib.Tokenizer, seed: int) -> dict:
     """Everything the prepared rows depend on (source content key, tokenizer, seq_length, seed,
     packing probabilities, row format), found without reading the corpus: what a resume
-    compares with the run's start (resume.py) before any data is prepared."""
-    return _key_fields(data_cfg, sources.from_config(data_cfg), tokenizer, seed)
+    compares with the run's start (resume.py) before any data is prepared.
+
+    For data.mixture, the blend's: `mixture` (the spec: its parts and weights) and
+    `mixture_fingerprint` (the parts' sources and content keys) in place of `source` and
+    `source_fingerprint`, so that a resume names data.mixture as what changed."""
+    mix = mixture.of_config(data_cfg)
+    if mix is None:
+        return _key_fields(data_cfg, sources.from_config(data_cfg), tokenizer, seed)
+    parts = [(part, _part_fields(data_cfg, part, tokenizer, seed)) for part in mix.parts]
+    fields = dict(parts[0][1])
+    del fields["source"], fields["source_fingerprint"]
+    content = [[part.source, f["source_fingerprint"]] for part, f in parts]
+    fields["mixture"] = str(data_cfg.mixture)
+    fields["mixture_fingerprint"] = _hash({"parts": content})
+    return fields
+
+
+def _part_fields(data_cfg, part: mixture.Part, tokenizer, seed: int) -> dict:
+    """key_fields of one part of data.mixture: those of its source read alone."""
+    try:
+        return key_fields(mixture.part_config(data_cfg, part), tokenizer, seed)
+    except DataError as e:
+        raise mixture.in_part(part.name, e) from None
+
+
+def mixture_record(data_cfg, tokenizer: tokenizer_lib.Tokenizer, seed: int) -> dict:
+    """What a run's data record (resume.py) adds for data.mixture, {} without one:
+    {"mixture": [{name, source, weight, fields}, ...]}, each part's key_fields, whose hash
+    names the folder of its shards (CACHE/<key[:16]>/)."""
+    mix = mixture.of_config(data_cfg)
+    if mix is None:
+        return {}
+    return {
+        "mixture": [
+            {
+                "name": part.name,
+                "source": part.source,
+                "weight": part.weight,
+                "fields": _part_fields(data_cfg, part, tokenizer, seed),
+            }
+            for part in mix.parts
+        ]
+    }
 
 
 def recorded(
@@ -741,6 +815,65 @@ def prepare(
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
     return _load(target, tokenizer.pad_id)
+
+
+@dataclasses.dataclass
+class PreparedMixture:
+    """The prepared data of data.mixture: each part's own PreparedData (its shards are those
+    a run of its source alone prepares), in the spec's order.
+
+    names: the parts' names (mixture.Part.name). parts: their PreparedData, of one seq_length
+    and one tokenizer. proportions: mixture.Mixture.proportions, what the blend's order
+    divides by (pipeline.py).
+    """
+
+    names: tuple[str, ...]
+    parts: tuple[PreparedData, ...]
+    proportions: tuple[int, ...]
+
+    @property
+    def seq_length(self) -> int:
+        return self.parts[0].seq_length
+
+    @property
+    def pad_id(self) -> int:
+        return self.parts[0].pad_id
+
+
+def prepare_mixture(
+    data_cfg,
+    tokenizer: tokenizer_lib.Tokenizer,
+    cache_dir: str,
+    seed: int,
+    *,
+    num_workers: int | None = 1,
+) -> PreparedMixture:
+    """`prepare` of each part of data.mixture on its own (made, or reused by its content key:
+    a part whose source is unchanged is never packed again, whatever the weights), into
+    `cache_dir`. A part may be smaller than a batch: the blend repeats it.
+
+    Raises:
+      DataError: as `prepare`, the message naming the part (a part whose glob matches no file
+        included: a mixture's parts have no stand-in shards).
+    """
+    mix = mixture.of_config(data_cfg)
+    if mix is None:
+        raise ValueError("prepare_mixture needs data.mixture")
+    parts = []
+    for part in mix.parts:
+        try:
+            parts.append(
+                prepare(
+                    mixture.part_config(data_cfg, part),
+                    tokenizer,
+                    cache_dir,
+                    seed,
+                    num_workers=num_workers,
+                )
+            )
+        except DataError as e:
+            raise mixture.in_part(part.name, e) from None
+    return PreparedMixture(mix.names, tuple(parts), mix.proportions)
 
 
 def _write_error_of(e: Exception, cache_dir: str) -> Exception:

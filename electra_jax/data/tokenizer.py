@@ -172,7 +172,7 @@ def _unreadable(model_path: str, reason: object) -> DataError:
     )
 
 
-def _reservoir_sample(sentences: Iterable[str], k: int, rng: np.random.Generator) -> list[str]:
+def reservoir_sample(sentences: Iterable[str], k: int, rng: np.random.Generator) -> list[str]:
     """A uniform sample of k sentences (all of them if there are fewer), kept in stream order.
 
     SentencePiece can sample itself (input_sentence_size + shuffle_input_sentence), but its random
@@ -310,7 +310,7 @@ def train_tokenizer(
       KeyboardInterrupt: promptly, also during SentencePiece's training; nothing is written.
     """
     started = time.monotonic()
-    sample = _reservoir_sample(sentences, sample_sentences, np.random.default_rng(seed))
+    sample = reservoir_sample(sentences, sample_sentences, np.random.default_rng(seed))
     if not sample:
         raise DataError(
             f"cannot train a tokenizer into {out_dir}: the corpus has no sentences; "

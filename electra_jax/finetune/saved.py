@@ -225,7 +225,7 @@ def pretraining_record(init_from: str, pre: Any) -> dict:
             pre.spec, batch_size, seq_length, num_mask_slots(seq_length, mask_prob), name
         )["total"]
         record.update(
-            corpus=data.get("source"),
+            corpus=data.get("mixture") or data.get("source"),
             objective=name,
             seq_length=seq_length,
             batch_size=batch_size,

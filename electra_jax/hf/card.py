@@ -20,6 +20,8 @@ from __future__ import annotations
 import json
 import os
 
+from electra_jax.data import mixture
+from electra_jax.errors import ConfigError
 from electra_jax.store import paths
 
 
@@ -41,7 +43,8 @@ def _pretraining(record: dict) -> list[str]:
     lines = [f"- source: `{pre.get('source')}`"]
     if pre.get("kind") == "workdir":
         if pre.get("corpus") is not None:
-            lines.append(f"- corpus (`data.source`): `{pre['corpus']}`")
+            key = "data.mixture" if _is_mixture(pre["corpus"]) else "data.source"
+            lines.append(f"- corpus (`{key}`): `{pre['corpus']}`")
         if pre.get("objective"):
             lines.append(f"- objective: `{pre['objective']}`")
         steps = f"- steps: {pre['step']:,}"
@@ -163,10 +166,25 @@ _NOT_SHOWN = "(not shown: export with --card_details)"
 _NO_LICENSE = "- license: none stated (export.license not set in the run's config)"
 
 
+def _is_mixture(corpus: str | None) -> bool:
+    """Whether a run's corpus is a data.mixture (two or more parts, so a ';'), not a source."""
+    if not corpus or ";" not in corpus:
+        return False
+    try:
+        mixture.parse(corpus)
+    except ConfigError:
+        return False
+    return True
+
+
 def public_corpus(source: str | None) -> str | None:
     """data.source as a card may show it: a TFDS name, builtin and hf:// globs as they are (public
     names); a file glob by its kind and its last part only ('text:/home/me/wiki/*.txt' ->
-    'text:.../*.txt'), its folders being the machine's or a bucket's."""
+    'text:.../*.txt'), its folders being the machine's or a bucket's. A data.mixture: each
+    part so, with its name and weight."""
+    if _is_mixture(source):
+        parts = mixture.parse(source).parts
+        return ";".join(f"{p.name}={public_corpus(p.source)}:{p.weight:g}" for p in parts)
     if not source or ":" not in source or source.startswith("tfds:"):
         return source
     kind, rest = source.split(":", 1)
@@ -188,8 +206,9 @@ def _public_config(config: dict) -> dict:
         section, name = key.split(".")
         if out.get(section, {}).get(name):
             out[section][name] = _NOT_SHOWN
-    if isinstance(out.get("data"), dict) and out["data"].get("source"):
-        out["data"]["source"] = public_corpus(out["data"]["source"])
+    for key in ("source", "mixture"):
+        if isinstance(out.get("data"), dict) and out["data"].get(key):
+            out["data"][key] = public_corpus(out["data"][key])
     return out
 
 

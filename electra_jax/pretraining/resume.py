@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 import ml_collections
 
 from electra_jax.config import pretrain_keys, schema
-from electra_jax.data import shards, sources
+from electra_jax.data import mixture, shards, sources
 from electra_jax.data import tokenizer as tokenizer_lib
 from electra_jax.errors import ConfigError, DataError
 from electra_jax.run import rerun
@@ -111,7 +111,8 @@ def check_corpus(run: rerun.Resume, tokenizer):
         now = {
             "format": 1,
             "fields": shards.key_fields(cfg.data, tokenizer, cfg.seed),
-            "files": sources.from_config(cfg.data).files(),
+            "files": mixture.corpus_files(cfg.data),
+            **shards.mixture_record(cfg.data, tokenizer, cfg.seed),
         }
     except sources.SourceAbsent as e:
         stored = CORPUS.read(run)
@@ -370,9 +371,13 @@ def prepared_data(
     content key), or, when data.source matches no files any more (sources.SourceAbsent), the
     shards that WORKDIR's data record proves complete and unchanged, with one line to `log`
     (when given); ConfigError when it does not. For every process of a run (process 0 says so
-    in `Resume.check_data`) and for `evaluate`, which reads the held-out rows of a run's
+    in `check_corpus`) and for `evaluate`, which reads the held-out rows of a run's
     shards."""
     directory = cache_dir(config, workdir)
+    if config.data.mixture:  # each part's shards; a part gone has no stand-in
+        return shards.prepare_mixture(
+            config.data, tokenizer, directory, config.seed, num_workers=num_workers
+        )
     try:
         return shards.prepare(
             config.data, tokenizer, directory, config.seed, num_workers=num_workers
@@ -443,6 +448,9 @@ def _data_changes(keys: list[str], stored: dict, now: dict, cfg) -> str:
         old, new = stored["fields"].get(key), now["fields"][key]
         if key == "source_fingerprint":
             parts.append(_corpus_change(stored.get("files"), now.get("files"), cfg.data.source))
+        elif key == "mixture_fingerprint":
+            files = stored.get("files"), now.get("files")
+            parts.append(_corpus_change(*files, cfg.data.mixture, key="data.mixture"))
         elif key == "tokenizer_fingerprint":
             parts.append("the tokenizer is another than the one the run started with")
         elif key == "format":
@@ -452,9 +460,11 @@ def _data_changes(keys: list[str], stored: dict, now: dict, cfg) -> str:
     return "; ".join(parts)
 
 
-def _corpus_change(old: list | None, new: list | None, source: str) -> str:
-    """The files added, removed or resized under data.source, or what is known."""
-    where = f"the corpus under data.source '{source}' changed"
+def _corpus_change(
+    old: list | None, new: list | None, source: str, key: str = "data.source"
+) -> str:
+    """The files added, removed or resized under data.source (`key`), or what is known."""
+    where = f"the corpus under {key} '{source}' changed"
     if old is None or new is None:
         return f"{where} (its content key is not the one recorded)"
     before, after = dict(map(tuple, old)), dict(map(tuple, new))

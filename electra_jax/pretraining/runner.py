@@ -250,6 +250,11 @@ def _evaluator(config, setup: StepSetup, mesh, prepared, special):
         compiled=setup.compiled,
     )
     what = f"the held-out evaluation ({config.data.heldout_examples} rows)"
+    if isinstance(prepared, shards.PreparedMixture):
+        what = (
+            f"the held-out evaluation ({config.data.heldout_examples} rows of each of "
+            f"{len(prepared.parts)} parts)"
+        )
     if evaluator.reused:
         metrics.log(f"reusing {what} compiled earlier in this process")
     else:
@@ -283,6 +288,8 @@ def _data(config, workdir: str, run: rerun.Resume | None = None):
         prepared = resume.prepared_data(config, workdir, tokenizer, num_workers=None)
     if is_main:
         _barrier("electra_jax_prepared")
+    if isinstance(prepared, shards.PreparedMixture):
+        metrics.log(_mixture_line(prepared))
     data_iter = pipeline.make_iterator(
         prepared,
         config.train.batch_size,
@@ -292,6 +299,16 @@ def _data(config, workdir: str, run: rerun.Resume | None = None):
         heldout_examples=config.data.heldout_examples,
     )
     return tokenizer, prepared, data_iter
+
+
+def _mixture_line(prepared: shards.PreparedMixture) -> str:
+    """One line naming a mixture's parts: share of the rows, prepared rows, folder."""
+    total = sum(prepared.proportions)
+    parts = [
+        f"{name} {p / total:.1%} ({part.num_examples:,} rows in {part.directory})"
+        for name, p, part in zip(prepared.names, prepared.proportions, prepared.parts, strict=True)
+    ]
+    return f"data.mixture: {'; '.join(parts)}"
 
 
 def _barrier(name: str) -> None:

@@ -7,6 +7,11 @@ held-out slice of the prepared data (data/heldout.py) with one compiled program
 row of metrics.jsonl and TensorBoard under an `eval/` prefix. `python -m electra_jax.evaluate`
 evaluates kept checkpoints the same way, after the fact, into WORKDIR/eval.jsonl;
 `read_rows(workdir)` joins both sources.
+
+A mixture's run (data.mixture) holds out rows of every part: the readings over all of them keep
+their keys, and each part's own follow as `eval/NAME/...` (NAME: the part's name, mixture.py),
+read by the same program on that part's rows, with the same frequent pieces and unigram
+distribution (counted on the blend's training rows).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import jax
 
 from electra_jax.data import heldout as heldout_lib
 from electra_jax.data import pipeline
+from electra_jax.data.shards import PreparedMixture
 from electra_jax.model import sharding
 from electra_jax.pretraining import eval_pass, metrics
 from electra_jax.pretraining.optimizer_step import SpecialTokens, eval_step
@@ -40,6 +46,8 @@ class Evaluator:
     every: int  # eval.every_steps (0: only when asked)
     compile_seconds: float
     reused: bool = False  # the program was compiled by an earlier run of the same setup
+    # A mixture's parts: (name, its program, its [E, B, L] batches) each, read after the whole.
+    parts: tuple = ()
     runs: int = 0
     seconds: float = 0.0
     warned: bool = False
@@ -53,13 +61,18 @@ class Evaluator:
         `eval/seconds`; logs one warning line the first time the states collapse."""
         t0 = time.time()
         values = jax.device_get(self.program(params, self.batches, *self.pieces))
+        parts = [
+            (f"{name}/", jax.device_get(program(params, batches, *self.pieces)))
+            for name, program, batches in self.parts
+        ]
         seconds = time.time() - t0
         self.runs += 1
         self.seconds += seconds
         row = {}
-        for key, value in values.items():
-            value = float(value)
-            row[PREFIX + key] = value if math.isfinite(value) else None
+        for name, read in [("", values), *parts]:
+            for key, value in read.items():
+                value = float(value)
+                row[PREFIX + name + key] = value if math.isfinite(value) else None
         row[PREFIX + "seconds"] = seconds
         cosine = row.get(PREFIX + "collapse_cosine")
         if cosine is not None and cosine > eval_pass.COLLAPSE_WARNING and not self.warned:
@@ -94,15 +107,18 @@ def build(
     the training rows, and the eval step compiled for `params_sharding` (ahead of the first
     use, so its time is its own). `special`: the ids of the tokenizer that made `prepared`.
     `compiled`: the programs of the run's setup (program.StepSetup.compiled), where the eval
-    step compiled once is kept for the next run of the same setup in this process."""
-    parts = pipeline.heldout_batches(
-        prepared, heldout_examples, batch_size, process_index, process_count
-    )
-    if not parts:
+    step compiled once is kept for the next run of the same setup in this process. Of a
+    shards.PreparedMixture, the held-out rows of every part, and each part's readings too."""
+    mixed = isinstance(prepared, PreparedMixture)
+    each = [
+        pipeline.heldout_batches(part, heldout_examples, batch_size, process_index, process_count)
+        for part in (prepared.parts if mixed else [prepared])
+    ]
+    if not all(each):
         raise ValueError(
             f"data.heldout_examples={heldout_examples} holds no whole batch of {batch_size}"
         )
-    batches = sharding.global_batches(parts, mesh)
+    batches = sharding.global_batches([b for part in each for b in part], mesh)
     sample = pipeline.training_sample(prepared, heldout_examples)
     vocab = model.spec.vocab_size
     pieces = (
@@ -127,15 +143,28 @@ def build(
         params_sharding,
     )
     t0 = time.time()
+    # The parts' programs are of one shape (as many held-out rows each): compiled once.
+    compiled = {} if compiled is None else compiled
+    program, reused = _compiled(fn, placed, batches, pieces, compiled)
+    parts = []
+    if mixed:
+        for name, part in zip(prepared.names, each, strict=True):
+            part_batches = sharding.global_batches(part, mesh)
+            part_program, _ = _compiled(fn, placed, part_batches, pieces, compiled)
+            parts.append((name, part_program, part_batches))
+    return Evaluator(program, batches, pieces, every, time.time() - t0, reused, parts=tuple(parts))
+
+
+def _compiled(fn, placed, batches, pieces, compiled: dict) -> tuple[Any, bool]:
+    """(the eval step compiled for `batches`' shapes, whether `compiled` held it already)."""
     # The held-out rows' count is the prepared data's, not the setup's: part of the name.
     name = ("eval", tuple(sorted((k, v.shape) for k, v in batches.items())))
-    program = (compiled or {}).get(name)
-    reused = program is not None
-    if not reused:
-        program = fn.lower(placed, batches, *pieces).compile()
-        if compiled is not None:
-            compiled[name] = program
-    return Evaluator(program, batches, pieces, every, time.time() - t0, reused)
+    program = compiled.get(name)
+    if program is not None:
+        return program, True
+    program = fn.lower(placed, batches, *pieces).compile()
+    compiled[name] = program
+    return program, False
 
 
 # ------------------------------------------------------------------------------ reading rows

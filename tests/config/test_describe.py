@@ -108,7 +108,7 @@ CHANGED_SINCE_2E04D7E = {
     "model.dtype": ("float32", "bfloat16"),
 }
 # Keys added since 2e04d7e: their lines are new, the others' still compared.
-ADDED_SINCE_2E04D7E = {"checkpoint.every_minutes", "export.license"}
+ADDED_SINCE_2E04D7E = {"checkpoint.every_minutes", "export.license", "data.mixture"}
 # Keys whose line moved on purpose since 2e04d7e (the line itself is still checked): GLUE's
 # seq_length stands where SQuAD's does, the families' order derived from one declaration order.
 MOVED_SINCE_2E04D7E = {"seq_length"}

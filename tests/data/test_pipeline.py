@@ -1,4 +1,4 @@
-"""Tests of electra_jax.data.pipeline: batches, per-process slices, resume, epochs."""
+"""Tests of electra_jax.data.pipeline: batches, per-process slices, resume, epochs, mixtures."""
 
 import dataclasses
 import os
@@ -7,10 +7,13 @@ import shutil
 import grain
 import numpy as np
 import pytest
+from array_record.python.array_record_module import ArrayRecordWriter
 from etils import epath
 
+from electra_jax.data import heldout, mixture
 from electra_jax.data import shards as prepare_lib
-from electra_jax.data.pipeline import make_iterator
+from electra_jax.data.pipeline import make_iterator, training_sample
+from electra_jax.data.shards import PreparedData, PreparedMixture
 from electra_jax.errors import DataError
 
 from .test_shards import SEQ, _read_rows, make_cfg, make_corpus
@@ -95,16 +98,22 @@ def test_resume_from_state_yields_the_next_batch(prepared):
 def test_a_position_resumes_on_any_process_count(prepared):
     """The state is a step counter, the same on every process and for any count: a position
     saved by 4 processes puts 1, 2 or 4 of them at the same next global batch."""
+    _resumes_on_any_process_count(prepared, seed=0)
+
+
+def _resumes_on_any_process_count(prepared, seed: int) -> None:
+    """A position saved at step 3 by 4 processes puts 1, 2 or 4 of them at the global batches
+    that one process reading on from step 0 reads at steps 3 and 4."""
     saved = []
     for p in range(4):
-        it = make_iterator(prepared, BATCH, 0, process_index=p, process_count=4)
+        it = make_iterator(prepared, BATCH, seed, process_index=p, process_count=4)
         _take(it, 3)
         saved.append(it.get_state())
     assert all(state == saved[0] for state in saved)
-    expected = _take(make_iterator(prepared, BATCH, seed=0), 5)[3:]
+    expected = _take(make_iterator(prepared, BATCH, seed=seed), 5)[3:]
     for count in (1, 2, 4):
         local_its = [
-            make_iterator(prepared, BATCH, 0, process_index=p, process_count=count)
+            make_iterator(prepared, BATCH, seed, process_index=p, process_count=count)
             for p in range(count)
         ]
         for it in local_its:
@@ -255,3 +264,78 @@ def test_the_input_mask_is_taken_from_the_tokenizers_pad(tmp_path):
     ids, mask = batch["input_ids"], batch["input_mask"]
     assert (ids == tok.pad_id).any() and (ids == 0).any()
     np.testing.assert_array_equal(mask, (ids != tok.pad_id).astype(np.int32))
+
+
+# ---- data.mixture: the blend's order ----------------------------------------------------------
+
+
+def _fake_prepared(directory, marker: int, rows: int, seq: int = 8) -> PreparedData:
+    """`rows` prepared rows, each [marker, its index + 1, 0...] (ids), in one shard: rows that
+    say which part and which row they are, written without a tokenizer."""
+    os.makedirs(directory)
+    path = os.path.join(directory, "shard-00000.array_record")
+    writer = ArrayRecordWriter(path, "group_size:1")
+    for i in range(rows):
+        row = np.zeros((2, seq), "<i4")
+        row[0, :2] = marker, i + 1
+        writer.write(row.tobytes())
+    writer.close()
+    manifest = {"shard_examples": [rows], "source": f"text:{directory}/*.txt"}
+    return PreparedData(str(directory), [path], rows, seq, manifest, pad_id=0)
+
+
+@pytest.fixture(scope="module")
+def blend(tmp_path_factory):
+    """A 0.7 / 0.3 mixture of two parts of 500 and 300 rows (markers 1 and 2)."""
+    root = tmp_path_factory.mktemp("blend")
+    parts = (_fake_prepared(root / "a", 1, 500), _fake_prepared(root / "b", 2, 300))
+    proportions = mixture.parse("text:a/*.txt:0.7;text:b/*.txt:0.3").proportions
+    return PreparedMixture(("a", "b"), parts, proportions)
+
+
+def _stream(batches):
+    """(marker, row index) of every row of `batches`, in order."""
+    return [(int(ids[0]), int(ids[1]) - 1) for b in batches for ids in b["input_ids"]]
+
+
+def test_a_70_30_mixture_draws_70_percent_of_2000_rows_from_the_first(blend):
+    """Each part's training rows are shuffled and repeated as one corpus's (a part smaller
+    than its share of the batches simply repeats): none held out is ever read."""
+    rows = _stream(_take(make_iterator(blend, BATCH, seed=0, heldout_examples=32), 125))
+    assert len(rows) == 2000
+    share = sum(marker == 1 for marker, _ in rows) / len(rows)
+    assert 0.67 <= share <= 0.73, share
+    for marker, part in ((1, blend.parts[0]), (2, blend.parts[1])):
+        held = set(heldout.heldout_rows(part.num_examples, 32).tolist())
+        read = [i for m, i in rows if m == marker]
+        train = part.num_examples - 32
+        assert not held & set(read)
+        assert sorted(read[:train]) == sorted(set(range(part.num_examples)) - held)
+        assert read[:train] != sorted(read[:train])  # shuffled
+
+
+def test_a_mixtures_order_is_a_function_of_the_seed_and_the_step(blend):
+    first = _stream(_take(make_iterator(blend, BATCH, seed=0), 6))
+    again = _stream(_take(make_iterator(blend, BATCH, seed=0, num_threads=0), 6))
+    other = _stream(_take(make_iterator(blend, BATCH, seed=1), 6))
+    assert first == again and first != other
+    # The same parts at the same places whatever the seed: only each part's order moves.
+    assert [m for m, _ in first] == [m for m, _ in other]
+
+
+def test_a_mixture_resumes_at_its_step_on_any_process_count(blend):
+    """A kill and resume, or an elastic one on another number of processes: a state saved at
+    step 3 by 4 processes puts 1, 2 or 4 of them at the global batches an uninterrupted run of
+    one process reads next."""
+    _resumes_on_any_process_count(blend, seed=3)
+
+
+def test_a_mixtures_part_too_small_for_its_heldout_slice_is_named(blend):
+    with pytest.raises(DataError, match=r"^data.mixture part 'b': data.heldout_examples=160 is"):
+        make_iterator(blend, BATCH, seed=0, heldout_examples=160)
+
+
+def test_a_mixtures_training_sample_takes_each_parts_share(blend):
+    sample = training_sample(blend, heldout_examples=32, limit=100)
+    markers = sample["input_ids"][:, 0]
+    assert (markers == 1).sum() == 70 and (markers == 2).sum() == 30

@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 from array_record.python.array_record_module import ArrayRecordReader
 
+from electra_jax.data import mixture, sources
 from electra_jax.data import shards as prepare_lib
-from electra_jax.data import sources
+from electra_jax.data import tokenizer as tokenizer_lib
 from electra_jax.data.tokenizer import Tokenizer
 from electra_jax.errors import DataError
 from tests.conftest import ROOT, SHARED, subprocess_env
@@ -745,3 +746,72 @@ def test_recorded_rows_are_found_without_the_corpus_and_only_when_proven(
     with pytest.raises(DataError) as e:  # damaged: named, without "delete" (the corpus is gone)
         prepare_lib.recorded(cfg, tokenizer, cache, 0, fields)
     assert "is damaged" in str(e.value) and "delete" not in str(e.value)
+
+
+# ---- data.mixture ---------------------------------------------------------------------------
+
+
+def _two_sources(tmp_path):
+    """Two text files of 2,000 one-line sentences each, told apart by their first word."""
+    for word in ("alpha", "beta"):
+        lines = [
+            f"{word} sentence number {i}." + ("\n" if i % 10 == 9 else "") for i in range(2000)
+        ]
+        (tmp_path / f"{word}.txt").write_text("\n".join(lines) + "\n")
+    return f"text:{tmp_path}/alpha.txt:0.7;text:{tmp_path}/beta.txt:0.3"
+
+
+def test_a_mixtures_tokenizer_learns_from_a_sample_of_the_blend_by_weight(tmp_path, monkeypatch):
+    cfg = make_cfg("builtin", mixture=_two_sources(tmp_path), tokenizer_sample_sentences=1000)
+    mix = mixture.of_config(cfg)
+    sample = prepare_lib.weighted_sample(cfg, mix, 1000, seed=0)
+    assert len(sample) == 1000 and sum(s.startswith("alpha") for s in sample) == 700
+    assert len(set(sample)) == 1000  # each part's own uniform draw, no sentence twice
+    assert sample == prepare_lib.weighted_sample(cfg, mix, 1000, seed=0)
+    assert sample != prepare_lib.weighted_sample(cfg, mix, 1000, seed=1)
+    # ensure_tokenizer trains on exactly that sample (SentencePiece stopped before it starts).
+    taken = {}
+
+    def train(sentences, out_dir, **kwargs):
+        taken.update(sentences=list(sentences), **kwargs)
+        raise DataError("stopped")
+
+    monkeypatch.setattr(tokenizer_lib, "train_tokenizer", train)
+    with pytest.raises(DataError, match="stopped"):
+        prepare_lib.ensure_tokenizer(cfg, str(tmp_path / "tokenizer"), seed=0)
+    assert taken["sentences"] == sample and taken["sample_sentences"] == 1000
+
+
+def test_a_mixtures_parts_are_prepared_apart_and_kept_when_the_weights_change(
+    corpus, tokenizer, tmp_path
+):
+    """Each part's shards are those of its source alone (the same folder, reused); the blend's
+    key names the mixture, and its record each part's key, which names that folder."""
+    folder = corpus.removeprefix("text:").removesuffix("/*.txt")
+    spec = f"text:{folder}/part0.txt:0.7;text:{folder}/part1.txt:0.3"
+    cfg = make_cfg("builtin", mixture=spec)
+    cache = str(tmp_path / "cache")
+    blend = prepare_lib.prepare_mixture(cfg, tokenizer, cache, seed=0)
+    assert blend.names == ("part0", "part1") and blend.proportions == (700000, 300000)
+    alone = prepare_lib.prepare(make_cfg(f"text:{folder}/part1.txt"), tokenizer, cache, seed=0)
+    assert alone.directory == blend.parts[1].directory
+    assert sorted(os.listdir(cache)) == sorted(os.path.basename(p.directory) for p in blend.parts)
+    reweighted = make_cfg("builtin", mixture=spec.replace("0.7", "0.5").replace("0.3", "0.5"))
+    again = prepare_lib.prepare_mixture(reweighted, tokenizer, cache, seed=0)
+    assert [p.directory for p in again.parts] == [p.directory for p in blend.parts]
+    fields = prepare_lib.key_fields(cfg, tokenizer, 0)
+    assert fields["mixture"] == spec and "source" not in fields
+    assert (
+        fields["mixture_fingerprint"]
+        == prepare_lib.key_fields(reweighted, tokenizer, 0)["mixture_fingerprint"]
+    )  # the content, not the weights (the spec says those)
+    record = prepare_lib.mixture_record(cfg, tokenizer, 0)["mixture"]
+    assert [(r["name"], r["weight"]) for r in record] == [("part0", 0.7), ("part1", 0.3)]
+    for part, prepared in zip(record, blend.parts, strict=True):
+        key = prepare_lib.content_key(make_cfg(part["source"]), tokenizer, 0)
+        assert part["fields"] == prepare_lib.key_fields(make_cfg(part["source"]), tokenizer, 0)
+        assert os.path.basename(prepared.directory) == key[:16]
+    assert prepare_lib.mixture_record(make_cfg(corpus), tokenizer, 0) == {}
+    gone = make_cfg("builtin", mixture=f"{spec};text:{folder}/nothing*.txt:1")
+    with pytest.raises(DataError, match=r"^data.mixture part '\w+': data.source .* matches no"):
+        prepare_lib.prepare_mixture(gone, tokenizer, cache, seed=0)

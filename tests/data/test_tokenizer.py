@@ -125,14 +125,14 @@ def test_reservoir_sample_is_uniform_and_ordered():
     rng = np.random.default_rng(0)
     counts = np.zeros(50)
     for _ in range(4000):
-        sample = tokenizer_lib._reservoir_sample(map(str, range(50)), 10, rng)
+        sample = tokenizer_lib.reservoir_sample(map(str, range(50)), 10, rng)
         assert len(sample) == 10
         assert [int(s) for s in sample] == sorted(int(s) for s in sample)
         for s in sample:
             counts[int(s)] += 1
     # Each item is kept with probability 10/50: expected 800, std ~25.
     assert np.all(np.abs(counts - 800) < 120), counts
-    assert tokenizer_lib._reservoir_sample(["a", "b"], 10, rng) == ["a", "b"]
+    assert tokenizer_lib.reservoir_sample(["a", "b"], 10, rng) == ["a", "b"]
 
 
 def test_vocab_too_large_raises_and_writes_nothing(tmp_path):
