@@ -30,7 +30,7 @@ from electra_jax.errors import (
     Preempted,
 )
 from electra_jax.pretraining import topology
-from electra_jax.store import jsonio
+from electra_jax.store import deadline, environment, jsonio
 from electra_jax.store.paths import LinkRefused
 
 T = TypeVar("T")
@@ -129,6 +129,20 @@ def one_line_for(*errors: type[Exception], verbose: bool):
         fail(str(e))
 
 
+@contextlib.contextmanager
+def no_answer_ends(verbose: bool):
+    """A block in which a request to a remote store that got no answer within its deadline
+    (`deadline.is_timeout`: NoAnswer naming the path, or a library's own timeout type, which
+    httpx's is not an OSError) ends the command in one `error:` line and exit code 2, or the
+    traceback with --verbose."""
+    try:
+        yield
+    except Exception as e:
+        if verbose or not deadline.is_timeout(e):
+            raise
+        fail(deadline.no_answer_line(e))
+
+
 def cannot_write(error: OSError, then: str) -> str:
     """The one line for an environment error while writing (a full disk, a file size limit, a
     lost mount, a folder where a file goes): which file, the system's reason, what to do about
@@ -150,12 +164,14 @@ def run_to_the_end(
     """What `work()` returns, or how it ended as every command answers it: bad input
     (ConfigError, DataError, CheckpointError) one `error:` line and exit code 2; a diverged run
     (NonFiniteError) one line and exit code 1; with `write_then` (what to do once there is
-    room), an environment error while writing (OSError) one line and exit code 2; a signal
+    room), an environment error while writing (OSError) one line and exit code 2; a request to
+    a remote store without an answer within its deadline one line and exit code 2; a signal
     before the steps began (Preempted) a line and exit code 0; Ctrl-C `interrupted()` (by
     default `end_interrupted`: one line, exit code 130). With `verbose` each of these but
     Preempted raises, for the traceback."""
     try:
-        return work()
+        with no_answer_ends(verbose):
+            return work()
     except (ConfigError, DataError, CheckpointError) as e:
         if verbose:
             raise
@@ -362,6 +378,10 @@ def parse_flags(argv: list[str]) -> list[str]:
     repeated = strict_settings.repeated_flag(argv, flags.FLAGS)
     if repeated:  # absl would take the later value without a word
         fail(f"{repeated} is given twice; give it once")
+    try:  # read again where a request is sent; checked here, before any work
+        deadline.request_seconds()
+    except environment.EnvironmentValueError as e:
+        fail(str(e))
     try:
         return flags.FLAGS(argv)
     except Exception as e:  # config_flags raises KeyError, AttributeError, TypeError, ...

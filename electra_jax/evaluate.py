@@ -17,7 +17,7 @@ import json
 import ml_collections
 from absl import app, flags
 
-from electra_jax.cli import each_once, fail, parse_flags, quiet_logs
+from electra_jax.cli import each_once, fail, no_answer_ends, parse_flags, quiet_logs
 from electra_jax.data.tokenizer import load_saved
 from electra_jax.errors import ConfigError, DataError, PretrainedError
 from electra_jax.run import workdir as workdir_lib
@@ -182,9 +182,10 @@ def main(argv) -> None:
         fail(f"unexpected arguments {argv[1:]}; use --workdir=... [--steps=...]")
     if not values.workdir:
         fail("--workdir is required: the pre-training run to evaluate, e.g. --workdir=runs/tiny")
-    if not paths.isdir(values.workdir):
-        what = "is a file, not a workdir" if paths.exists(values.workdir) else "does not exist"
-        fail(f"--workdir {values.workdir} {what}; give a pre-training workdir")
+    with no_answer_ends(values.verbose):  # a gs:// workdir that stopped answering
+        if not paths.isdir(values.workdir):
+            what = "is a file, not a workdir" if paths.exists(values.workdir) else "does not exist"
+            fail(f"--workdir {values.workdir} {what}; give a pre-training workdir")
     try:
         steps = None if values.steps is None else [int(s) for s in values.steps]
     except ValueError:
@@ -194,7 +195,8 @@ def main(argv) -> None:
     if values.heldout_examples < 1:
         fail(f"--heldout_examples={values.heldout_examples} must be >= 1")
     try:
-        rows = evaluate_workdir(values.workdir, steps, values.heldout_examples)
+        with no_answer_ends(values.verbose):
+            rows = evaluate_workdir(values.workdir, steps, values.heldout_examples)
     except (PretrainedError, ConfigError, DataError, ValueError) as e:
         if values.verbose:
             raise

@@ -24,7 +24,7 @@ import sys
 
 from absl import app, flags
 
-from electra_jax.cli import fail, parse_flags, quiet_logs
+from electra_jax.cli import fail, no_answer_ends, parse_flags, quiet_logs
 from electra_jax.errors import ConfigError, PretrainedError
 from electra_jax.hf import card, hub, task_heads
 from electra_jax.hf.previous import check_out
@@ -282,14 +282,15 @@ def main(argv) -> None:
     from electra_jax.store.workdir_files import WorkdirFileError
 
     try:
-        manifest = export(
-            values.workdir,
-            out,
-            values.push_to_hub,
-            values.hub_private,
-            values.hub_timeout_seconds,
-            card_details=values.card_details,
-        )
+        with no_answer_ends(values.verbose):  # a gs:// workdir or --out that stopped answering
+            manifest = export(
+                values.workdir,
+                out,
+                values.push_to_hub,
+                values.hub_private,
+                values.hub_timeout_seconds,
+                card_details=values.card_details,
+            )
     except (PretrainedError, WorkdirFileError) as e:
         if values.verbose:
             raise

@@ -31,6 +31,7 @@ import pytest  # noqa: E402
 
 from tests.gcs_emulator import gcs, gcs_server  # noqa: E402, F401  (the GCS server's fixtures)
 from tests.micro import micro_config  # noqa: E402, F401  (tests import it from here)
+from tests.silent_servers import half_answering_hub, silent_address  # noqa: E402, F401
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"

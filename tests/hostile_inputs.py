@@ -1,6 +1,6 @@
 """python tests/hostile_inputs.py [--keep=DIR]: bad input, tried as a hostile new user would.
 
-Trains a micro run once, then tries about 105 hostile inputs against the command-line tools (train,
+Trains a micro run once, then tries about 110 hostile inputs against the command-line tools (train,
 prepare, finetune, export, goodput, the launchers) and the Python API (electra_jax.load), two at a
 time, and prints a table:
 the case, the exit code, the last line of stderr, and the verdict. A case passes when the command
@@ -753,23 +753,51 @@ _TPU = ("e", "us-central2-b", "v4-16", "gs://b/runs/x", "--config=c.py")
 _SILENT: list = []  # the listening sockets of _silent_hub, closed by release_holders
 
 
-def _silent_hub(ctx: Context):
-    """export --push_to_hub to a Hub at a local address that accepts connections (the kernel's
-    backlog) and never answers."""
+def _silent_address() -> str:
+    """'http://127.0.0.1:PORT' of a socket that accepts connections (the kernel's backlog) and
+    never answers (closed by release_holders)."""
     import socket
 
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(8)
     _SILENT.append(server)
+    return f"http://127.0.0.1:{server.getsockname()[1]}"
+
+
+def _silent_hub(ctx: Context):
+    """export --push_to_hub to a Hub that never answers."""
     out = ctx.fresh("pushed")
-    env = ["env", f"HF_ENDPOINT=http://127.0.0.1:{server.getsockname()[1]}", "HF_TOKEN=hf_x"]
+    env = ["env", f"HF_ENDPOINT={_silent_address()}", "HF_TOKEN=hf_x"]
     return env + EXPORT + [
         f"--workdir={ctx.workdir}",
         f"--out={out}",
         "--push_to_hub=someone/electra-micro",
         "--hub_timeout_seconds=3",
     ], [ctx.workdir]
+
+
+def _prepare_from_a_silent_hub(ctx: Context):
+    """prepare of an hf:// corpus on a Hub that never answers, each request given 1 s."""
+    env = ["env", f"HF_ENDPOINT={_silent_address()}", "HF_TOKEN=hf_x"]
+    env.append("ELECTRA_JAX_NETWORK_TIMEOUT_SECONDS=1")
+    argv = PREPARE + [f"--config={ctx.config}", f"--workdir={ctx.fresh('w')}"]
+    return env + argv + ["--config.data.source=text:hf://datasets/someone/corpus/*.txt"], []
+
+
+def _finished_finetune_asked_again(ctx: Context):
+    """A finished fine-tuning run (its own copy of SST-2) asked again after its dev.tsv changed:
+    its results are of the earlier file."""
+    data = ctx.fresh("SST-2")
+    shutil.copytree(ctx.sst2, data)
+    argv = _finetune(ctx, ctx.fresh("ft"), "--config.num_epochs=1", *TINY_FINETUNE, data=data)
+    code, err, _ = _run(argv, timeout=600)
+    if code != 0:
+        raise RuntimeError(f"the fine-tuning to ask again failed:\n{err[-3000:]}")
+    with open(data / "dev.tsv", "a") as f:
+        f.write("the river ran\t1\n")
+    w = pathlib.Path(next(a for a in argv if a.startswith("--workdir=")).split("=", 1)[1])
+    return argv, [w]
 
 
 def _export_kept(ctx: Context, argv: list) -> str:
@@ -943,6 +971,13 @@ def fourth_pass() -> list[Case]:
             _launcher("slurm.sbatch", "--config=c.py", "--workdir=/a", "--workdir", "/b"),
             contains="--workdir is given 2 times",
         ),
+        # 9. a finished run asked again with changed inputs says what changed
+        Case(
+            "finetune, a finished run asked again after its dev.tsv changed",
+            _finished_finetune_asked_again,
+            contains="holds this run, finished on other task files",
+            timeout=300,
+        ),
         # 6. every network call has a deadline (here 3 s; the default is 900 s)
         Case(
             "export --push_to_hub to a Hub that never answers",
@@ -950,6 +985,19 @@ def fourth_pass() -> list[Case]:
             contains="did not finish the upload to someone/electra-micro within 3s",
             timeout=120,
             after=_export_kept,
+        ),
+        # (a gs:// bucket that never answers: tests/store/test_deadline.py; gcsfs's own
+        # back-off between its tries adds half a minute here)
+        Case(
+            "prepare, an hf:// corpus on a Hub that never answers",
+            _prepare_from_a_silent_hub,
+            contains="no answer within 1s (ELECTRA_JAX_NETWORK_TIMEOUT_SECONDS)",
+            timeout=120,
+        ),
+        Case(
+            "ELECTRA_JAX_NETWORK_TIMEOUT_SECONDS=abc",
+            _train_with_env("ELECTRA_JAX_NETWORK_TIMEOUT_SECONDS=abc"),
+            contains="ELECTRA_JAX_NETWORK_TIMEOUT_SECONDS='abc' is not a number of seconds",
         ),
     ]
 

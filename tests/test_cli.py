@@ -171,6 +171,41 @@ def test_one_line_for_ends_the_named_errors_in_one_line_and_lets_others_through(
     assert capsys.readouterr().err == ""
 
 
+def _raise(error: Exception):
+    raise error
+
+
+def test_a_request_without_an_answer_ends_a_command_in_one_line(capsys, monkeypatch):
+    from electra_jax.store import deadline
+
+    class TimeoutException(Exception):  # httpx's types: no OSError, no TimeoutError
+        pass
+
+    class ReadTimeout(TimeoutException):
+        pass
+
+    monkeypatch.delenv(deadline.TIMEOUT_ENV, raising=False)
+    for raised, line in (
+        (
+            deadline.NoAnswer("gs://b/run/config.json", 60),
+            "error: gs://b/run/config.json: no answer within 60s "
+            f"({deadline.TIMEOUT_ENV}); check the network",
+        ),
+        (
+            ReadTimeout("timed out"),
+            "error: a request to a remote store got no answer (ReadTimeout: timed out); check",
+        ),
+    ):
+        with pytest.raises(SystemExit) as ended:
+            cli.run_to_the_end(lambda error=raised: _raise(error), verbose=False)
+        err = capsys.readouterr().err
+        assert ended.value.code == 2 and err.startswith(line) and err.count("\n") == 1, err
+    with pytest.raises(ReadTimeout):  # --verbose: the traceback
+        cli.run_to_the_end(lambda: _raise(ReadTimeout("t")), verbose=True)
+    with pytest.raises(ValueError), cli.no_answer_ends(verbose=False):
+        raise ValueError("no timeout")
+
+
 def test_each_once_refuses_a_thing_named_twice_in_any_form(capsys):
     assert cli.each_once("--steps", ["3", "6"], key=int) == ["3", "6"]
     with pytest.raises(SystemExit) as ended:

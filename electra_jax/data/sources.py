@@ -65,7 +65,7 @@ from collections.abc import Iterable, Iterator
 
 from electra_jax.config import pretrain_keys, schema
 from electra_jax.errors import DataError
-from electra_jax.store import jsonio
+from electra_jax.store import deadline, jsonio
 from electra_jax.store import paths as path_layer  # `paths` names lists of files here
 from electra_jax.store.jsonio import bom_encoding, json_kind, one_line
 
@@ -318,7 +318,10 @@ class SourceAbsent(DataError):
 def _matched_files(source: str, pattern: str) -> list[str]:
     """The files a file source's glob matches, sorted (`source`: data.source, for messages)."""
     what = f"data.source '{source}'"
-    paths, errors = path_layer.glob(pattern, what, DataError)
+    try:
+        paths, errors = path_layer.glob(pattern, what, DataError)
+    except deadline.NoAnswer as e:  # a store that stopped answering: no listing to go by
+        raise DataError(f"{what}: {deadline.no_answer_line(e)}") from None
     if not paths:
         why = f" (listing failed: {errors[0]})" if errors else ""
         # Listed without an error, the files are gone; a failed listing says nothing of them.
@@ -422,6 +425,8 @@ def _text_documents(paths: list[str], stats: SourceStats, opts: SourceOptions):
         with _file_read(path, stats):
             try:
                 stream, raw = _open_binary(path)
+            except deadline.NoAnswer as e:  # not skipped: the corpus would lose a good file
+                raise DataError(f"data.source: {deadline.no_answer_line(e)}") from None
             except OSError as e:
                 stats.skipped.append(f"{path}: {e.strerror or e}")
                 _warn_once(f"skipping {path}: cannot be read ({e.strerror or e})")
@@ -679,11 +684,24 @@ def _import_tfds(source: str):
     return tfds
 
 
+def _tfds_no_answer(source: str, opts: SourceOptions, error: Exception) -> None:
+    """DataError naming data.tfds_data_dir when `error` is a request's timeout (a gs://
+    data_dir that stopped answering), not a dataset TFDS lacks."""
+    if deadline.is_timeout(error):
+        where = f"data.tfds_data_dir {opts.tfds_data_dir}" if opts.tfds_data_dir else "TFDS"
+        raise DataError(
+            f"data.source '{source}': {where}: {deadline.no_answer_line(error)}"
+        ) from None
+
+
 def _tfds_builder(source: str, name: str, opts: SourceOptions):
     tfds = _import_tfds(source)
+    # TFDS reads a gs:// data_dir itself (through etils.epath): its requests' deadline first.
+    path_layer.bound(opts.tfds_data_dir)
     try:
         return tfds.builder(name, data_dir=opts.tfds_data_dir or None)
     except Exception as e:  # DatasetNotFoundError, a bad version, a config that does not exist
+        _tfds_no_answer(source, opts, e)
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise DataError(f"data.source '{source}': TFDS has no dataset '{name}' ({first})") from None
 
@@ -722,6 +740,7 @@ def _tfds_examples(source: str, name: str, split: str, opts: SourceOptions):
     except NotImplementedError:
         pass  # Prepared, but in a format without random access (TFRecord).
     except Exception as e:
+        _tfds_no_answer(source, opts, e)
         if builder.is_prepared():
             raise DataError(f"data.source '{source}': cannot read split '{split}': {e}") from None
     if not builder.is_prepared():

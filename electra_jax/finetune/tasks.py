@@ -22,7 +22,7 @@ import os
 from collections.abc import Sequence
 
 from electra_jax.errors import DataError
-from electra_jax.store import jsonio
+from electra_jax.store import deadline, jsonio, paths
 
 
 @dataclasses.dataclass(frozen=True)
@@ -385,6 +385,8 @@ def read_tfds_split(task: Task, split: Split, tfds_data_dir: str = "") -> list[E
     absl_logger = logging.getLogger("absl")
     level = absl_logger.level
     absl_logger.setLevel(logging.ERROR)
+    # TFDS reads a gs:// data_dir itself (through etils.epath): its requests' deadline first.
+    paths.bound(tfds_data_dir)
     try:
         source = tfds.data_source(
             task.tfds_name,
@@ -393,6 +395,10 @@ def read_tfds_split(task: Task, split: Split, tfds_data_dir: str = "") -> list[E
             download=False,
         )
     except Exception as e:  # not prepared, prepared as TFRecord, a TFDS without GLUE, ...
+        if deadline.is_timeout(e):  # a gs:// data_dir that stopped answering
+            raise DataError(
+                f"config.tfds_data_dir {tfds_data_dir}: {deadline.no_answer_line(e)}"
+            ) from None
         try:
             prepared = tfds.builder(task.tfds_name, data_dir=tfds_data_dir or None).is_prepared()
         except Exception:

@@ -48,7 +48,7 @@ from collections.abc import Callable
 from electra_jax.data.tokenizer import MODEL_FILENAME
 from electra_jax.data.wordpiece import VOCAB_FILENAME
 from electra_jax.errors import ConfigError
-from electra_jax.store import environment, gcs_lock, jsonio, paths
+from electra_jax.store import deadline, environment, gcs_lock, jsonio, paths
 from electra_jax.store.filenames import (
     CHANGES_FILE,
     CHECKPOINTS_DIR,
@@ -171,6 +171,8 @@ def check_workdir(workdir: str, flag: str = "--workdir", create: bool = True) ->
                 paths.remove(probe)
     except ConfigError:
         raise
+    except deadline.NoAnswer as e:  # not "not writable": the store did not answer
+        raise ConfigError(f"{flag} {deadline.no_answer_line(e)}") from None
     except Exception as e:  # OSError; in a bucket a missing package, gcsfs's HTTP errors
         reason = getattr(e, "strerror", None) or " ".join(str(e).split())[:200]
         raise ConfigError(

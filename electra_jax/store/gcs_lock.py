@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from electra_jax.store import jsonio
+from electra_jax.store import deadline, jsonio
 
 DEFAULT_LEASE_SECONDS = 60.0
 LEASE_ENV = "ELECTRA_JAX_LOCK_LEASE_SECONDS"
@@ -157,11 +157,16 @@ class GcsLock:
 
     def _write(self, info: dict, generation: int, quick: bool = False) -> int:
         """Writes `info` if the object's generation is `generation` (0: absent); its new
-        generation. Raises google.api_core.exceptions.PreconditionFailed otherwise. `quick`
-        (renewals): no retries and a timeout of a quarter lease, so that a hung request never
-        keeps the holder from noticing that its lease is running out."""
+        generation. Raises google.api_core.exceptions.PreconditionFailed otherwise. Each
+        request waits deadline.request_seconds() for an answer (google-cloud-storage's own
+        retries on top); `quick` (renewals): no retries and a timeout of a quarter lease, so
+        that a hung request never keeps the holder from noticing that its lease is running
+        out."""
         blob = self._blob()
-        extra = {"retry": None, "timeout": max(1.0, self.lease / 4)} if quick else {}
+        if quick:
+            extra = {"retry": None, "timeout": max(1.0, self.lease / 4)}
+        else:
+            extra = {"timeout": deadline.request_seconds()}
         blob.upload_from_string(
             json.dumps(info, sort_keys=True),
             content_type="application/json",
@@ -174,11 +179,12 @@ class GcsLock:
         """(generation, holder dict, seconds since GCS last wrote it) or None when absent."""
         errors = _errors()
         bucket = _client().bucket(self._bucket_name)
-        blob = bucket.get_blob(self._name)
+        seconds = deadline.request_seconds()  # each request's; the library's retries on top
+        blob = bucket.get_blob(self._name, timeout=seconds)
         if blob is None:
             return None
         try:
-            data = blob.download_as_bytes(if_generation_match=blob.generation)
+            data = blob.download_as_bytes(if_generation_match=blob.generation, timeout=seconds)
         except (errors.PreconditionFailed, errors.NotFound):
             return "changed"
         try:

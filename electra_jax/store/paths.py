@@ -24,8 +24,12 @@ and tensorstore know only the lower-case form), and the functions below hold the
 the local and the remote code path (globs, file keys, files a library writes or reads by name,
 the checks of a place to write), so that their callers have one.
 
-A leaf: it imports nothing of ours (a caller passes the exception its command reports, e.g.
-data's DataError, as `error`).
+Every request it sends has a deadline: before a URI reaches etils.epath, the library behind its
+scheme is given its per-request timeout (`deadline.bound`), and a request that timed out is
+`deadline.NoAnswer`, an OSError naming the path (`_answering`, `_answered`).
+
+It imports only store/deadline.py and its environment reader (leaves); a caller passes the
+exception its command reports, e.g. data's DataError, as `error`.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import concurrent.futures
 import contextlib
 import errno
 import fnmatch
+import functools
 import hashlib
 import os
 import re
@@ -42,6 +47,8 @@ import stat
 import tempfile
 from collections.abc import Callable, Iterator
 from typing import IO
+
+from electra_jax.store import deadline
 
 # A path with a scheme (gs://bucket/x) is remote; anything else is a local path, read and
 # written with os calls.
@@ -139,10 +146,43 @@ def normal(path: str) -> str:
 
 
 def _epath(path: str):
+    bound(path)
     # Heavy (jax, flax or orbax): this module is imported without them (tests/conftest.py).
     from etils import epath
 
     return epath.Path(normal(path))
+
+
+def bound(path: str) -> None:
+    """Gives the library behind `path`'s scheme its per-request deadline (deadline.bound),
+    for a reader that hands the URI to a library that reads it itself (TFDS's data_dir); a
+    local path: nothing."""
+    deadline.bound(scheme(path))
+
+
+@contextlib.contextmanager
+def _answered(path: str) -> Iterator[None]:
+    """A block of requests about the URI `path` whose timeout (in its library's type) is
+    raised as deadline.NoAnswer naming `path`; a local path's block passes through."""
+    try:
+        yield
+    except deadline.NoAnswer:
+        raise
+    except Exception as e:
+        if is_remote(path) and deadline.is_timeout(e):
+            raise deadline.NoAnswer(normal(path), deadline.bound_seconds(scheme(path))) from e
+        raise
+
+
+def _answering(fn: Callable) -> Callable:
+    """`fn(path, ...)` whose requests' timeouts are deadline.NoAnswer naming `path`."""
+
+    @functools.wraps(fn)
+    def call(path, *args, **kwargs):
+        with _answered(path):
+            return fn(path, *args, **kwargs)
+
+    return call
 
 
 def remote_path(path: str, what: str, error: type[Exception] = ValueError):
@@ -157,6 +197,7 @@ def remote_path(path: str, what: str, error: type[Exception] = ValueError):
       error: a scheme etils.epath does not read, or etils itself missing.
     """
     _check_readable(path, what, error)
+    bound(path)
     try:
         # Heavy (jax, flax or orbax): this module is imported without them (tests/conftest.py).
         from etils import epath
@@ -222,6 +263,7 @@ def unwritable(path: str, read: bool = False) -> str:
 def _fresh(path: str) -> None:
     """Drops gcsfs's cached listings of `path` and its parent (the fsspec backend's), so that
     what another process or tensorstore wrote there is seen."""
+    bound(path)
     try:
         # Heavy (jax, flax or orbax): this module is imported without them (tests/conftest.py).
         from etils.epath.backend import fsspec_backend
@@ -246,6 +288,7 @@ def join(path: str, *names: str) -> str:
     )
 
 
+@_answering
 def exists(path: str) -> bool:
     if not is_remote(path):
         return os.path.exists(path)
@@ -253,6 +296,7 @@ def exists(path: str) -> bool:
     return _epath(path).exists()
 
 
+@_answering
 def isdir(path: str) -> bool:
     """A local folder; on an object store, a prefix that holds objects."""
     if not is_remote(path):
@@ -261,6 +305,7 @@ def isdir(path: str) -> bool:
     return _epath(path).is_dir()
 
 
+@_answering
 def isfile(path: str) -> bool:
     if not is_remote(path):
         return os.path.isfile(path)
@@ -268,6 +313,7 @@ def isfile(path: str) -> bool:
     return _epath(path).is_file()
 
 
+@_answering
 def listdir(path: str) -> list[str]:
     """The names in a folder (an object store's: the next level of names under the prefix)."""
     if not is_remote(path):
@@ -329,7 +375,7 @@ def open_file(path: str, mode: str = "rb") -> Iterator[IO]:
         with open(path, mode, opener=no_follow_opener if writing else None) as f:
             yield f
         return
-    with _epath(path).open(mode) as f:
+    with _answered(path), _epath(path).open(mode) as f:
         yield f
 
 
@@ -369,6 +415,7 @@ def _open_regular(path: str) -> int:
     return fd
 
 
+@_answering
 def read_bytes(path: str) -> bytes:
     """The file's bytes; FileNotFoundError when it is absent, as open() raises it; NotAFile
     when it is a folder, a FIFO, a socket or a device."""
@@ -380,6 +427,8 @@ def read_bytes(path: str) -> bytes:
     except FileNotFoundError:
         raise
     except OSError as e:
+        if deadline.is_timeout(e):
+            raise  # NoAnswer naming the path (_answering)
         raise OSError(e.errno, f"{path}: {e.strerror or e}") from e
 
 
@@ -396,6 +445,7 @@ def read_text(path: str) -> str:
     return read_bytes(path).decode("utf-8")
 
 
+@_answering
 def write_atomic(path: str, data: bytes | str) -> None:
     """Writes `data` so that no reader ever sees a partial file: locally a temporary file
     beside it, fsynced and renamed over it; in a bucket one upload (an object appears whole)."""
@@ -420,6 +470,7 @@ def write_atomic(path: str, data: bytes | str) -> None:
             os.remove(tmp)
 
 
+@_answering
 def append_text(path: str, text: str) -> None:
     """Appends `text` and syncs it to disk; in a bucket (no appends) the object is read and
     written again with `text` added: for small files."""
@@ -433,6 +484,7 @@ def append_text(path: str, text: str) -> None:
     write_atomic(path, old + text)
 
 
+@_answering
 def remove(path: str) -> None:
     if not is_remote(path):
         os.remove(path)
@@ -440,6 +492,7 @@ def remove(path: str) -> None:
     _epath(path).unlink()
 
 
+@_answering
 def rmtree(path: str) -> None:
     if not is_remote(path):
         shutil.rmtree(path)
@@ -447,6 +500,7 @@ def rmtree(path: str) -> None:
     _epath(path).rmtree()
 
 
+@_answering
 def move_dir(src: str, dst: str) -> None:
     """Renames a folder (os.rename); in a bucket, where a folder is a prefix, every object is
     copied to the new name first and only then deleted, so a crash half-way leaves both, never
@@ -465,7 +519,7 @@ def move_dir(src: str, dst: str) -> None:
 
 def upload_file(local: str, remote: str) -> None:
     """Copies a local file into a bucket (streamed, in COPY_CHUNK_BYTES pieces)."""
-    with open(local, "rb") as src, _epath(remote).open("wb") as dst:
+    with _answered(remote), open(local, "rb") as src, _epath(remote).open("wb") as dst:
         shutil.copyfileobj(src, dst, COPY_CHUNK_BYTES)
 
 
@@ -515,7 +569,7 @@ def file_keys(files: list[str], what: str, error: type[Exception] = ValueError) 
             st = os.stat(path)
             return [os.path.abspath(path), st.st_size, st.st_mtime_ns]
         try:
-            with remote_errors(path, what, error):
+            with remote_errors(path, what, error), _answered(path):
                 st = remote_path(path, what, error).stat()
         except OSError as e:
             raise error(f"{what}: cannot stat {path} ({e})") from None
@@ -556,7 +610,7 @@ def local_copy(path: str) -> Iterator[str]:
         return
     fd, tmp = tempfile.mkstemp(prefix="electra_jax-", suffix=f"-{os.path.basename(path)}")
     try:
-        with os.fdopen(fd, "wb") as dst, _epath(path).open("rb") as src:
+        with _answered(path), os.fdopen(fd, "wb") as dst, _epath(path).open("rb") as src:
             shutil.copyfileobj(src, dst, COPY_CHUNK_BYTES)
         yield tmp
     finally:
@@ -769,6 +823,20 @@ def _glob_step(pattern: list[str], states: set[int], name: str) -> set[int]:
     return _glob_closure(pattern, after)
 
 
+def _walk(top: str, what: str, error: type[Exception], on_error: Callable) -> Iterator:
+    """(root, folders, files) under the URI `top`, top down, as etils.epath walks it. For
+    hf://, fsspec's own walk: etils hands fsspec's walk `max_depth` (fsspec's name is
+    `maxdepth`), which gcsfs ignores and huggingface_hub's filesystem refuses with a TypeError,
+    so that no hf:// glob could be listed."""
+    path = remote_path(top, what, error)
+    if scheme(top) != "hf":
+        return path.walk(on_error=on_error)
+    import fsspec  # etils.epath's backend for hf:// (present: remote_path found etils)
+
+    fs, inner = fsspec.core.url_to_fs(normal(top))
+    return fs.walk(inner, topdown=True, on_error=on_error)
+
+
 def _remote_glob(
     top: str, pattern: list[str], what: str, error: type[Exception]
 ) -> tuple[list[str], list[str]]:
@@ -785,7 +853,7 @@ def _remote_glob(
     matched: list[str] = []
     first_root = None
     start = _glob_closure(pattern, {0})
-    for root, dirs, files in remote_path(top, what, error).walk(on_error=errors.append):
+    for root, dirs, files in _walk(top, what, error, errors.append):
         # fsspec's walk yields roots without the scheme ("bucket/dir"), TensorFlow's with it:
         # paths relative to the first root are the same either way.
         root = os.fspath(root).rstrip("/")
@@ -803,6 +871,9 @@ def _remote_glob(
         for name in files:
             if name and len(pattern) in _glob_step(pattern, states, name):
                 matched.append("/".join([top, *rel, name]))
+    for e in errors:  # a listing that got no answer is no listing: nothing can be said
+        if deadline.is_timeout(e):
+            raise deadline.NoAnswer(normal(top), deadline.bound_seconds(scheme(top))) from e
     return matched, [str(e) for e in errors]
 
 
@@ -817,7 +888,7 @@ def _remote_files(pattern: str, what: str, error: type[Exception]) -> tuple[list
             f"{prefix}BUCKET/**/*.txt"
         )
     errors: list[str] = []
-    with remote_errors(pattern, what, error):
+    with remote_errors(pattern, what, error), _answered(pattern):
         if not parts:
             found = []
         elif not magic:

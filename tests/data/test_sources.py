@@ -300,6 +300,35 @@ def test_unreadable_file_is_skipped_or_fatal(tmp_path, monkeypatch, caplog):
         _read(f"{tmp_path}/locked.txt")
 
 
+def test_a_store_that_does_not_answer_ends_the_read_rather_than_skipping_a_file(
+    tmp_path, monkeypatch
+):
+    # A file a bucket did not answer for is no unreadable file: skipped, the corpus would lose
+    # it without a word. The glob and the open get no answer here (deadline.NoAnswer, which
+    # paths raises for a request past its deadline: tests/store/test_deadline.py).
+    from electra_jax.store import deadline
+
+    (tmp_path / "a.txt").write_text("fine\n")
+    (tmp_path / "b.txt").write_text("also fine\n")
+    real_open = sources._open_binary
+
+    def no_answer(path, *args, **kwargs):
+        if path.endswith("b.txt"):
+            raise deadline.NoAnswer("gs://bucket/b.txt", 60)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(sources, "_open_binary", no_answer)
+    with pytest.raises(DataError, match=r"gs://bucket/b\.txt: no answer within 60s"):
+        _read(f"{tmp_path}/*.txt")
+
+    def silent_glob(pattern, what, error):
+        raise deadline.NoAnswer("gs://bucket/corpus", 60)
+
+    monkeypatch.setattr(paths, "glob", silent_glob)
+    with pytest.raises(DataError, match=r"^data.source 'text:gs://bucket/corpus/\*.txt': gs://"):
+        _read("gs://bucket/corpus/*.txt")
+
+
 def test_file_without_newline_is_cut_into_bounded_pieces(tmp_path, monkeypatch):
     words = [f"w{i % 997}" for i in range(60_000)]
     (tmp_path / "one_line.txt").write_text(" ".join(words))  # ~300 KB, no newline

@@ -18,6 +18,19 @@ from tests.conftest import ROOT, subprocess_env
 _FINETUNING = {"task": "SST-2", "model": {}, "learning_rate": 0, "batch_size": 32, "seq_length": 8}
 
 
+def test_a_bucket_that_does_not_answer_is_named_as_such_not_as_unwritable(monkeypatch):
+    # deadline.NoAnswer is what paths raises for a request past its deadline
+    # (tests/store/test_deadline.py); "not writable" would send the user to the permissions.
+    from electra_jax.store import deadline, paths
+
+    def silent(path):
+        raise deadline.NoAnswer(path, 60)
+
+    monkeypatch.setattr(paths, "exists", silent)
+    with pytest.raises(ConfigError, match=r"^--workdir gs://bucket/run: no answer within 60s"):
+        workdir.check_workdir("gs://bucket/run")
+
+
 def test_a_new_folder_gets_the_marker_and_the_lock(tmp_path):
     path = str(tmp_path / "run")
     with workdir.claimed(path, workdir.PRETRAIN, command="test") as held:
