@@ -1,9 +1,9 @@
 """python -m electra_jax.train --config=configs/tiny.py --workdir=runs/tiny [--config.KEY=VALUE ...]
 
-Flags only: parse the config and the workdir, join the other processes when there are any, and
-hand over to runner.train(). Bad input ends with one line on stderr and exit code 2; a diverged
-run (NaN/Inf under train.nan_policy='stop') with one line and exit code 1; SIGTERM / SIGINT with a
-checkpoint of the current step and exit code 0.
+Flags only: parse the config, plan the workdir's run (resume.plan without the claim), join the
+other processes when there are any, and hand over to runner.train_planned(). Bad input ends with
+one line on stderr and exit code 2; a diverged run (NaN/Inf under train.nan_policy='stop') with
+one line and exit code 1; SIGTERM / SIGINT with a checkpoint of the current step and exit code 0.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from electra_jax.cli import each_once, fail, one_line_for
 from electra_jax.data import progress
 from electra_jax.errors import CheckpointError, ConfigError
 from electra_jax.pretraining import cluster, resume, topology
-from electra_jax.run import workdir as workdir_lib
 from electra_jax.validate import check_config
 
 _COMMAND = cli.ConfigCommand.define(
@@ -223,17 +222,18 @@ def main(argv) -> None:
             "--allow_change", [k.strip() for k in _ALLOW_CHANGE.value.split(",") if k.strip()]
         )
     )
+    command = shlex.join(["python", "-m", "electra_jax.train", *sys.argv[1:]])
+    planned = None
     with one_line_for(ConfigError, CheckpointError, verbose=_VERBOSE.value):
         # Before jax, flax and orbax are imported: bad settings are answered in a blink.
         check_config(config)
         if _WORKDIR.value and not _DRY_RUN.value:
             # And a workdir the run's claim would refuse (a file, a folder that is not ours or is
-            # of the other kind, a link out): the claim's checks, nothing written; then what a
-            # resume of it would refuse (resume.check: its checkpoints/, config.json, settings
-            # and step). The run then claims it for good and asks again (resume.plan), a lock
-            # another run holds included.
-            workdir_lib.claim(_WORKDIR.value, workdir_lib.PRETRAIN, lock=False)
-            resume.check(config, _WORKDIR.value, allow)
+            # of the other kind, a link out), then what a resume of it would refuse (its
+            # checkpoints/, config.json, settings and step): the plan without the claim, nothing
+            # written. The runner claims it for good (rerun.take) and asks again only what
+            # another process may change before the lock.
+            planned = resume.plan(config, _WORKDIR.value, allow, command, claim=False)
     # jax, flax and orbax: only once the settings are known to be good.
     from electra_jax.pretraining import dry_run, runner
     from electra_jax.store import checkpointing
@@ -252,8 +252,7 @@ def main(argv) -> None:
         # Printed before the run's first line (data preparation's or the loop's), not beside the
         # one line of an error that ends it first.
         progress.announce(devices_line())
-        command = shlex.join(["python", "-m", "electra_jax.train", *sys.argv[1:]])
-        runner.train(config, _WORKDIR.value, allow_changes=allow, command=command)
+        runner.train_planned(planned)
 
     _COMMAND.run(work, "then run the same command to resume from the last checkpoint")
 

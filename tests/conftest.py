@@ -228,6 +228,8 @@ JAX_FREE_MODULES = (
     "electra_jax.finetune.family",
     "electra_jax.finetune.features",
     "electra_jax.finetune.glue_metrics",
+    "electra_jax.finetune.inputs",
+    "electra_jax.finetune.prior_run",
     "electra_jax.finetune.reading",
     "electra_jax.finetune.squad_data",
     "electra_jax.finetune.squad_eval",

@@ -115,7 +115,7 @@ def test_workdir_of_another_model_fails_before_restoring(tmp_path):
     line = _one_line_exit_2(out, f"{tmp_path}/config.json describes a different model")
     assert "data.seq_length=32 there vs 128 now" in line and "model.hidden_size" in line
     assert "new --workdir" in line
-    # Refused before the claim (resume.check): nothing written, no marker, no lock.
+    # Refused before the claim (resume.plan without it): nothing written, no marker, no lock.
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoints", "config.json"]
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["3"]
 

@@ -3,9 +3,10 @@
 python -m electra_jax.finetune --config=configs/squad.py --config.version=2.0 \
     --config.data_dir=squad --config.init_from=runs/tiny --workdir=runs/tiny-squad2
 
-Flags only: parse the config and the workdir, then hand over to finetune.loop.finetune(), the
-one runner; `config.family` ('glue' or 'squad') picks the task family. Rerunning the command on
-the same --workdir resumes from its newest checkpoint. Bad input (an unknown task or config key,
+Flags only: parse the config, plan the workdir's run (prior_run.plan without the claim), then
+hand over to finetune.loop.finetune_planned(), the one runner; `config.family` ('glue' or
+'squad') picks the task family. Rerunning the command on the same --workdir resumes from its
+newest checkpoint. Bad input (an unknown task or config key,
 missing or malformed data, an unreadable init_from, a workdir holding another run) ends with one
 line on stderr and exit code 2; a diverged run (a NaN/Inf training loss) with one line and exit
 code 1; SIGTERM saves a checkpoint and exits 0; --verbose shows the traceback instead.
@@ -19,9 +20,8 @@ import sys
 from absl import app, flags
 
 from electra_jax import cli
-from electra_jax.errors import ConfigError, DataError
-from electra_jax.finetune import checks, reading
-from electra_jax.run import workdir as workdir_lib
+from electra_jax.errors import CheckpointError, ConfigError, DataError
+from electra_jax.finetune import checks, prior_run, reading
 from electra_jax.store import paths
 
 _COMMAND = cli.ConfigCommand.define(
@@ -47,13 +47,18 @@ def main(argv) -> None:
         return
     allow = [k.strip() for k in _ALLOW_CHANGE.value.split(",") if k.strip()]
     cli.each_once("--allow_change", allow)
-    with cli.one_line_for(ConfigError, verbose=_VERBOSE.value):
+    command = shlex.join(["python", "-m", "electra_jax.finetune", *sys.argv[1:]])
+    with cli.one_line_for(ConfigError, CheckpointError, verbose=_VERBOSE.value):
         checks.check_allowed(allow)
-        # Before jax, flax and orbax are imported: bad settings, and a workdir the run's claim
-        # would refuse (a file, a folder not ours or of the other kind, a link out: the claim's
-        # checks, nothing written), are answered in a blink. finetune() claims it for good.
+        # Before jax, flax and orbax are imported: bad settings, a workdir the run's claim would
+        # refuse (a file, a folder not ours or of the other kind, a link out) and what a rerun
+        # of it would refuse (another run, other settings or labels): the plan without the
+        # claim, nothing written. The runner claims it for good (rerun.take) and asks again
+        # only what another process may change before the lock.
         family, task = checks.check_config(config)
-        workdir_lib.claim(_WORKDIR.value, workdir_lib.FINETUNE, lock=False)
+        planned = prior_run.plan(
+            config, _WORKDIR.value, family, task, tuple(allow), command, claim=False
+        )
     data = _read_new_runs_task(config, family, task)
     # jax, flax and orbax: only once the settings and a new run's task files are known good.
     from electra_jax.finetune import loop
@@ -61,12 +66,7 @@ def main(argv) -> None:
 
     if not _VERBOSE.value:
         checkpointing.quiet_write_failures()  # orbax's threads' reports of a full disk
-    command = shlex.join(["python", "-m", "electra_jax.finetune", *sys.argv[1:]])
-    _COMMAND.run(
-        lambda: loop.finetune(
-            config, _WORKDIR.value, command=command, allow_changes=tuple(allow), data=data
-        )
-    )
+    _COMMAND.run(lambda: loop.finetune_planned(planned, data=data))
 
 
 def _read_new_runs_task(config, family: str, task):

@@ -121,6 +121,19 @@ def _check_squad(config) -> str:
     return c.version
 
 
+def describe(family: str, task) -> dict:
+    """What model.json records of the task (family.Family.describe), from check_config's
+    (family name, task): 'task' (its name), 'labels' (class names, [] when there are none) and
+    'problem_type' (transformers' word for the head's loss)."""
+    if family == "squad":
+        return {"task": f"SQuAD {task}", "labels": [], "problem_type": "question_answering"}
+    return {
+        "task": task.name,
+        "labels": list(task.labels),
+        "problem_type": "regression" if task.is_regression else "single_label_classification",
+    }
+
+
 def check_finite_losses(values: np.ndarray, first_step: int, learning_rate: float) -> None:
     """NonFiniteError naming the first step whose loss or gradient norm is NaN/Inf.
 

@@ -13,7 +13,7 @@ import json
 import jax.numpy as jnp
 import numpy as np
 
-from electra_jax.finetune import features, glue_heads, reading, tasks
+from electra_jax.finetune import checks, features, glue_heads, reading, tasks
 from electra_jax.finetune import glue_metrics as glue_metrics
 from electra_jax.finetune.family import Data, Family, Features
 from electra_jax.store import filenames
@@ -52,11 +52,7 @@ class Glue(Family):
     predictions_file = PREDICTIONS_FILE
 
     def describe(self, task: tasks.Task) -> dict:
-        return {
-            "task": task.name,
-            "labels": list(task.labels),
-            "problem_type": "regression" if task.is_regression else "single_label_classification",
-        }
+        return checks.describe(self.name, task)
 
     def read(self, config, task: tasks.Task, dev_only: bool = False) -> Data:
         return reading.read_glue(config, task, dev_only)

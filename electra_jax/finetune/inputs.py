@@ -1,4 +1,5 @@
-"""What a fine-tuning run reads from outside its workdir, and a resume held to it.
+"""What a fine-tuning run reads from outside its workdir, and a resume held to it (TASK_FILES,
+fine-tuning's record of its inputs for the resume plan, run/rerun.py).
 
 At a run's first start, model.json records under "inputs":
 
@@ -11,11 +12,11 @@ At a run's first start, model.json records under "inputs":
   does not change what a resume reads), and "weights_sha256", a digest of the encoder weights
   taken from it.
 
-A resume reads the same: init_from at that step, and the files and weights are compared with the
-record. A difference is refused in one line unless `--allow_change` names it ("data_dir": the
-task's files, or data_dir itself, may differ; "init_from": the pre-trained weights, or init_from
-itself), and an allowed one is appended to config_changes.jsonl and becomes the record. A run
-whose model.json predates the record resumes as before and gets one.
+A resume reads the same: init_from at that step, and the files and weights are held to the
+record (Resume.hold_inputs). A difference is refused in one line unless `--allow_change` names
+it ("data_dir": the task's files, or data_dir itself, may differ; "init_from": the pre-trained
+weights, or init_from itself), and an allowed one is appended to config_changes.jsonl and
+becomes the record. A run whose model.json predates the record resumes as before and gets one.
 """
 
 from __future__ import annotations
@@ -23,16 +24,15 @@ from __future__ import annotations
 import datetime
 import hashlib
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from electra_jax.errors import ConfigError
-from electra_jax.finetune import saved
 from electra_jax.run import rerun
 from electra_jax.run import workdir as workdir_lib
-from electra_jax.store import jsonio, paths
+from electra_jax.store import filenames, jsonio, paths
 
 CHANGES_FILE = workdir_lib.CHANGES_FILE
 
@@ -47,6 +47,17 @@ def file_facts(path: str) -> dict:
 def data_record(files: Sequence[str]) -> dict[str, dict]:
     """{absolute path: file_facts} of the task files a run read."""
     return {os.path.abspath(p): file_facts(p) for p in files}
+
+
+def task_files(files: Sequence[str], tfds: dict | None) -> dict:
+    """The "inputs" fields of the task's files as they are now (tfds None: local files)."""
+    return {"data_files": data_record(files), "tfds": tfds}
+
+
+def hold_files(run: rerun.Resume, files: Sequence[str], tfds: dict | None) -> None:
+    """Holds the task's files (`files`; TFDS's `tfds`) read on a resume to the run's record:
+    ConfigError for other files unless --allow_change=data_dir."""
+    run.hold_inputs({**(TASK_FILES.read(run) or {}), **task_files(files, tfds)})
 
 
 def weights_digest(params: dict) -> str:
@@ -86,11 +97,13 @@ def first_record(files: Sequence[str], tfds: dict | None, init_from: str, encode
     return record
 
 
-def _file_changes(recorded: dict[str, dict], now: dict[str, dict]) -> list[str]:
-    """'PATH: what changed' for every task file that differs from the record, is gone or new."""
+def _file_changes(recorded: dict, now: dict) -> list[str]:
+    """'PATH: what changed' for every task file that differs from the record, is gone or new,
+    then the TFDS source (recorded, now: "inputs" records)."""
     out = []
-    for path in sorted(set(recorded) | set(now)):
-        old, new = recorded.get(path), now.get(path)
+    before, after = recorded.get("data_files", {}), now.get("data_files", {})
+    for path in sorted(set(before) | set(after)):
+        old, new = before.get(path), after.get(path)
         if old is None:
             out.append(f"{path} is read now but was not at the start")
         elif new is None:
@@ -98,116 +111,97 @@ def _file_changes(recorded: dict[str, dict], now: dict[str, dict]) -> list[str]:
         elif old.get("sha256") != new["sha256"]:
             was = f"{old.get('size')} bytes of {old.get('mtime')}"
             out.append(f"{path} changed ({new['size']} bytes of {new['mtime']}, was {was})")
+    if (recorded.get("tfds") or None) != (now.get("tfds") or None):
+        out.append(f"TFDS is {now.get('tfds')} now, was {recorded.get('tfds')}")
     return out
 
 
-def check_data(
-    workdir: str, record: dict, files: Sequence[str], tfds: dict | None, allow: Sequence[str]
-) -> dict | None:
-    """Compares the task's files (and TFDS version) now with model.json's record. Returns the
-    new "inputs" record when it must be written (a record made now for a run that predates
-    it, or an allowed change), else None. ConfigError (one line) for a change not allowed."""
-    inputs = record.get("inputs")
-    now = data_record(files)
-    if inputs is None:
-        return {"data_files": now, **({"tfds": tfds} if tfds else {})}
-    changes = _file_changes(inputs.get("data_files", {}), now)
-    if (inputs.get("tfds") or None) != (tfds or None):
-        changes.append(f"TFDS is {tfds} now, was {inputs.get('tfds')}")
-    if not changes:
-        return None
-    if "data_dir" not in allow:
-        more = f" (and {len(changes) - 1} more)" if len(changes) > 1 else ""
-        raise ConfigError(
-            f"--workdir {workdir}: the run started from other task files: {changes[0]}{more}; "
-            "restore them to resume it, or resume with --allow_change=data_dir to go on with "
-            f"these (recorded in {CHANGES_FILE}), or use a new --workdir"
+def _first(changes: list[str]) -> str:
+    return changes[0] + (f" (and {len(changes) - 1} more)" if len(changes) > 1 else "")
+
+
+class TaskFiles(rerun.InputsRecord):
+    """Fine-tuning's record of its inputs: model.json's "inputs" (the run's, Resume.started)."""
+
+    def read(self, run: rerun.Resume) -> dict | None:
+        return (run.started or {}).get("inputs")
+
+    def same(self, field: str, old: Any, new: Any) -> bool:
+        if field == "data_files":  # the same bytes, whenever they were written
+            return _file_changes({field: old or {}}, {field: new}) == []
+        return old == new
+
+    def allow_key(self, field: str) -> str:
+        return "init_from" if field == "init_from" else "data_dir"
+
+    def refusal(self, run: rerun.Resume, recorded: dict, now: dict, refused: list[str]) -> str:
+        if "init_from" in refused:
+            return (
+                f"--workdir {run.workdir}: the pre-trained weights at "
+                f"{recorded['init_from'].get('load')} are not the ones the run started from "
+                "(another digest); restore them to resume it, or resume with "
+                f"--allow_change=init_from to start from these (recorded in {CHANGES_FILE}), or "
+                "use a new --workdir"
+            )
+        return (
+            f"--workdir {run.workdir}: the run started from other task files: "
+            f"{_first(_file_changes(recorded, now))}; restore them to resume it, or resume with "
+            f"--allow_change=data_dir to go on with these (recorded in {CHANGES_FILE}), or use "
+            "a new --workdir"
         )
-    return {**inputs, "data_files": now, "tfds": tfds} if tfds else {**inputs, "data_files": now}
 
 
-def check_finished(
-    workdir: str, record: dict, files: Sequence[str], tfds: dict | None, allow: Sequence[str]
-) -> str | None:
+TASK_FILES = TaskFiles()
+
+
+def hold_weights(run: rerun.Resume, encoder) -> None:
+    """Holds the pre-trained encoder read on a resume to the run's record of it (where it has
+    one): ConfigError for other weights unless --allow_change=init_from."""
+    current = run.inputs or TASK_FILES.read(run) or {}
+    pinned = current.get("init_from")
+    if pinned is not None:
+        digest = weights_digest(encoder)
+        run.hold_inputs({**current, "init_from": {**pinned, "weights_sha256": digest}})
+
+
+def check_finished(run: rerun.Resume, files: Sequence[str], tfds: dict | None) -> str | None:
     """A finished run asked again: its results are of the task files it read, so files that
     changed since are refused in one line (ConfigError) saying what changed, as mid-run, rather
     than the old results given back without a word; with --allow_change=data_dir, the line to
     print that they are the earlier files' results. None when nothing changed (or the run
     predates the record)."""
-    inputs = record.get("inputs")
-    if inputs is None:
+    recorded = TASK_FILES.read(run)
+    if recorded is None:
         return None
-    changes = _file_changes(inputs.get("data_files", {}), data_record(files))
-    if (inputs.get("tfds") or None) != (tfds or None):
-        changes.append(f"TFDS is {tfds} now, was {inputs.get('tfds')}")
+    changes = _file_changes(recorded, task_files(files, tfds))
     if not changes:
         return None
-    more = f" (and {len(changes) - 1} more)" if len(changes) > 1 else ""
-    if "data_dir" in allow:
+    if "data_dir" in run.allow:
         return (
-            f"warning: {workdir} holds this run, finished on other task files ({changes[0]}"
-            f"{more}): its results are of those; fine-tune in a new --workdir for these"
+            f"warning: {run.workdir} holds this run, finished on other task files "
+            f"({_first(changes)}): its results are of those; fine-tune in a new --workdir for these"
         )
     raise ConfigError(
-        f"--workdir {workdir} holds this run, finished on other task files: {changes[0]}{more}; "
-        "its results are of those: restore them, or fine-tune on these in a new --workdir"
+        f"--workdir {run.workdir} holds this run, finished on other task files: "
+        f"{_first(changes)}; its results are of those: restore them, or fine-tune on these in a "
+        "new --workdir"
     )
 
 
-def check_weights(workdir: str, record: dict, encoder, allow: Sequence[str]) -> dict | None:
-    """Compares the pre-trained encoder read on a resume with model.json's record; returns the
-    new "inputs" record when it must be written, else None. ConfigError for a change not
-    allowed."""
-    inputs = record.get("inputs") or {}
-    pinned = inputs.get("init_from")
-    digest = weights_digest(encoder)
-    if pinned is None or pinned.get("weights_sha256") == digest:
-        return None
-    if "init_from" not in allow:
-        raise ConfigError(
-            f"--workdir {workdir}: the pre-trained weights at {pinned.get('load')} are not the "
-            "ones the run started from (another digest); restore them to resume it, or resume "
-            f"with --allow_change=init_from to start from these (recorded in {CHANGES_FILE}), or "
-            "use a new --workdir"
-        )
-    return {**inputs, "init_from": {**pinned, "weights_sha256": digest}}
+def record_resume(run: rerun.Resume, step: int) -> None:
+    """What a resume found changed and was allowed to (Resume.inputs_changes, and the settings
+    that changed, Resume.changes: config.data_dir or init_from themselves): config_changes.jsonl
+    gets them at `step` (rerun.record_changes), config.json the settings and model.json the new
+    record (Resume.inputs). A run that predates the record gets one, and no row for it."""
+    # Heavy (jax, flax or orbax): this module is imported without them (tests/conftest.py).
+    from electra_jax.model.sharding import log
 
-
-def rewrite_record(workdir: str, record: dict, inputs: dict) -> dict:
-    """model.json with `inputs` in place (written atomically); returns it."""
-    record = {**record, "inputs": inputs}
-    jsonio.write_json(paths.join(workdir, saved.MODEL_FILE), record)
-    return record
-
-
-def record_resume(
-    workdir: str,
-    record: dict,
-    new: dict | None,
-    step: int,
-    config,
-    changes: dict,
-    log: Callable[[str], None],
-) -> None:
-    """What a resume found changed and was allowed to (`new`: model.json's new "inputs", or
-    None when the inputs are as recorded; `changes`: the settings that changed, {key: (from,
-    to)}, as prior_run.plan allowed them: config.data_dir or init_from themselves):
-    config_changes.jsonl gets them at `step` (rerun.record_changes), model.json and config.json
-    the new record and settings. A run that predates the record gets one, and no row for it."""
-    old = record.get("inputs")
-    if old is None:
-        rewrite_record(workdir, record, new)
-        found = {}
-    else:
-        found = {
-            f"inputs.{key}": (old.get(key), new.get(key))
-            for key in sorted(set(old) | set(new or {}))
-            if new is not None and old.get(key) != new.get(key)
-        }
-    every = {**found, **changes}
-    if not every:
-        return
-    rerun.record_changes(workdir, step, every, config.to_dict())
-    if old is not None and new is not None:
-        rewrite_record(workdir, record, new)
-    log(f"resuming at step {step} with changed inputs: {', '.join(every)}")
+    found = {f"inputs.{k}": run.inputs_changes[k] for k in sorted(run.inputs_changes)}
+    every = {**found, **run.changes}
+    if every:
+        rerun.record_changes(run.workdir, step, every, run.config.to_dict())
+    if run.inputs is not None:
+        model = {**run.started, "inputs": run.inputs}
+        jsonio.write_json(paths.join(run.workdir, filenames.MODEL_FILE), model)
+    if every:
+        log(f"resuming at step {step} with changed inputs: {', '.join(every)}")

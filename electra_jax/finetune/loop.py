@@ -37,6 +37,7 @@ from electra_jax.finetune.glue import GLUE
 from electra_jax.finetune.squad import SQUAD
 from electra_jax.model import sharding
 from electra_jax.model.sharding import log
+from electra_jax.run import rerun
 from electra_jax.store import checkpoint_steps, checkpointing, jsonio, paths
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (GLUE, SQUAD)}
@@ -71,7 +72,7 @@ def finetune(
       {'stopped_at': step, 'steps': num_steps}; SIGTERM / SIGINT during the steps does the same).
     command: the command line that started the run, recorded in model.json for the model card.
     allow_changes: what a resume may find changed since the run started (checks.ALLOWED:
-      'data_dir', 'init_from'; prior_run.plan holds the rest to FREE_ON_RESUME); recorded in
+      'data_dir', 'init_from'; prior_run.plan holds the rest to the free keys); recorded in
       config_changes.jsonl.
     data: the task's examples, when the caller has read them for this config
       (reading.READERS[config.family]); else they are read here (a finished run reads none).
@@ -83,18 +84,29 @@ def finetune(
         are read for each log line and checkpoint), or the final model's dev outputs are; no
         results are written.
     """
-    started = time.time()
     config = finetune_keys.complete(config)  # keys it lacks at their defaults
-    family, task = check_config(config)
+    name, task = checks.check_config(config)
     checks.check_allowed(allow_changes)
-    mesh = local_mesh(config)  # one process: before the claim, which every process would join
-    # Locked for the run; a pre-training workdir (or any folder not ours) is refused, since
-    # fine-tuning writes its own config.json and tokenizer/ there.
-    prior = prior_run.plan(config, workdir, family, task, tuple(allow_changes))
+    planned = prior_run.plan(
+        config, workdir, name, task, tuple(allow_changes), command, claim=False
+    )
+    return finetune_planned(planned, stop_after, data)
+
+
+def finetune_planned(run: rerun.Resume, stop_after: int | None = None, data=None) -> dict:
+    """`finetune` of the run prior_run.plan answered (its config completed and checked; `data`
+    as `finetune` takes it): planned without the claim (the command line's, before jax), its
+    workdir is claimed here (rerun.take), so that nothing planned is asked twice; a pre-training
+    workdir (or any folder not ours) was refused, since fine-tuning writes its own config.json
+    and tokenizer/ there. Released when the run ends."""
+    started = time.time()
+    family, task = FAMILIES[run.rules.family], run.rules.task
+    mesh = local_mesh(run.config)  # one process: before the claim, which every process would join
+    run = rerun.take(run)
     try:
-        return _finetune(config, prior, mesh, family, task, started, stop_after, command, data)
+        return _finetune(run, mesh, family, task, started, stop_after, data)
     finally:
-        prior.release()
+        run.release()
 
 
 def local_mesh(config):
@@ -116,39 +128,27 @@ def local_mesh(config):
 
 
 def _finetune(
-    config,
-    prior: prior_run.PriorRun,
-    mesh,
-    family: Family,
-    task,
-    started,
-    stop_after,
-    command,
-    data: Data | None,
+    run: rerun.Resume, mesh, family: Family, task, started, stop_after, data: Data | None
 ) -> dict:
-    workdir, record, allow = prior.opened.workdir, prior.record, prior.allow
-    if prior.finished is not None:
+    config, workdir, record = run.config, run.workdir, run.started
+    if run.finished is not None:
         files, tfds = family.input_files(config, task)
-        changed = inputs.check_finished(workdir, record, files, tfds, allow)
+        changed = inputs.check_finished(run, files, tfds)
         if changed:
             log(changed)
         log(f"{workdir} holds this run, finished: {paths.join(workdir, RESULTS_FILE)}")
-        return prior.finished
+        return run.finished
 
     if data is None:
         data = family.read(config, task)
     files, tfds = family.input_files(config, task)
     resuming = record is not None
-    has_checkpoint = resuming and prior.opened.resumes
-    new_inputs = None  # model.json's "inputs" to write once the resumed step is known
-    if resuming:
-        new_inputs = inputs.check_data(workdir, record, files, tfds, allow)
-        init = initial.resumed_model(config, workdir, record, not has_checkpoint, allow)
+    has_checkpoint = resuming and run.resumes
+    if resuming:  # what model.json's "inputs" becomes is written once the resumed step is known
+        inputs.hold_files(run, files, tfds)
+        init = initial.resumed_model(config, workdir, record, not has_checkpoint, run.allow)
         if init.encoder_params is not None:
-            seen = {**record, "inputs": new_inputs or record.get("inputs")}
-            new_inputs = inputs.check_weights(workdir, seen, init.encoder_params, allow) or (
-                new_inputs
-            )
+            inputs.hold_weights(run, init.encoder_params)
     else:
         init = initial.initial_model(config, data.texts, workdir)
     spec = init.spec
@@ -171,7 +171,7 @@ def _finetune(
     last_step = num_steps if stop_after is None else max(0, min(num_steps, int(stop_after)))
     if resuming:
         how = f"{num_rows} {feats.unit} x {feats.epochs:g} epochs / batch {config.batch_size}"
-        prior_run.check_steps(prior, num_steps, how)
+        prior_run.check_steps(run, num_steps, how)
     model = family.network(config, task, spec)
     hyper = fit.resolve_hyperparameters(config, spec.discriminator.hidden_size)
     init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(config.seed))
@@ -188,11 +188,11 @@ def _finetune(
     )
     step_fn, predict_fn = fit.compiled_steps(family, config, task, model, tx, schedule, mesh)
     if not resuming:
-        _write_start(config, workdir, family, task, init, command, num_steps, files, tfds)
+        _write_start(config, workdir, family, task, init, run.command, num_steps, files, tfds)
 
     def resumed(first: int) -> None:
         if resuming:
-            inputs.record_resume(workdir, record, new_inputs, first, config, prior.changes, log)
+            run.record(first)
 
     state, history, done, stopped = _train(
         config, workdir, mesh, state, step_fn, feats, hyper, (num_steps, last_step), resumed

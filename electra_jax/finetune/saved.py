@@ -30,13 +30,19 @@ import numpy as np
 
 from electra_jax.data.tokenizer import MODEL_FILENAME, load_saved
 from electra_jax.errors import DataError, PretrainedError
+from electra_jax.finetune.prior_run import (  # noqa: F401  (read as saved.X by fine-tuning)
+    FORMAT,
+    VERSION,
+    read_json,
+    read_model,
+)
 from electra_jax.hf.read import HF_PREFIX
 from electra_jax.model import networks as model_lib
 from electra_jax.model.weights import check_finite, check_spec
 from electra_jax.objectives.core import num_mask_slots
 from electra_jax.pretrained import read_run_config
 from electra_jax.pretraining import metrics
-from electra_jax.store import checkpoint_steps, jsonio, paths
+from electra_jax.store import checkpoint_steps, paths
 from electra_jax.store.filenames import (  # noqa: F401  (read as saved.X by fine-tuning)
     CONFIG_FILE,
     EXPORT_MANIFEST,
@@ -46,23 +52,7 @@ from electra_jax.store.filenames import (  # noqa: F401  (read as saved.X by fin
     TOKENIZER_DIR,
     WEIGHTS_FILE,
 )
-from electra_jax.store.jsonio import json_kind, one_line
-
-FORMAT, VERSION = "electra_jax.finetuned", 1
-
-
-def read_json(path: str, what: str) -> dict:
-    """A JSON object from `path`; PretrainedError naming the file otherwise."""
-    try:
-        value = jsonio.loads(paths.read_text(path))
-    except FileNotFoundError:
-        raise PretrainedError(f"{path} is missing; {what}") from None
-    except (OSError, ValueError) as e:
-        raise PretrainedError(f"{path} cannot be read ({one_line(e, 200)}); {what}") from None
-    if not isinstance(value, dict):
-        raise PretrainedError(f"{path} holds a JSON {json_kind(value)}, not an object; {what}")
-    return value
-
+from electra_jax.store.jsonio import one_line
 
 # ------------------------------------------------------------------------------------ the spec
 
@@ -204,18 +194,6 @@ def load_tokenizer(workdir: str, fingerprint: str | None = None):
 
 
 # ------------------------------------------------------------------------------------ records
-
-
-def read_model(workdir: str) -> dict:
-    """WORKDIR/model.json, checked to be ours."""
-    path = paths.join(workdir, MODEL_FILE)
-    record = read_json(path, "is this a fine-tuning workdir of this version?")
-    if record.get("format") != FORMAT:
-        raise PretrainedError(
-            f"{path} was not written by electra_jax's fine-tuning (format "
-            f"{one_line(repr(record.get('format')), 60)}); give a fine-tuning workdir"
-        )
-    return record
 
 
 def pretraining_record(init_from: str, pre: Any) -> dict:

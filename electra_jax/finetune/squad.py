@@ -12,7 +12,7 @@ import functools
 import json
 import os
 
-from electra_jax.finetune import reading, squad_data, squad_eval, squad_heads
+from electra_jax.finetune import checks, reading, squad_data, squad_eval, squad_heads
 from electra_jax.finetune.family import Data, Family, Features
 from electra_jax.store import filenames
 
@@ -46,7 +46,7 @@ class Squad(Family):
     predictions_file = PREDICTIONS_FILE
 
     def describe(self, version: str) -> dict:
-        return {"task": f"SQuAD {version}", "labels": [], "problem_type": "question_answering"}
+        return checks.describe(self.name, version)
 
     def read(self, config, version: str, dev_only: bool = False) -> Data:
         return reading.read_squad(config, version, dev_only)

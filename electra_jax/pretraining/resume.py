@@ -1,4 +1,9 @@
-"""What a run continues from, asked once before any work: `plan(config, workdir, allow)`.
+"""What a pre-training run continues from: the one resume plan (run/rerun.py) with pre-training's
+rules (PRETRAINING), asked once before any work: `plan(config, workdir, allow)`.
+
+The command line plans without the claim, before it imports jax (bad settings and a workdir a
+resume refuses are answered in a blink); the runner then claims the workdir (rerun.take) and
+asks again only what another process may have changed before the lock.
 
 A workdir with checkpoints is resumed with the model it was trained with and, but for the settings
 a resume may change freely (Key.resume in config/pretrain_keys.py) and those allowed (train's
@@ -8,40 +13,33 @@ are unknown, and resuming with the command line's would change the run without a
 `--allow_change=config.json` says to resume with them all the same (the checkpoints' shapes are
 still checked at the restore), and the run writes its config.json again. A run started before a
 setting existed keeps what it meant then (Key.absent: its checkpoints' layer layout, no held-out
-slice). A new run may start from train.init_from's weights. The workdir is claimed (workdir.claim)
-for the whole run. The claim, the checkpoints' survey, the stored config.json against the new
-settings by a rule table (PRETRAINING) and the record of the allowed changes are rerun.py's,
-which fine-tuning's resume shares; this module adds pre-training's own on top.
+slice). A new run may start from train.init_from's weights (`start_from`, loaded by the runner).
 
-The prepared data must be the run's too: WORKDIR/data_record.json records what the rows of a
-run depend on (shards.key_fields: the corpus's content key, the tokenizer's fingerprint, the
-row format, ...) and the corpus's files, written when the run starts. A resume compares them
-before anything is prepared: a corpus that changed under the same data.source (a file added to
-a text: folder, one edited or removed) or another tokenizer is refused in one line saying what
-changed, unless --allow_change names it (data.source; data.tokenizer), which is recorded in
-config_changes.jsonl. A run started before the record resumes as it did, and gets one. A corpus
-gone since (a text: glob that matches no file) is stood in for by the shards the record proves to
-be its rows (`prepared_data`), with one line.
+The prepared data must be the run's too (CORPUS, the run's record of its inputs):
+WORKDIR/data_record.json records what the rows of a run depend on (shards.key_fields: the corpus's
+content key, the tokenizer's fingerprint, the row format, ...) and the corpus's files, written
+when the run starts. A resume compares them before anything is prepared (`check_corpus`): a corpus
+that changed under the same data.source (a file added to a text: folder, one edited or removed) or
+another tokenizer is refused in one line saying what changed, unless --allow_change names it
+(data.source; data.tokenizer), which is recorded in config_changes.jsonl. A run started before the
+record resumes as it did, and gets one. A corpus gone since (a text: glob that matches no file) is
+stood in for by the shards the record proves to be its rows (`prepared_data`), with one line.
 
-A resume never rewrites the run's past (`Resume.check_step`, before any work and again for the
+A resume never rewrites the run's past (`check_step`, before any work and again for the
 checkpoint restored): an allowed change that moves a phase switch across the resumed step
-(PHASE_SWITCHES) is refused, and so is train.num_steps below it; checkpoints/ entries that orbax
-would take for steps but are not the run's (an export put there, a checkpoint renamed by hand)
-are refused by checkpoint_steps.survey.
+(PHASE_SWITCHES) is refused, and so is train.num_steps below it.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import ml_collections
 
 from electra_jax.config import pretrain_keys, schema
-from electra_jax.config.schema import flatten
 from electra_jax.data import mixture, shards, sources
 from electra_jax.data import tokenizer as tokenizer_lib
 from electra_jax.errors import ConfigError, DataError
@@ -54,7 +52,7 @@ from electra_jax.store.jsonio import write_json
 if TYPE_CHECKING:
     from electra_jax.store import checkpointing
 
-# jax, orbax and the metrics (which import them) are imported where they are used: `check`, the
+# jax, orbax and the metrics (which import them) are imported where they are used: the plan, the
 # refusals of a resume, is asked by the command line before it imports them.
 
 _KEY_NAMES = frozenset(k.name for k in pretrain_keys.KEYS)
@@ -64,7 +62,7 @@ def _data_allow(field: str) -> str:
     """The --allow_change key that lets the data record's `field` differ on a resume: the config
     key of its name ('seq_length': data.seq_length, 'seed'), of its stem ('tokenizer_fingerprint':
     data.tokenizer), else data.source (the corpus: its content key, the row format). The config
-    keys among them are refused earlier, by check_same_run, unless allowed."""
+    keys among them are refused earlier, by the plan, unless allowed."""
     stem = field.removesuffix("_fingerprint")
     for name in (f"data.{field}", field, f"data.{stem}"):
         if name in _KEY_NAMES:
@@ -72,150 +70,242 @@ def _data_allow(field: str) -> str:
     return "data.source"
 
 
-@dataclasses.dataclass
-class Resume:
-    """The answer of `plan`: what the run continues from."""
+class CorpusRecord(rerun.InputsRecord):
+    """Pre-training's record of its inputs, WORKDIR/data_record.json: {"format": 1, "fields":
+    shards.key_fields (what the rows depend on: held to), "files": the corpus's files (to say
+    what changed)}."""
 
-    workdir: str
-    # The config as it runs: the stored run's layer layout and held-out slice kept.
-    config: ml_collections.ConfigDict
-    changes: dict[str, tuple[Any, Any]]  # allowed changes since config.json: {key: (old, new)}
-    init_from: Any  # train.init_from's weights (pretrained.Pretrained) for a new run, else None
-    claim: Any  # workdir.Claim: the workdir, locked by process 0 until `release`
-    resumes: bool = False  # the workdir holds checkpoints
-    allow: tuple[str, ...] = ()  # --allow_change
-    command: str | None = None  # the command line, for workdir.COMMANDS_FILE (None: the API's)
-    # The data record to write at `record` (None: the one there stands), and its allowed
-    # changes, {field: (recorded, now)}.
-    data: dict | None = None
-    data_changes: dict = dataclasses.field(default_factory=dict)
-    # The prepared data (prepare.PreparedData) that stands in for a corpus gone since the run
-    # started, found by `check_data`; None when the corpus is there.
-    recorded: Any = None
+    def read(self, run: rerun.Resume) -> dict | None:
+        path = os.path.join(run.workdir, workdir_lib.DATA_RECORD)
+        return _read_data_record(path) if run.resumes else None
 
-    def check_data(self, tokenizer) -> None:
-        """Before any data is prepared (process 0): ConfigError when a resumed run's corpus or
-        tokenizer is not what it started from (data_record.json) and --allow_change does not name
-        the change. `tokenizer`: the run's, as shards.ensure_tokenizer gives it."""
-        # Heavy (jax, flax or orbax): this module is imported without them (tests/conftest.py).
-        from electra_jax.pretraining import metrics
+    def fields(self, record: dict) -> dict:
+        return record["fields"]
 
-        cfg = self.config
-        path = os.path.join(self.workdir, workdir_lib.DATA_RECORD)
-        stored = _read_data_record(path) if self.resumes else None
+    def allow_key(self, field: str) -> str:
+        return _data_allow(field)
+
+    def refusal(self, run: rerun.Resume, recorded: dict, now: dict, refused: list[str]) -> str:
+        keys = sorted({_data_allow(k) for k in refused})
+        path = os.path.join(run.workdir, workdir_lib.DATA_RECORD)
+        return (
+            f"resuming {run.workdir}: {_data_changes(refused, recorded, now, run.config)} "
+            f"since the run started ({path}), so it would go on training on other rows "
+            "without a word: restore them as they were, or pass "
+            f"--allow_change={','.join(keys)} to go on with these from the resumed step "
+            "(recorded in config_changes.jsonl), or use a new --workdir"
+        )
+
+
+CORPUS = CorpusRecord()
+
+
+def check_corpus(run: rerun.Resume, tokenizer):
+    """Before any data is prepared (process 0): ConfigError when a resumed run's corpus or
+    tokenizer is not what it started from (data_record.json) and --allow_change does not name
+    the change (Resume.hold_inputs). `tokenizer`: the run's, as shards.ensure_tokenizer gives it.
+    Returns the prepared data that stands in for a corpus gone since the run started (the
+    shards the record proves, with one line), else None."""
+    cfg = run.config
+    try:
+        now = {
+            "format": 1,
+            "fields": shards.key_fields(cfg.data, tokenizer, cfg.seed),
+            "files": mixture.corpus_files(cfg.data),
+            **shards.mixture_record(cfg.data, tokenizer, cfg.seed),
+        }
+    except sources.SourceAbsent as e:
+        stored = CORPUS.read(run)
+        if stored is None:
+            raise
+        # The corpus is gone: the shards the record names stand in for it, once proven.
+        recorded = _recorded_shards(cfg, run.workdir, tokenizer, stored, e)
+        _log(_standing_in(cfg, recorded))
+        return recorded
+    run.hold_inputs(now)
+    return None
+
+
+def _log(line: str) -> None:
+    """metrics.log: the run's log line."""
+    # Heavy (jax, flax or orbax): this module is imported without them (tests/conftest.py).
+    from electra_jax.pretraining import metrics
+
+    metrics.log(line)
+
+
+class Pretraining(rerun.Rules):
+    """Pre-training's rerun: only checkpoints say the workdir holds a run (a config.json without
+    them is a start that is written over); a config.json gone may be named by --allow_change."""
+
+    kind = workdir_lib.PRETRAIN
+    command = "electra_jax.train"
+    keys = pretrain_keys.KEYS
+    record = CORPUS
+    may_lose_config = True
+
+    def read_stored(self, path: str) -> dict:
+        """WORKDIR/config.json as a dict; ConfigError when unreadable or not a run's."""
         try:
-            now = {
-                "format": 1,
-                "fields": shards.key_fields(cfg.data, tokenizer, cfg.seed),
-                "files": mixture.corpus_files(cfg.data),
-                **shards.mixture_record(cfg.data, tokenizer, cfg.seed),
-            }
-        except sources.SourceAbsent as e:
-            if stored is None:
-                raise
-            # The corpus is gone: the shards the record names stand in for it, once proven.
-            self.recorded = _recorded_shards(cfg, self.workdir, tokenizer, stored, e)
-            metrics.log(_standing_in(cfg, self.recorded))
-            self.data = None
-            return
-        self.data = now
-        if stored is None:  # a new run, or one started before the record: it gets one
-            return
-        old = stored["fields"]
-        differ = {k: (old.get(k), v) for k, v in now["fields"].items() if old.get(k) != v}
-        if not differ:
-            self.data = None
-            return
-        refused = [k for k in differ if _data_allow(k) not in self.allow]
-        if refused:
-            keys = sorted({_data_allow(k) for k in refused})
+            stored = jsonio.loads(paths.read_bytes(path))
+        except (OSError, ValueError) as e:
+            reason = " ".join(str(e).split())
             raise ConfigError(
-                f"resuming {self.workdir}: {_data_changes(refused, differ, stored, now, cfg)} "
-                f"since the run started ({path}), so it would go on training on other rows "
-                "without a word: restore them as they were, or pass "
-                f"--allow_change={','.join(keys)} to go on with these from the resumed step "
-                "(recorded in config_changes.jsonl), or use a new --workdir"
+                f"{path} cannot be read ({reason}); restore it from a copy, or delete it to resume "
+                "with the current settings (the checkpoints' shapes are still checked)"
+            ) from None
+        if not isinstance(stored, dict) or not {"model", "generator"} <= set(stored):
+            raise ConfigError(
+                f"{path} is not the config of an electra_jax run (no model and generator "
+                "sections); restore it from a copy, or delete it to resume with the current "
+                "settings"
             )
-        self.data_changes = differ
+        return stored
 
-    def record(self, resumed_at: int | None) -> None:
-        """Once the state is restored (`resumed_at`: its step; None for a new run), writes what
-        the run goes on with (process 0): config.json for a new run; for a resumed one, the
-        allowed changes (config_changes.jsonl and config.json), or a config.json that was
-        missing."""
+    def without_config(self, workdir: str, resumes: bool, allow: tuple[str, ...]) -> None:
+        """ConfigError when the workdir holds checkpoints but no config.json, unless
+        --allow_change names it (MISSING_CONFIG)."""
+        if resumes and MISSING_CONFIG not in allow:
+            raise ConfigError(
+                f"{os.path.join(workdir, filenames.CONFIG_FILE)} is missing, but "
+                f"{checkpoint_steps.checkpoint_dir(workdir)} holds the run's checkpoints: the "
+                "settings it was started with are unknown, so it is not resumed with this "
+                "command's without a word; put config.json back (from a copy), or pass "
+                f"--allow_change={MISSING_CONFIG} to resume with this command's settings (the "
+                "checkpoints' shapes are still checked), or use a new --workdir"
+            )
+
+    def keep(self, old: dict, new: dict, say: Callable[[str], None]) -> dict:
+        """The stored checkpoints' layer layout (a run started before model.scan_layers existed
+        holds them unrolled), and for a run started before the held-out slice, training on every
+        row. The layout is how the parameters are stored, not what they compute, so a resume
+        keeps the checkpoints' own rather than refusing or rewriting them."""
+        kept = {}
+        layout = stored_scan_layers(old)
+        if bool(new.get("model.scan_layers", False)) != layout:
+            kept["model.scan_layers"] = layout
+            held = "stacked (scanned)" if layout else "unrolled"
+            say(
+                f"this run's checkpoints hold their layers {held}; resuming with "
+                f"model.scan_layers={layout}"
+            )
+        if "data.heldout_examples" not in old and new.get("data.heldout_examples"):
+            # Holding rows out now would change the rows it trains on: it keeps training on all.
+            kept["data.heldout_examples"] = 0
+            say(
+                "this run started before the held-out slice existed and trains on every row; "
+                "resuming with data.heldout_examples=0 (no held-out evaluation; "
+                "python -m electra_jax.evaluate reads its checkpoints on rows it has seen)"
+            )
+        return kept
+
+    def refusal(self, run: rerun.Resume, old: dict, new: dict, refused: list[str]) -> str:
+        # The model first: its settings cannot change (a new --workdir), whatever is allowed.
+        model = [k for k in refused if schema.resume_rule(k, self.keys) == schema.MODEL]
+        if model:
+            return (
+                f"{run.config_path} describes a different model than the one asked for: "
+                f"{_shown(model, old, new)}; "
+                "to resume, run with the same settings; to train this model, use a new --workdir"
+            )
+        return (
+            f"resuming with other settings than {run.config_path}: {_shown(refused, old, new)}; "
+            "run with the stored settings to continue exactly, or pass --allow_change="
+            f"{','.join(refused)} to change them from this step on (recorded in "
+            "config_changes.jsonl), or use a new --workdir"
+        )
+
+    def settle(self, run: rerun.Resume) -> None:
+        if run.resumes:  # the newest checkpoint; the restore checks the one it resumes from
+            check_step(run, run.newest)
+
+    def write(self, run: rerun.Resume, step: int | None) -> None:
+        """For a new run (`step` None) config.json; for a resumed one the allowed changes
+        (config_changes.jsonl and config.json), or a config.json that was missing; then the data
+        record and the command line (process 0)."""
         # Heavy (jax, flax or orbax): this module is imported without them (tests/conftest.py).
         import jax
 
-        from electra_jax.pretraining import metrics
-
-        config_path = os.path.join(self.workdir, filenames.CONFIG_FILE)
-        is_main = jax.process_index() == 0
-        if resumed_at is None:
-            if is_main:
-                write_json(config_path, self.config.to_dict())
-        elif self.changes:
-            if is_main:
-                rerun.record_changes(self.workdir, resumed_at, self.changes, self.config.to_dict())
-                shown = ", ".join(f"{k}={b!r} (was {a!r})" for k, (a, b) in self.changes.items())
-                metrics.log(f"resuming at step {resumed_at} with changed settings: {shown}")
-        elif is_main and not paths.exists(config_path):
-            # Only with --allow_change=config.json (plan refuses a resume without it).
-            write_json(config_path, self.config.to_dict())
-            row = {
-                "step": resumed_at,
-                "changes": {},
-                filenames.CONFIG_FILE: "missing, written again",
-            }
-            rerun.append_change(self.workdir, row)
-            metrics.log(
+        if jax.process_index() != 0:
+            return
+        config_path = run.config_path
+        if step is None:
+            write_json(config_path, run.config.to_dict())
+        elif run.changes:
+            rerun.record_changes(run.workdir, step, run.changes, run.config.to_dict())
+            shown = ", ".join(f"{k}={b!r} (was {a!r})" for k, (a, b) in run.changes.items())
+            _log(f"resuming at step {step} with changed settings: {shown}")
+        elif not paths.exists(config_path):
+            # Only with --allow_change=config.json (the plan refuses a resume without it).
+            write_json(config_path, run.config.to_dict())
+            row = {"step": step, "changes": {}, filenames.CONFIG_FILE: "missing, written again"}
+            rerun.append_change(run.workdir, row)
+            _log(
                 "warning: config.json was missing; wrote this run's settings (allowed by "
                 "--allow_change=config.json; the checkpoint's shapes matched them)"
             )
-        if is_main:
-            self._record_data(resumed_at)
-            if self.command:
-                row = {"step": resumed_at or 0, "command": self.command}
-                paths.append_text(
-                    os.path.join(self.workdir, workdir_lib.COMMANDS_FILE), json.dumps(row) + "\n"
+        if run.inputs is not None:  # a new run, one started before the record, a change
+            write_json(os.path.join(run.workdir, workdir_lib.DATA_RECORD), run.inputs)
+            if step is not None and run.inputs_changes:
+                shown = {k: {"from": a, "to": b} for k, (a, b) in run.inputs_changes.items()}
+                rerun.append_change(run.workdir, {"step": step, "changes": {}, "data": shown})
+                _log(
+                    f"resuming at step {step} with changed data ({', '.join(sorted(shown))}), "
+                    "as --allow_change allows"
                 )
-
-    def _record_data(self, resumed_at: int | None) -> None:
-        """data_record.json for a new run, a run started before it, or an allowed change (which
-        config_changes.jsonl records too)."""
-        # Heavy (jax, flax or orbax): this module is imported without them (tests/conftest.py).
-        from electra_jax.pretraining import metrics
-
-        if self.data is None:
-            return
-        write_json(os.path.join(self.workdir, workdir_lib.DATA_RECORD), self.data)
-        if resumed_at is None or not self.data_changes:
-            return
-        shown = {k: {"from": a, "to": b} for k, (a, b) in self.data_changes.items()}
-        rerun.append_change(self.workdir, {"step": resumed_at, "changes": {}, "data": shown})
-        metrics.log(
-            f"resuming at step {resumed_at} with changed data ({', '.join(sorted(shown))}), "
-            "as --allow_change allows"
-        )
-
-    def check_step(self, step: int) -> None:
-        """ConfigError when the run, resumed at `step`, would rewrite what it did: a step
-        switch moved across it (PHASE_SWITCHES), or train.num_steps below it (nothing could be
-        trained). Asked by `plan` of the newest checkpoint and by the restore of the one it
-        resumes from."""
-        num_steps = self.config.train.num_steps
-        if num_steps < step:
-            raise ConfigError(
-                f"train.num_steps={num_steps} is below step {step}, where the run in "
-                f"{self.workdir} is (checkpoint {step}): nothing would be trained, and a run "
-                f"is not shortened after the fact; set train.num_steps above {step} to go on, "
-                "or use a new --workdir for a shorter run"
+        if run.command:
+            row = {"step": step or 0, "command": run.command}
+            paths.append_text(
+                os.path.join(run.workdir, workdir_lib.COMMANDS_FILE), json.dumps(row) + "\n"
             )
-        for key, (old, new) in self.changes.items():
-            _check_phase_switch(key, old, new, step, self.config)
 
-    def release(self) -> None:
-        if self.claim is not None:
-            self.claim.release()
+
+PRETRAINING = Pretraining()
+
+
+def plan(
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    allow: tuple[str, ...] = (),
+    command: str | None = None,
+    claim: bool = True,
+) -> rerun.Resume:
+    """What the run of `config` (completed and checked by the caller: schema.complete,
+    validate.check_config) continues from in `workdir` (rerun.plan with PRETRAINING): the config
+    as it will run, the allowed changes (config keys in `allow`). `command`, the command line, is
+    recorded with the step it starts at (Resume.record). Claimed for the run (rerun.take) unless
+    `claim` is False: the command line's plan, before it imports jax; the runner claims it.
+
+    Raises ConfigError (the workdir is another run's, or in use; a setting the resume may not
+    change) or CheckpointError (only damaged checkpoints), the workdir released again.
+    """
+    planned = rerun.plan(PRETRAINING, config, workdir, allow, command)
+    return rerun.take(planned) if claim else planned
+
+
+def check_step(run: rerun.Resume, step: int) -> None:
+    """ConfigError when the run, resumed at `step`, would rewrite what it did: a step switch
+    moved across it (PHASE_SWITCHES), or train.num_steps below it (nothing could be trained).
+    Asked by the plan of the newest checkpoint and by the restore of the one it resumes from."""
+    num_steps = run.config.train.num_steps
+    if num_steps < step:
+        raise ConfigError(
+            f"train.num_steps={num_steps} is below step {step}, where the run in "
+            f"{run.workdir} is (checkpoint {step}): nothing would be trained, and a run "
+            f"is not shortened after the fact; set train.num_steps above {step} to go on, "
+            "or use a new --workdir for a shorter run"
+        )
+    for key, (old, new) in run.changes.items():
+        _check_phase_switch(key, old, new, step, run.config)
+
+
+def start_from(run: rerun.Resume):
+    """train.init_from's weights (a `pretrained.Pretrained`) for a new run, its tokenizer put in
+    the workdir (load_init_from); None for a resumed run, which goes on from its own state, or
+    without init_from."""
+    if run.resumes or not run.config.train.init_from:
+        return None
+    return load_init_from(run.config, run.workdir)
 
 
 # Settings that name the step at which a run passes, once, from one phase to the next, with the
@@ -265,71 +355,6 @@ def _check_phase_switch(key: str, old, new, step: int, config) -> None:
     )
 
 
-def plan(
-    config: ml_collections.ConfigDict,
-    workdir: str,
-    allow: tuple[str, ...] = (),
-    command: str | None = None,
-) -> Resume:
-    """Claims the workdir and answers what the run continues from: the config as it will run,
-    the allowed changes (config keys in `allow`), train.init_from's weights. `command`, the
-    command line, is recorded with the step it starts at (`Resume.record`).
-
-    Raises ConfigError (the workdir is another run's, or in use; a setting the resume may not
-    change; init_from unusable) or CheckpointError (only damaged checkpoints), the workdir
-    released again.
-    """
-    # Heavy (jax, flax or orbax): this module is imported without them (tests/conftest.py).
-    from electra_jax.pretraining import metrics
-
-    new = flatten(config.to_dict())  # the settings asked for, {"a.b": value}, read once
-    opened = rerun.open_run(workdir, PRETRAINING, tuple(allow), new)
-    try:
-        run = _settled(config, new, opened, tuple(allow), command, log=metrics.log)
-        if not run.resumes and run.config.train.init_from:  # a resumed run goes on from its own
-            run.init_from = load_init_from(run.config, workdir)
-    except BaseException:
-        opened.release()
-        raise
-    return run
-
-
-def check(config: ml_collections.ConfigDict, workdir: str, allow: tuple[str, ...] = ()) -> None:
-    """What `plan` refuses of the workdir as it is, without claiming it and without jax: its
-    checkpoints/ (survey, only damaged ones), config.json, the settings a resume may not change,
-    train.num_steps and the phase switches against the newest checkpoint. For the command line,
-    before it imports jax; `plan` asks it all again once the workdir is claimed. Raises
-    ConfigError or CheckpointError; writes nothing, logs nothing."""
-    new = flatten(config.to_dict())
-    opened = rerun.open_run(workdir, PRETRAINING, tuple(allow), new, claim=False)
-    _settled(config, new, opened, tuple(allow), None, log=None)
-
-
-def _settled(config, new: dict, opened: rerun.Rerun, allow, command, log) -> Resume:
-    """The Resume of an opened workdir (`new`: the settings asked for, flat): the stored run's
-    layout kept, its settings held to the new ones, the newest checkpoint's step checked.
-    `log`: gets the lines of what is kept (None: not said)."""
-    changes = {}
-    if opened.stored is not None:
-        old = flatten(opened.stored)
-        kept = _checkpoint_layout(old, new, log)
-        if kept:
-            new.update(kept)
-            config = config.copy_and_resolve_references()
-            with config.unlocked():
-                for key, value in kept.items():
-                    section, field = key.split(".")
-                    config[section][field] = value
-        check_same_model(old, new, opened.config_path)
-        changes = check_same_run(old, new, opened.config_path, allow)
-    workdir, resumes = opened.workdir, opened.resumes
-    run = Resume(workdir, config, changes, None, opened.claim, resumes, allow, command)
-    if resumes:
-        # The newest checkpoint's step: the restore checks the one it resumes from again.
-        run.check_step(checkpoint_steps.saved_steps(workdir)[-1])
-    return run
-
-
 def cache_dir(config: ml_collections.ConfigDict, workdir: str) -> str:
     """Where a run's prepared data is: data.cache_dir, by default WORKDIR/data."""
     return config.data.cache_dir or paths.join(workdir, filenames.DATA_DIR)
@@ -346,7 +371,7 @@ def prepared_data(
     content key), or, when data.source matches no files any more (sources.SourceAbsent), the
     shards that WORKDIR's data record proves complete and unchanged, with one line to `log`
     (when given); ConfigError when it does not. For every process of a run (process 0 says so
-    in `Resume.check_data`) and for `evaluate`, which reads the held-out rows of a run's
+    in `check_corpus`) and for `evaluate`, which reads the held-out rows of a run's
     shards."""
     directory = cache_dir(config, workdir)
     if config.data.mixture:  # each part's shards; a part gone has no stand-in
@@ -393,26 +418,6 @@ def _recorded_shards(config, workdir: str, tokenizer, stored: dict, absent: Exce
         ) from absent
 
 
-def _read_stored_config(path: str) -> dict | None:
-    """WORKDIR/config.json as a dict; None when missing; ConfigError when unreadable."""
-    if not paths.exists(path):
-        return None
-    try:
-        stored = jsonio.loads(paths.read_bytes(path))
-    except (OSError, ValueError) as e:
-        reason = " ".join(str(e).split())
-        raise ConfigError(
-            f"{path} cannot be read ({reason}); restore it from a copy, or delete it to resume "
-            "with the current settings (the checkpoints' shapes are still checked)"
-        ) from None
-    if not isinstance(stored, dict) or not {"model", "generator"} <= set(stored):
-        raise ConfigError(
-            f"{path} is not the config of an electra_jax run (no model and generator sections); "
-            "restore it from a copy, or delete it to resume with the current settings"
-        )
-    return stored
-
-
 def _read_data_record(path: str) -> dict | None:
     """data_record.json as written (a dict with a fields object); None when missing; ConfigError
     when unreadable."""
@@ -436,11 +441,11 @@ def _few(names: list[str]) -> str:
     return shown + (f" (and {len(names) - 3} more)" if len(names) > 3 else "")
 
 
-def _data_changes(keys: list[str], differ: dict, stored: dict, now: dict, cfg) -> str:
-    """What changed in the data record's `keys`, in words."""
+def _data_changes(keys: list[str], stored: dict, now: dict, cfg) -> str:
+    """What changed in the data records' `keys` (fields), in words."""
     parts = []
     for key in keys:
-        old, new = differ[key]
+        old, new = stored["fields"].get(key), now["fields"][key]
         if key == "source_fingerprint":
             parts.append(_corpus_change(stored.get("files"), now.get("files"), cfg.data.source))
         elif key == "mixture_fingerprint":
@@ -475,37 +480,6 @@ def _corpus_change(
         said = ["its files' modification times changed (same names and sizes: edited, or copied"]
         said[0] += " without their times)"
     return f"{where}: {', '.join(said)}"
-
-
-def _checkpoint_layout(old: dict, new: dict, log: Callable[[str], None] | None) -> dict:
-    """The settings a resume keeps from the stored run (`old`, flat) over the asked ones (`new`,
-    flat): the stored checkpoints' layer layout (a run started before model.scan_layers existed
-    holds them unrolled), and for a run started before the held-out slice, training on every
-    row. {key: value}, {} when nothing is kept.
-
-    The layout is how the parameters are stored, not what they compute, so a resume keeps the
-    checkpoints' own rather than refusing or rewriting them. `log` (when given) gets a line for
-    each.
-    """
-    log = log or (lambda line: None)
-    kept = {}
-    layout = stored_scan_layers(old)
-    if bool(new.get("model.scan_layers", False)) != layout:
-        kept["model.scan_layers"] = layout
-        held = "stacked (scanned)" if layout else "unrolled"
-        log(
-            f"this run's checkpoints hold their layers {held}; resuming with "
-            f"model.scan_layers={layout}"
-        )
-    if "data.heldout_examples" not in old and new.get("data.heldout_examples"):
-        # Holding rows out now would change the rows it trains on: it keeps training on all.
-        kept["data.heldout_examples"] = 0
-        log(
-            "this run started before the held-out slice existed and trains on every row; "
-            "resuming with data.heldout_examples=0 (no held-out evaluation; "
-            "python -m electra_jax.evaluate reads its checkpoints on rows it has seen)"
-        )
-    return kept
 
 
 def load_init_from(config: ml_collections.ConfigDict, workdir: str):
@@ -597,91 +571,3 @@ def _shown(keys: list[str], old: dict, new: dict) -> str:
     """The first four differing settings, stored value against new, and how many more."""
     shown = ", ".join(f"{k}={old.get(k)!r} there vs {new.get(k)!r} now" for k in keys[:4])
     return shown + (f" (and {len(keys) - 4} more)" if len(keys) > 4 else "")
-
-
-def check_same_model(old: dict, new: dict, config_path: str) -> None:
-    """Raises ConfigError when a workdir's stored settings describe another model than the new.
-
-    old: the workdir's config.json, new: the settings asked for, both flat ({"a.b": value},
-    schema.flatten). Compares the keys that fix the parameters (Key.resume MODEL: model.* but
-    model.dtype, the compute type only; generator.*; data.vocab_size, data.seq_length,
-    objective.name), so that a resume with other sizes fails here in one line instead of as a
-    shape error deep inside the restore.
-    """
-    # Keys added since a run was stored mean there what their Key.absent declares; another key
-    # missing there counts as different (None there), as a damaged config.json may lack it.
-    old = flatten(schema.upgrade(_nested(old), pretrain_keys.KEYS, declared_only=True))
-
-    def is_model_key(key: str) -> bool:
-        return schema.resume_rule(key, pretrain_keys.KEYS) == schema.MODEL
-
-    keys = sorted(k for k in set(old) | set(new) if is_model_key(k))
-    differ = [k for k in keys if old.get(k) != new.get(k)]
-    if differ:
-        raise ConfigError(
-            f"{config_path} describes a different model than the one asked for: "
-            f"{_shown(differ, old, new)}; "
-            "to resume, run with the same settings; to train this model, use a new --workdir"
-        )
-
-
-def _nested(flat: dict) -> dict:
-    """{"a": {"b": value}} for {"a.b": value}."""
-    out: dict = {}
-    for key, value in flat.items():
-        section, _, field = key.rpartition(".")
-        (out.setdefault(section, {}) if section else out)[field] = value
-    return out
-
-
-def _without_config(workdir: str, resumes: bool, allow: tuple[str, ...]) -> None:
-    """ConfigError when the workdir holds checkpoints but no config.json, unless --allow_change
-    names it (MISSING_CONFIG)."""
-    if resumes and MISSING_CONFIG not in allow:
-        raise ConfigError(
-            f"{os.path.join(workdir, filenames.CONFIG_FILE)} is missing, but "
-            f"{checkpoint_steps.checkpoint_dir(workdir)} holds the run's checkpoints: the settings "
-            "it was started with are unknown, so it is not resumed with this command's without "
-            f"a word; put config.json back (from a copy), or pass --allow_change={MISSING_CONFIG} "
-            "to resume with this command's settings (the checkpoints' shapes are still checked), "
-            "or use a new --workdir"
-        )
-
-
-# Settings a resumed run may change without saying so (Key.resume FREE): how long it runs, how
-# the same numbers are computed and laid out, where files go and how often they are written.
-# Every other setting shapes what the run learns: a resume changing one needs --allow_change.
-FREE_ON_RESUME = schema.free_on_resume(pretrain_keys.KEYS)
-
-# Pre-training's rerun: only checkpoints say the workdir holds a run (a config.json without them
-# is a start that is written over); keys added to the framework since are not compared.
-PRETRAINING = rerun.Rules(
-    kind=workdir_lib.PRETRAIN,
-    command="electra_jax.train",
-    free=FREE_ON_RESUME,
-    read_stored=_read_stored_config,
-    without_config=_without_config,
-    may_lose_config=True,
-)
-
-
-def check_same_run(
-    old: dict, new: dict, config_path: str, allowed: tuple[str, ...] = ()
-) -> dict[str, tuple[Any, Any]]:
-    """Raises ConfigError when the new settings change one of the stored run's that a resume
-    must keep (all but Key.resume FREE ones), unless the key is in `allowed`.
-
-    old: the workdir's config.json, new: the settings asked for, both flat. Keys the stored
-    config lacks (added to the framework since) are not compared. Returns the allowed
-    changes, {key: (stored value, new value)}, for the caller to record.
-    """
-    changes, refused = rerun.compare(old, new, PRETRAINING, allowed)
-    if refused:
-        raise ConfigError(
-            f"resuming with other settings than {config_path}: {_shown(refused, old, new)}; "
-            "run with the "
-            "stored settings to continue exactly, or pass --allow_change="
-            f"{','.join(refused)} to change them from this step on (recorded in "
-            "config_changes.jsonl), or use a new --workdir"
-        )
-    return changes

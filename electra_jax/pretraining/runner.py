@@ -42,6 +42,7 @@ from electra_jax.pretraining.program import (
     resolve_remat,
     setup_step,
 )
+from electra_jax.run import rerun
 from electra_jax.run import workdir as workdir_lib
 from electra_jax.store import checkpoint_steps, checkpointing, filenames, paths, timed_saves
 
@@ -73,12 +74,21 @@ def train(
     """
     config = schema.complete(config, pretrain_keys.KEYS)
     validate.check_config(config)
-    run = resume.plan(config, workdir, tuple(allow_changes), command)
+    planned = resume.plan(config, workdir, tuple(allow_changes), command, claim=False)
+    return train_planned(planned, stop_after)
+
+
+def train_planned(run: rerun.Resume, stop_after: int | None = None) -> dict:
+    """`train` of the run `resume.plan` answered (its config completed, checked and settled);
+    planned without the claim (the command line's, before jax), its workdir is claimed here
+    (rerun.take), so that nothing planned is asked twice. Released when the run ends."""
     try:
+        if run.claim is None:
+            run = rerun.take(run)
+        for line in run.said:  # what the run keeps of the stored one
+            metrics.log(line)
         # Before the data is prepared and the step compiled: minutes for a real corpus.
         _check_outputs(run.workdir)
-        if run.init_from is not None:
-            _check_init_from(run.init_from, run.config)
         warning = validate.warmup_warning(run.config.train)
         if warning:
             metrics.log(f"warning: {warning}")
@@ -91,12 +101,16 @@ def train(
         run.release()
 
 
-def _train(run: resume.Resume, stop_after, watcher) -> dict:
+def _train(run: rerun.Resume, stop_after, watcher) -> dict:
     """The run, top to bottom: mesh -> data -> state -> restore -> compile -> steps."""
     config, workdir = run.config, run.workdir
     started = timing.now()  # the run's first start, unless a checkpoint knows an earlier one
     compile_cache.configure(config.compile.cache_dir, workdir)
     mesh = _mesh(run)
+    with watcher.deferred():  # train.init_from's weights for a new run, before the data
+        start_from = resume.start_from(run)
+        if start_from is not None:
+            _check_init_from(start_from, config)
     tokenizer, prepared, data_iter = _data(config, workdir, run)
     # From here to the first compiled call, jax and orbax work in `watcher.deferred()` blocks: a
     # signal ends the run at the end of the block it arrives in, never inside their C++ state.
@@ -114,7 +128,7 @@ def _train(run: resume.Resume, stop_after, watcher) -> dict:
         if evaluator is not None:
             compiled += evaluator.compile_seconds
         prepare_sec = max(t - started - compiled, 0.0)
-        state, start_step = _restore(run, setup, manager, data_iter, watcher)
+        state, start_step = _restore(run, setup, manager, data_iter, watcher, start_from)
         startup = {"restore_sec": timing.now() - t, "prepare_sec": prepare_sec}
         saved = checkpointing.saved_goodput(workdir, start_step) if start_step else None
         totals = timing.Totals.restored(saved, started)
@@ -160,7 +174,7 @@ def _train(run: resume.Resume, stop_after, watcher) -> dict:
         profile.stop()
 
 
-def _mesh(run: resume.Resume):
+def _mesh(run: rerun.Resume):
     """The run's checked mesh. A resume whose batch this layout cannot split as the run did is
     refused with both layouts named, before anything is prepared or restored: the run's
     train.batch_size is not this command's to change."""
@@ -185,7 +199,7 @@ def _mesh(run: resume.Resume):
         ) from None
 
 
-def _setup(run: resume.Resume, vocab_size: int, mesh, special, unigram) -> tuple[StepSetup, float]:
+def _setup(run: rerun.Resume, vocab_size: int, mesh, special, unigram) -> tuple[StepSetup, float]:
     """(the run's step setup, the seconds spent compiling to choose train.remat='auto''s
     policy). For 'auto', the policy the workdir records for these devices and settings, else
     the one remat_auto chooses (its program compiled once, here; the choice recorded); the
@@ -251,13 +265,13 @@ def _evaluator(config, setup: StepSetup, mesh, prepared, special):
 # -------------------------------------------------------------------------------------- data
 
 
-def _data(config, workdir: str, run: resume.Resume | None = None):
+def _data(config, workdir: str, run: rerun.Resume | None = None):
     """(the run's tokenizer, its prepared data, the iterator over its training batches).
 
     Process 0 trains the tokenizer and prepares the shards while the others wait; they then find
     both in the workdir (storage every host sees: gs://, written through paths.py, or NFS)
     instead of making their own. A resumed run's corpus and tokenizer are checked against what
-    the run started from (`run.check_data`) before anything is prepared.
+    the run started from (resume.check_corpus) before anything is prepared.
     """
     is_main = jax.process_index() == 0
     if not is_main:
@@ -265,10 +279,9 @@ def _data(config, workdir: str, run: resume.Resume | None = None):
     tokenizer = shards.ensure_tokenizer(
         config.data, os.path.join(workdir, filenames.TOKENIZER_DIR), config.seed
     )
-    if is_main and run is not None:
-        run.check_data(tokenizer)
-    if run is not None and run.recorded is not None:
-        prepared = run.recorded  # the corpus is gone; check_data proved its shards
+    standing_in = resume.check_corpus(run, tokenizer) if is_main and run is not None else None
+    if standing_in is not None:
+        prepared = standing_in  # the corpus is gone; check_corpus proved its shards
     else:
         # As many tokenizing processes as the corpus's size warrants on this host (the same
         # rule as `python -m electra_jax.prepare`); the shards are the same bytes for any number.
@@ -307,9 +320,10 @@ def _barrier(name: str) -> None:
 # ---------------------------------------------------------------------------- state, restore
 
 
-def _restore(run: resume.Resume, setup, manager, data_iter, watcher):
+def _restore(run: rerun.Resume, setup, manager, data_iter, watcher, start_from):
     """(state, its step): the newest checkpoint's (the iterator put back to its position), else
-    a new state (with init_from's weights); what the run goes on with is recorded."""
+    a new state (with `start_from`, init_from's weights); what the run goes on with is
+    recorded."""
     try:
         with watcher.deferred():
             state = checkpointing.restore_latest(
@@ -320,7 +334,6 @@ def _restore(run: resume.Resume, setup, manager, data_iter, watcher):
             )
     except checkpointing.CheckpointMismatch as e:
         raise ConfigError(resume.mismatch_message(e, run.workdir)) from None
-    start_from = run.init_from
     if state is None:
         with watcher.deferred():
             state = init_on_mesh(setup)
@@ -332,7 +345,7 @@ def _restore(run: resume.Resume, setup, manager, data_iter, watcher):
         return state, 0
     start_step = int(jax.device_get(state.step))
     # plan checked the newest checkpoint; a damaged one set aside, this is an older one.
-    run.check_step(start_step)
+    resume.check_step(run, start_step)
     metrics.log(f"resumed from checkpoint {start_step} in {run.workdir}")
     run.record(start_step)
     return state, start_step

@@ -374,11 +374,15 @@ def _take_lock(path: str, kind: str, flag: str, command: str) -> int:
     return fd
 
 
-def _write_marker(path: str, kind: str) -> None:
+def _write_marker(path: str, kind: str, flag: str) -> None:
+    """The marker of a `kind` workdir, written once the lock is held; ConfigError when a run of
+    the other kind made the folder its own since the claim's checks (then, nothing is written)."""
     marker = paths.join(path, MARKER)
     found = _read_json(marker)
     if isinstance(found, dict) and found.get("kind") == kind:
         return
+    if isinstance(found, dict) and found.get("kind") in KINDS:
+        _refuse_other_kind(path, found["kind"], kind, flag)
     # Local: a temporary file and os.replace; gs://: one upload (jsonio.write_atomic).
     write_json(marker, {"kind": kind, "format": 1})
 
@@ -446,15 +450,21 @@ def claim(
     flag: str = "--workdir",
     command: str | None = None,
 ) -> Claim:
-    """Makes `path` a workdir of `kind` (PRETRAIN or FINETUNE) held by this process.
-
-    Creates the folder if needed; refuses (ConfigError, one line) a file, a URI, a folder that is
-    not ours, a workdir of the other kind, or one that another process holds. With `lock` False
-    (the other processes of a multi-host run) only the checks run: nothing is written.
+    """Makes `path` a workdir of `kind` (PRETRAIN or FINETUNE) held by this process: `check`,
+    then `hold`. With `lock` False (the other processes of a multi-host run) only the checks
+    run: nothing is written.
 
     Returns:
       a Claim; its lock is held until `release()`.
     """
+    check(path, kind, flag)
+    return hold(path, kind, flag=flag, command=command) if lock else Claim(paths.normal(path), kind)
+
+
+def check(path: str, kind: str, flag: str = "--workdir") -> None:
+    """ConfigError (one line) when `path` cannot be a workdir of `kind`: a file, a URI, a folder
+    that is not ours, a workdir of the other kind, a link where the run writes a file. Nothing
+    is written: a run's plan asks it before its lock (`hold`)."""
     path = paths.normal(path)  # no trailing slash: gs://b/run/ and gs://b/run are one
     check_workdir(path, flag, create=False)
     refuse_managed(path, flag)
@@ -465,36 +475,43 @@ def claim(
             f"it takes only an empty or new folder, or one of its own: choose another {flag}"
         )
     if found and found != kind:
-        raise ConfigError(
-            f"{flag} {path} is a {found} workdir; a {kind} run would overwrite its files: "
-            f"choose a new {flag}"
-        )
+        _refuse_other_kind(path, found, kind, flag)
     if found is not None and paths.isdir(path):
         _refuse_links(path, flag)
-    if not lock:
-        return Claim(path, kind)
+
+
+def _refuse_other_kind(path: str, found: str, kind: str, flag: str) -> None:
+    raise ConfigError(
+        f"{flag} {path} is a {found} workdir; a {kind} run would overwrite its files: "
+        f"choose a new {flag}"
+    )
+
+
+def hold(path: str, kind: str, *, flag: str = "--workdir", command: str | None = None) -> Claim:
+    """The lock of `path`, a workdir whose claim's checks passed (`claim` with `lock` False, the
+    plan of a run), held by this process; the folder created if needed. ConfigError (one line)
+    when it cannot be written, another process holds it, or a run of the other kind made it its
+    own since the checks."""
+    path = paths.normal(path)
     check_workdir(path, flag)
     command = command or os.path.basename(sys.argv[0]) or "python"
     if paths.is_remote(path):
         remote = _take_remote_lock(path, kind, flag, command)
-        try:
-            _write_marker(path, kind)
-        except OSError as e:
-            remote.release()
-            raise ConfigError(
-                f"{flag} {path} is not writable ({e.strerror or e}); choose another {flag}"
-            ) from None
-        return Claim(path, kind, remote.release)
-    fd = _take_lock(path, kind, flag, command)
+        release: Callable[[], None] = remote.release
+    else:
+        # Closing the only descriptor releases the flock.
+        release = functools.partial(os.close, _take_lock(path, kind, flag, command))
     try:
-        _write_marker(path, kind)
+        _write_marker(path, kind, flag)
+    except ConfigError:
+        release()
+        raise
     except OSError as e:
-        os.close(fd)
+        release()
         raise ConfigError(
-            f"{flag} {path} is not writable ({e.strerror}); choose another {flag}"
+            f"{flag} {path} is not writable ({e.strerror or e}); choose another {flag}"
         ) from None
-    # Closing the only descriptor releases the flock.
-    return Claim(path, kind, functools.partial(os.close, fd))
+    return Claim(path, kind, release)
 
 
 @contextlib.contextmanager

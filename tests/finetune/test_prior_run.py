@@ -1,9 +1,10 @@
-"""finetune/prior_run.py: fine-tuning resumes through rerun's plan, held to FREE_ON_RESUME."""
+"""finetune/prior_run.py: fine-tuning resumes through rerun's plan, held to its free keys."""
 
 import json
 
 import pytest
 
+from electra_jax.config import finetune_keys
 from electra_jax.errors import ConfigError
 from electra_jax.finetune import loop, prior_run, saved
 from electra_jax.run import workdir
@@ -14,7 +15,7 @@ from tests.finetune.test_loop import _config
 
 def _plan(config, path, allow=()):
     family, task = loop.check_config(config)
-    return prior_run.plan(config, str(path), family, task, allow)
+    return prior_run.plan(config, str(path), family.name, task, allow)
 
 
 def _stored(path, config, **changed):
@@ -27,11 +28,11 @@ def _stored(path, config, **changed):
 
 def test_only_the_free_keys_and_the_allowed_ones_may_change(tmp_path):
     config = _config(tmp_path / "data")
-    free = {key: config[key] + 1 for key in prior_run.FREE_ON_RESUME if "." not in key}
+    free = {key: config[key] + 1 for key in finetune_keys.free_on_resume() if "." not in key}
     _stored(tmp_path / "w", config, **free)
     prior = _plan(config, tmp_path / "w")  # config.json without model.json: a start, over
     prior.release()
-    assert (prior.record, prior.finished, prior.changes) == (None, None, {})
+    assert (prior.started, prior.finished, prior.changes) == (None, None, {})
     _stored(tmp_path / "w", config, learning_rate=0.5, data_dir="elsewhere")
     with pytest.raises(ConfigError) as e:
         _plan(config, tmp_path / "w", ("data_dir",))
@@ -47,7 +48,7 @@ def test_only_the_free_keys_and_the_allowed_ones_may_change(tmp_path):
     (tmp_path / "w" / saved.MODEL_FILE).write_text(json.dumps(record))
     prior = _plan(config, tmp_path / "w", ("data_dir",))
     prior.release()
-    assert prior.record == record and prior.finished is None
+    assert prior.started == record and prior.finished is None
     assert prior.changes == {"data_dir": ("elsewhere", config.data_dir)}
 
 

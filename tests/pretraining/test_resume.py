@@ -10,7 +10,7 @@ from electra_jax.config import pretrain_keys, schema
 from electra_jax.config.schema import flatten
 from electra_jax.errors import CheckpointError, ConfigError, DataError
 from electra_jax.pretraining import resume, runner
-from electra_jax.run import workdir
+from electra_jax.run import rerun, workdir
 from electra_jax.store import checkpointing
 from tests.conftest import micro_config
 from tests.pretraining.test_runner import config_with, prepare_shared_data
@@ -36,12 +36,27 @@ def _stored(config):
     return json.loads(json.dumps(config.to_dict()))  # what config.json holds
 
 
+def _held(stored: dict, config, path: str, allowed=(), model_only=False) -> dict:
+    """The plan's hold of `config` to a stored config.json (`stored`, at `path`): the allowed
+    changes, or ConfigError in the plan's words (of the model's settings only: `model_only`)."""
+    rules = resume.PRETRAINING
+    old = rerun.stored_settings(stored, rules.keys)
+    new = flatten(config.to_dict())
+    changes, refused = rerun.compare(old, new, rules, allowed)
+    if model_only:
+        refused = [k for k in refused if schema.resume_rule(k, rules.keys) == schema.MODEL]
+    if refused:
+        run = rerun.Resume(os.path.dirname(path), config, rules)
+        raise ConfigError(rules.refusal(run, old, new, refused))
+    return changes
+
+
 def _same_model(stored: dict, config, path: str) -> None:
-    resume.check_same_model(flatten(stored), flatten(config.to_dict()), path)
+    _held(stored, config, path, model_only=True)
 
 
 def _same_run(stored: dict, config, path: str, allowed=()) -> dict:
-    return resume.check_same_run(flatten(stored), flatten(config.to_dict()), path, allowed)
+    return _held(stored, config, path, allowed)
 
 
 def test_same_model_passes_and_ignores_non_model_keys():
@@ -118,7 +133,7 @@ def test_a_new_workdir_starts_over_with_the_config_as_given(tmp_path):
     config = micro_config()
     run = resume.plan(config, str(tmp_path / "new"))
     try:
-        assert run.config is config and run.changes == {} and run.init_from is None
+        assert run.config is config and run.changes == {} and resume.start_from(run) is None
         assert run.workdir == str(tmp_path / "new")
         # The claim is the run's: a second plan on the workdir is refused, in one line.
         with pytest.raises(ConfigError, match="is in use by"):
@@ -129,6 +144,40 @@ def test_a_new_workdir_starts_over_with_the_config_as_given(tmp_path):
     finally:
         run.release()
     resume.plan(micro_config(), str(tmp_path / "new")).release()  # free again
+
+
+def test_a_plan_without_the_claim_writes_nothing_and_is_claimed_as_the_workdir_then_is(
+    tmp_path,
+):
+    """The command line's plan (claim=False) writes nothing; `take` claims the workdir and asks
+    again what another process may have changed before the lock: its checkpoints and config.json."""
+    path = _run_workdir(tmp_path / "w", steps=("3",))
+    before = sorted(os.listdir(path))
+    planned = resume.plan(micro_config(), path, claim=False)
+    assert planned.claim is None and planned.resumes and sorted(os.listdir(path)) == before
+    run = rerun.take(planned)
+    try:
+        assert run.claim is not None and run.config is planned.config
+        with pytest.raises(ConfigError, match="is in use by"):
+            resume.plan(micro_config(), path)
+    finally:
+        run.release()
+    # A checkpoint beyond train.num_steps saved since the plan: refused at the claim.
+    config = micro_config()
+    config.train.num_steps = 4
+    planned = resume.plan(config, path, claim=False)
+    os.makedirs(os.path.join(path, "checkpoints", "6"))
+    with pytest.raises(ConfigError, match="train.num_steps=4 is below step 6"):
+        rerun.take(planned)
+    # Another model's run started in a new workdir since the plan: held to it at the claim.
+    new = tmp_path / "new"
+    planned = resume.plan(micro_config(), str(new), claim=False)
+    other = micro_config()
+    other.model.hidden_size *= 2
+    _run_workdir(new, _stored(other))
+    with pytest.raises(ConfigError, match="describes a different model"):
+        rerun.take(planned)
+    resume.plan(other, str(new)).release()  # the refusals released the workdir
 
 
 def test_a_resume_keeps_the_stored_run_and_records_the_allowed_changes(tmp_path):
@@ -336,15 +385,15 @@ def test_init_from_is_loaded_for_a_new_run_only(shared_data, tmp_path):
     cfg.train.init_from = str(tmp_path / "a")
     run = resume.plan(cfg, str(tmp_path / "b"))
     run.release()
-    assert run.init_from.source == f"{tmp_path / 'a'} (checkpoint 1)"
+    assert resume.start_from(run).source == f"{tmp_path / 'a'} (checkpoint 1)"
     assert (tmp_path / "b" / "tokenizer" / "spm.model").exists()  # its tokenizer comes along
     # A workdir with checkpoints continues from its own state.
     run = resume.plan(cfg, _run_workdir(tmp_path / "c"))
     run.release()
-    assert run.init_from is None
+    assert resume.start_from(run) is None
     cfg.data.tokenizer = shared_data[0]
     with pytest.raises(ConfigError, match="brings its own tokenizer; leave data.tokenizer empty"):
-        resume.plan(cfg, str(tmp_path / "d"))
+        resume.start_from(resume.plan(cfg, str(tmp_path / "d"), claim=False))
 
 
 def _files(folder) -> dict:
@@ -376,7 +425,7 @@ def test_init_from_refuses_another_tokenizer_in_the_workdir_and_keeps_the_same(
         folder = tmp_path / name / "tokenizer"
         before = _files(folder)
         with pytest.raises(ConfigError) as info:
-            resume.plan(cfg, str(tmp_path / name))
+            resume.start_from(resume.plan(cfg, str(tmp_path / name), claim=False))
         line = str(info.value)
         assert line.startswith(f"{folder} holds a tokenizer ({kind}") and "\n" not in line
         assert f"than the one train.init_from={source} was trained with (SentencePiece" in line
@@ -387,7 +436,7 @@ def test_init_from_refuses_another_tokenizer_in_the_workdir_and_keeps_the_same(
     run = resume.plan(cfg, str(same))
     run.release()
     assert (
-        run.init_from.tokenizer.fingerprint
+        resume.start_from(run).tokenizer.fingerprint
         == tokenizer_lib.load_saved(str(same / "tokenizer")).fingerprint
     )
     assert _files(same / "tokenizer") == before
