@@ -43,8 +43,7 @@ from electra_jax.pretraining.program import (
     setup_step,
 )
 from electra_jax.run import rerun
-from electra_jax.run import workdir as workdir_lib
-from electra_jax.store import checkpoint_steps, checkpointing, filenames, paths, timed_saves
+from electra_jax.store import checkpoint_steps, checkpointing, filenames, timed_saves
 
 
 def train(
@@ -87,8 +86,6 @@ def train_planned(run: rerun.Resume, stop_after: int | None = None) -> dict:
             run = rerun.take(run)
         for line in run.said:  # what the run keeps of the stored one
             metrics.log(line)
-        # Before the data is prepared and the step compiled: minutes for a real corpus.
-        _check_outputs(run.workdir)
         warning = validate.warmup_warning(run.config.train)
         if warning:
             metrics.log(f"warning: {warning}")
@@ -349,24 +346,6 @@ def _restore(run: rerun.Resume, setup, manager, data_iter, watcher, start_from):
     metrics.log(f"resumed from checkpoint {start_step} in {run.workdir}")
     run.record(start_step)
     return state, start_step
-
-
-# What the run writes in its workdir as a file, and as a folder (metrics.py, resume.py).
-_OUTPUT_FILES = (filenames.METRICS_FILE, workdir_lib.CHANGES_FILE, workdir_lib.COMMANDS_FILE)
-_OUTPUT_FOLDERS = (filenames.TENSORBOARD_DIR,)
-
-
-def _check_outputs(workdir: str) -> None:
-    """ConfigError when a folder stands where the run writes a file (or a file where it writes
-    a folder): found at once, not when the first row is written after the step compiled."""
-    for name, folder in [(n, False) for n in _OUTPUT_FILES] + [(n, True) for n in _OUTPUT_FOLDERS]:
-        path = paths.join(workdir, name)
-        if paths.exists(path) and paths.isdir(path) != folder:
-            what, wants = ("a file", "a folder") if folder else ("a folder", "a file")
-            raise ConfigError(
-                f"{path} is {what}, where the run writes {wants} of that name; move it away "
-                "(or choose another --workdir)"
-            )
 
 
 def _in_layout(loaded, abstract_params, scan_layers: bool):

@@ -332,8 +332,7 @@ def _holder(lock_path: str) -> str:
     )
 
 
-def _take_lock(path: str, kind: str, flag: str, command: str) -> int:
-    lock_path = os.path.join(path, LOCK)
+def _take_lock(path: str, lock_path: str, kind: str, flag: str, command: str) -> int:
     try:
         fd = paths.open_no_follow(lock_path, os.O_RDWR | os.O_CREAT)
     except paths.LinkRefused as e:  # a link put there after the claim's check
@@ -374,10 +373,10 @@ def _take_lock(path: str, kind: str, flag: str, command: str) -> int:
     return fd
 
 
-def _write_marker(path: str, kind: str, flag: str) -> None:
-    """The marker of a `kind` workdir, written once the lock is held; ConfigError when a run of
-    the other kind made the folder its own since the claim's checks (then, nothing is written)."""
-    marker = paths.join(path, MARKER)
+def _write_marker(path: str, marker: str, kind: str, flag: str) -> None:
+    """The marker (the file `marker`) of a `kind` workdir, written once the lock is held;
+    ConfigError when a run of the other kind made the folder its own since the claim's checks
+    (then, nothing is written)."""
     found = _read_json(marker)
     if isinstance(found, dict) and found.get("kind") == kind:
         return
@@ -387,11 +386,11 @@ def _write_marker(path: str, kind: str, flag: str) -> None:
     write_json(marker, {"kind": kind, "format": 1})
 
 
-def _take_remote_lock(path: str, kind: str, flag: str, command: str):
-    """The lease lock WORKDIR/.lock of a gs:// workdir (gcs_lock.py), or ConfigError naming its
-    live holder."""
+def _take_remote_lock(path: str, lock_path: str, kind: str, flag: str, command: str):
+    """The lease lock `lock_path` (WORKDIR/.lock) of a gs:// workdir (gcs_lock.py), or
+    ConfigError naming its live holder."""
     try:
-        lock = gcs_lock.GcsLock(paths.join(path, LOCK), {"command": command, "kind": kind})
+        lock = gcs_lock.GcsLock(lock_path, {"command": command, "kind": kind})
     except environment.EnvironmentValueError as e:  # its lease, from the environment
         raise ConfigError(str(e)) from None
     try:
@@ -478,6 +477,28 @@ def check(path: str, kind: str, flag: str = "--workdir") -> None:
         _refuse_other_kind(path, found, kind, flag)
     if found is not None and paths.isdir(path):
         _refuse_links(path, flag)
+        _refuse_misplaced_outputs(path, kind)
+
+
+# What a run of each kind writes at the top of its workdir as a file (False) or a folder (True),
+# beside the marker and config.json, that a user might have put the other thing in the place of.
+_OUTPUTS = {
+    PRETRAIN: ((METRICS_FILE, False), (CHANGES_FILE, False), (COMMANDS_FILE, False),
+               (TENSORBOARD_DIR, True)),
+}  # fmt: skip
+
+
+def _refuse_misplaced_outputs(path: str, kind: str) -> None:
+    """ConfigError when a folder stands where the run writes a file (or a file where it writes a
+    folder): found by the plan, not when the first row is written after the step compiled."""
+    for name, folder in _OUTPUTS.get(kind, ()):
+        output = paths.join(path, name)
+        if paths.exists(output) and paths.isdir(output) != folder:
+            what, wants = ("a file", "a folder") if folder else ("a folder", "a file")
+            raise ConfigError(
+                f"{output} is {what}, where the run writes {wants} of that name; move it away "
+                "(or choose another --workdir)"
+            )
 
 
 def _refuse_other_kind(path: str, found: str, kind: str, flag: str) -> None:
@@ -495,14 +516,15 @@ def hold(path: str, kind: str, *, flag: str = "--workdir", command: str | None =
     path = paths.normal(path)
     check_workdir(path, flag)
     command = command or os.path.basename(sys.argv[0]) or "python"
+    lock, marker = paths.join(path, LOCK), paths.join(path, MARKER)
     if paths.is_remote(path):
-        remote = _take_remote_lock(path, kind, flag, command)
+        remote = _take_remote_lock(path, lock, kind, flag, command)
         release: Callable[[], None] = remote.release
     else:
         # Closing the only descriptor releases the flock.
-        release = functools.partial(os.close, _take_lock(path, kind, flag, command))
+        release = functools.partial(os.close, _take_lock(path, lock, kind, flag, command))
     try:
-        _write_marker(path, kind, flag)
+        _write_marker(path, marker, kind, flag)
     except ConfigError:
         release()
         raise

@@ -120,7 +120,9 @@ def test_a_lock_object_that_is_not_our_record_is_named_with_the_way_out(gcs, con
         f"run uses this workdir, delete that object (gcloud storage rm {uri}) and run again"
     )
     with pytest.raises(ConfigError) as e:  # what the commands print
-        workdir._take_remote_lock(f"{gcs}/run", workdir.PRETRAIN, "--workdir", "train")
+        workdir._take_remote_lock(
+            f"{gcs}/run", f"{gcs}/run/.lock", workdir.PRETRAIN, "--workdir", "train"
+        )
     assert str(e.value).startswith(f"--workdir {gcs}/run: its lock object {uri} does not hold")
     assert _blob(uri).download_as_bytes() == content
 
