@@ -21,6 +21,11 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _SUITE_CACHE)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
+# The suite runs on CPU. With libtpu installed (the test extra, for the compiles for a named
+# slice), every process that starts jax would first try a TPU and wait for libtpu to give up
+# (about 0.3 s a process: test_train_cli and test_export took 64-66 s with this against 68-76 s
+# without, side by side); the compile-only devices of --topology need no TPU backend.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Where Python may not write bytecode (PYTHONDONTWRITEBYTECODE, as on some CI machines), pytest
 # cannot keep its rewrite of the test modules' asserts either, and each worker rewrote all of
 # them at every start (3.5 s of its collection on 2 cores). Collection keeps them, and the

@@ -2,6 +2,7 @@
 SIGKILL and resume with identical losses, SIGTERM, a second run refused, export, load, finetune."""
 
 import json
+import runpy
 import signal
 import subprocess
 import sys
@@ -9,20 +10,29 @@ import sys
 import numpy as np
 import pytest
 
-from electra_jax.pretraining import metrics
+from electra_jax.pretraining import metrics, runner
 from electra_jax.store import paths
 from tests import held
 from tests.conftest import ROOT, run_command, subprocess_env
 from tests.finetune.test_loop import _sst2
+from tests.hostile_inputs import _write_corpus
+from tests.pretraining.test_runner import prepare_shared_data
 from tests.test_preemption import LINE, _wait_for
+from tests.test_preemption import _config_file as _shared_data_config
 
 
 def _config_file(tmp_path, num_steps, every, data_lines=()):
-    path = tmp_path / f"config_{num_steps}.py"
+    """The micro config on a small text corpus (a few seconds to prepare, where the builtin
+    corpus takes tens), whose tokenizer and shards the run prepares in its workdir."""
+    corpus = tmp_path / "corpus.txt"
+    if not corpus.exists():
+        _write_corpus(corpus)
+    path = tmp_path / f"config_{num_steps}_{len(data_lines)}.py"
     path.write_text(
         "from tests.micro import micro_config\n\n\n"
         "def get_config():\n"
         "    c = micro_config()\n"
+        f"    c.data.source = {'text:' + str(corpus)!r}\n"
         f"    c.train.num_steps, c.checkpoint.every_steps = {num_steps}, {every}\n"
         "    c.checkpoint.keep = 100\n"
         + "".join(f"    {line}\n" for line in data_lines)
@@ -64,7 +74,9 @@ def _losses(workdir):
 def test_a_gs_workdir_trains_resumes_exactly_after_sigkill_exports_loads_and_finetunes(
     gcs, tmp_path
 ):
-    num_steps, every = 12, 3
+    # The micro run's 6 steps (train.num_steps is part of the program: the suite's most
+    # shared one), a checkpoint every 2.
+    num_steps, every = 6, 2
     straight = f"{gcs}/straight"
     config = _config_file(tmp_path, num_steps, every)
     # prepare, then train: the tokenizer and shards go to the bucket (WORKDIR/data).
@@ -75,19 +87,13 @@ def test_a_gs_workdir_trains_resumes_exactly_after_sigkill_exports_loads_and_fin
     assert paths.isfile(f"{straight}/tokenizer/spm.model")
     [key] = paths.listdir(f"{straight}/data")
     assert paths.isfile(f"{straight}/data/{key}/manifest.json")
-    ref = _start(config, straight)
-    _, err = ref.communicate(timeout=300)
-    assert ref.returncode == 0, err[-2000:]
-    assert err.splitlines()[0].startswith("jax ") and " on cpu: " in err.splitlines()[0]
+    # The reference run in this process (the commands' runs on a bucket follow).
+    runner.train(runpy.run_path(config)["get_config"](), straight)
     expected = _losses(straight)
     assert [s for s, *_ in expected] == list(range(1, num_steps + 1))
     assert paths.isfile(f"{straight}/config.json") and paths.listdir(f"{straight}/tensorboard")
-    assert sorted(int(n) for n in paths.listdir(f"{straight}/checkpoints") if n.isdigit()) == [
-        3,
-        6,
-        9,
-        12,
-    ]
+    saved = sorted(int(n) for n in paths.listdir(f"{straight}/checkpoints") if n.isdigit())
+    assert saved == [2, 4, 6]
 
     # The same run again in another gs:// workdir, reading the first one's tokenizer and shards
     # in place; SIGKILLed after its second checkpoint, then rerun.
@@ -112,7 +118,9 @@ def test_a_gs_workdir_trains_resumes_exactly_after_sigkill_exports_loads_and_fin
         proc.wait(timeout=30)
     finally:
         proc.kill()
-    assert proc.returncode == -signal.SIGKILL, proc.stderr.read()[-2000:]
+    err = proc.stderr.read()
+    assert proc.returncode == -signal.SIGKILL, err[-2000:]
+    assert err.splitlines()[0].startswith("jax ") and " on cpu: " in err.splitlines()[0]
     rerun = _start(config2, killed)
     _, err = rerun.communicate(timeout=300)
     assert rerun.returncode == 0, err[-2000:]
@@ -135,10 +143,10 @@ def test_a_gs_workdir_trains_resumes_exactly_after_sigkill_exports_loads_and_fin
     )
 
     # The held-out evaluation of its checkpoints, read from the bucket and written back there.
-    out = run_command("electra_jax.evaluate", f"--workdir={killed}", "--steps=6,12", timeout=300)
+    out = run_command("electra_jax.evaluate", f"--workdir={killed}", "--steps=4,6", timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     printed = json.loads(out.stdout.splitlines()[-1])["rows"]
-    assert [r["step"] for r in printed] == [6, 12]
+    assert [r["step"] for r in printed] == [4, 6]
     assert all(np.isfinite(r["eval/disc_loss"]) for r in printed)
     assert metrics.read_rows(f"{killed}/eval.jsonl") == printed
 
@@ -167,8 +175,13 @@ def test_a_gs_workdir_trains_resumes_exactly_after_sigkill_exports_loads_and_fin
 
 
 @pytest.mark.slow
-def test_sigterm_saves_to_the_bucket_and_a_second_run_is_refused_meanwhile(gcs, tmp_path):
-    config = _config_file(tmp_path, 10_000, 4)
+def test_sigterm_saves_to_the_bucket_and_a_second_run_is_refused_meanwhile(
+    gcs, tmp_path, tmp_path_factory
+):
+    # The shared data on the local disk (the bucket holds the workdir): nothing to prepare, and
+    # test_preemption's program (its 10,000 steps).
+    shared_data = prepare_shared_data(tmp_path_factory)
+    config = _shared_data_config(tmp_path, shared_data, num_steps=10_000, every=4)
     workdir, hold_dir = f"{gcs}/w", tmp_path / "hold"
     hold_dir.mkdir()
     # Held after step 5 (the first checkpoint's save started) while the second run is refused

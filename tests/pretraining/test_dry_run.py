@@ -8,7 +8,7 @@ import pytest
 
 from electra_jax.errors import ConfigError
 from electra_jax.pretraining import dry_run, topology
-from tests.conftest import micro_config, run_command
+from tests.conftest import ROOT, micro_config, run_command
 from tests.pretraining.test_topology import libtpu_env, needs_libtpu  # noqa: F401  (a fixture)
 
 
@@ -40,29 +40,14 @@ def test_describe_reports_the_dry_run_fields():
 @pytest.mark.slow
 @needs_libtpu
 @pytest.mark.usefixtures("libtpu_env")
-@pytest.mark.parametrize("slices", [1, 2])
-def test_compiled_by_the_tpu_compiler_for_a_slice_that_is_not_here(slices):
+def test_compiled_by_the_tpu_compiler_for_a_slice_that_is_not_here():
+    """One slice, with the cost compiles (two slices without them, through the command:
+    test_the_fit_alone_for_two_slices_compiles_the_runs_program_only)."""
     config = micro_config()
-    if slices > 1:  # one compile, not three
-        config.train.steps_per_call = 1
-    target = topology.resolve("v5e:2x2", num_slices=slices)
-    summary = dry_run.describe(config, target=target, costs=slices == 1)
-    assert summary["platform"] == "tpu" and summary["device_kind"] == "TPU v5 lite"
-    assert summary["devices"] == summary["chips"] == 4 * slices
-    assert summary["hosts"] == slices and summary["slices"] == slices
-    assert summary["mesh"] == {"data": 4 * slices, "fsdp": 1}
-    # The run's own program: K steps per call, each device with its share of the batch.
-    steps = config.train.steps_per_call
-    assert summary["program"] == (f"{steps} steps per call" if steps > 1 else "one step per call")
-    assert summary["batch_per_device"] * 4 * slices == config.train.batch_size
-    used = summary["memory_per_device_bytes"]
-    assert used >= summary["memory_state_bytes"] > 0 and summary["fits"]
-    assert summary["headroom_bytes"] == summary["hbm_per_device_bytes"] - used
+    target = topology.resolve("v5e:2x2")
+    summary = dry_run.describe(config, target=target)
+    _check_the_slices_fields(summary, config, slices=1)
     assert jax.devices()[0].platform == "cpu"  # and nothing of this machine's changed
-    if slices > 1:
-        assert summary["mfu_ceiling"] is None and summary["cost_method"] is None
-        assert summary["mfu_ceiling_cycles"] is None and summary["ceiling_compile_seconds"] is None
-        return
     assert summary["ceiling_compile_seconds"] > 0
     # The unrolled cost compiles count about what the analytic count does (at this size
     # LayerNorm, softmax and the optimizer add a fair share), and the ceiling follows from them.
@@ -80,6 +65,21 @@ def test_compiled_by_the_tpu_compiler_for_a_slice_that_is_not_here(slices):
     assert 0 < summary["mfu_ceiling_cycles"] <= summary["mfu_ceiling"]
     assert summary["pallas_calls_per_step"] == 0
     assert "estimated cycles" in summary["mfu_ceiling_cycles_from"]
+
+
+def _check_the_slices_fields(summary: dict, config, slices: int) -> None:
+    """What a dry run for `slices` v5e:2x2 slices reports of them and of the run's program."""
+    assert summary["platform"] == "tpu" and summary["device_kind"] == "TPU v5 lite"
+    assert summary["devices"] == summary["chips"] == 4 * slices
+    assert summary["hosts"] == slices and summary["slices"] == slices
+    assert summary["mesh"] == {"data": 4 * slices, "fsdp": 1}
+    # The run's own program: K steps per call, each device with its share of the batch.
+    steps = config.train.steps_per_call
+    assert summary["program"] == (f"{steps} steps per call" if steps > 1 else "one step per call")
+    assert summary["batch_per_device"] * 4 * slices == config.train.batch_size
+    used = summary["memory_per_device_bytes"]
+    assert used >= summary["memory_state_bytes"] > 0 and summary["fits"]
+    assert summary["headroom_bytes"] == summary["hbm_per_device_bytes"] - used
 
 
 def test_the_cost_compiles_known_to_crash_libtpu_are_named(monkeypatch):
@@ -136,17 +136,27 @@ def test_the_batch_is_checked_against_the_slice_before_compiling():
         dry_run.describe(config, target=topology.resolve("v5e:2x2", num_slices=2))
 
 
+@pytest.mark.slow
 @needs_libtpu
 @pytest.mark.usefixtures("libtpu_env")
-def test_the_fit_alone_compiles_the_runs_program_only():
-    """--noceiling: the run's program is compiled for the slice (the fit), the cost compiles
-    are not, and the summary says so rather than giving a ceiling."""
+def test_the_fit_alone_for_two_slices_compiles_the_runs_program_only(tmp_path):
+    """--noceiling, through the command: the run's program is compiled for the slices (the
+    fit), the cost compiles are not, and the summary says so rather than giving a ceiling.
+    One step per call: one compile."""
+    config_file = tmp_path / "micro.py"
+    config_file.write_text(
+        f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nfrom tests.micro import micro_config\n"
+        "\n\ndef get_config():\n    return micro_config()\n"
+    )
     out = run_command(
-        "electra_jax.train", "--config=configs/tiny.py", "--dry_run", "--topology=v5e:2x2",
-        "--noceiling", "--config.train.steps_per_call=1", "--config.model.num_layers=1",
+        "electra_jax.train", f"--config={config_file}", "--dry_run", "--topology=v5e:2x2",
+        "--num_slices=2", "--noceiling", "--config.train.steps_per_call=1",
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     summary = json.loads(out.stdout.strip().splitlines()[-1])
-    assert summary["fits"] and summary["compile_seconds"] > 0
+    config = micro_config()
+    config.train.steps_per_call = 1
+    _check_the_slices_fields(summary, config, slices=2)
+    assert summary["compile_seconds"] > 0
     assert summary["ceiling_compile_seconds"] is None and summary["cost_method"] is None
     assert summary["mfu_ceiling"] is None and summary["mfu_ceiling_cycles"] is None

@@ -98,16 +98,16 @@ def test_without_a_known_limit_it_is_none_and_nothing_is_compiled(monkeypatch):
 @needs_libtpu
 @pytest.mark.usefixtures("libtpu_env")
 def test_a_real_choice_for_a_compile_only_tpu_slice_and_the_dry_run_reports_it(monkeypatch):
-    """The micro config at 16 rows of 256 tokens a device (its activations then outweigh its
-    state: 22.7 MB without remat, 14.7 MB with 'full'; at 16 rows of 128 the TPU compiler's
-    plan is smaller without remat, 2.1 MB against 10.0), compiled for a v5e:2x2 slice that is
-    not here: 'none' fits a chip's 16 GiB. With
-    the budget lowered below what 'none' needs, the dry run compiles the next candidate, takes
-    it, and reports it and its program; 'none' is not compiled again (its program is the
-    setup's)."""
+    """The micro config at 8 rows of 256 tokens a device (its activations then outweigh its
+    state: 10.7 MB without remat, 9.7 MB with 'full', by libtpu 0.0.42.1; at 4 rows of 256 the
+    TPU compiler's plan is smaller without remat, 2.1 MB against 9.6; at 16 rows of 256 each
+    compile took half as long again), compiled for a v5e:2x2 slice that is not here: 'none'
+    fits a chip's 16 GiB. With the budget lowered below what 'none' needs, the dry run
+    compiles the next candidate, takes it, and reports it and its program; 'none' is not
+    compiled again (its program is the setup's)."""
     config = micro_config()
     config.train.remat, config.train.steps_per_call = "auto", 1
-    config.train.batch_size, config.data.seq_length = 64, 256
+    config.train.batch_size, config.data.seq_length = 32, 256
     target = topology.resolve("v5e:2x2")
     devices = topology.compile_only_devices(target)
     # The dry run's mesh over the very devices of this one (each description makes new ones).
@@ -188,9 +188,10 @@ def test_the_record_is_reused_on_the_same_devices_and_the_choice_made_again_on_o
 def test_the_run_calls_the_program_compiled_to_choose_and_records_the_choice(tmp_path, monkeypatch):
     """With a memory limit known (a stand-in for a GPU's), the run's setup for 'auto' is the
     chosen policy's, holding the program compiled from abstract shapes to choose it, which takes
-    the run's real state and batches; the choice is recorded with its trials."""
+    the run's real state and batches; the choice is recorded with its trials. (Two steps per
+    call: the program of test_runner's whole calls of 2, from the compilation cache.)"""
     config = micro_config()
-    config.train.remat = "auto"
+    config.train.remat, config.train.steps_per_call = "auto", 2
     mesh = sharding.make_mesh(config.mesh)
     monkeypatch.setattr(remat_auto, "device_memory", lambda devices: (2**40, "1 x cpu (1 TiB)"))
     run = types.SimpleNamespace(config=config, workdir=str(tmp_path))

@@ -45,8 +45,9 @@ def prepare_shared_data(tmp_path_factory) -> tuple[str, str]:
 def _train_one_step(root) -> None:
     cfg = micro_config()
     cfg.data.cache_dir = str(root / "cache")
-    cfg.train.num_steps = 1
-    runner.train(cfg, str(root / "first"))
+    # Stopped after one step of the micro run's 6 rather than a run of 1 (train.num_steps is
+    # part of the program): the step it compiles is the one most tests run.
+    runner.train(cfg, str(root / "first"), stop_after=1)
 
 
 @pytest.fixture(scope="module")
@@ -95,8 +96,7 @@ def test_train_writes_the_workdir_and_resumes_exactly(shared_data, tmp_path, cap
 
 def test_a_finished_run_run_again_says_that_nothing_was_trained(shared_data, tmp_path, capsys):
     """Exit 0 (the run is done, as asked), but never silent; the workdir is left as it was."""
-    cfg = config_with(shared_data)
-    cfg.train.num_steps = 3
+    cfg = config_with(shared_data)  # the micro run's 6 steps: the suite's most shared program
     workdir = tmp_path / "w"
     runner.train(cfg, str(workdir))
     before = {p: p.read_bytes() for p in (workdir / "checkpoints").rglob("*") if p.is_file()}
@@ -105,8 +105,8 @@ def test_a_finished_run_run_again_says_that_nothing_was_trained(shared_data, tmp
     assert runner.train(cfg, str(workdir)) == {}
     err = capsys.readouterr().err
     assert err.splitlines()[-1] == (
-        f"the run in {workdir} is already at step 3 (train.num_steps=3): nothing was trained; "
-        "raise train.num_steps above 3 to go on"
+        f"the run in {workdir} is already at step 6 (train.num_steps=6): nothing was trained; "
+        "raise train.num_steps above 6 to go on"
     )
     assert "compiled" not in err
     assert metrics.read_rows(str(workdir / "metrics.jsonl")) == rows
@@ -177,15 +177,15 @@ def test_nan_policy_skip_keeps_the_state_and_counts_the_skip(shared_data, tmp_pa
 def test_init_from_starts_from_another_runs_weights(shared_data, tmp_path):
     from electra_jax import pretrained
 
+    # Stopped early rather than fewer train.num_steps (a program of its own): a's program is
+    # test_a_run_with_unrolled_layers_resumes_in_its_own_layout's, b's the micro run's.
     first = config_with(shared_data)
-    first.train.num_steps = 3
     first.model.scan_layers = False  # a's layers unrolled, b's stacked: the weights convert
-    runner.train(first, str(tmp_path / "a"))
+    runner.train(first, str(tmp_path / "a"), stop_after=3)
     cfg = config_with(shared_data)
     cfg.data.tokenizer = ""  # the tokenizer comes with the weights
     cfg.train.init_from = str(tmp_path / "a")
-    cfg.train.num_steps, cfg.checkpoint.every_steps = 1, 1
-    runner.train(cfg, str(tmp_path / "b"))
+    runner.train(cfg, str(tmp_path / "b"), stop_after=1)
     a = pretrained.load_pretrained(str(tmp_path / "a"))
     b = pretrained.load_pretrained(str(tmp_path / "b"))
     assert not a.spec.scan_layers and b.spec.scan_layers
@@ -277,9 +277,10 @@ def test_init_from_a_wordpiece_transformers_pair_continues_pretraining(tmp_path)
     corpus.write_text("\n".join(line if i % 8 else "" for i, line in enumerate(lines)))
     cfg.data.source = f"text:{corpus}"
     cfg.train.init_from = f"hf:{pair}"
-    cfg.train.num_steps, cfg.checkpoint.every_steps = 2, 1
+    # Stopped at step 2 and resumed to 3: one program (train.num_steps is part of it).
+    cfg.train.num_steps, cfg.checkpoint.every_steps = 3, 1
     workdir = tmp_path / "run"
-    row = runner.train(cfg, str(workdir))
+    row = runner.train(cfg, str(workdir), stop_after=2)
     assert (workdir / "tokenizer" / "vocab.txt").exists()
     assert not (workdir / "tokenizer" / "spm.model").exists()
     assert math.isfinite(row["loss"]) and row["masked_fraction"] > 0
@@ -306,7 +307,6 @@ def test_init_from_a_wordpiece_transformers_pair_continues_pretraining(tmp_path)
     np.testing.assert_array_equal(batch["input_mask"], batch["input_ids"] != 7)
 
     # Resuming reads the workdir's vocab.txt; init_from is not read again.
-    cfg.train.num_steps = 3
     cfg.train.init_from = str(tmp_path / "gone")
     assert runner.train(cfg, str(workdir))["loss"] > 0
 
@@ -485,9 +485,8 @@ def test_a_folder_where_the_run_writes_a_file_is_refused_before_the_work(shared_
     from tests.conftest import error_line, micro_config_file, run_command
 
     cfg = config_with(shared_data)
-    cfg.train.num_steps = 3
     workdir = tmp_path / "w"
-    runner.train(cfg, str(workdir))
+    runner.train(cfg, str(workdir), stop_after=3)
     config = micro_config_file(tmp_path / "config.py", shared_data)
     (workdir / "metrics.jsonl").unlink()
     (workdir / "metrics.jsonl").mkdir()

@@ -319,9 +319,11 @@ def test_a_full_disk_during_a_save_through_train_is_one_line_without_orbax_trace
 
     tokenizer, cache_dir = prepare_shared_data(tmp_path_factory)
     cfg = config_with((tokenizer, cache_dir))
-    cfg.train.num_steps = 3
     workdir = tmp_path / "w"
-    runner.train(cfg, str(workdir))
+    # The commands' own config, stopped early: they load the step this compiles from the
+    # compilation cache (they write nothing to it, so a program of their own was compiled anew
+    # by each of them).
+    runner.train(cfg, str(workdir), stop_after=3)
     config = micro_config_file(tmp_path / "config.py", (tokenizer, cache_dir))
 
     def train(*flags):  # every data file of a checkpoint is larger; metrics.jsonl is not
