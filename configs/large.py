@@ -9,7 +9,7 @@ others wait; every host writes its part of each checkpoint.
 
 Meant for a TPU v3-512, v5p-128 or v4-128 slice. train.remat='auto' compiles the step for the run's
 devices and takes the fastest remat policy whose step fits them (remat changes no number of the run,
-only memory and time): on a v4-128 'none', 19.2 of a chip's 32 GiB in bfloat16 (in float32 it takes
+only memory and time): on a v4-128 'none', 17.9 of a chip's 32 GiB in bfloat16 (in float32 it takes
 'save_projections' at 22.9, where without remat the step needs 37.8 of temporaries alone;
 benchmarks/RESULTS.md, "The paper configs compiled for their slices"; benchmarks/notes/remat.md).
 It computes in bfloat16, as base.py does and says why (--config.model.dtype=float32 computes in
@@ -21,10 +21,10 @@ run does. On GPUs, a multi-node cluster (batch 2048 does not fit one device). Th
 from small.py and overrides what differs.
 
 Saves every 30 minutes as well as every 10,000 steps (checkpoint.every_minutes): on a v4-128 the
-compiler's bound for a step is 0.53 s (benchmarks/RESULTS.md), so 10,000 steps are 1.5 hours of the
-slice at the very least, all lost to a preemption that sends no SIGTERM (a host failure, a
-maintenance event); 30 minutes bounds that loss for one asynchronous save each half hour, as
-Levanter's 15-minute default does. 0 saves by steps only.
+compiler's estimated cycles put a step at 0.30 s (benchmarks/RESULTS.md), so 10,000 steps are 50
+minutes of the slice at the very least, all lost to a preemption that sends no SIGTERM (a host
+failure, a maintenance event); 30 minutes bounds that loss for one asynchronous save each half
+hour, as Levanter's 15-minute default does. 0 saves by steps only.
 """
 
 import pathlib
