@@ -462,8 +462,9 @@ def claim(
 
 def check(path: str, kind: str, flag: str = "--workdir") -> None:
     """ConfigError (one line) when `path` cannot be a workdir of `kind`: a file, a URI, a folder
-    that is not ours, a workdir of the other kind, a link where the run writes a file. Nothing
-    is written: a run's plan asks it before its lock (`hold`)."""
+    that is not ours, a workdir of the other kind, a link where the run writes a file, a folder
+    where a pre-training run writes a file (or a file where it writes a folder). Nothing is
+    written: a run's plan asks it before its lock (`hold`)."""
     path = paths.normal(path)  # no trailing slash: gs://b/run/ and gs://b/run are one
     check_workdir(path, flag, create=False)
     refuse_managed(path, flag)
