@@ -34,6 +34,7 @@ _SUITE_BYTECODE = os.path.join(tempfile.gettempdir(), f"electra_jax-tests-pyc-{o
 
 import pytest  # noqa: E402
 
+from tests import command_server  # noqa: E402
 from tests.gcs_emulator import gcs, gcs_server  # noqa: E402, F401  (the GCS server's fixtures)
 from tests.micro import micro_config  # noqa: E402, F401  (tests import it from here)
 from tests.silent_servers import half_answering_hub, silent_address  # noqa: E402, F401
@@ -196,7 +197,7 @@ except SystemExit as e:
 def heavy_imports_at_exit(module: str, *args: str) -> tuple[str, str]:
     """`python -m module args...` from the repository root, in a fresh interpreter: (stdout's
     first line, 'CODE [the heavy modules imported]', e.g. "2 []"; stderr)."""
-    out = run_python("-c", _IMPORTED_AT_EXIT, module, *args, timeout=120)
+    out = run_python("-c", _IMPORTED_AT_EXIT, module, *args, timeout=120, fresh=True)
     return out.stdout.split("\n")[0], out.stderr
 
 
@@ -208,12 +209,7 @@ JAX_FREE_MODULES = (
     "electra_jax",
     "electra_jax.cli",
     "electra_jax.errors",
-    "electra_jax.train",
-    "electra_jax.prepare",
-    "electra_jax.evaluate",
-    "electra_jax.export",
-    "electra_jax.goodput",
-    "electra_jax.finetune.__main__",
+    *command_server.COMMANDS,
     "electra_jax.validate",
     "electra_jax.config.describe",
     "electra_jax.config.finetune_keys",
@@ -268,33 +264,30 @@ def heavy_imports_of(*modules: str) -> list[str]:
         f"import sys; import {', '.join(modules)}; "
         f"print(sorted(set({HEAVY_MODULES!r}) & set(sys.modules)))"
     )
-    out = run_python("-c", code)
+    out = run_python("-c", code, fresh=True)
     assert out.returncode == 0, out.stderr[-2000:]
     return ast.literal_eval(out.stdout.strip())
 
 
-def run_python(*args: str, timeout: float = 180, file_size_limit: int = 0):
+def run_python(*args: str, timeout: float = 180, file_size_limit: int = 0, fresh: bool = False):
     """`python args...` (this interpreter) from the repository root, with subprocess_env: the
-    finished process (returncode, stdout, stderr as text). `file_size_limit` > 0: under that
+    finished process (returncode, stdout, stderr as text). Forked from the suite's warm
+    interpreter (tests/command_server.py) unless `fresh`. `file_size_limit` > 0: under that
     file size limit (`with_file_size_limit`)."""
-    import subprocess
-
     argv = [sys.executable, *args]
-    return subprocess.run(
-        with_file_size_limit(argv, file_size_limit) if file_size_limit else argv,
-        cwd=ROOT,
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    if file_size_limit:  # fresh: the limit would hold for the files the server's child writes to
+        argv, fresh = with_file_size_limit(argv, file_size_limit), True
+    return command_server.run(argv, ROOT, subprocess_env(), timeout=timeout, fresh=fresh)
 
 
-def run_command(module: str, *args: str, timeout: float = 180, file_size_limit: int = 0):
+def run_command(
+    module: str, *args: str, timeout: float = 180, file_size_limit: int = 0, fresh: bool = False
+):
     """`python -m module args...` as a user runs it, from the repository root: the finished
-    process (returncode, stdout, stderr as text). `file_size_limit` > 0: under that file size
-    limit (`with_file_size_limit`)."""
-    return run_python("-m", module, *args, timeout=timeout, file_size_limit=file_size_limit)
+    process (returncode, stdout, stderr as text); run_python's `file_size_limit` and `fresh`."""
+    return run_python(
+        "-m", module, *args, timeout=timeout, file_size_limit=file_size_limit, fresh=fresh
+    )
 
 
 def micro_config_file(path, shared_data) -> str:

@@ -31,6 +31,9 @@ import time
 from collections.abc import Callable
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script: tests/ is on sys.path, not the repository
+    sys.path.insert(0, str(ROOT))
+from tests import command_server  # noqa: E402  (the commands, forked from a warm interpreter)
 
 _TEXT = (
     "the a of and to in is was for on that with as it by at from his her they this which be are "
@@ -52,9 +55,7 @@ def _run(argv: list, timeout: float = 240) -> tuple[int, str, float]:
     """(exit code, stderr, seconds); exit code 124 when the timeout ran out."""
     started = time.time()
     try:
-        out = subprocess.run(
-            argv, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout
-        )
+        out = command_server.run(argv, ROOT, _env(), timeout=timeout)
         return out.returncode, out.stderr, time.time() - started
     except subprocess.TimeoutExpired as e:
         err = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")

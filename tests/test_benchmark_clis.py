@@ -4,21 +4,19 @@ code 2, no traceback, before any work. Each case stops before a model is built: 
 
 import argparse
 import json
-import subprocess
 import sys
 
 import pytest
 
+from tests import command_server
 from tests.conftest import ROOT, subprocess_env
 
 
 def _run(*argv):
-    out = subprocess.run(
+    out = command_server.run(
         [sys.executable, *argv],
         cwd=ROOT,
         env=subprocess_env(),
-        capture_output=True,
-        text=True,
         timeout=300,  # a guard against a hang: each case ends within seconds
     )
     return out.returncode, out.stderr

@@ -11,6 +11,7 @@ import pytest
 
 from benchmarks import gpu_data
 from electra_jax.pretraining import dry_run, topology
+from tests import command_server
 from tests.conftest import ROOT, SHARED, micro_config, subprocess_env
 from tests.pretraining.test_topology import libtpu_env, needs_libtpu  # noqa: F401  (a fixture)
 
@@ -101,9 +102,7 @@ def test_gpu_sh_budget_fits_one_device_call_and_refuses_unknown_parts(tmp_path):
 
 
 def _run(args, env, timeout):
-    return subprocess.run(
-        [sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
-    )
+    return command_server.run([sys.executable, *args], cwd=ROOT, env=env, timeout=timeout)
 
 
 @pytest.mark.slow

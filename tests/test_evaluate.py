@@ -2,13 +2,13 @@
 
 import json
 import re
-import subprocess
 import sys
 
 import pytest
 
 from electra_jax import evaluate
 from electra_jax.pretraining import metrics, runner
+from tests import command_server
 from tests.conftest import ROOT, run_command, subprocess_env
 from tests.pretraining.test_runner import config_with, prepare_shared_data
 
@@ -138,10 +138,8 @@ def test_a_run_from_before_the_heldout_slice_resumes_on_every_row(shared_data, t
 
 def test_the_command_refuses_bad_input_in_one_line(tmp_path):
     def run(*args):
-        return subprocess.run(
+        return command_server.run(
             [sys.executable, "-m", "electra_jax.evaluate", *args],
-            capture_output=True,
-            text=True,
             cwd=ROOT,
             env=subprocess_env(),
             timeout=120,

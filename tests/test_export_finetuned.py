@@ -19,6 +19,7 @@ import electra_jax
 from electra_jax import export
 from electra_jax.errors import PretrainedError
 from electra_jax.finetune import loop, saved
+from tests import command_server
 from tests.conftest import ROOT, SHARED, subprocess_env
 from tests.finetune import test_squad_loop
 from tests.finetune.test_loop import _config, _sst2
@@ -201,12 +202,10 @@ def test_an_independent_squad_head_exports_as_question_answering(tmp_path_factor
 
 
 def _export_cli(workdir, out):
-    return subprocess.run(
+    return command_server.run(
         [sys.executable, "-m", "electra_jax.export", f"--workdir={workdir}", f"--out={out}"],
         cwd=ROOT,
         env=subprocess_env(),
-        capture_output=True,
-        text=True,
         timeout=180,
     )
 

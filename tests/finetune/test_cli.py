@@ -1,11 +1,11 @@
 """python -m electra_jax.finetune: bad input is one line on stderr and exit code 2; a diverged
 run is one line and exit code 1, with no results written."""
 
-import subprocess
 import sys
 
 import pytest
 
+from tests import command_server
 from tests.conftest import ROOT, heavy_imports_at_exit, subprocess_env
 from tests.finetune.test_loop import _sst2
 
@@ -22,7 +22,7 @@ TINY = [
 
 
 def _finetune(workdir, *flags):
-    return subprocess.run(
+    return command_server.run(
         [
             sys.executable,
             "-m",
@@ -33,8 +33,6 @@ def _finetune(workdir, *flags):
         ],
         cwd=ROOT,
         env=subprocess_env(),
-        capture_output=True,
-        text=True,
         timeout=180,
     )
 
@@ -137,13 +135,11 @@ def test_a_diverged_run_is_one_line_exit_1_and_writes_no_results(tmp_path):
 
 
 def _run(workdir, config, *flags):
-    return subprocess.run(
+    return command_server.run(
         [sys.executable, "-m", "electra_jax.finetune", f"--config={config}", *flags]
         + [f"--workdir={workdir}"],
         cwd=ROOT,
         env=subprocess_env(),
-        capture_output=True,
-        text=True,
         timeout=180,
     )
 

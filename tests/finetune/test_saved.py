@@ -14,7 +14,7 @@ from safetensors.numpy import load_file, save_file
 import electra_jax
 from electra_jax.errors import ConfigError, PretrainedError
 from electra_jax.finetune import loop, predictor, saved
-from tests import held
+from tests import command_server, held
 from tests.conftest import ROOT, subprocess_env
 from tests.finetune import test_squad_loop
 from tests.finetune.test_loop import _config, _sst2
@@ -246,10 +246,10 @@ def test_changed_labels_on_resume_are_one_line_exit_2_and_nothing_written(tmp_pa
     (workdir / saved.MODEL_FILE).write_text(json.dumps(record))
     before = _files(workdir)
     flags = [f"--config.{k}={v}" for k, v in _flat(config.to_dict())]
-    out = subprocess.run(
+    out = command_server.run(
         [sys.executable, "-m", "electra_jax.finetune", "--config=configs/glue.py", *flags,
          f"--workdir={workdir}"],
-        cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=180,
+        cwd=ROOT, env=subprocess_env(), timeout=180,
     )  # fmt: skip
     assert out.returncode == 2, out.stderr[-3000:]
     lines = [ln for ln in out.stderr.splitlines() if ln.strip()]

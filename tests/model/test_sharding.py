@@ -1,12 +1,12 @@
 import json
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
 from electra_jax.pretraining import topology
-from tests.conftest import subprocess_env
+from tests import command_server
+from tests.conftest import ROOT, subprocess_env
 from tests.pretraining.test_topology import libtpu_env, needs_libtpu  # noqa: F401  (a fixture)
 
 # One subprocess with 8 simulated devices (the device count is fixed when jax starts).
@@ -40,14 +40,10 @@ print(json.dumps(out))
 
 @pytest.mark.slow
 def test_fsdp_on_eight_devices_matches_one_device():
-    out = subprocess.run(
-        [sys.executable, "-c", _EIGHT_DEVICES],
-        env=subprocess_env(devices=8),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
+    out = command_server.run(
+        [sys.executable, "-c", _EIGHT_DEVICES], ROOT, subprocess_env(devices=8), timeout=300
     )
+    assert out.returncode == 0, out.stderr[-3000:]
     res = json.loads(out.stdout.strip().splitlines()[-1])
     for other in ("fsdp",):
         for a, b in zip(res["one"], res[other], strict=True):

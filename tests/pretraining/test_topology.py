@@ -109,6 +109,7 @@ def test_libtpu_says_nothing_on_stderr():
         "from electra_jax.pretraining import topology\n"
         "print(len(topology.compile_only_devices(topology.resolve('v4-16'))))",
         timeout=120,
+        fresh=True,
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "8" and out.stderr == ""
@@ -135,7 +136,7 @@ def test_a_command_on_a_machine_without_tpus_prints_only_its_line():
     # jax starts its backends (the mesh over this machine's devices) with libtpu installed.
     out = run_python(
         "-m", "electra_jax.train", "--config=configs/tiny.py", "--dry_run",
-        "--config.mesh.fsdp=7", timeout=120,
+        "--config.mesh.fsdp=7", timeout=120, fresh=True,
     )  # fmt: skip
     assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
     assert "mesh.fsdp=7 does not divide" in out.stderr
