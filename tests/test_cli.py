@@ -3,13 +3,13 @@
 import asyncio
 import logging
 import os
-import subprocess
 import sys
 import textwrap
 
 import pytest
 
 from electra_jax import cli
+from tests import command_server
 from tests.conftest import ROOT, error_line, load_config, run_command, run_python, subprocess_env
 
 # A command as the package's are written: a config flag, parse_flags as absl's parser.
@@ -35,12 +35,10 @@ APP = textwrap.dedent(
 def _run(tmp_path, config_text: str, *args: str):
     (tmp_path / "app.py").write_text(APP)
     (tmp_path / "config.py").write_text(textwrap.dedent(config_text))
-    return subprocess.run(
+    return command_server.run(
         [sys.executable, str(tmp_path / "app.py"), f"--config={tmp_path / 'config.py'}", *args],
         cwd=ROOT,
         env=subprocess_env(),
-        capture_output=True,
-        text=True,
         timeout=120,
     )
 
@@ -367,7 +365,5 @@ def test_fail_is_the_last_line_even_with_a_coroutine_left_unawaited():
         "pending = save()\n"
         "cli.fail('a checkpoint could not be written')\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, env=subprocess_env(), capture_output=True, text=True
-    )
+    out = command_server.run([sys.executable, "-c", code], cwd=ROOT, env=subprocess_env())
     assert (out.returncode, out.stderr) == (2, "error: a checkpoint could not be written\n")

@@ -1,21 +1,19 @@
 """The command line: dry run, and bad input as one line with exit code 2."""
 
 import json
-import subprocess
 import sys
 
 import pytest
 
+from tests import command_server
 from tests.conftest import ROOT, heavy_imports_at_exit, subprocess_env
 
 
 def _run(*args, timeout=120):
-    return subprocess.run(
+    return command_server.run(
         [sys.executable, "-m", "electra_jax.train", *args],
         cwd=ROOT,
         env=subprocess_env(),
-        capture_output=True,
-        text=True,
         timeout=timeout,
     )
 
@@ -83,13 +81,11 @@ def _one_line_exit_2(out, expected):
     ],
 )
 def test_batch_and_mesh_that_do_not_fit_8_devices(tmp_path, args, expected):
-    out = subprocess.run(
+    out = command_server.run(
         [sys.executable, "-m", "electra_jax.train", "--config=configs/tiny.py"]
         + [f"--workdir={tmp_path / 'w'}", *args],
         cwd=ROOT,
         env=subprocess_env(devices=8),
-        capture_output=True,
-        text=True,
         timeout=120,
     )
     _one_line_exit_2(out, expected)
@@ -127,7 +123,7 @@ def test_dry_run_compiles_large_width_with_fsdp_on_eight_devices():
     The large config's widths and batch (2048 x 512, 64 micro-batches) at 2 of its 24 layers,
     which compiles in seconds; benchmarks/RESULTS.md has the full model's figures.
     """
-    out = subprocess.run(
+    out = command_server.run(
         [
             sys.executable,
             "-m",
@@ -140,8 +136,6 @@ def test_dry_run_compiles_large_width_with_fsdp_on_eight_devices():
         ],
         cwd=ROOT,
         env=subprocess_env(devices=8),
-        capture_output=True,
-        text=True,
         timeout=400,
     )
     assert out.returncode == 0, out.stderr[-3000:]

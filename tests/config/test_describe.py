@@ -1,13 +1,13 @@
 """--print_config: every key, its value and its doc (the schema's, or its file's comment), for
 train, prepare and finetune."""
 
-import subprocess
 import sys
 
 import pytest
 
 from electra_jax.config import describe
 from electra_jax.config.schema import flatten
+from tests import command_server
 from tests.conftest import ROOT, load_config, subprocess_env
 
 
@@ -81,12 +81,10 @@ def test_every_key_of_a_paper_config_is_printed_in_its_files_order():
     ],
 )
 def test_print_config_shows_the_overrides_and_needs_no_workdir(module, config, key):
-    out = subprocess.run(
+    out = command_server.run(
         [sys.executable, "-m", module, f"--config={config}", f"--config.{key}=7", "--print_config"],
         cwd=ROOT,
         env=subprocess_env(),
-        capture_output=True,
-        text=True,
         timeout=120,
     )
     assert out.returncode == 0, out.stderr

@@ -12,6 +12,7 @@ from electra_jax.errors import CheckpointError, ConfigError, DataError
 from electra_jax.pretraining import resume, runner
 from electra_jax.run import rerun, workdir
 from electra_jax.store import checkpointing
+from tests import command_server
 from tests.conftest import micro_config
 from tests.pretraining.test_runner import config_with, prepare_shared_data
 
@@ -540,18 +541,15 @@ def test_a_run_started_before_the_data_record_resumes_as_it_did(text_run):
 
 
 def _train_cli(config_file, run, *flags):
-    import subprocess
     import sys
 
     from tests.conftest import ROOT, subprocess_env
 
-    return subprocess.run(
+    return command_server.run(
         [sys.executable, "-m", "electra_jax.train", f"--config={config_file}", f"--workdir={run}"]
         + list(flags),
         cwd=ROOT,
         env=subprocess_env(),
-        capture_output=True,
-        text=True,
         timeout=300,
     )
 
