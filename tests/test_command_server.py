@@ -21,7 +21,7 @@ print(json.dumps({
     "argv": sys.argv[1:], "path0": sys.path[0], "cwd": os.getcwd(),
     "env": os.environ.get("PROBE_VALUE"), "test": os.environ.get("PYTEST_CURRENT_TEST"),
     "main": __main__.__name__, "stdin": sys.stdin.read(), "jax_backends": _backends(),
-}))
+}), flush=True)  # before a kill, whether or not PYTHONUNBUFFERED is set
 if end == "devices":  # XLA_FLAGS, read when the backends start
     import jax
     print(jax.device_count())
