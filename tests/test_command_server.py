@@ -30,6 +30,10 @@ if end == "thread":  # a non-daemon thread is joined before the interpreter ends
     threading.Thread(target=late).start()
 elif end == "raise":
     raise KeyError("uncaught")
+elif end == "message":  # sys.exit with a text: the text on stderr, exit code 1
+    sys.exit("bye")
+elif end == "interrupt":  # an uncaught KeyboardInterrupt: the traceback, then death by SIGINT
+    raise KeyboardInterrupt
 elif end == "exit":
     sys.exit(3)
 elif end == "kill":
@@ -93,7 +97,7 @@ def test_a_served_command_sees_what_a_fresh_one_sees(kind, env, tmp_path):
 
 
 def test_each_ending_gives_the_code_and_output_a_fresh_interpreter_gives(env, tmp_path):
-    for end, code in (("exit", 3), ("kill", -9)):
+    for end, code in (("exit", 3), ("message", 1), ("kill", -9)):
         served, fresh = _both(_probe_argv("-c", tmp_path, end), tmp_path, env)
         assert served.returncode == fresh.returncode == code
         assert served.stderr == fresh.stderr
@@ -105,6 +109,12 @@ def test_each_ending_gives_the_code_and_output_a_fresh_interpreter_gives(env, tm
             "KeyError: 'uncaught'",
             "atexit ran",
         ], out.stderr
+    served, fresh = _both(_probe_argv("-c", tmp_path, "interrupt"), tmp_path, env)
+    assert served.returncode == fresh.returncode == -2
+    for out in (served, fresh):
+        lines = out.stderr.splitlines()
+        assert lines[0] == "Traceback (most recent call last):", out.stderr
+        assert lines[-2:] == ["KeyboardInterrupt", "atexit ran"], out.stderr
 
 
 def test_xla_flags_are_the_call_s_own(env, tmp_path):
