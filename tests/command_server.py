@@ -207,6 +207,7 @@ class _Server:
             self.proc.stdin.flush()
             started = self._read(timeout=60)
             if started is None:
+                self.ready = False
                 raise RuntimeError(f"the command server did not start {argv}")
             answer = self._read(timeout)
             timed_out = answer is None and self.proc.poll() is None
@@ -216,6 +217,7 @@ class _Server:
                 answer = self._read(timeout=60)
             stdout, stderr = (pathlib.Path(p).read_text(errors="replace") for p in (out, err))
         if answer is None:
+            self.ready = False  # out of step with its caller: it serves no more
             raise RuntimeError(f"the command server ended while it ran {argv}")
         if timed_out:
             raise subprocess.TimeoutExpired(argv, timeout, output=stdout, stderr=stderr)
@@ -238,18 +240,18 @@ def _key(env: dict) -> tuple:
 
 
 def _server(env: dict) -> _Server | None:
-    """The server for `env`, started at the second call with that environment (a server
-    costs about four fresh starts), in place of the least recently used one where _KEPT are
-    running (a test's process may change its own environment for good: libtpu's settings);
-    None where none serves it."""
+    """The server for `env`, held for the caller (release its lock), started at the second
+    call with that environment (a server costs about four fresh starts), in place of the least
+    recently used idle one where _KEPT are running (a test's process may change its own
+    environment for good: libtpu's settings); None where none is free to serve it."""
     key = _key(env)
-    with _STARTING:
+    with _STARTING:  # held while a server is taken, so that none is closed once taken
         _ASKED[key] = _ASKED.get(key, 0) + 1
         if key not in _SERVERS:
             if _ASKED[key] < 2:
                 return None
-            idle = [k for k, s in _SERVERS.items() if not s.lock.locked()]
             if len(_SERVERS) >= _KEPT:
+                idle = [k for k, s in _SERVERS.items() if not s.lock.locked()]
                 if not idle:
                     return None
                 _SERVERS.pop(idle[0]).close()
@@ -257,7 +259,9 @@ def _server(env: dict) -> _Server | None:
             atexit.register(_SERVERS[key].close)
         server = _SERVERS.pop(key)
         _SERVERS[key] = server  # now the most recently used
-    return server if server.ready else None
+        if not server.ready or not server.lock.acquire(blocking=False):
+            return None
+    return server
 
 
 def servable(argv: list[str]) -> bool:
@@ -272,7 +276,7 @@ def run(argv: list[str], cwd, env: dict, timeout: float | None = None, fresh: bo
     """subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout),
     from the warm server where it can (`fresh`: never): the finished process."""
     server = None if fresh or not servable(argv) else _server(env)
-    if server is not None and server.lock.acquire(blocking=False):
+    if server is not None:
         try:
             return server.run(argv, cwd, env, timeout)
         finally:

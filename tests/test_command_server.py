@@ -80,7 +80,9 @@ def env():
     # The server starts at an environment's second call: this one starts it.
     for _ in range(2):
         command_server.run([sys.executable, "-c", "pass"], ROOT, env, timeout=120)
-    assert command_server._server(env) is not None, "no server started"
+    server = command_server._server(env)  # held for this caller: released at once
+    assert server is not None, "no server started"
+    server.lock.release()
     return env
 
 
