@@ -31,11 +31,14 @@ import json
 import os
 import pathlib
 import select
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
+import time
+import weakref
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -72,6 +75,8 @@ def serve() -> None:
     """The server's loop (its process: `python -c`, stdin and stdout the caller's pipes)."""
     import importlib
 
+    from tests import collector
+
     for name in WARM:
         importlib.import_module(name)
     from jax._src import xla_bridge
@@ -80,6 +85,7 @@ def serve() -> None:
     if xla_bridge._backends or imported:  # a child would not start as a fresh interpreter
         _say({"cold": f"backends {list(xla_bridge._backends)}, commands {imported}"})
         return
+    collector.settle()  # its children never walk what the server imported
     _say({"ready": os.getpid()})
     for line in sys.stdin.buffer:
         request = json.loads(line)
@@ -199,34 +205,152 @@ class _Server:
         line, self._pending = self._pending.split(b"\n", 1)
         return json.loads(line)
 
-    def run(self, argv: list[str], cwd, env: dict, timeout: float | None):
-        with tempfile.TemporaryDirectory(prefix="command-") as folder:
-            out, err = os.path.join(folder, "out"), os.path.join(folder, "err")
-            request = {"argv": argv[1:], "cwd": str(cwd), "env": env, "out": out, "err": err}
-            self.proc.stdin.write((json.dumps(request) + "\n").encode())
-            self.proc.stdin.flush()
-            started = self._read(timeout=60)
-            if started is None:
-                self.ready = False
-                raise RuntimeError(f"the command server did not start {argv}")
-            answer = self._read(timeout)
-            timed_out = answer is None and self.proc.poll() is None
-            if timed_out:  # killed, as subprocess.run kills it
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(started["pid"], signal.SIGKILL)
-                answer = self._read(timeout=60)
-            stdout, stderr = (pathlib.Path(p).read_text(errors="replace") for p in (out, err))
-        if answer is None:
+    def start(self, argv: list[str], cwd, env: dict, folder: str) -> int:
+        """Starts `argv` with its stdout and stderr in FOLDER/out and FOLDER/err: its pid."""
+        out, err = os.path.join(folder, "out"), os.path.join(folder, "err")
+        request = {"argv": argv[1:], "cwd": str(cwd), "env": env, "out": out, "err": err}
+        self.proc.stdin.write((json.dumps(request) + "\n").encode())
+        self.proc.stdin.flush()
+        started = self._read(timeout=60)
+        if started is None:
+            self.ready = False
+            raise RuntimeError(f"the command server did not start {argv}")
+        return started["pid"]
+
+    def ended(self, argv: list[str], timeout: float | None) -> int | None:
+        """The exit code of the command started last (subprocess's: -N for a signal); None
+        while it runs after `timeout` seconds."""
+        answer = self._read(timeout)
+        if answer is None and self.proc.poll() is not None:
             self.ready = False  # out of step with its caller: it serves no more
             raise RuntimeError(f"the command server ended while it ran {argv}")
-        if timed_out:
+        return None if answer is None else answer["code"]
+
+    def run(self, argv: list[str], cwd, env: dict, timeout: float | None):
+        with tempfile.TemporaryDirectory(prefix="command-") as folder:
+            pid = self.start(argv, cwd, env, folder)
+            code = self.ended(argv, timeout)
+            if code is None:  # killed, as subprocess.run kills it
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                if self.ended(argv, timeout=60) is None:
+                    self.ready = False
+                    raise RuntimeError(f"the command server did not end {argv} when killed")
+            stdout, stderr = (_text(os.path.join(folder, name)) for name in ("out", "err"))
+        if code is None:
             raise subprocess.TimeoutExpired(argv, timeout, output=stdout, stderr=stderr)
-        return subprocess.CompletedProcess(argv, answer["code"], stdout, stderr)
+        return subprocess.CompletedProcess(argv, code, stdout, stderr)
 
     def close(self) -> None:
         if self.proc.poll() is None:
             self.proc.stdin.close()
-            self.proc.wait(timeout=30)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:  # a command still running that nobody waits for
+                self.proc.kill()
+
+
+def _text(path: str) -> str:
+    return pathlib.Path(path).read_text(errors="replace")
+
+
+class Started:
+    """A command running in a child of the server, as `subprocess.Popen(argv, stdout=PIPE,
+    stderr=PIPE, text=True)` gives it: pid, args, returncode, poll, wait, communicate,
+    send_signal, terminate, kill, and stdout and stderr read as the command writes them (from
+    its files: a command that writes more than a pipe holds never waits for its reader). The
+    server is held until the command's end is known."""
+
+    def __init__(self, server: _Server, argv: list[str], cwd, env: dict):
+        self.args, self.returncode = argv, None
+        self._server, self._lock = server, threading.Lock()
+        folder = tempfile.mkdtemp(prefix="command-")
+        weakref.finalize(self, shutil.rmtree, folder, True)
+        self.stdout, self.stderr = (
+            _Following(os.path.join(folder, name), self) for name in ("out", "err")
+        )
+        self.pid = server.start(argv, cwd, env, folder)
+
+    def _wait(self, timeout: float | None) -> bool:
+        """Whether the command has ended, waiting `timeout` seconds for it (under _lock)."""
+        if self.returncode is None:
+            try:
+                code = self._server.ended(self.args, timeout)
+            except RuntimeError:
+                self._server.lock.release()
+                raise
+            if code is None:
+                return False
+            self.returncode = code
+            self._server.lock.release()
+        return True
+
+    def ended(self) -> bool:
+        """Whether the command is known to have ended, without waiting for another thread."""
+        if self.returncode is None and self._lock.acquire(blocking=False):
+            try:
+                self._wait(timeout=0)
+            finally:
+                self._lock.release()
+        return self.returncode is not None
+
+    def poll(self) -> int | None:
+        with self._lock:
+            self._wait(timeout=0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        with self._lock:
+            if not self._wait(timeout):
+                raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
+
+    def communicate(self, input=None, timeout: float | None = None) -> tuple[str, str]:
+        assert input is None, "the command's stdin is /dev/null"
+        self.wait(timeout)
+        return self.stdout.read(), self.stderr.read()
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:  # (ended since: reaped by the server, its pid free again only
+            with contextlib.suppress(ProcessLookupError):  # after a few thousand more starts)
+                os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class _Following:
+    """A command's output file read as the command writes it, as a pipe reads: a read ends
+    at the command's end, a line once whole or at the end."""
+
+    def __init__(self, path: str, command: Started):
+        pathlib.Path(path).touch()  # the command's own opening truncates it, still empty
+        self._file = open(path, errors="replace")  # noqa: SIM115  (open while the command runs)
+        self._command, self._partial = command, ""
+
+    def readline(self) -> str:
+        while True:
+            ended = self._command.ended()  # before the read: then all of it is in the file
+            self._partial += self._file.readline()
+            if self._partial.endswith("\n") or ended:
+                line, self._partial = self._partial, ""
+                return line
+            time.sleep(0.01)
+
+    def read(self) -> str:
+        while not self._command.ended():
+            time.sleep(0.01)
+        rest, self._partial = self._partial + self._file.read(), ""
+        return rest
+
+    def __iter__(self):
+        return iter(self.readline, "")
+
+    def close(self) -> None:
+        self._file.close()
 
 
 _SERVERS: dict[tuple, _Server] = {}  # the least recently used first
@@ -270,6 +394,21 @@ def servable(argv: list[str]) -> bool:
     if len(argv) < 3 or argv[0] != sys.executable:
         return False
     return argv[1] in ("-m", "-c") or not argv[1].startswith("-")
+
+
+def start(argv: list[str], cwd, env: dict, fresh: bool = False, **popen):
+    """subprocess.Popen(argv, cwd=cwd, env=env, stdout=PIPE, stderr=PIPE, text=True) (`popen`:
+    other arguments for it), from the warm server where it can (`fresh`: never; nor with
+    `popen`): the running command."""
+    server = None if fresh or popen or not servable(argv) else _server(env)
+    if server is not None:
+        try:
+            return Started(server, argv, cwd, env)
+        except BaseException:
+            server.lock.release()
+            raise
+    streams = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    return subprocess.Popen(argv, cwd=cwd, env=env, **{**streams, **popen})
 
 
 def run(argv: list[str], cwd, env: dict, timeout: float | None = None, fresh: bool = False):

@@ -34,7 +34,7 @@ _SUITE_BYTECODE = os.path.join(tempfile.gettempdir(), f"electra_jax-tests-pyc-{o
 
 import pytest  # noqa: E402
 
-from tests import command_server  # noqa: E402
+from tests import collector, command_server  # noqa: E402
 from tests.gcs_emulator import gcs, gcs_server  # noqa: E402, F401  (the GCS server's fixtures)
 from tests.micro import micro_config  # noqa: E402, F401  (tests import it from here)
 from tests.silent_servers import half_answering_hub, silent_address  # noqa: E402, F401
@@ -90,6 +90,10 @@ def pytest_configure(config):
     in_own = os.environ["JAX_COMPILATION_CACHE_DIR"] == _SUITE_CACHE
     if in_own and not hasattr(config, "workerinput"):
         drop_cut_cache_entries(_SUITE_CACHE)
+
+
+def pytest_collection_finish(session):
+    collector.settle()  # the test modules and what they import are in memory for good
 
 
 @pytest.hookimpl(trylast=True)  # after pytest's own grouping of tests by fixture

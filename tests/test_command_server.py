@@ -2,8 +2,11 @@
 in a fresh one."""
 
 import json
+import signal
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
@@ -160,3 +163,69 @@ def test_a_new_environment_takes_the_place_of_the_least_recently_used_server(env
             out = command_server.run([sys.executable, "-c", "pass"], ROOT, other, timeout=120)
             assert out.returncode == 0
     assert list(command_server._SERVERS) == [command_server._key(e) for e in others]
+
+
+# A command that runs until it is signalled: a line on stderr once its handler is set, then,
+# on SIGTERM, a line on stdout and a last one on stderr without its newline.
+_WAITER = """
+import signal, sys, time
+def stop(signum, frame):
+    print("out", flush=True)
+    print(f"stopped by {signum}", end="", file=sys.stderr, flush=True)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+print("ready", file=sys.stderr, flush=True)
+while True:
+    time.sleep(0.01)
+"""
+
+
+def _started_and_popen(env, tmp_path):
+    """(served, fresh): the waiter started through the server and by subprocess.Popen."""
+    argv = [sys.executable, "-c", _WAITER]
+    served = command_server.start(argv, tmp_path, env)
+    assert isinstance(served, command_server.Started), "the server did not start it"
+    fresh = subprocess.Popen(
+        argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    return served, fresh
+
+
+def test_a_started_command_is_read_signalled_and_waited_for_as_popen_s(env, tmp_path):
+    served, fresh = _started_and_popen(env, tmp_path)
+    try:
+        for proc in (served, fresh):
+            assert proc.stderr.readline() == "ready\n"  # while it runs
+            assert proc.poll() is None
+            with pytest.raises(subprocess.TimeoutExpired):
+                proc.wait(timeout=0.2)
+            proc.send_signal(signal.SIGTERM)
+            assert proc.communicate(timeout=60) == ("out\n", "stopped by 15")
+            assert proc.returncode == proc.poll() == proc.wait() == 0
+            proc.kill()  # ended: nothing happens
+    finally:
+        for proc in (served, fresh):
+            proc.kill()
+    # The server is free again: the next command is served.
+    out = command_server.run([sys.executable, "-c", "import sys; print('jax' in sys.modules)"],
+                             ROOT, env, timeout=60)  # fmt: skip
+    assert out.stdout == "True\n"
+
+
+def test_a_started_command_s_stderr_is_followed_by_another_thread_to_its_end(env, tmp_path):
+    served, fresh = _started_and_popen(env, tmp_path)
+    try:
+        for proc in (served, fresh):
+            lines = []
+            reader = threading.Thread(target=lambda p=proc, got=lines: got.extend(p.stderr))
+            reader.start()
+            while not lines:  # the first line, read while the command runs
+                assert proc.poll() is None
+                time.sleep(0.01)
+            proc.kill()
+            assert proc.wait(timeout=60) == -signal.SIGKILL
+            reader.join(timeout=60)
+            assert lines == ["ready\n"] and not reader.is_alive()
+    finally:
+        for proc in (served, fresh):
+            proc.kill()

@@ -7,14 +7,13 @@ import os
 import random
 import runpy
 import signal
-import subprocess
 import sys
 import time
 
 import pytest
 
 from electra_jax.pretraining import metrics, runner
-from tests import held
+from tests import command_server, held
 from tests.conftest import ROOT, subprocess_env
 from tests.pretraining.test_runner import prepare_shared_data
 
@@ -40,20 +39,14 @@ def _config_file(tmp_path, tokenizer: str, cache_dir: str) -> str:
     return str(path)
 
 
-def _start(config: str, workdir, hold_dir=None, point="save") -> subprocess.Popen:
+def _start(config: str, workdir, hold_dir=None, point="save"):
     """`python -m electra_jax.train`; with `hold_dir`, held at `point` (tests/held.py): by
     default in its first checkpoint's commit."""
     args = ["electra_jax.train", f"--config={config}", f"--workdir={workdir}"]
     # subprocess_env passes on the suite's compilation cache: every start after the first loads
     # the step instead of compiling it (the same executable, so the same numbers).
-    return subprocess.Popen(
-        held.command(hold_dir, point, *args) if hold_dir else [sys.executable, "-m", *args],
-        cwd=ROOT,
-        env=subprocess_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    argv = held.command(hold_dir, point, *args) if hold_dir else [sys.executable, "-m", *args]
+    return command_server.start(argv, ROOT, subprocess_env())
 
 
 def _saving(workdir) -> bool:
@@ -68,7 +61,7 @@ def _rows(workdir) -> int:
     return len(metrics.read_rows(str(workdir / "metrics.jsonl")))
 
 
-def _kill_at(proc: subprocess.Popen, workdir, how: str, rng: random.Random, hold_dir) -> str:
+def _kill_at(proc, workdir, how: str, rng: random.Random, hold_dir) -> str:
     """SIGKILLs `proc` at a moment chosen by `how`; returns what the moment was."""
     deadline = time.time() + 240
     start_rows = _rows(workdir)

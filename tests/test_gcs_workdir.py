@@ -4,7 +4,6 @@ SIGKILL and resume with identical losses, SIGTERM, a second run refused, export,
 import json
 import runpy
 import signal
-import subprocess
 import sys
 
 import numpy as np
@@ -12,7 +11,7 @@ import pytest
 
 from electra_jax.pretraining import metrics, runner
 from electra_jax.store import paths
-from tests import held
+from tests import command_server, held
 from tests.conftest import ROOT, run_command, subprocess_env
 from tests.finetune.test_loop import _sst2
 from tests.hostile_inputs import _write_corpus
@@ -48,14 +47,8 @@ def _cmd(module, *args):
 def _start(config, workdir, hold_dir=None, point=""):
     """`python -m electra_jax.train`; held at `point` (tests/held.py) when `hold_dir` is given."""
     args = ["electra_jax.train", f"--config={config}", f"--workdir={workdir}"]
-    return subprocess.Popen(
-        held.command(hold_dir, point, *args) if hold_dir else _cmd(*args),
-        cwd=ROOT,
-        env=subprocess_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    argv = held.command(hold_dir, point, *args) if hold_dir else _cmd(*args)
+    return command_server.start(argv, ROOT, subprocess_env())
 
 
 def _committed(workdir, step):

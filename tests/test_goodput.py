@@ -8,7 +8,6 @@ steps redone are counted once), and the arithmetic is checked with numbers given
 import json
 import os
 import signal
-import subprocess
 import sys
 
 import pytest
@@ -16,7 +15,7 @@ import pytest
 from electra_jax import goodput
 from electra_jax.pretraining import metrics, runner, timing
 from electra_jax.store import checkpoint_steps, checkpointing
-from tests import held
+from tests import command_server, held
 from tests.conftest import ROOT, error_line, micro_config_file, run_command, subprocess_env
 from tests.pretraining.test_runner import config_with, prepare_shared_data
 
@@ -34,15 +33,9 @@ def train_command(config: str, workdir, settings: dict, hold_dir=None, point="")
     return held.command(hold_dir, point, *args) if hold_dir else [sys.executable, "-m", *args]
 
 
-def run(command: list[str]) -> subprocess.Popen:
-    return subprocess.Popen(
-        command,
-        cwd=ROOT,
-        env=subprocess_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+def run(command: list[str]):
+    """`command` started (tests/command_server.py's start: Popen's interface)."""
+    return command_server.start(command, ROOT, subprocess_env())
 
 
 # ------------------------------------------------------------------------------ arithmetic

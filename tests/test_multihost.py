@@ -17,7 +17,7 @@ import pytest
 
 from electra_jax.pretraining import metrics, runner
 from electra_jax.store import checkpoint_steps
-from tests import held
+from tests import command_server, held
 from tests.conftest import ROOT, built_once, error_line, subprocess_env
 from tests.pretraining.test_runner import prepare_shared_data
 from tests.test_preemption import _config_file
@@ -46,13 +46,12 @@ def _env(devices: int) -> dict:
 def _launch(config_path, workdir, processes, devices):
     """`processes` x `devices` simulated CPU devices training on `workdir`: the finished
     process (two or more through launch/local_multiprocess.sh, one as `python -m`)."""
-    env = dict(_env(devices), PORT=_free_port())
     flags = [f"--config={config_path}", f"--workdir={workdir}"]
-    if processes == 1:
+    if processes == 1:  # (from the suite's warm interpreter, as its other commands)
         argv = [sys.executable, "-m", "electra_jax.train", *flags]
-    else:
-        env["DEVICES_PER_PROCESS"] = str(devices)
-        argv = ["bash", "launch/local_multiprocess.sh", str(processes), *flags]
+        return command_server.run(argv, ROOT, subprocess_env(devices), timeout=400)
+    env = dict(_env(devices), PORT=_free_port(), DEVICES_PER_PROCESS=str(devices))
+    argv = ["bash", "launch/local_multiprocess.sh", str(processes), *flags]
     return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
 
 

@@ -3,7 +3,6 @@ random moments, mid-save too: tests/test_faults.py)."""
 
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -12,7 +11,7 @@ import pytest
 
 from electra_jax.pretraining import metrics, runner
 from electra_jax.store import checkpointing
-from tests import held
+from tests import command_server, held
 from tests.conftest import ROOT, subprocess_env
 from tests.pretraining.test_runner import config_with, prepare_shared_data
 
@@ -45,14 +44,8 @@ def _config_file(tmp_path, shared_data, num_steps, every, extra=()):
 def _start(config_path, workdir, hold_dir=None, point=""):
     """`python -m electra_jax.train`; held at `point` (tests/held.py) when `hold_dir` is given."""
     args = ["electra_jax.train", f"--config={config_path}", f"--workdir={workdir}"]
-    return subprocess.Popen(
-        held.command(hold_dir, point, *args) if hold_dir else [sys.executable, "-m", *args],
-        cwd=ROOT,
-        env=subprocess_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    argv = held.command(hold_dir, point, *args) if hold_dir else [sys.executable, "-m", *args]
+    return command_server.start(argv, ROOT, subprocess_env())
 
 
 def _wait_for(condition, proc, timeout=240, what=""):

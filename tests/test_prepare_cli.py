@@ -2,22 +2,18 @@
 
 import json
 import os
-import subprocess
-import sys
 from pydoc_data.topics import topics
 
 import pytest
 
-from tests.conftest import ROOT, SHARED, subprocess_env, with_file_size_limit
+from tests.conftest import ROOT, SHARED, run_command
 
 # Small enough that SentencePiece trains in a second on a few KB of text.
 FAST = ["--config.data.vocab_size=300", "--config.data.seq_length=64"]
 
 
 def _prepare(workdir, source, *extra, timeout=300, file_size_limit=0):
-    cmd = [
-        sys.executable,
-        "-m",
+    return run_command(
         "electra_jax.prepare",
         f"--config={ROOT / 'configs' / 'tiny.py'}",
         f"--workdir={workdir}",
@@ -25,14 +21,8 @@ def _prepare(workdir, source, *extra, timeout=300, file_size_limit=0):
         # FAST's settings but those `extra` gives: a flag given twice is refused.
         *(f for f in FAST if f.split("=")[0] not in {e.split("=")[0] for e in extra}),
         *extra,
-    ]
-    return subprocess.run(
-        with_file_size_limit(cmd, file_size_limit) if file_size_limit else cmd,
-        cwd=ROOT,
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
         timeout=timeout,
+        file_size_limit=file_size_limit,
     )
 
 

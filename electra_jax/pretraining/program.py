@@ -21,6 +21,7 @@ import ml_collections
 import numpy as np
 
 from electra_jax import validate
+from electra_jax.config.schema import flatten
 from electra_jax.errors import ConfigError
 from electra_jax.model import sharding
 from electra_jax.model.networks import (
@@ -119,19 +120,30 @@ _SETUPS: collections.OrderedDict[tuple, StepSetup] = collections.OrderedDict()
 _SETUPS_KEPT = 4
 
 
-# Config sections no program of a setup reads: how often the runner logs, checkpoints and
-# profiles is the host loop's business (runner.py), so runs that differ only there share a setup.
-_HOST_LOOP_SECTIONS = ("log", "checkpoint")
+# Settings no program of a setup reads (sections, and keys as the schema names them), so that runs
+# differing only there share one: how often the runner logs, checkpoints and profiles (the host
+# loop's business, runner.py), where compiled programs are cached and what an export writes;
+# where the data, the tokenizer and the first weights come from and where prepared data is kept
+# (what they hold reaches the setup as its vocabulary, special ids and unigram table, and the
+# state as its values).
+_NOT_COMPILED = (
+    *("log", "checkpoint", "compile", "export"),
+    *("data.cache_dir", "data.source", "data.tfds_data_dir", "data.tokenizer", "train.init_from"),
+)
 
 
 def _setup_key(config, vocab_size: int, mesh, special, unigram_cdf) -> tuple:
-    """What setup_step's result depends on: every setting outside _HOST_LOOP_SECTIONS (the
-    programs read many), the vocabulary, the mesh (its devices and axes), the special ids and
-    the unigram table."""
+    """What setup_step's result depends on: every setting but _NOT_COMPILED (the programs read
+    many), the vocabulary, the mesh (its devices and axes), the special ids and the unigram
+    table."""
     table = None
     if unigram_cdf is not None:
         table = hashlib.sha256(np.ascontiguousarray(unigram_cdf, np.float32).tobytes()).digest()
-    read = {k: v for k, v in config.to_dict().items() if k not in _HOST_LOOP_SECTIONS}
+    read = {
+        name: value
+        for name, value in flatten(config.to_dict()).items()
+        if name not in _NOT_COMPILED and name.split(".")[0] not in _NOT_COMPILED
+    }
     settings = json.dumps(read, sort_keys=True, default=repr)
     return settings, vocab_size, mesh, tuple(special), table
 

@@ -10,8 +10,6 @@ import gzip
 import importlib
 import importlib.util
 import os
-import subprocess
-import sys
 
 import pytest
 from etils.epath import backend as epath_backend
@@ -24,7 +22,7 @@ from electra_jax.data import sources
 from electra_jax.data.tokenizer import Tokenizer, train_tokenizer
 from electra_jax.errors import ConfigError, DataError
 from electra_jax.run import workdir
-from tests.conftest import ROOT, micro_config, subprocess_env
+from tests.conftest import ROOT, micro_config, run_command
 from tests.data.test_shards import make_cfg, make_corpus
 from tests.data.test_tokenizer import _small_corpus
 
@@ -281,16 +279,12 @@ def test_missing_backend_is_one_line_naming_path_and_package(no_gcsfs):
     reason="a gs:// backend is installed here",
 )
 def test_prepare_cli_without_backend_exits_with_one_line(tmp_path):
-    cmd = [
-        sys.executable,
-        "-m",
+    out = run_command(
         "electra_jax.prepare",
         f"--config={ROOT / 'configs' / 'tiny.py'}",
         f"--workdir={tmp_path / 'run'}",
         "--config.data.source=text:gs://bucket/wiki/**/*.txt",
-    ]
-    out = subprocess.run(
-        cmd, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=60
+        timeout=60,
     )
     assert out.returncode == 2, out.stderr
     assert "Traceback" not in out.stderr

@@ -19,7 +19,7 @@ from electra_jax.data import shards as prepare_lib
 from electra_jax.data import tokenizer as tokenizer_lib
 from electra_jax.data.tokenizer import Tokenizer
 from electra_jax.errors import DataError
-from tests.conftest import ROOT, SHARED, subprocess_env
+from tests.conftest import ROOT, SHARED, run_command
 
 SEQ = 64
 
@@ -652,22 +652,14 @@ def test_manifest_counts_tokens_read_and_kept(corpus, tokenizer, prepared):
 
 
 def test_prepare_cli_prints_tokens_read_and_kept(corpus, tokenizer, tmp_path):
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "electra_jax.prepare",
-            f"--config={ROOT / 'configs' / 'tiny.py'}",
-            f"--workdir={tmp_path}",
-            f"--config.data.source={corpus}",
-            f"--config.data.tokenizer={tokenizer.model_path}",
-            "--config.data.vocab_size=300",
-            f"--config.data.seq_length={SEQ}",
-        ],
-        cwd=ROOT,
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
+    out = run_command(
+        "electra_jax.prepare",
+        f"--config={ROOT / 'configs' / 'tiny.py'}",
+        f"--workdir={tmp_path}",
+        f"--config.data.source={corpus}",
+        f"--config.data.tokenizer={tokenizer.model_path}",
+        "--config.data.vocab_size=300",
+        f"--config.data.seq_length={SEQ}",
         timeout=300,
     )
     assert out.returncode == 0, out.stderr

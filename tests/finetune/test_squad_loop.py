@@ -6,8 +6,6 @@ import functools
 import json
 import re
 import runpy
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -17,7 +15,7 @@ import pytest
 from electra_jax.finetune import loop, squad_data, squad_heads
 from electra_jax.model.networks import ElectraSpec, EncoderSpec
 from electra_jax.model.optim import layerwise_lr_multipliers
-from tests.conftest import ROOT, subprocess_env
+from tests.conftest import ROOT, run_command
 from tests.finetune.test_squad_data import squad_json, write_squad
 
 TINY = {
@@ -131,20 +129,8 @@ def test_squad11_writes_predictions_and_results_and_repeats(tmp_path):
 
 
 def _cli(workdir, *flags):
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "electra_jax.finetune",
-            "--config=configs/squad.py",
-            *flags,
-            f"--workdir={workdir}",
-        ],
-        cwd=ROOT,
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=180,
+    return run_command(
+        "electra_jax.finetune", "--config=configs/squad.py", *flags, f"--workdir={workdir}"
     )
 
 

@@ -6,6 +6,7 @@ import collections
 import jax
 import pytest
 
+from electra_jax.config import pretrain_keys
 from electra_jax.errors import ConfigError
 from electra_jax.model import sharding
 from electra_jax.pretraining import program
@@ -42,6 +43,15 @@ def test_a_setup_is_made_once_per_process_for_the_same_config_and_mesh(monkeypat
     loop_only = micro_config()
     loop_only.log.every_steps, loop_only.checkpoint.every_steps = 7, 5
     assert program.setup_step(loop_only, config.data.vocab_size, mesh) is first
+    # Or only where the data, the tokenizer and the first weights come from, where prepared
+    # data and compiled programs are kept, and what an export writes: no program reads them.
+    paths = micro_config()
+    paths.data.source, paths.data.tokenizer, paths.data.cache_dir = "text:/t/*", "/t/m", "/t/c"
+    paths.data.tfds_data_dir, paths.train.init_from = "/t/tfds", "/t/run"
+    paths.compile.cache_dir, paths.export.license = "/t/jax", "mit"
+    assert program.setup_step(paths, config.data.vocab_size, mesh) is first
+    keys = {k.name for k in pretrain_keys.KEYS}
+    assert set(program._NOT_COMPILED) <= keys | {name.split(".")[0] for name in keys}
     # Any other setting, vocabulary, mesh or special ids: a setup of its own.
     config.train.learning_rate *= 2
     others = [
