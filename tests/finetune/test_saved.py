@@ -4,7 +4,6 @@ checkpoints; one run per workdir; electra_jax.load() on it predicts and re-evalu
 import json
 import os
 import re
-import subprocess
 import sys
 
 import numpy as np
@@ -308,10 +307,10 @@ def test_sigterm_saves_a_checkpoint_exits_0_and_the_rerun_finishes_as_one_run(tm
     hold_dir.mkdir()
     # Held after step 10 until the SIGTERM has come (tests/held.py): however fast the steps, the
     # signal comes before the remaining 6 (sent on the "step 10" line instead, it raced them).
-    proc = subprocess.Popen(
+    proc = command_server.start(
         held.command(hold_dir, "step=10", "electra_jax.finetune", "--config=configs/glue.py",
                      *flags, f"--workdir={workdir}"),
-        cwd=ROOT, env=subprocess_env(), stderr=subprocess.PIPE, text=True,
+        ROOT, subprocess_env(),
     )  # fmt: skip
     try:
         held.wait_held(hold_dir, proc)
