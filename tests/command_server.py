@@ -16,7 +16,8 @@ child starts its own, reading XLA_FLAGS then), so whether a command imports jax 
 interpreters (`fresh=True`: tests/conftest.py's heavy_imports_of and heavy_imports_at_exit); a
 server serves the environment it was started with (jax reads its JAX_* settings at import), and
 a command under another one, with other interpreter options or with input on stdin runs fresh,
-as does one whose caller's server is busy with another thread's command.
+as does one whose caller's server is busy with another command (another thread's, or one
+`start` began that has not ended). `run` is subprocess.run's stand-in, `start` Popen's.
 
 Protocol, one JSON line each way: the caller sends {argv, cwd, env, out, err}; the server forks,
 answers {"pid"}, waits for the child and answers {"code"} (subprocess's return code: -N for a
