@@ -397,19 +397,19 @@ def servable(argv: list[str]) -> bool:
     return argv[1] in ("-m", "-c") or not argv[1].startswith("-")
 
 
-def start(argv: list[str], cwd, env: dict, fresh: bool = False, **popen):
-    """subprocess.Popen(argv, cwd=cwd, env=env, stdout=PIPE, stderr=PIPE, text=True) (`popen`:
-    other arguments for it), from the warm server where it can (`fresh`: never; nor with
-    `popen`): the running command."""
-    server = None if fresh or popen or not servable(argv) else _server(env)
+def start(argv: list[str], cwd, env: dict, fresh: bool = False):
+    """subprocess.Popen(argv, cwd=cwd, env=env, stdout=PIPE, stderr=PIPE, text=True), from the
+    warm server where it can (`fresh`: never): the running command."""
+    server = None if fresh or not servable(argv) else _server(env)
     if server is not None:
         try:
             return Started(server, argv, cwd, env)
         except BaseException:
             server.lock.release()
             raise
-    streams = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
-    return subprocess.Popen(argv, cwd=cwd, env=env, **{**streams, **popen})
+    return subprocess.Popen(
+        argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def run(argv: list[str], cwd, env: dict, timeout: float | None = None, fresh: bool = False):
